@@ -1,0 +1,49 @@
+# sbx: make deps | build | test | run | bench | format | tidy | clean
+BUILD   ?= build
+JOBS    ?= $(shell nproc)
+SBX_WERROR ?= OFF
+
+# Exactly the Debian 12 packages sbx needs to build, test and run.
+DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
+  libseccomp-dev libarchive-dev libzstd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
+  libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev \
+  e2fsprogs util-linux iproute2 python3 clang-format clang-tidy
+
+.PHONY: all deps build test run bench format tidy clean
+
+all: build
+
+# Idempotent: asks apt only for what dpkg says is missing.
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "deps: all present"; fi
+
+$(BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(BUILD) -G Ninja -DSBX_WERROR=$(SBX_WERROR)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
+	@cat $(BUILD)/battery-report.txt 2>/dev/null || true
+
+run: build
+	$(BUILD)/sbx serve
+
+bench: build
+	bench/run.sh
+
+format:
+	find src tests bench -name '*.cc' -o -name '*.h' -o -name '*.c' | xargs clang-format -i
+
+tidy: $(BUILD)/build.ninja
+	find src -name '*.cc' ! -name '*_test.cc' | xargs clang-tidy -p $(BUILD) --quiet
+
+clean:
+	rm -rf $(BUILD)

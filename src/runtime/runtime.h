@@ -1,0 +1,81 @@
+// Runtime: how a box is isolated. A runtime creates a box from a BoxSpec with sbx-agent as its
+// PID 1, and can freeze, thaw, measure and destroy it. Everything above this interface (the CLI,
+// the sandbox manager) talks to the box only through the agent socket it returns.
+//
+// Implementations: native/ (namespaces + cgroups; the default). Later: oci/, vm/.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace sbx::runtime {
+
+struct Limits {
+  int64_t memory_bytes = 0;  // 0 = no limit. Swap is always off.
+  double cpus = 0;           // CPU quota in cores; 0 = no quota
+  int64_t cpu_weight = 0;    // relative share 1..10000 (cgroup v2 scale); 0 = default (100)
+  int64_t pids = 0;          // 0 = no limit
+  int64_t disk_bytes = 0;    // size of the writable layer; 0 = unbounded (on the data dir's fs)
+};
+
+// A host path mounted into the box.
+struct BindMount {
+  std::string source;  // host path
+  std::string target;  // absolute path inside the box
+  bool read_only = true;
+};
+
+struct BoxSpec {
+  std::string id;                       // [a-z0-9-], unique among live boxes
+  std::vector<std::string> layers;      // read-only lower layers, topmost first
+  std::vector<BindMount> binds;         // after the overlay, in order
+  std::string hostname = "sbx";
+  Limits limits;
+};
+
+struct BoxStats {
+  uint64_t cpu_usage_ns = 0;
+  uint64_t memory_current = 0;
+  uint64_t memory_peak = 0;
+  uint64_t pids_current = 0;
+  uint64_t oom_kills = 0;
+};
+
+// Per-phase timings of one Create, for `sbx run --timings` and the benchmarks.
+struct CreateTimings {
+  int64_t prepare_us = 0;   // directories, writable layer, agent socket
+  int64_t cgroup_us = 0;    // create cgroups and write limits
+  int64_t clone_us = 0;     // clone with namespaces, id maps, cgroup attach
+  int64_t child_us = 0;     // mounts, pivot_root, caps, seccomp, exec of the agent
+  int64_t agent_us = 0;     // agent answers HELLO
+};
+
+// A live box. Destroying the object does not destroy the box: call Runtime::Destroy.
+struct Box {
+  std::string id;
+  pid_t init_pid = -1;        // host pid of the agent (PID 1 inside)
+  std::string agent_socket;   // host path of the agent's unix socket
+  std::string dir;            // host directory owned by this box (removed on Destroy)
+  CreateTimings timings;
+};
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  // Creates a box and waits until its agent accepts connections. On failure nothing it made is
+  // left behind (mounts, cgroups, processes, directories).
+  virtual Result<Box> Create(const BoxSpec& spec) = 0;
+  virtual Status Freeze(const Box& box) = 0;
+  virtual Status Thaw(const Box& box) = 0;
+  virtual Result<BoxStats> Stats(const Box& box) = 0;
+  // Kills every process of the box and removes everything Create made. Idempotent.
+  virtual Status Destroy(const Box& box) = 0;
+};
+
+}  // namespace sbx::runtime
