@@ -112,6 +112,13 @@ bool DecodeHeader(const char* p, Header* h) {
   return h->len <= kMaxPayload;
 }
 
+bool FrameBuffer::HasFrame() const {
+  if (buffered() < kHeaderSize) return false;
+  Header h;
+  if (!DecodeHeader(buf_.data() + pos_, &h)) return true;
+  return buffered() - kHeaderSize >= h.len;
+}
+
 int FrameBuffer::Next(Header* h, std::string* payload) {
   if (buf_.size() - pos_ < kHeaderSize) return 0;
   if (!DecodeHeader(buf_.data() + pos_, h)) return -1;

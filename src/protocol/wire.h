@@ -20,7 +20,7 @@
 
 namespace sbx::protocol {
 
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
 inline constexpr uint32_t kMaxPayload = 1u << 20;   // 1 MiB
 inline constexpr uint32_t kMaxChunk = 256u << 10;   // largest data field the agent sends or takes
@@ -176,6 +176,8 @@ class FrameBuffer {
   // needed, -1 when the stream is corrupt (oversized frame): the connection must be closed.
   int Next(Header* h, std::string* payload);
   size_t buffered() const { return buf_.size() - pos_; }
+  // True when Next() would return a frame (or report corruption) without more input.
+  bool HasFrame() const;
 
  private:
   std::string buf_;

@@ -17,9 +17,11 @@ TEST(Wire, RoundTripsFieldsThroughAFrame) {
   std::string payload;
   for (size_t i = 0; i + 1 < frame.size(); ++i) {
     fb.Append(&frame[i], 1);
+    ASSERT_FALSE(fb.HasFrame());
     ASSERT_EQ(fb.Next(&h, &payload), 0);
   }
   fb.Append(&frame.back(), 1);
+  ASSERT_TRUE(fb.HasFrame());
   ASSERT_EQ(fb.Next(&h, &payload), 1);
   EXPECT_EQ(h.type, Type::kSpawn);
   EXPECT_EQ(h.id, 7u);

@@ -37,6 +37,9 @@ struct BoxSpec {
   std::vector<BindMount> binds;         // after the overlay, in order
   std::string hostname = "sbx";
   Limits limits;
+  // Kill the box when the thread that created it exits (for one-shot `sbx run`; a daemon, whose
+  // threads come and go, leaves it false).
+  bool die_with_parent = false;
 };
 
 struct BoxStats {
@@ -62,6 +65,7 @@ struct Box {
   pid_t init_pid = -1;        // host pid of the agent (PID 1 inside)
   std::string agent_socket;   // host path of the agent's unix socket
   std::string dir;            // host directory owned by this box (removed on Destroy)
+  std::string disk_mount;     // during Create only: host mount of the disk image, if any
   CreateTimings timings;
 };
 

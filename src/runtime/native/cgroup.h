@@ -55,6 +55,10 @@ class Cgroup {
   virtual Status Destroy() = 0;
   // Every directory this cgroup owns (for leak checks and reconciliation).
   virtual std::vector<std::string> Paths() const = 0;
+  // v2: a directory fd of the box's cgroup for clone3(CLONE_INTO_CGROUP), owned by this object
+  // and valid until it is destroyed or Destroy() runs. v1 (no such mechanism) and a cgroup that
+  // does not exist: -1.
+  virtual int DirFd() const { return -1; }
 };
 
 }  // namespace sbx::runtime

@@ -1,1 +1,278 @@
-// filled in below
+#include "runtime/native/native_runtime.h"
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/fs.h"
+#include "runtime/native/capabilities.h"
+#include "runtime/native/child.h"
+#include "runtime/native/disk.h"
+#include "runtime/native/mount_plan.h"
+#include "runtime/native/seccomp_policy.h"
+
+namespace sbx::runtime {
+namespace {
+
+int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
+  auto now = std::chrono::steady_clock::now();
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - t).count();
+  t = now;
+  return us;
+}
+
+// Copies the agent binary into a sealed memfd once; boxes exec it from there, so nothing a box
+// does to /proc/1/exe can reach a file on the host (CVE-2019-5736).
+Result<UniqueFd> LoadAgentImage(const std::string& path) {
+  auto bytes = ReadFile(path, 64 << 20);
+  if (!bytes.ok()) return bytes.status().Wrap("load sbx-agent");
+  UniqueFd fd(::memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return Status::Errno("memfd_create");
+  SBX_RETURN_IF_ERROR(WriteAll(fd.get(), *bytes));
+  if (::fchmod(fd.get(), 0555) != 0) return Status::Errno("fchmod agent image");
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    return Status::Errno("seal agent image");
+  return fd;
+}
+
+Result<UniqueFd> ListenUnix(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return Status::Error("socket path too long: " + path, ENAMETOOLONG);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::Errno("socket");
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    return Status::Errno("bind " + path);
+  if (::chmod(path.c_str(), 0600) != 0) return Status::Errno("chmod " + path);
+  if (::listen(fd.get(), 128) != 0) return Status::Errno("listen " + path);
+  return fd;
+}
+
+Status WriteIdMap(pid_t pid, const char* file, uint32_t base) {
+  std::string map = "0 " + std::to_string(base) + " " + std::to_string(kIdRange) + "\n";
+  return WriteFile("/proc/" + std::to_string(pid) + "/" + file, map);
+}
+
+// The box's mount namespace holds its own reference to the disk mount from the moment it has
+// made its mounts private, so the host's copy is detached as soon as the child is past setup (or
+// dead): it never stays in the host's mount table.
+void DetachDisk(Box& box) {
+  if (box.disk_mount.empty()) return;
+  ::umount2(box.disk_mount.c_str(), MNT_DETACH);
+  box.disk_mount.clear();
+}
+
+void KillAndReap(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, nullptr, __WALL) < 0 && errno == EINTR) {
+  }
+}
+
+// The overlay is mounted by the box's root, an unprivileged host uid, so every directory above
+// the box directories (and the template layers beside them) must be searchable by others.
+Status CheckSearchable(const std::string& dir, uint32_t id_base) {
+  for (size_t pos = 1;; ++pos) {
+    pos = dir.find('/', pos);
+    std::string prefix = pos == std::string::npos ? dir : dir.substr(0, pos);
+    struct stat st{};
+    if (::stat(prefix.c_str(), &st) != 0) return Status::Errno("stat " + prefix);
+    if (!(st.st_mode & S_IXOTH)) {
+      return Status::Error(prefix + " is not searchable by the boxes' root (host uid " +
+                               std::to_string(id_base) + "): chmod o+x it or use another data directory",
+                           EACCES);
+    }
+    if (pos == std::string::npos) return {};
+  }
+}
+
+}  // namespace
+
+Status ValidateBoxId(const std::string& id) {
+  if (id.empty() || id.size() > 64 || id[0] == '-')
+    return Status::Error("invalid box id '" + id + "'", EINVAL);
+  for (char c : id) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'))
+      return Status::Error("invalid box id '" + id + "'", EINVAL);
+  }
+  return {};
+}
+
+Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& config) {
+  auto cg = ProbeCgroupHost(config.cgroup_parent);
+  if (!cg.ok()) return cg.status().Wrap("cgroups");
+  auto image = LoadAgentImage(config.agent_path);
+  if (!image.ok()) return image.status();
+  const auto& seccomp = DefaultSeccompProgram();
+  if (!seccomp.ok()) return seccomp.status().Wrap("seccomp");
+  const auto& caps = DefaultCapabilityPlan();
+  if (!caps.ok()) return caps.status().Wrap("capabilities");
+  SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir, 0711));
+  SBX_RETURN_IF_ERROR(CheckSearchable(config.run_dir, config.id_base));
+  return std::unique_ptr<NativeRuntime>(
+      new NativeRuntime(config, std::move(cg).value(), std::move(image).value()));
+}
+
+NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image)
+    : config_(std::move(config)), cgroups_(std::move(cgroups)), agent_image_(std::move(agent_image)) {}
+
+Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
+  if (spec.layers.empty()) return Status::Error("box " + spec.id + ": no rootfs layers", EINVAL);
+  Box box;
+  box.id = spec.id;
+  std::unique_ptr<Cgroup> cgroup;
+  auto r = CreateIn(spec, box, cgroup);
+  if (!r.ok()) {
+    // Undo in reverse: the process (its namespaces and mounts go with it), cgroups, directory.
+    KillAndReap(box.init_pid);
+    DetachDisk(box);
+    if (cgroup) cgroup->Destroy();
+    if (!box.dir.empty()) RemoveTree(box.dir);
+    return r.status().Wrap("create box " + spec.id);
+  }
+  return r;
+}
+
+Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup) {
+  auto t = std::chrono::steady_clock::now();
+  const std::string dir = config_.run_dir + "/" + spec.id;
+  if (::mkdir(dir.c_str(), 0711) != 0) return Status::Errno("mkdir " + dir);
+  box.dir = dir;  // from here on, failure removes it
+  const uint32_t root_id = config_.id_base;
+  if (::mkdir((dir + "/rootfs").c_str(), 0755) != 0) return Status::Errno("mkdir " + dir + "/rootfs");
+  // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
+  // image of that size. The image's mount exists on the host only until the box's mount
+  // namespace has its own copy (see DetachDisk below).
+  std::string layer = dir;
+  if (spec.limits.disk_bytes > 0) {
+    layer = dir + "/disk";
+    if (::mkdir(layer.c_str(), 0755) != 0) return Status::Errno("mkdir " + layer);
+    SBX_RETURN_IF_ERROR(MountDiskImage(dir + "/disk.img", layer, spec.limits.disk_bytes, root_id));
+    box.disk_mount = layer;
+  }
+  for (const char* sub : {"/upper", "/work"}) {
+    std::string p = layer + sub;
+    if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
+    if (::chown(p.c_str(), root_id, root_id) != 0) return Status::Errno("chown " + p);
+  }
+  box.agent_socket = dir + "/agent.sock";
+  auto listen = ListenUnix(box.agent_socket);
+  if (!listen.ok()) return listen.status();
+  UniqueFd log(::open((dir + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!log) return Status::Errno("open " + dir + "/agent.log");
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull) return Status::Errno("open /dev/null");
+  box.timings.prepare_us = MicrosSince(t);
+
+  auto cg = Cgroup::Create(cgroups_, spec.id, spec.limits);
+  if (!cg.ok()) return cg.status();
+  cgroup = std::move(cg).value();
+  box.timings.cgroup_us = MicrosSince(t);
+
+  int status_pipe[2], go_pipe[2];
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
+  UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
+  if (::pipe2(go_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
+  UniqueFd go_r(go_pipe[0]), go_w(go_pipe[1]);
+
+  MountPlanInput in{dir + "/rootfs", layer + "/upper", layer + "/work", spec.layers, spec.binds};
+  ChildPlanStorage storage;
+  ChildPlan plan = storage.Build(BuildMountPlan(in), in.root, spec.hostname,
+                                 {"sbx-agent", "--listen-fd", "3"});
+  // Limits can only be lowered from inside a user namespace: never ask for more than we have.
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  nofile.rlim_max = std::min<rlim_t>(nofile.rlim_max, 65536);
+  nofile.rlim_cur = nofile.rlim_max;
+  const ChildPlan::Rlimit rlimits[] = {
+      {RLIMIT_NOFILE, nofile},
+      {RLIMIT_CORE, {0, 0}},
+  };
+  plan.rlimits = rlimits;
+  plan.rlimit_count = std::size(rlimits);
+  plan.caps = DefaultCapabilityPlan().value();
+  const sock_fprog prog = DefaultSeccompProgram().value().prog();
+  plan.seccomp = &prog;
+  plan.die_with_parent = spec.die_with_parent;
+  plan.stdin_fd = devnull.get();
+  plan.log_fd = log.get();
+  plan.listen_fd = listen->get();
+  plan.status_fd = status_w.get();
+  plan.go_fd = go_r.get();
+  plan.agent_fd = agent_image_.get();
+
+  constexpr unsigned long kFlags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
+                                   CLONE_NEWIPC | CLONE_NEWNET;
+  // A raw clone: fork semantics (copy-on-write memory, no new stack) without running glibc's
+  // atfork handlers, which are not async-signal-safe. The child only runs RunChild().
+  long pid = ::syscall(SYS_clone, kFlags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
+  if (pid < 0) return Status::Errno("clone");
+  if (pid == 0) RunChild(plan);
+  box.init_pid = static_cast<pid_t>(pid);
+  status_w.reset();
+  go_r.reset();
+
+  SBX_RETURN_IF_ERROR(WriteIdMap(box.init_pid, "uid_map", root_id));
+  SBX_RETURN_IF_ERROR(WriteIdMap(box.init_pid, "gid_map", root_id));
+  SBX_RETURN_IF_ERROR(cgroup->AddProcess(box.init_pid));
+  SBX_RETURN_IF_ERROR(WriteAll(go_w.get(), "g"));
+  go_w.reset();
+  box.timings.clone_us = MicrosSince(t);
+
+  // EOF on the status pipe means the exec of the agent happened (the pipe is close-on-exec);
+  // a ChildFailure record names the step that failed.
+  ChildFailure failure{};
+  ssize_t n;
+  do {
+    n = ::read(status_r.get(), &failure, sizeof failure);
+  } while (n < 0 && errno == EINTR);
+  DetachDisk(box);
+  if (n != 0) {
+    if (n != static_cast<ssize_t>(sizeof failure)) return Status::Error("box setup: short status", EIO);
+    std::string what = failure.step >= 0 && static_cast<size_t>(failure.step) < storage.ops().size()
+                           ? storage.ops()[static_cast<size_t>(failure.step)].Describe(in.root)
+                           : ChildStepName(failure.step);
+    return Status::Error("box setup: " + what, failure.err);
+  }
+  box.timings.child_us = MicrosSince(t);
+  return box;
+}
+
+Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Freeze(); }
+Status NativeRuntime::Thaw(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Thaw(); }
+Result<BoxStats> NativeRuntime::Stats(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Stats(); }
+
+Status NativeRuntime::Destroy(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that
+  // got out of the namespace's reach (it cannot, but the cgroup is the authority).
+  if (box.init_pid > 0) {
+    ::kill(box.init_pid, SIGKILL);
+    // Reap it if it is our child; ECHILD after a daemon restart is fine.
+    while (::waitpid(box.init_pid, nullptr, __WALL) < 0 && errno == EINTR) {
+    }
+  }
+  Status cg = Cgroup::Open(cgroups_, box.id)->Destroy();
+  Status fs = RemoveTree(config_.run_dir + "/" + box.id);
+  if (!cg.ok()) return cg.Wrap("destroy box " + box.id);
+  if (!fs.ok()) return fs.Wrap("destroy box " + box.id);
+  return {};
+}
+
+}  // namespace sbx::runtime

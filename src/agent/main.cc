@@ -1,0 +1,115 @@
+// sbx-agent: PID 1 of every sandbox (docs/agent-protocol.md). Parses the command line, prepares
+// the process (descriptors 0-2, subreaper, descriptor limit) and runs the event loop in loop.h.
+//
+//   sbx-agent --listen-fd N      serve on an inherited listening unix socket
+//   sbx-agent --listen PATH      bind PATH itself (tests)
+//   --max-procs N                tracked-process bound (default 1024; tests lower it)
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "agent/log.h"
+#include "agent/loop.h"
+#include "agent/users.h"
+
+namespace {
+
+using sbx::agent::Log;
+
+int Usage() {
+  Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N]");
+  return 2;
+}
+
+int BindPath(const std::string& path) {
+  struct sockaddr_un addr {};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    Log("socket path too long: %s", path.c_str());
+    return -1;
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  ::unlink(path.c_str());
+  mode_t old = ::umask(077);  // the socket is created 0600
+  int rc = ::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof addr);
+  ::umask(old);
+  if (rc != 0 || ::listen(fd, 128) != 0) {
+    Log("bind %s: %s", path.c_str(), strerror(errno));
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Descriptors 0-2 must exist, or pipes created later could land on them.
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0) {
+      int n = ::open("/dev/null", O_RDWR);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+
+  sbx::agent::AgentOptions opts;
+  std::string listen_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i + 1 >= argc) return Usage();
+    std::string v = argv[++i];
+    if (a == "--listen-fd") {
+      auto n = sbx::agent::ParseId(v);
+      if (!n || *n < 3 || *n > 1u << 20) return Usage();
+      opts.listen_fd = static_cast<int>(*n);
+    } else if (a == "--listen") {
+      listen_path = v;
+    } else if (a == "--max-procs") {
+      auto n = sbx::agent::ParseId(v);
+      if (!n || *n == 0) return Usage();
+      opts.max_procs = *n;
+    } else {
+      return Usage();
+    }
+  }
+  if ((opts.listen_fd >= 0) == !listen_path.empty()) return Usage();
+  if (!listen_path.empty()) {
+    opts.listen_fd = BindPath(listen_path);
+    if (opts.listen_fd < 0) return 1;
+  }
+
+  opts.pid1 = ::getpid() == 1;
+  // Outside a pid namespace (tests), orphans of spawned processes are re-parented to the agent.
+  if (!opts.pid1) ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  // Room for 64 connections and 1024 processes with three pipes each; children get the old limit.
+  struct rlimit rl;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    opts.child_nofile = rl;
+    opts.restore_nofile = true;
+    struct rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+    if (raised.rlim_cur > rl.rlim_cur) ::setrlimit(RLIMIT_NOFILE, &raised);
+  }
+
+  sbx::agent::Agent agent(opts);
+  if (sbx::Status s = agent.Init(); !s.ok()) {
+    Log("init: %s", s.message().c_str());
+    return 1;
+  }
+  return agent.Run();
+}

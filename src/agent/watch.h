@@ -1,0 +1,63 @@
+// Directory watches (WATCH/UNWATCH, docs/agent-protocol.md "Files") over one inotify descriptor.
+// A watch belongs to a connection and is named by the id of its WATCH request. Several watches
+// may cover the same directory; inotify hands out one descriptor per inode, so each inotify
+// descriptor keeps the list of (watch, directory path) pairs that use it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/fd.h"
+#include "common/status.h"
+#include "protocol/wire.h"
+
+namespace sbx::agent {
+
+class Watcher {
+ public:
+  static constexpr size_t kMaxWatches = 64;
+
+  // Called for each event: the owning connection and WATCH id, the event, the entry's absolute
+  // path and its path relative to the watched directory.
+  using EventFn = std::function<void(uint64_t conn, uint32_t id, protocol::WatchEvent event,
+                                     const std::string& path, const std::string& name)>;
+
+  Status Init();
+  int fd() const { return fd_.get(); }
+
+  // ENOTDIR unless `path` is a directory, ENOSPC past kMaxWatches, EEXIST for a reused id.
+  Status Add(uint64_t conn, uint32_t id, const std::string& path, bool recursive);
+  // False when there is no such watch.
+  bool Remove(uint64_t conn, uint32_t id);
+  void RemoveConnection(uint64_t conn);
+
+  // Reads pending inotify events and reports them through `fn`.
+  void OnReadable(const EventFn& fn);
+
+ private:
+  struct Watch {
+    uint64_t conn;
+    uint32_t id;
+    std::string root;
+    bool recursive;
+  };
+  struct Use {
+    uint64_t key;  // watches_ key
+    std::string dir;
+  };
+  static uint64_t Key(uint64_t conn, uint32_t id) { return (conn << 32) | id; }
+  // Adds inotify watches for `dir` (and, for a recursive watch, every directory below it). With
+  // `report`, existing entries found below are reported as created (they raced the new watch).
+  void AddTree(uint64_t key, const std::string& dir, int depth, const EventFn* report);
+  bool AddOne(uint64_t key, const std::string& dir);
+  void Drop(uint64_t key);
+
+  UniqueFd fd_;
+  std::map<uint64_t, Watch> watches_;
+  std::map<int, std::vector<Use>> uses_;  // inotify wd -> who watches it
+};
+
+}  // namespace sbx::agent

@@ -1,0 +1,336 @@
+#include "cli/run.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
+#include "cli/units.h"
+#include "common/fs.h"
+#include "protocol/client.h"
+#include "runtime/native/native_runtime.h"
+#include "storage/template.h"
+
+namespace sbx::cli {
+namespace {
+
+using protocol::Tag;
+using protocol::Type;
+using Clock = std::chrono::steady_clock;
+
+void Error(const std::string& msg) { std::fprintf(stderr, "sbx: %s\n", msg.c_str()); }
+
+int64_t Us(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+}
+
+// Puts the host terminal in raw mode for -t and restores it on destruction.
+class RawTerminal {
+ public:
+  explicit RawTerminal(int fd) : fd_(fd) {
+    if (!::isatty(fd) || ::tcgetattr(fd, &saved_) != 0) return;
+    termios raw = saved_;
+    ::cfmakeraw(&raw);
+    if (::tcsetattr(fd, TCSANOW, &raw) == 0) active_ = true;
+  }
+  ~RawTerminal() {
+    if (active_) ::tcsetattr(fd_, TCSANOW, &saved_);
+  }
+  RawTerminal(const RawTerminal&) = delete;
+  RawTerminal& operator=(const RawTerminal&) = delete;
+
+ private:
+  int fd_;
+  termios saved_{};
+  bool active_ = false;
+};
+
+// The outcome of the command, as the agent reported it.
+struct Outcome {
+  bool exited = false;
+  int64_t exit_code = 0;
+  int64_t signal = 0;
+  bool timed_out = false;
+};
+
+struct Limits {
+  runtime::Limits limits;
+  int64_t timeout_ms = 0;
+};
+
+Result<Limits> ParseLimits(const RunOptions& o) {
+  Limits l;
+  if (!o.memory.empty()) {
+    auto v = ParseSize(o.memory);
+    if (!v.ok()) return v.status().Wrap("--memory");
+    if (*v < (4 << 20)) return Status::Error("--memory: at least 4M", EINVAL);
+    l.limits.memory_bytes = *v;
+  }
+  if (!o.disk.empty()) {
+    auto v = ParseSize(o.disk);
+    if (!v.ok()) return v.status().Wrap("--disk");
+    if (*v < (16 << 20)) return Status::Error("--disk: at least 16M", EINVAL);
+    l.limits.disk_bytes = *v;
+  }
+  if (!o.cpus.empty()) {
+    char* end = nullptr;
+    double c = std::strtod(o.cpus.c_str(), &end);
+    if (end == o.cpus.c_str() || *end != '\0' || !(c >= 0.01 && c <= 1024))
+      return Status::Error("--cpus: a number of cores from 0.01 to 1024, got '" + o.cpus + "'", EINVAL);
+    l.limits.cpus = c;
+  }
+  if (!o.pids.empty()) {
+    char* end = nullptr;
+    long long p = std::strtoll(o.pids.c_str(), &end, 10);
+    if (end == o.pids.c_str() || *end != '\0' || p < 1 || p > 4194304)
+      return Status::Error("--pids: a whole number from 1, got '" + o.pids + "'", EINVAL);
+    l.limits.pids = p;
+  }
+  if (!o.timeout.empty()) {
+    auto v = ParseDuration(o.timeout);
+    if (!v.ok()) return v.status().Wrap("--timeout");
+    if (*v <= 0) return Status::Error("--timeout: must be positive", EINVAL);
+    l.timeout_ms = *v;
+  }
+  for (const auto& e : o.env) {
+    if (e.empty() || e.find('=') == std::string::npos || e[0] == '=')
+      return Status::Error("--env: expected K=V, got '" + e + "'", EINVAL);
+  }
+  return l;
+}
+
+// Drives one command through the agent: stdin in, stdout/stderr out, signals and resizes, until
+// EXIT. Returns nullopt when sbx was interrupted (`*interrupted` = the signal).
+Result<Outcome> Drive(protocol::AgentConnection& conn, uint32_t spawn_id, int64_t pid,
+                      const RunOptions& o, int sigfd, int64_t deadline_ms, int* interrupted) {
+  bool stdin_open = o.interactive;
+  auto deadline = deadline_ms > 0 ? Clock::now() + std::chrono::milliseconds(deadline_ms)
+                                  : Clock::time_point::max();
+  char buf[65536];
+  for (;;) {
+    pollfd fds[3] = {{conn.fd(), POLLIN, 0}, {sigfd, POLLIN, 0}, {0, POLLIN, 0}};
+    nfds_t n = stdin_open ? 3 : 2;
+    int timeout = -1;
+    if (deadline != Clock::time_point::max()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return Status::Error("the agent did not end the command at its deadline", ETIMEDOUT);
+      timeout = static_cast<int>(std::min<int64_t>(left, 1 << 30));
+    }
+    // Frames already read and queued by the client are handled before waiting on the socket.
+    int ready = conn.HasQueued() ? 0 : ::poll(fds, n, timeout);
+    if (ready < 0 && errno != EINTR) return Status::Errno("poll");
+    if (fds[1].revents & POLLIN) {
+      signalfd_siginfo si;
+      if (::read(sigfd, &si, sizeof si) == sizeof si) {
+        if (si.ssi_signo == SIGWINCH) {
+          winsize ws{};
+          if (::ioctl(0, TIOCGWINSZ, &ws) == 0) {
+            protocol::Writer w;
+            w.Int(Tag::kPid, pid).Int(Tag::kRows, ws.ws_row).Int(Tag::kCols, ws.ws_col);
+            SBX_RETURN_IF_ERROR(conn.Send(Type::kResize, conn.NextId(), w));
+          }
+        } else {
+          *interrupted = static_cast<int>(si.ssi_signo);
+          return Outcome{};
+        }
+      }
+    }
+    if (stdin_open && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t r = ::read(0, buf, sizeof buf);
+      if (r > 0) {
+        protocol::Writer w;
+        w.Int(Tag::kPid, pid).Str(Tag::kData, std::string_view(buf, static_cast<size_t>(r)));
+        SBX_RETURN_IF_ERROR(conn.Send(Type::kStdin, conn.NextId(), w));
+      } else if (r == 0 || errno != EINTR) {
+        stdin_open = false;
+        protocol::Writer w;
+        w.Int(Tag::kPid, pid);
+        SBX_RETURN_IF_ERROR(conn.Send(Type::kCloseStdin, conn.NextId(), w));
+      }
+    }
+    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR)) && !conn.HasQueued()) continue;
+    auto frame = conn.Receive(0);
+    if (!frame.ok()) {
+      if (frame.status().err() == ETIMEDOUT) continue;
+      return frame.status().Wrap("agent connection");
+    }
+    const auto& f = *frame;
+    if (f.header.type == Type::kError && f.header.id != spawn_id) {
+      // A failed STDIN after the process closed its stdin is not worth stopping for.
+      continue;
+    }
+    if (f.header.id != spawn_id) continue;
+    if (f.header.type == Type::kOutput) {
+      int out = f.fields.Int(Tag::kStream) == 2 ? 2 : 1;
+      SBX_RETURN_IF_ERROR(WriteAll(out, f.fields.Str(Tag::kData)).Wrap(out == 1 ? "stdout" : "stderr"));
+    } else if (f.header.type == Type::kExit) {
+      Outcome oc;
+      oc.exited = true;
+      oc.exit_code = f.fields.Int(Tag::kExitCode, -1);
+      oc.signal = f.fields.Int(Tag::kSignal, 0);
+      oc.timed_out = f.fields.Int(Tag::kTimedOut, 0) != 0;
+      return oc;
+    }
+  }
+}
+
+}  // namespace
+
+std::string FindAgent(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* e = std::getenv("SBX_AGENT")) return e;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir(self);
+    dir.resize(dir.rfind('/'));
+    std::string beside = dir + "/sbx-agent";
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return "/usr/local/lib/sbx/sbx-agent";
+}
+
+int RunCommand(const GlobalOptions& global, const RunOptions& o) {
+  auto t0 = Clock::now();
+  auto limits = ParseLimits(o);
+  if (!limits.ok()) {
+    Error(limits.status().message());
+    return kExitSbxError;
+  }
+  if (::geteuid() != 0) {
+    Error("sbx run needs root (it creates namespaces, cgroups and mounts)");
+    return kExitSbxError;
+  }
+
+  // Termination signals are taken synchronously from here on, so an interrupted run still
+  // removes its box. The box's first process resets the mask before anything runs inside.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH}) sigaddset(&sigs, s);
+  ::sigprocmask(SIG_BLOCK, &sigs, nullptr);
+  UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC));
+  ::signal(SIGPIPE, SIG_IGN);
+
+  runtime::NativeConfig cfg;
+  cfg.run_dir = global.data_dir + "/run";
+  cfg.agent_path = FindAgent(global.agent_path);
+  if (const char* p = std::getenv("SBX_CGROUP_PARENT")) cfg.cgroup_parent = p;
+  auto rt = runtime::NativeRuntime::Open(cfg);
+  if (!rt.ok()) {
+    Error(rt.status().message());
+    return kExitSbxError;
+  }
+  storage::TemplateStore store{global.data_dir + "/templates", cfg.id_base};
+  auto tmpl = storage::ResolveTemplate(store, o.template_name);
+  if (!tmpl.ok()) {
+    Error(tmpl.status().message());
+    return kExitSbxError;
+  }
+  auto t_template = Clock::now();
+
+  runtime::BoxSpec spec;
+  spec.id = RandomId();
+  spec.layers = tmpl->layers;
+  spec.binds = tmpl->binds;
+  spec.limits = limits->limits;
+  spec.die_with_parent = true;
+  auto box = (*rt)->Create(spec);
+  if (!box.ok()) {
+    Error(box.status().message());
+    return kExitSbxError;
+  }
+  auto t_created = Clock::now();
+
+  int interrupted = 0;
+  Result<Outcome> outcome = Status::Error("not started");
+  int64_t spawn_us = 0, run_us = 0, hello_us = 0;
+  {
+    auto conn = protocol::AgentConnection::Connect(box->agent_socket, 10000);
+    auto t_hello = Clock::now();
+    hello_us = Us(t_created, t_hello);
+    if (!conn.ok()) {
+      outcome = conn.status().Wrap("connect to the box's agent");
+    } else {
+      protocol::Writer w;
+      for (const auto& a : o.command) w.Str(Tag::kArgv, a);
+      for (const auto& e : tmpl->env) w.Str(Tag::kEnv, e);
+      if (o.tty) w.Str(Tag::kEnv, std::string("TERM=") + (std::getenv("TERM") ? std::getenv("TERM") : "xterm"));
+      for (const auto& e : o.env) w.Str(Tag::kEnv, e);
+      std::string workdir = o.workdir.empty() ? tmpl->workdir : o.workdir;
+      if (!workdir.empty()) w.Str(Tag::kCwd, workdir);
+      // Root needs no lookup, so a rootfs without /etc/passwd still runs as root.
+      std::string user = o.user.empty() ? tmpl->user : o.user;
+      if (user != "root" && user != "0") w.Str(Tag::kUser, user);
+      w.Int(Tag::kStdinOpen, o.interactive ? 1 : 0);
+      if (limits->timeout_ms > 0) w.Int(Tag::kTimeoutMs, limits->timeout_ms);
+      if (o.tty) {
+        winsize ws{};
+        if (::ioctl(0, TIOCGWINSZ, &ws) != 0 || ws.ws_row == 0) ws = {24, 80, 0, 0};
+        w.Int(Tag::kPty, 1).Int(Tag::kRows, ws.ws_row).Int(Tag::kCols, ws.ws_col);
+      }
+      uint32_t id = conn->NextId();
+      auto reply = conn->CallWithId(Type::kSpawn, id, w, nullptr, 30000);
+      auto t_spawned = Clock::now();
+      spawn_us = Us(t_hello, t_spawned);
+      if (!reply.ok()) {
+        outcome = reply.status().Wrap(o.command[0]);
+      } else {
+        std::optional<RawTerminal> raw;
+        if (o.tty && o.interactive) raw.emplace(0);
+        // The agent enforces the timeout; the deadline here only guards against an agent that
+        // cannot answer any more (frozen, killed).
+        int64_t deadline = limits->timeout_ms > 0 ? limits->timeout_ms + 5000 : 0;
+        outcome = Drive(*conn, id, reply->fields.Int(Tag::kPid), o, sigfd.get(), deadline, &interrupted);
+      }
+      run_us = Us(t_spawned, Clock::now());
+    }
+  }
+
+  // OOM kills are counted by the cgroup: read before the box (and its cgroup) goes away.
+  uint64_t oom_kills = 0;
+  if (auto st = (*rt)->Stats(*box); st.ok()) oom_kills = st->oom_kills;
+  auto t_destroy = Clock::now();
+  Status destroyed = (*rt)->Destroy(*box);
+  auto t_end = Clock::now();
+  if (!destroyed.ok()) Error(destroyed.message());
+
+  if (o.timings) {
+    const auto& tm = box->timings;
+    std::fprintf(stderr,
+                 "sbx timings (us): setup=%lld template=%lld prepare=%lld cgroup=%lld clone=%lld "
+                 "child=%lld hello=%lld spawn=%lld run=%lld destroy=%lld total=%lld\n",
+                 (long long)Us(t0, t_template) - 0, (long long)0, (long long)tm.prepare_us,
+                 (long long)tm.cgroup_us, (long long)tm.clone_us, (long long)tm.child_us,
+                 (long long)hello_us, (long long)spawn_us, (long long)run_us,
+                 (long long)Us(t_destroy, t_end), (long long)Us(t0, t_end));
+  }
+  if (interrupted != 0) {
+    Error(std::string("interrupted by ") + ::strsignal(interrupted) + "; box removed");
+    return 128 + interrupted;
+  }
+  if (!outcome.ok()) {
+    Error(outcome.status().message());
+    return kExitSbxError;
+  }
+  if (outcome->timed_out) {
+    Error("timed out after " + o.timeout + "; box removed");
+    return kExitTimeout;
+  }
+  if (oom_kills > 0) {
+    Error("out of memory: the box hit its memory limit of " + FormatSize(limits->limits.memory_bytes) +
+          " and the kernel killed " + std::to_string(oom_kills) + " process(es)");
+  }
+  if (outcome->signal != 0) return 128 + static_cast<int>(outcome->signal);
+  if (!destroyed.ok()) return kExitSbxError;
+  return static_cast<int>(outcome->exit_code & 0xff);
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,206 @@
+#include "runtime/native/child.h"
+
+#include "runtime/native/capabilities.h"
+#include "runtime/native/seccomp_policy.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+
+namespace sbx::runtime {
+
+const char* ChildStepName(int32_t step) {
+  switch (step) {
+    case kStepWaitParent: return "wait for the parent";
+    case kStepSetIds: return "become root in the user namespace";
+    case kStepCgroupNs: return "unshare the cgroup namespace";
+    case kStepPrivate: return "make mounts private";
+    case kStepPivot: return "pivot_root into the box";
+    case kStepHostname: return "set the hostname";
+    case kStepRlimits: return "set rlimits";
+    case kStepCaps: return "drop capabilities";
+    case kStepNoNewPrivs: return "set no_new_privs";
+    case kStepSeccomp: return "load the seccomp filter";
+    case kStepFds: return "arrange file descriptors";
+    case kStepExec: return "exec sbx-agent";
+    default: return "unknown step";
+  }
+}
+
+ChildPlan ChildPlanStorage::Build(const std::vector<MountOp>& ops, const std::string& root,
+                                  const std::string& hostname,
+                                  const std::vector<std::string>& argv) {
+  ops_ = ops;
+  root_ = root;
+  hostname_ = hostname;
+  cops_.clear();
+  auto c = [](const std::string& s) -> const char* { return s.empty() ? nullptr : s.c_str(); };
+  for (const auto& op : ops_) {
+    cops_.push_back({op.kind, c(op.source), op.target.c_str(), c(op.fstype), op.flags, c(op.data),
+                     op.optional});
+  }
+  argv_strings_ = argv;
+  argv_.clear();
+  for (auto& a : argv_strings_) argv_.push_back(a.data());
+  argv_.push_back(nullptr);
+  envp_ = {nullptr};
+
+  ChildPlan plan;
+  plan.ops = cops_.data();
+  plan.op_count = cops_.size();
+  plan.root = root_.c_str();
+  plan.hostname = hostname_.c_str();
+  plan.argv = argv_.data();
+  plan.envp = envp_.data();
+  return plan;
+}
+
+namespace {
+
+// --- async-signal-safe from here on ---
+
+[[noreturn]] void Fail(const ChildPlan& plan, int32_t step, int err) {
+  ChildFailure f{step, err};
+  // Nothing useful can be done if this write fails; the parent then sees EOF without an exec.
+  ssize_t n = write(plan.status_fd, &f, sizeof f);
+  (void)n;
+  _exit(127);
+}
+
+size_t Len(const char* s) {
+  size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+
+int RunOp(const ChildPlan::Op& op) {
+  switch (op.kind) {
+    case MountOp::Kind::kMkdir:
+      if (mkdir(op.target, 0755) != 0 && errno != EEXIST) return errno;
+      return 0;
+    case MountOp::Kind::kTouch: {
+      int fd = open(op.target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0) return errno;
+      close(fd);
+      return 0;
+    }
+    case MountOp::Kind::kSymlink:
+      if (symlink(op.source, op.target) != 0 && errno != EEXIST) return errno;
+      return 0;
+    case MountOp::Kind::kMount:
+      break;
+  }
+  if (mount(op.source, op.target, op.fstype, op.flags, op.data) == 0) return 0;
+  int err = errno;
+  // A read-only remount must keep the flags the kernel locked on the source mount (nosuid,
+  // nodev, noexec as the host had them); retry with them added.
+  if (err == EPERM && (op.flags & MS_REMOUNT)) {
+    unsigned long extra = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    if (mount(op.source, op.target, op.fstype, op.flags | extra, op.data) == 0) return 0;
+  }
+  return err;
+}
+
+int SetRootIds() {
+  // Raw system calls: glibc's wrappers broadcast id changes to every thread it knows of, and
+  // after a raw clone() of a multi-threaded parent its list names threads that do not exist here.
+  if (syscall(SYS_setresgid, 0, 0, 0) != 0) return errno;
+  if (syscall(SYS_setgroups, 0, nullptr) != 0) return errno;
+  if (syscall(SYS_setresuid, 0, 0, 0) != 0) return errno;
+  return 0;
+}
+
+// Moves `fd` to exactly `target`, close-on-exec or not.
+int Place(int fd, int target, bool cloexec) {
+  if (fd == target) {
+    int flags = fcntl(fd, F_GETFD);
+    if (flags < 0) return errno;
+    flags = cloexec ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC);
+    return fcntl(fd, F_SETFD, flags) == 0 ? 0 : errno;
+  }
+  return dup3(fd, target, cloexec ? O_CLOEXEC : 0) >= 0 ? 0 : errno;
+}
+
+}  // namespace
+
+void RunChild(const ChildPlan& plan) {
+  // The parent's signal dispositions and mask must not leak into the box: a daemon that ignores
+  // SIGPIPE would otherwise make `yes | head` inside run forever.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // EINVAL for KILL/STOP
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  // Move every descriptor we keep far up first, so placing them at 0..5 cannot clobber another.
+  ChildPlan p = plan;
+  int* fds[] = {&p.stdin_fd, &p.log_fd, &p.listen_fd, &p.status_fd, &p.go_fd, &p.agent_fd};
+  for (int* fd : fds) {
+    int moved = fcntl(*fd, F_DUPFD_CLOEXEC, 1000);
+    if (moved < 0) Fail(plan, kStepFds, errno);
+    *fd = moved;
+  }
+  if (Place(p.status_fd, 4, true) != 0) _exit(127);
+  p.status_fd = 4;
+
+  // Wait until the parent has written our id maps and put us in our cgroups.
+  char go = 0;
+  ssize_t n;
+  do {
+    n = read(p.go_fd, &go, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) Fail(p, kStepWaitParent, n < 0 ? errno : EPIPE);
+  close(p.go_fd);
+
+  if (int err = SetRootIds()) Fail(p, kStepSetIds, err);
+  // After the id change, which clears the parent-death signal.
+  if (p.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) Fail(p, kStepSetIds, errno);
+  if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Fail(p, kStepPrivate, errno);
+
+  for (size_t i = 0; i < p.op_count; ++i) {
+    int err = RunOp(p.ops[i]);
+    if (err == 0 || (err == ENOENT && p.ops[i].optional)) continue;
+    Fail(p, static_cast<int32_t>(i), err);
+  }
+
+  if (chdir(p.root) != 0) Fail(p, kStepPivot, errno);
+  if (syscall(SYS_pivot_root, ".", ".") != 0) Fail(p, kStepPivot, errno);
+  if (umount2(".", MNT_DETACH) != 0) Fail(p, kStepPivot, errno);
+  if (chdir("/") != 0) Fail(p, kStepPivot, errno);
+
+  if (sethostname(p.hostname, Len(p.hostname)) != 0) Fail(p, kStepHostname, errno);
+  for (size_t i = 0; i < p.rlimit_count; ++i) {
+    if (setrlimit(static_cast<__rlimit_resource>(p.rlimits[i].resource), &p.rlimits[i].value) != 0)
+      Fail(p, kStepRlimits, errno);
+  }
+  if (int err = DropCapabilities(p.caps); err != 0) Fail(p, kStepCaps, -err);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) Fail(p, kStepNoNewPrivs, errno);
+
+  // Descriptors: 0 stdin (/dev/null), 1 and 2 the agent log, 3 the listening socket, 4 the status
+  // pipe (close-on-exec: EOF tells the parent the exec happened), 5 the agent image.
+  if (Place(p.stdin_fd, 0, false) != 0 || Place(p.log_fd, 1, false) != 0 ||
+      Place(p.log_fd, 2, false) != 0 || Place(p.listen_fd, 3, false) != 0 ||
+      Place(p.agent_fd, 5, true) != 0) {
+    Fail(p, kStepFds, errno);
+  }
+  if (syscall(SYS_close_range, 6U, ~0U, 0U) != 0) Fail(p, kStepFds, errno);
+
+  // Last: once loaded, the filter also governs the exec below.
+  if (p.seccomp != nullptr) {
+    if (int err = ApplySeccompProgram(*p.seccomp); err != 0) Fail(p, kStepSeccomp, -err);
+  }
+
+  syscall(SYS_execveat, 5, "", p.argv, p.envp, AT_EMPTY_PATH);
+  Fail(p, kStepExec, errno);
+}
+
+}  // namespace sbx::runtime

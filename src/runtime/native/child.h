@@ -1,0 +1,102 @@
+// The code that runs in the box's first process between clone() and the exec of sbx-agent.
+//
+// The parent may be multi-threaded (the daemon), so everything here is async-signal-safe: raw
+// system calls on memory prepared by the parent, no allocation, no locks, no logging, no
+// exceptions. Failures are reported to the parent as {step, errno} on the status pipe.
+#pragma once
+
+#include <linux/filter.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/native/capabilities.h"
+#include "runtime/native/mount_plan.h"
+
+namespace sbx::runtime {
+
+// What the child reports when a step fails. The parent maps `step` back to a description.
+struct ChildFailure {
+  int32_t step;
+  int32_t err;
+};
+
+// Step numbers >= 0 index ChildPlan::ops; negative ones name the fixed steps.
+enum ChildStep : int32_t {
+  kStepWaitParent = -1,
+  kStepSetIds = -2,
+  kStepCgroupNs = -3,
+  kStepPrivate = -4,
+  kStepPivot = -5,
+  kStepHostname = -6,
+  kStepRlimits = -7,
+  kStepCaps = -8,
+  kStepNoNewPrivs = -9,
+  kStepSeccomp = -10,
+  kStepFds = -11,
+  kStepExec = -12,
+};
+
+const char* ChildStepName(int32_t step);
+
+// Everything the child needs, as C pointers into storage the parent keeps alive until the child
+// has exec'd or failed (the child sees a copy-on-write copy of the parent's memory).
+struct ChildPlan {
+  struct Op {
+    MountOp::Kind kind;
+    const char* source;  // nullptr when empty
+    const char* target;
+    const char* fstype;
+    unsigned long flags;
+    const char* data;
+    bool optional;
+  };
+  const Op* ops = nullptr;
+  size_t op_count = 0;
+  const char* root = nullptr;      // new root (host path)
+  const char* hostname = nullptr;
+  struct Rlimit {
+    int resource;
+    rlimit value;
+  };
+  const Rlimit* rlimits = nullptr;
+  size_t rlimit_count = 0;
+  const sock_fprog* seccomp = nullptr;
+  CapabilityPlan caps;              // what root keeps (capabilities.h)
+  bool die_with_parent = false;     // PR_SET_PDEATHSIG(SIGKILL)
+  // Descriptors in the parent, placed by the child as: 0 <- stdin_fd, 1 and 2 <- log_fd,
+  // 3 <- listen_fd. status_fd and agent_fd are kept close-on-exec; all others are closed.
+  int stdin_fd = -1;
+  int log_fd = -1;
+  int listen_fd = -1;
+  int status_fd = -1;   // write end of the status pipe
+  int go_fd = -1;       // read end of the parent's go-ahead pipe
+  int agent_fd = -1;    // sealed memfd holding sbx-agent
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
+};
+
+// Owns the strings and arrays a ChildPlan points into.
+class ChildPlanStorage {
+ public:
+  // Copies `ops` into storage and returns the plan (other fields are filled by the caller).
+  ChildPlan Build(const std::vector<MountOp>& ops, const std::string& root,
+                  const std::string& hostname, const std::vector<std::string>& argv);
+  const std::vector<MountOp>& ops() const { return ops_; }
+
+ private:
+  std::vector<MountOp> ops_;
+  std::vector<ChildPlan::Op> cops_;
+  std::string root_, hostname_;
+  std::vector<std::string> argv_strings_;
+  std::vector<char*> argv_;
+  std::vector<char*> envp_;
+};
+
+// Runs in the child after clone(); never returns: execs sbx-agent or _exit(127)s.
+[[noreturn]] void RunChild(const ChildPlan& plan);
+
+}  // namespace sbx::runtime

@@ -1,0 +1,90 @@
+#include "runtime/native/disk.h"
+
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/fd.h"
+
+extern char** environ;
+
+namespace sbx::runtime {
+namespace {
+
+// Runs mke2fs without a shell; returns its stderr in the error on failure.
+Status Format(const std::string& image, uint32_t owner) {
+  std::string opts = "root_owner=" + std::to_string(owner) + ":" + std::to_string(owner) +
+                     ",lazy_itable_init=1,lazy_journal_init=1";
+  const char* argv[] = {"mke2fs", "-q", "-F", "-t", "ext4", "-m", "0", "-E", opts.c_str(),
+                        image.c_str(), nullptr};
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
+  UniqueFd rd(err_pipe[0]), wr(err_pipe[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
+  pid_t pid;
+  int rc = ::posix_spawnp(&pid, "mke2fs", &fa, nullptr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  wr.reset();
+  if (rc != 0) return Status::Error("run mke2fs (install e2fsprogs)", rc);
+  auto err = ReadAll(rd.get(), 1 << 16);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return Status::Error("mke2fs " + image + ": " + (err.ok() ? *err : std::string("failed")), EIO);
+  return {};
+}
+
+// Attaches `image` to a free loop device with autoclear; returns the device's open fd and path.
+Result<std::pair<UniqueFd, std::string>> Attach(const std::string& image) {
+  UniqueFd file(::open(image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!file) return Status::Errno("open " + image);
+  UniqueFd control(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!control) return Status::Errno("open /dev/loop-control");
+  // Another process may take the free device between GET_FREE and CONFIGURE: retry.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int n = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return Status::Errno("LOOP_CTL_GET_FREE");
+    std::string dev = "/dev/loop" + std::to_string(n);
+    UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop) return Status::Errno("open " + dev);
+    loop_config cfg{};
+    cfg.fd = static_cast<uint32_t>(file.get());
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    std::strncpy(reinterpret_cast<char*>(cfg.info.lo_file_name), image.c_str(), LO_NAME_SIZE - 1);
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) == 0) return std::make_pair(std::move(loop), dev);
+    if (errno != EBUSY) return Status::Errno("LOOP_CONFIGURE " + dev);
+  }
+  return Status::Error("no free loop device", EBUSY);
+}
+
+}  // namespace
+
+Status MountDiskImage(const std::string& image, const std::string& mountpoint, int64_t bytes,
+                      uint32_t owner) {
+  {
+    UniqueFd fd(::open(image.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd) return Status::Errno("create " + image);
+    if (::ftruncate(fd.get(), bytes) != 0) return Status::Errno("truncate " + image);
+  }
+  SBX_RETURN_IF_ERROR(Format(image, owner));
+  auto loop = Attach(image);
+  if (!loop.ok()) return loop.status();
+  // Mounting takes a reference; the autoclear device goes away once the last mount does, even if
+  // this process dies right after. Our descriptor is closed on return either way.
+  if (::mount(loop->second.c_str(), mountpoint.c_str(), "ext4", MS_NOSUID | MS_NODEV, "") != 0)
+    return Status::Errno("mount " + loop->second + " on " + mountpoint);
+  return {};
+}
+
+}  // namespace sbx::runtime

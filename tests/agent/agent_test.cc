@@ -1,0 +1,600 @@
+// End-to-end tests of sbx-agent: the real binary, started with --listen on a temporary socket,
+// driven through the daemon's AgentConnection (docs/agent-protocol.md).
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "protocol/client.h"
+
+namespace sbx::protocol {
+namespace {
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start({}); }
+  void TearDown() override { Stop(); }
+
+  void Start(std::vector<std::string> extra) {
+    char tmpl[] = "/tmp/sbx-agent-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    socket_ = dir_ + "/a.sock";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<const char*> argv{SBX_AGENT_PATH, "--listen", socket_.c_str()};
+      for (const auto& e : extra) argv.push_back(e.c_str());
+      argv.push_back(nullptr);
+      ::execv(SBX_AGENT_PATH, const_cast<char**>(argv.data()));
+      _exit(127);
+    }
+  }
+  void Stop() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int st;
+      ::waitpid(pid_, &st, 0);
+      pid_ = -1;
+    }
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    ASSERT_EQ(::system(cmd.c_str()), 0);
+  }
+
+  AgentConnection Connect() {
+    auto c = AgentConnection::Connect(socket_, 5000);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return std::move(c.value());
+  }
+
+  struct Run {
+    uint32_t id = 0;
+    int64_t pid = 0;
+    std::string out, err;
+    int64_t exit_code = -100, signal = -100, timed_out = -1;
+    bool exited = false;
+  };
+
+  // Collects OUTPUT and EXIT events for request `id` until EXIT.
+  static void Collect(AgentConnection& c, Run* r, int timeout_ms = 20000) {
+    uint64_t next[2] = {0, 0};
+    for (;;) {
+      auto f = c.Receive(timeout_ms);
+      ASSERT_TRUE(f.ok()) << f.status().message();
+      if (f->id() != r->id) continue;
+      if (f->type() == Type::kOutput) {
+        int64_t s = f->fields.Int(Tag::kStream);
+        ASSERT_TRUE(s == 1 || s == 2);
+        EXPECT_GE(static_cast<uint64_t>(f->fields.Int(Tag::kOffset)), next[s - 1]);
+        std::string_view d = f->fields.Str(Tag::kData);
+        next[s - 1] = static_cast<uint64_t>(f->fields.Int(Tag::kOffset)) + d.size();
+        (s == 1 ? r->out : r->err).append(d);
+      } else if (f->type() == Type::kExit) {
+        r->exit_code = f->fields.Int(Tag::kExitCode);
+        r->signal = f->fields.Int(Tag::kSignal);
+        r->timed_out = f->fields.Int(Tag::kTimedOut);
+        r->exited = true;
+        return;
+      }
+    }
+  }
+
+  static Result<Run> Spawn(AgentConnection& c, Writer w) {
+    auto ok = c.Call(Type::kSpawn, w);
+    if (!ok.ok()) return ok.status();
+    Run r;
+    r.id = ok->id();
+    r.pid = ok->fields.Int(Tag::kPid);
+    return r;
+  }
+
+  static Writer Argv(std::initializer_list<const char*> args) {
+    Writer w;
+    for (const char* a : args) w.Str(Tag::kArgv, a);
+    return w;
+  }
+
+  Run RunToEnd(AgentConnection& c, Writer w) {
+    auto r = Spawn(c, w);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return {};
+    Collect(c, &r.value());
+    return r.value();
+  }
+
+  std::string dir_, socket_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(AgentTest, EchoRunsAndExits) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"/bin/echo", "hello", "world"}));
+  EXPECT_EQ(r.out, "hello world\n");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_EQ(r.timed_out, 0);
+}
+
+TEST_F(AgentTest, SeparatesStdoutAndStderrAndReportsExitCode) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"sh", "-c", "echo out; echo err >&2; exit 3"}));
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+  EXPECT_EQ(r.exit_code, 3);
+}
+
+TEST_F(AgentTest, ReportsTheKillingSignal) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"sh", "-c", "kill -9 $$"}));
+  EXPECT_EQ(r.signal, 9);
+  EXPECT_EQ(r.exit_code, -1);
+}
+
+TEST_F(AgentTest, MissingProgramIsENOENT) {
+  auto c = Connect();
+  auto r = Spawn(c, Argv({"no-such-program-xyz"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().err(), ENOENT);
+  auto r2 = Spawn(c, Argv({"/bin/echo"}).Str(Tag::kCwd, "/no/such/dir"));
+  ASSERT_FALSE(r2.ok());
+  EXPECT_EQ(r2.status().err(), ENOENT);
+  auto r3 = Spawn(c, Writer());
+  ASSERT_FALSE(r3.ok());
+  EXPECT_EQ(r3.status().err(), EINVAL);
+}
+
+TEST_F(AgentTest, AppliesEnvAndCwd) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"sh", "-c", "echo $FOO; pwd; echo $HOME"})
+                          .Str(Tag::kEnv, "FOO=bar")
+                          .Str(Tag::kCwd, "/tmp"));
+  EXPECT_EQ(r.out, "bar\n/tmp\n/root\n");
+}
+
+TEST_F(AgentTest, RunsAsAUserByName) {
+  auto c = Connect();
+  Run r =
+      RunToEnd(c, Argv({"sh", "-c", "id -u; id -g; echo $USER $HOME"}).Str(Tag::kUser, "nobody"));
+  EXPECT_EQ(r.out, "65534\n65534\nnobody /nonexistent\n");
+  Run r2 = RunToEnd(c, Argv({"id", "-u"}).Int(Tag::kUid, 4321).Int(Tag::kGid, 4321));
+  EXPECT_EQ(r2.out, "4321\n");
+  auto bad = Spawn(c, Argv({"id"}).Str(Tag::kUser, "no-such-user"));
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST_F(AgentTest, StdinWriteAndClose) {
+  auto c = Connect();
+  auto r = Spawn(c, Argv({"cat"}).Int(Tag::kStdinOpen, 1));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(c.Call(Type::kStdin, Writer().Int(Tag::kPid, r->pid).Str(Tag::kData, "abc\n")).ok());
+  ASSERT_TRUE(c.Call(Type::kStdin, Writer().Int(Tag::kPid, r->pid).Str(Tag::kData, "def")).ok());
+  ASSERT_TRUE(c.Call(Type::kCloseStdin, Writer().Int(Tag::kPid, r->pid)).ok());
+  Collect(c, &r.value());
+  EXPECT_EQ(r->out, "abc\ndef");
+  EXPECT_EQ(r->exit_code, 0);
+  // A finished process has no stdin.
+  auto late = c.Call(Type::kStdin, Writer().Int(Tag::kPid, r->pid).Str(Tag::kData, "x"));
+  EXPECT_FALSE(late.ok());
+}
+
+TEST_F(AgentTest, PtyIsTheControllingTerminalAndResizes) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"tty"}).Int(Tag::kPty, 1));
+  EXPECT_EQ(r.out.rfind("/dev/pts/", 0), 0u) << r.out;
+  EXPECT_EQ(r.exit_code, 0);
+
+  auto s = Spawn(c, Argv({"sh", "-c", "read x; stty size"})
+                        .Int(Tag::kPty, 1)
+                        .Int(Tag::kRows, 10)
+                        .Int(Tag::kCols, 20));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(
+      c.Call(Type::kResize, Writer().Int(Tag::kPid, s->pid).Int(Tag::kRows, 33).Int(Tag::kCols, 77))
+          .ok());
+  ASSERT_TRUE(c.Call(Type::kStdin, Writer().Int(Tag::kPid, s->pid).Str(Tag::kData, "go\n")).ok());
+  Collect(c, &s.value());
+  EXPECT_NE(s->out.find("33 77"), std::string::npos) << s->out;
+
+  // CLOSE_STDIN on a PTY is ^D: cat sees EOF.
+  auto cat = Spawn(c, Argv({"cat"}).Int(Tag::kPty, 1));
+  ASSERT_TRUE(cat.ok());
+  ASSERT_TRUE(c.Call(Type::kCloseStdin, Writer().Int(Tag::kPid, cat->pid)).ok());
+  Collect(c, &cat.value());
+  EXPECT_EQ(cat->exit_code, 0);
+}
+
+TEST_F(AgentTest, TimeoutKillsTheProcessGroup) {
+  auto c = Connect();
+  auto t0 = std::chrono::steady_clock::now();
+  Run r = RunToEnd(c, Argv({"sleep", "100"}).Int(Tag::kTimeoutMs, 200));
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  EXPECT_EQ(r.timed_out, 1);
+  EXPECT_EQ(r.signal, 9);
+  EXPECT_LT(ms, 5000);
+}
+
+TEST_F(AgentTest, SignalReachesTheProcess) {
+  auto c = Connect();
+  auto r = Spawn(c, Argv({"sleep", "100"}));
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(c.Call(Type::kSignal,
+                     Writer().Int(Tag::kPid, r->pid).Int(Tag::kSignal, 15).Int(Tag::kGroup, 1))
+                  .ok());
+  Collect(c, &r.value());
+  EXPECT_EQ(r->signal, 15);
+  auto gone = c.Call(Type::kSignal, Writer().Int(Tag::kPid, 999999).Int(Tag::kSignal, 15));
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().err(), ESRCH);
+}
+
+TEST_F(AgentTest, ReattachReplaysOutputAndExit) {
+  int64_t pid;
+  {
+    auto c = Connect();
+    auto r = Spawn(c, Argv({"sh", "-c", "printf 0123456789; read x; printf abc; echo e >&2"})
+                          .Int(Tag::kStdinOpen, 1));
+    ASSERT_TRUE(r.ok());
+    pid = r->pid;
+    // Wait for the first output, then detach.
+    auto f = c.Receive(5000);
+    ASSERT_TRUE(f.ok());
+    ASSERT_EQ(f->type(), Type::kOutput);
+    ASSERT_TRUE(c.Call(Type::kDetach, Writer().Int(Tag::kPid, pid)).ok());
+    ASSERT_TRUE(c.Call(Type::kStdin, Writer().Int(Tag::kPid, pid).Str(Tag::kData, "\n")).ok());
+  }  // connection closed; the process carries on
+  ::usleep(200 * 1000);
+  auto c = Connect();
+  auto a = c.Call(Type::kAttach, Writer().Int(Tag::kPid, pid));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->fields.Int(Tag::kRunning), 0);
+  Run r;
+  r.id = a->id();
+  Collect(c, &r);
+  EXPECT_EQ(r.out, "0123456789abc");
+  EXPECT_EQ(r.err, "e\n");
+  EXPECT_EQ(r.exit_code, 0);
+
+  // From a mid offset: only the tail.
+  auto m =
+      c.Call(Type::kAttach,
+             Writer().Int(Tag::kPid, pid).Int(Tag::kStdoutOffset, 7).Int(Tag::kStderrOffset, 2));
+  ASSERT_TRUE(m.ok());
+  Run mid;
+  mid.id = m->id();
+  Collect(c, &mid);
+  EXPECT_EQ(mid.out, "789abc");
+  EXPECT_EQ(mid.err, "");
+  EXPECT_EQ(mid.exit_code, 0);
+
+  // LIST_PROCS shows it as finished.
+  std::vector<Frame> procs;
+  ASSERT_TRUE(c.Call(Type::kListProcs, Writer(), &procs).ok());
+  bool found = false;
+  for (const auto& p : procs) {
+    if (p.fields.Int(Tag::kPid) == pid) {
+      found = true;
+      EXPECT_EQ(p.fields.Int(Tag::kRunning), 0);
+      EXPECT_EQ(p.fields.All(Tag::kArgv).size(), 3u);
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST_F(AgentTest, BigOutputArrivesCompleteWhileAttached) {
+  auto c = Connect();
+  auto r = Spawn(c, Argv({"head", "-c", "50000000", "/dev/zero"}));
+  ASSERT_TRUE(r.ok());
+  uint64_t total = 0, expected_offset = 0;
+  for (;;) {
+    auto f = c.Receive(30000);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    if (f->type() == Type::kOutput) {
+      ASSERT_EQ(static_cast<uint64_t>(f->fields.Int(Tag::kOffset)), expected_offset);
+      size_t n = f->fields.Str(Tag::kData).size();
+      total += n;
+      expected_offset += n;
+    } else if (f->type() == Type::kExit) {
+      EXPECT_EQ(f->fields.Int(Tag::kExitCode), 0);
+      break;
+    }
+  }
+  EXPECT_EQ(total, 50000000u);
+}
+
+TEST_F(AgentTest, SlowReaderStillGetsEverything) {
+  auto c = Connect();
+  auto r = Spawn(c, Argv({"head", "-c", "20000000", "/dev/zero"}));
+  ASSERT_TRUE(r.ok());
+  ::usleep(500 * 1000);  // the agent must stop reading the pipe, not drop bytes
+  Collect(c, &r.value(), 30000);
+  EXPECT_EQ(r->out.size(), 20000000u);
+}
+
+std::vector<pid_t> ZombieChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  while (struct dirent* de = ::readdir(d)) {
+    pid_t p = ::atoi(de->d_name);
+    if (p <= 0) continue;
+    std::ifstream f("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(f, line);
+    size_t rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == parent && state == 'Z') out.push_back(p);
+  }
+  ::closedir(d);
+  return out;
+}
+
+TEST_F(AgentTest, OrphansAreReaped) {
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"sh", "-c", "sleep 0.1 & exit 0"}));
+  EXPECT_EQ(r.exit_code, 0);
+  ::usleep(600 * 1000);
+  EXPECT_TRUE(ZombieChildrenOf(pid_).empty());
+}
+
+TEST_F(AgentTest, ProcessBoundIsEAGAIN) {
+  Stop();
+  Start({"--max-procs", "3"});
+  auto c = Connect();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Spawn(c, Argv({"sleep", "100"})).ok());
+  auto r = Spawn(c, Argv({"sleep", "100"}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().err(), EAGAIN);
+}
+
+// Writes `data` to `path` in chunks through WRITE_BEGIN/DATA/END.
+Status WriteFile(AgentConnection& c, const std::string& path, const std::string& data,
+                 Writer begin = Writer()) {
+  uint32_t id = c.NextId();
+  auto b = c.CallWithId(Type::kWriteBegin, id, begin.Str(Tag::kPath, path));
+  if (!b.ok()) return b.status();
+  for (size_t off = 0; off < data.size(); off += kMaxChunk) {
+    SBX_RETURN_IF_ERROR(
+        c.Send(Type::kWriteData, id,
+               Writer().Str(Tag::kData, std::string_view(data).substr(off, kMaxChunk))));
+  }
+  auto e = c.CallWithId(Type::kWriteEnd, id, Writer());
+  return e.ok() ? Status() : e.status();
+}
+
+Result<std::string> ReadFile(AgentConnection& c, const std::string& path, int64_t offset = 0,
+                             int64_t length = 0) {
+  std::vector<Frame> data;
+  auto ok = c.Call(
+      Type::kRead,
+      Writer().Str(Tag::kPath, path).Int(Tag::kOffset, offset).Int(Tag::kLength, length), &data);
+  if (!ok.ok()) return ok.status();
+  std::string out;
+  for (const auto& f : data) {
+    EXPECT_EQ(f.fields.Int(Tag::kOffset), offset + static_cast<int64_t>(out.size()));
+    out.append(f.fields.Str(Tag::kData));
+  }
+  return out;
+}
+
+TEST_F(AgentTest, WriteThenReadBack) {
+  auto c = Connect();
+  std::string data;
+  for (int i = 0; i < 300000; ++i) data += static_cast<char>('a' + i % 23);
+  data += data + data + data;  // 1.2 MB
+  std::string path = dir_ + "/sub/deeper/file.bin";
+  ASSERT_TRUE(WriteFile(c, path, data, Writer().Int(Tag::kMode, 0600).Int(Tag::kParents, 1)).ok());
+  auto all = ReadFile(c, path);
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_EQ(all.value(), data);
+  auto part = ReadFile(c, path, 1000, 300000);
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(part.value(), data.substr(1000, 300000));
+  auto st = c.Call(Type::kStat, Writer().Str(Tag::kPath, path));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->fields.Int(Tag::kSize), static_cast<int64_t>(data.size()));
+  EXPECT_EQ(st->fields.Int(Tag::kMode) & 07777, 0600);
+  EXPECT_EQ(st->fields.Str(Tag::kOwner), "root");
+  EXPECT_EQ(st->fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kFile));
+  auto dir = ReadFile(c, dir_);
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().err(), EISDIR);
+  auto missing = ReadFile(c, dir_ + "/nope");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().err(), ENOENT);
+}
+
+TEST_F(AgentTest, ListMkdirMoveRemove) {
+  auto c = Connect();
+  ASSERT_TRUE(
+      c.Call(Type::kMkdir, Writer().Str(Tag::kPath, dir_ + "/t/a/b").Int(Tag::kParents, 1)).ok());
+  ASSERT_TRUE(
+      c.Call(Type::kMkdir, Writer().Str(Tag::kPath, dir_ + "/t/a/b").Int(Tag::kParents, 1)).ok());
+  auto again = c.Call(Type::kMkdir, Writer().Str(Tag::kPath, dir_ + "/t/a/b"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().err(), EEXIST);
+  ASSERT_TRUE(WriteFile(c, dir_ + "/t/a/f1", "1").ok());
+  ASSERT_TRUE(WriteFile(c, dir_ + "/t/a/b/f2", "22").ok());
+  ASSERT_EQ(::symlink("/etc", (dir_ + "/t/link").c_str()), 0);
+
+  std::vector<Frame> entries;
+  ASSERT_TRUE(
+      c.Call(Type::kList, Writer().Str(Tag::kPath, dir_ + "/t").Int(Tag::kDepth, 2), &entries)
+          .ok());
+  std::vector<std::string> paths;
+  for (const auto& e : entries) paths.emplace_back(e.fields.Str(Tag::kPath));
+  std::string t = dir_ + "/t";
+  EXPECT_EQ(paths, (std::vector<std::string>{t + "/a", t + "/a/b", t + "/a/f1", t + "/link"}));
+  EXPECT_EQ(entries.back().fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kSymlink));
+  EXPECT_EQ(entries.back().fields.Str(Tag::kLinkTarget), "/etc");
+
+  auto mv =
+      c.Call(Type::kMove, Writer().Str(Tag::kPath, t + "/a/f1").Str(Tag::kNewPath, t + "/moved"));
+  ASSERT_TRUE(mv.ok()) << mv.status().message();
+  EXPECT_EQ(mv->fields.Str(Tag::kPath), t + "/moved");
+  EXPECT_EQ(::access((t + "/a/f1").c_str(), F_OK), -1);
+
+  auto nonempty = c.Call(Type::kRemove, Writer().Str(Tag::kPath, t + "/a"));
+  ASSERT_FALSE(nonempty.ok());
+  EXPECT_EQ(nonempty.status().err(), ENOTEMPTY);
+  ASSERT_TRUE(
+      c.Call(Type::kRemove, Writer().Str(Tag::kPath, t + "/a").Int(Tag::kRecursive, 1)).ok());
+  EXPECT_EQ(::access((t + "/a").c_str(), F_OK), -1);
+}
+
+TEST_F(AgentTest, RecursiveRemoveDoesNotFollowSymlinks) {
+  auto c = Connect();
+  std::string outside = dir_ + "/outside", tree = dir_ + "/tree";
+  ASSERT_EQ(::mkdir(outside.c_str(), 0755), 0);
+  std::ofstream(outside + "/keep.txt") << "precious";
+  ASSERT_EQ(::mkdir(tree.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((tree + "/sub").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (tree + "/sub/link").c_str()), 0);
+  ASSERT_TRUE(c.Call(Type::kRemove, Writer().Str(Tag::kPath, tree).Int(Tag::kRecursive, 1)).ok());
+  EXPECT_EQ(::access(tree.c_str(), F_OK), -1);
+  EXPECT_EQ(::access((outside + "/keep.txt").c_str(), F_OK), 0);
+}
+
+TEST_F(AgentTest, AbortedWriteLeavesNoTemporaryFile) {
+  std::string d = dir_ + "/w";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  {
+    auto c = Connect();
+    uint32_t id = c.NextId();
+    ASSERT_TRUE(c.CallWithId(Type::kWriteBegin, id, Writer().Str(Tag::kPath, d + "/f")).ok());
+    ASSERT_TRUE(c.Send(Type::kWriteData, id, Writer().Str(Tag::kData, "partial")).ok());
+  }
+  ::usleep(200 * 1000);
+  auto c = Connect();
+  std::vector<Frame> entries;
+  ASSERT_TRUE(c.Call(Type::kList, Writer().Str(Tag::kPath, d), &entries).ok());
+  EXPECT_TRUE(entries.empty());
+  auto end = c.CallWithId(Type::kWriteEnd, 12345, Writer());
+  EXPECT_FALSE(end.ok());
+}
+
+TEST_F(AgentTest, WatchReportsEvents) {
+  auto c = Connect();
+  std::string d = dir_ + "/watched";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  auto w = c.Call(Type::kWatch, Writer().Str(Tag::kPath, d).Int(Tag::kRecursive, 1));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  uint32_t wid = w->id();
+  std::ofstream(d + "/a.txt") << "x";
+  ::chmod((d + "/a.txt").c_str(), 0600);
+  ::rename((d + "/a.txt").c_str(), (d + "/b.txt").c_str());
+  ::unlink((d + "/b.txt").c_str());
+  ::mkdir((d + "/sub").c_str(), 0755);
+  ::usleep(100 * 1000);
+  std::ofstream(d + "/sub/in.txt") << "y";
+
+  std::vector<std::pair<int64_t, std::string>> want = {
+      {1, "a.txt"}, {2, "a.txt"}, {5, "a.txt"},      {4, "a.txt"},     {1, "b.txt"},
+      {3, "b.txt"}, {1, "sub"},   {1, "sub/in.txt"}, {2, "sub/in.txt"}};
+  std::vector<std::pair<int64_t, std::string>> got;
+  while (got.size() < want.size()) {
+    auto f = c.Receive(5000);
+    ASSERT_TRUE(f.ok()) << f.status().message() << " after " << got.size() << " events";
+    ASSERT_EQ(f->type(), Type::kWatchEvent);
+    ASSERT_EQ(f->id(), wid);
+    got.emplace_back(f->fields.Int(Tag::kEvent), std::string(f->fields.Str(Tag::kName)));
+    EXPECT_EQ(f->fields.Str(Tag::kPath), d + "/" + got.back().second);
+  }
+  EXPECT_EQ(got, want);
+  ASSERT_TRUE(c.CallWithId(Type::kUnwatch, wid, Writer()).ok());
+  std::ofstream(d + "/after.txt") << "z";
+  auto none = c.Receive(300);
+  EXPECT_FALSE(none.ok());
+}
+
+int RawConnect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a {};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  return fd;
+}
+
+// True when the agent closes `fd` within a second.
+bool ClosedByPeer(int fd) {
+  struct timeval tv {
+    1, 0
+  };
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+TEST_F(AgentTest, GarbageClosesTheConnectionButNotTheAgent) {
+  { auto warm = Connect(); }
+  int fd = RawConnect(socket_);
+  ASSERT_GE(fd, 0);
+  std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::write(fd, junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  EXPECT_TRUE(ClosedByPeer(fd));
+  ::close(fd);
+
+  // Oversized frame after a good handshake.
+  fd = RawConnect(socket_);
+  std::string hello = EncodeFrame(Type::kHello, 1, Writer().Int(Tag::kVersion, kProtocolVersion));
+  ASSERT_EQ(::write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+  std::string big = EncodeFrame(Type::kStat, 2, std::string_view());
+  uint32_t len = kMaxPayload + 1;
+  std::memcpy(big.data(), &len, 4);
+  ASSERT_EQ(::write(fd, big.data(), big.size()), static_cast<ssize_t>(big.size()));
+  EXPECT_TRUE(ClosedByPeer(fd));
+  ::close(fd);
+
+  // Malformed payload after the handshake is EINVAL, not a crash.
+  auto c = Connect();
+  std::string bad = "\x30\x00\xff\xff\x00\x00";
+  Writer raw;
+  ASSERT_TRUE(c.Send(Type::kStat, 77, raw).ok());
+  {
+    int rfd = c.fd();
+    std::string frame = EncodeFrame(Type::kStat, 78, std::string_view(bad));
+    ASSERT_EQ(::write(rfd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto f = c.Receive(2000);
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(f->type(), Type::kError);
+    EXPECT_EQ(f->fields.Int(Tag::kErrno), EINVAL);
+  }
+  // Wrong protocol version is EPROTONOSUPPORT.
+  fd = RawConnect(socket_);
+  std::string v2 = EncodeFrame(Type::kHello, 1, Writer().Int(Tag::kVersion, 99));
+  ASSERT_EQ(::write(fd, v2.data(), v2.size()), static_cast<ssize_t>(v2.size()));
+  char hdr[512];
+  ssize_t n = ::read(fd, hdr, sizeof hdr);
+  ASSERT_GE(n, static_cast<ssize_t>(kHeaderSize));
+  Header h;
+  ASSERT_TRUE(DecodeHeader(hdr, &h));
+  EXPECT_EQ(h.type, Type::kError);
+  EXPECT_TRUE(ClosedByPeer(fd));
+  ::close(fd);
+
+  // Still serving.
+  Run r = RunToEnd(c, Argv({"/bin/echo", "alive"}));
+  EXPECT_EQ(r.out, "alive\n");
+}
+
+}  // namespace
+}  // namespace sbx::protocol

@@ -1,0 +1,247 @@
+// `sbx run` end to end: real boxes, real namespaces and cgroups. Each test checks what the user
+// sees (output, exit status, messages) and that nothing is left on the host afterwards.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "common/fs.h"
+#include "sbx_process.h"
+
+namespace sbx::test {
+namespace {
+
+std::string ReadText(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class RunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/sbx-run-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    data_dir_ = tmpl;
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);  // the boxes' root must be able to reach its layers
+    cgroup_parent_ = "sbx-run-test-" + std::to_string(::getpid());
+  }
+  static void TearDownTestSuite() {
+    RemoveTree(data_dir_);
+    for (const auto& d : CgroupParents()) ::rmdir(d.c_str());
+  }
+  void TearDown() override { ExpectNoLeaks(); }
+
+  static std::vector<std::string> CgroupParents() {
+    // v1 hierarchies on this kind of host; the parent sits under this process's own cgroup.
+    std::vector<std::string> out;
+    std::istringstream in(ReadText("/proc/self/cgroup"));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto a = line.find(':'), b = line.find(':', a + 1);
+      std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+      if (path == "/") path = "";
+      for (const char* c : {"memory", "pids", "freezer"}) {
+        if (ctrls == c) out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + cgroup_parent_);
+      }
+      if (ctrls.find("cpu") != std::string::npos && ctrls.find("cpuset") == std::string::npos)
+        out.push_back("/sys/fs/cgroup/" + ctrls + path + "/" + cgroup_parent_);
+    }
+    return out;
+  }
+
+  void ExpectNoLeaks() {
+    // Box directories.
+    if (DIR* d = ::opendir((data_dir_ + "/run").c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        EXPECT_TRUE(n == "." || n == "..") << "leaked box directory " << n;
+      }
+      ::closedir(d);
+    }
+    // Mounts under the data directory.
+    std::string mounts = ReadText("/proc/self/mountinfo");
+    EXPECT_EQ(mounts.find(data_dir_), std::string::npos) << "leaked mount under " << data_dir_;
+    // Box cgroups.
+    for (const auto& parent : CgroupParents()) {
+      if (DIR* d = ::opendir(parent.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          if (e->d_type == DT_DIR && e->d_name[0] != '.') ADD_FAILURE() << "leaked cgroup " << parent << "/" << e->d_name;
+        }
+        ::closedir(d);
+      }
+    }
+  }
+
+  ProcessResult Sbx(std::vector<std::string> args, ProcessOptions opts = {}) {
+    std::vector<std::string> argv = {SBX_BIN, "--data-dir", data_dir_, "run"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    opts.env.push_back("SBX_CGROUP_PARENT=" + cgroup_parent_);
+    return RunProcess(argv, opts);
+  }
+
+  static std::string data_dir_;
+  static std::string cgroup_parent_;
+};
+
+std::string RunTest::data_dir_;
+std::string RunTest::cgroup_parent_;
+
+TEST_F(RunTest, RootInsideIsUidZero) {
+  auto r = Sbx({"--", "id", "-u"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "0\n");
+}
+
+TEST_F(RunTest, ExitCodeAndStreamsArePassedThrough) {
+  auto r = Sbx({"--", "sh", "-c", "echo out; echo err >&2; exit 42"});
+  EXPECT_EQ(r.exit_code, 42);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+}
+
+TEST_F(RunTest, KilledBySignalIs128PlusSignal) {
+  auto r = Sbx({"--", "sh", "-c", "kill -TERM $$"});
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+}
+
+TEST_F(RunTest, StdinIsPassedWithInteractive) {
+  ProcessOptions o;
+  o.stdin_data = "hello\nworld\n";
+  auto r = Sbx({"-i", "--", "sort", "-r"}, o);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "world\nhello\n");
+}
+
+TEST_F(RunTest, LargeOutputIsExact) {
+  auto r = Sbx({"--", "sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' x"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.size(), 20000000u);
+  EXPECT_EQ(r.out.find_first_not_of('x'), std::string::npos);
+}
+
+TEST_F(RunTest, TtyGivesATerminal) {
+  auto r = Sbx({"-t", "--", "sh", "-c", "tty; stty size"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("/dev/pts/"), std::string::npos) << r.out;
+}
+
+TEST_F(RunTest, EnvWorkdirAndUser) {
+  auto r = Sbx({"-e", "GREETING=hi there", "-w", "/tmp", "-u", "user", "--", "sh", "-c",
+                "echo \"$GREETING\"; pwd; id -un; echo $HOME"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "hi there\n/tmp\nuser\n/home/user\n");
+}
+
+TEST_F(RunTest, HostSecretsAreNotVisible) {
+  auto r = Sbx({"--", "sh", "-c", "ls /etc/shadow /root/.ssh /home 2>&1; cat /etc/passwd | cut -d: -f1"});
+  EXPECT_NE(r.out.find("'/etc/shadow': No such file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'/root/.ssh': No such file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("postgres"), std::string::npos);
+  EXPECT_NE(r.out.find("root\nuser\nnobody\n"), std::string::npos) << r.out;
+}
+
+TEST_F(RunTest, WritesStayInTheBox) {
+  auto r = Sbx({"--", "sh", "-c", "echo x > /usr/bin/sbx-test-x; echo y > /tmp/y && cat /tmp/y"});
+  EXPECT_EQ(r.out, "y\n");
+  EXPECT_NE(r.err.find("Read-only file system"), std::string::npos) << r.err;
+  struct stat st;
+  EXPECT_NE(::stat("/usr/bin/sbx-test-x", &st), 0);
+}
+
+TEST_F(RunTest, OutOfMemoryIsReported) {
+  auto r = Sbx({"--memory", "64M", "--", "python3", "-c", "b = bytearray(1 << 30)"});
+  EXPECT_EQ(r.exit_code, 137) << r.err;
+  EXPECT_NE(r.err.find("out of memory"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("64 MiB"), std::string::npos) << r.err;
+}
+
+TEST_F(RunTest, ForkBombIsHeldByThePidsLimit) {
+  // The bomb runs until the timeout kills it; the host keeps working and nothing is left.
+  auto r = Sbx({"--pids", "64", "--timeout", "3s", "--", "sh", "-c", "b() { b | b & }; b; exec sleep 60"});
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
+  auto host = RunProcess({"/bin/sh", "-c", "echo alive"});
+  EXPECT_EQ(host.out, "alive\n");
+}
+
+TEST_F(RunTest, PidsLimitIsEnforcedInside) {
+  auto r = Sbx({"--pids", "16", "--", "python3", "-c",
+                "import os\nn=0\ntry:\n  while True:\n    if os.fork()==0:\n      import time; time.sleep(30)\n    n+=1\nexcept OSError as e:\n  print(n, e.errno)\n"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  int n = -1, err = -1;
+  std::istringstream(r.out) >> n >> err;
+  EXPECT_EQ(err, EAGAIN) << r.out;
+  EXPECT_GT(n, 5);
+  EXPECT_LT(n, 16);
+}
+
+TEST_F(RunTest, TimeoutKillsTheCommand) {
+  auto r = Sbx({"--timeout", "500ms", "--", "sleep", "30"});
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_NE(r.err.find("timed out after 500ms"), std::string::npos) << r.err;
+}
+
+TEST_F(RunTest, SigtermToSbxRemovesTheBox) {
+  ProcessOptions o;
+  o.signal_after_ms = 1500;
+  o.signal = SIGTERM;
+  auto r = Sbx({"--", "sleep", "60"}, o);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
+}
+
+TEST_F(RunTest, DiskLimitHolds) {
+  auto r = Sbx({"--disk", "32M", "--", "sh", "-c",
+                "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1; df -k / | tail -1"});
+  EXPECT_NE(r.out.find("No space left on device"), std::string::npos) << r.out << r.err;
+  // The disk image's mount never shows in the host's mount table (checked after every test too).
+}
+
+TEST_F(RunTest, MissingCommandIsAClearError) {
+  auto r = Sbx({"--", "no-such-program"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no-such-program"), std::string::npos) << r.err;
+}
+
+TEST_F(RunTest, BadFlagsAreRejectedBeforeAnythingIsCreated) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"--memory", "lots", "--", "true"}, {"--cpus", "-1", "--", "true"},
+        {"--pids", "0", "--", "true"}, {"--timeout", "forever", "--", "true"},
+        {"-e", "NOEQUALS", "--", "true"}, {"--template", "nope", "--", "true"}}) {
+    auto r = Sbx(args);
+    EXPECT_EQ(r.exit_code, 125) << args[0];
+    EXPECT_NE(r.err.find("sbx: "), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(RunTest, UnsearchableDataDirIsAClearError) {
+  std::string dir = data_dir_ + "/private";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  auto r = RunProcess({SBX_BIN, "--data-dir", dir + "/data", "run", "--", "true"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("not searchable"), std::string::npos) << r.err;
+  RemoveTree(dir);
+}
+
+TEST_F(RunTest, TarballTemplate) {
+  // A minimal rootfs: static busybox as /bin/sh, packed as a tarball.
+  std::string root = data_dir_ + "/tarroot";
+  std::string tar = data_dir_ + "/busybox-root.tar.gz";
+  ASSERT_EQ(::system(("mkdir -p " + root + "/bin " + root + "/tmp && cp /bin/busybox " + root +
+                      "/bin/ && ln -s busybox " + root + "/bin/sh && ln -s busybox " + root +
+                      "/bin/id && tar -C " + root + " -czf " + tar + " . && rm -rf " + root)
+                         .c_str()),
+            0);
+  auto r = Sbx({"--template", tar, "--", "/bin/sh", "-c", "echo from-tarball; id -u; ls /bin"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "from-tarball\n0\nbusybox\nid\nsh\n");
+}
+
+}  // namespace
+}  // namespace sbx::test

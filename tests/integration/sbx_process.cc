@@ -1,0 +1,97 @@
+#include "sbx_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+extern char** environ;
+
+namespace sbx::test {
+
+ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOptions& opts) {
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return {};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (const auto& e : opts.env) env_strings.push_back(e);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid;
+  int rc = ::posix_spawn(&pid, args[0], &fa, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  ProcessResult r;
+  if (rc != 0) {
+    r.err = std::string("spawn failed: ") + std::strerror(rc);
+    ::close(in[1]);
+    ::close(out[0]);
+    ::close(err[0]);
+    return r;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  size_t written = 0;
+  int in_fd = in[1];
+  if (opts.stdin_data.empty() && opts.close_stdin) {
+    ::close(in_fd);
+    in_fd = -1;
+  }
+  auto start = std::chrono::steady_clock::now();
+  bool signalled = false;
+  int open_fds = 2;
+  char buf[65536];
+  while (open_fds > 0) {
+    pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {in_fd, POLLOUT, 0}};
+    ::poll(fds, in_fd >= 0 ? 3 : 2, 50);
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      } else {
+        ::close(fds[i].fd);
+        (i == 0 ? out[0] : err[0]) = -1;
+        --open_fds;
+      }
+    }
+    if (in_fd >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      ssize_t n = ::write(in_fd, opts.stdin_data.data() + written, opts.stdin_data.size() - written);
+      if (n > 0) written += static_cast<size_t>(n);
+      if (n < 0 || written == opts.stdin_data.size()) {
+        if (opts.close_stdin || n < 0) {
+          ::close(in_fd);
+          in_fd = -1;
+        }
+      }
+    }
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    if (opts.signal_after_ms > 0 && !signalled && ms >= opts.signal_after_ms) {
+      ::kill(pid, opts.signal);
+      signalled = true;
+    }
+    if (ms > opts.timeout_ms) ::kill(pid, SIGKILL);
+  }
+  if (in_fd >= 0) ::close(in_fd);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace sbx::test
