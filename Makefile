@@ -1,4 +1,4 @@
-# sbx: make deps | build | test | run | bench | format | tidy | clean
+# sbx: make deps | build | test | run | format | tidy | clean
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 SBX_WERROR ?= OFF
@@ -10,7 +10,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libgtest-dev libgmock-dev libbenchmark-dev \
   e2fsprogs util-linux iproute2 python3 busybox-static clang-format clang-tidy
 
-.PHONY: all deps build test run bench format tidy clean
+.PHONY: all deps build test run format tidy clean
 
 all: build
 
@@ -33,11 +33,12 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 	@cat $(BUILD)/battery-report.txt 2>/dev/null || true
 
+# Until the daemon lands (sbx serve), `run` builds and shows a first box.
 run: build
-	$(BUILD)/sbx serve
+	@echo "sbx built: $(BUILD)/sbx and $(BUILD)/sbx-agent"
+	$(BUILD)/sbx run -- sh -c 'echo "hello from box $$(hostname): uid $$(id -u), $$(nproc) cpus"'
+	@echo "try: $(BUILD)/sbx run -i -t -- bash"
 
-bench: build
-	bench/run.sh
 
 format:
 	find src tests bench -name '*.cc' -o -name '*.h' -o -name '*.c' | xargs clang-format -i

@@ -239,7 +239,8 @@ void Agent::ReadConnection(Connection& c) {
   uint64_t id = c.id();
   char buf[kReadChunk];
   // Read only while requests can be answered: a full send queue stops reading (backpressure).
-  while (!c.closing && !c.Full() && c.in().buffered() <= protocol::kMaxPayload) {
+  // What stays buffered after ProcessFrames() is at most one partial frame, so this is bounded.
+  while (!c.closing && !c.Full()) {
     ssize_t n = ::read(c.fd(), buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;

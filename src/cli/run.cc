@@ -228,6 +228,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(rt.status().message());
     return kExitSbxError;
   }
+  auto t_open = Clock::now();
   storage::TemplateStore store{global.data_dir + "/templates", cfg.id_base};
   auto tmpl = storage::ResolveTemplate(store, o.template_name);
   if (!tmpl.ok()) {
@@ -305,9 +306,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (o.timings) {
     const auto& tm = box->timings;
     std::fprintf(stderr,
-                 "sbx timings (us): setup=%lld template=%lld prepare=%lld cgroup=%lld clone=%lld "
+                 "sbx timings (us): open=%lld template=%lld prepare=%lld cgroup=%lld clone=%lld "
                  "child=%lld hello=%lld spawn=%lld run=%lld destroy=%lld total=%lld\n",
-                 (long long)Us(t0, t_template) - 0, (long long)0, (long long)tm.prepare_us,
+                 (long long)Us(t0, t_open), (long long)Us(t_open, t_template), (long long)tm.prepare_us,
                  (long long)tm.cgroup_us, (long long)tm.clone_us, (long long)tm.child_us,
                  (long long)hello_us, (long long)spawn_us, (long long)run_us,
                  (long long)Us(t_destroy, t_end), (long long)Us(t0, t_end));

@@ -124,7 +124,8 @@ class FakeAgent {
       char buf[64];
       ssize_t n = ::read(c, buf, sizeof buf);  // HELLO
       (void)n;
-      std::string hello = EncodeFrame(Type::kHello, 1, Writer().Int(Tag::kVersion, ::sbx::protocol::kProtocolVersion));
+      std::string hello = EncodeFrame(
+          Type::kHello, 1, Writer().Int(Tag::kVersion, ::sbx::protocol::kProtocolVersion));
       std::string all = hello + reply;
       n = ::write(c, all.data(), all.size());
       ::usleep(200 * 1000);

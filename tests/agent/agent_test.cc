@@ -159,6 +159,16 @@ TEST_F(AgentTest, AppliesEnvAndCwd) {
   EXPECT_EQ(r.out, "bar\n/tmp\n/root\n");
 }
 
+TEST_F(AgentTest, TakesANearlyFullFrame) {
+  auto c = Connect();
+  Writer w = Argv({"sh", "-c", "echo ${#V8}"});
+  for (int i = 0; i < 9; ++i)
+    w.Str(Tag::kEnv, "V" + std::to_string(i) + "=" + std::string(110000, 'x'));
+  ASSERT_GT(w.size(), 990000u);
+  Run r = RunToEnd(c, std::move(w));
+  EXPECT_EQ(r.out, "110000\n");
+}
+
 TEST_F(AgentTest, RunsAsAUserByName) {
   auto c = Connect();
   Run r =
@@ -548,6 +558,13 @@ TEST_F(AgentTest, GarbageClosesTheConnectionButNotTheAgent) {
   ASSERT_GE(fd, 0);
   std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
   ASSERT_EQ(::write(fd, junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+  EXPECT_TRUE(ClosedByPeer(fd));
+  ::close(fd);
+
+  // A well-formed first frame that is not HELLO.
+  fd = RawConnect(socket_);
+  std::string stat = EncodeFrame(Type::kStat, 1, Writer().Str(Tag::kPath, "/"));
+  ASSERT_EQ(::write(fd, stat.data(), stat.size()), static_cast<ssize_t>(stat.size()));
   EXPECT_TRUE(ClosedByPeer(fd));
   ::close(fd);
 

@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/fs.h"
 #include "runtime/native/capabilities.h"
@@ -38,11 +40,16 @@ int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
 // Copies the agent binary into a sealed memfd once; boxes exec it from there, so nothing a box
 // does to /proc/1/exe can reach a file on the host (CVE-2019-5736).
 Result<UniqueFd> LoadAgentImage(const std::string& path) {
-  auto bytes = ReadFile(path, 64 << 20);
-  if (!bytes.ok()) return bytes.status().Wrap("load sbx-agent");
+  UniqueFd src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st{};
+  if (!src || ::fstat(src.get(), &st) != 0) return Status::Errno("load sbx-agent: open " + path);
   UniqueFd fd(::memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return Status::Errno("memfd_create");
-  SBX_RETURN_IF_ERROR(WriteAll(fd.get(), *bytes));
+  for (off_t off = 0; off < st.st_size;) {
+    ssize_t n = ::sendfile(fd.get(), src.get(), &off, static_cast<size_t>(st.st_size - off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::Errno("load sbx-agent: copy " + path);
+  }
   if (::fchmod(fd.get(), 0555) != 0) return Status::Errno("fchmod agent image");
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
     return Status::Errno("seal agent image");
@@ -101,6 +108,21 @@ Status CheckSearchable(const std::string& dir, uint32_t id_base) {
   }
 }
 
+// On cgroup v1, moving a process between cgroups takes a global lock whose write side first
+// waits for an RCU grace period when the lock has been idle (10-20 ms here); writers that follow
+// within the next grace period are fast. A no-op move of ourselves into the cgroup we are already
+// in, started while the rest of Open runs, pays that wait in parallel instead of inside the first
+// Create. Harmless where it does not help (v2, or a failure to write).
+std::thread WarmUpCgroupAttach(const CgroupHost& host) {
+  if (host.version != CgroupVersion::kV1) return {};
+  for (const auto& [controller, dir] : host.v1_dirs) {
+    if (controller != "memory") continue;
+    std::string own = dir.substr(0, dir.rfind('/'));
+    return std::thread([own] { (void)WriteFile(own + "/cgroup.procs", std::to_string(::getpid())); });
+  }
+  return {};
+}
+
 }  // namespace
 
 Status ValidateBoxId(const std::string& id) {
@@ -116,6 +138,13 @@ Status ValidateBoxId(const std::string& id) {
 Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& config) {
   auto cg = ProbeCgroupHost(config.cgroup_parent);
   if (!cg.ok()) return cg.status().Wrap("cgroups");
+  std::thread warm_up = WarmUpCgroupAttach(*cg);
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{warm_up};
   auto image = LoadAgentImage(config.agent_path);
   if (!image.ok()) return image.status();
   const auto& seccomp = DefaultSeccompProgram();
