@@ -532,10 +532,7 @@ sock_fprog SeccompProgram::prog() const {
                     const_cast<sock_filter*>(filter.data())};
 }
 
-const Result<SeccompProgram>& DefaultSeccompProgram() {
-  static const Result<SeccompProgram> program = BuildDefaultProgram();
-  return program;
-}
+Result<SeccompProgram> BuildDefaultSeccompProgram() { return BuildDefaultProgram(); }
 
 int ApplySeccompProgram(const sock_fprog& prog) {
   if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) return -errno;

@@ -1,9 +1,10 @@
 // The seccomp filter every process in a native box runs under, and the one call that installs it.
 //
-// The filter is built once per process with libseccomp (which allocates and is not fork-safe),
-// exported to classic BPF and cached; the child between clone() and exec only needs the raw
-// program and one system call. The policy, rule by rule with the errno each denial returns, is
-// written down in docs/isolation-seccomp.md; keep the two in step.
+// The filter is built with libseccomp at build time (sbx-seccomp-gen compiles the policy below
+// into classic BPF, which is embedded in the binary), so no process pays libseccomp's ~7 ms per
+// start and the child between clone() and exec only needs the raw program and one system call.
+// A test checks that the embedded program equals a fresh build. The policy, rule by rule with the
+// errno each denial returns, is written down in docs/isolation.md; keep the two in step.
 #pragma once
 
 #include <linux/filter.h>
@@ -21,9 +22,12 @@ struct SeccompProgram {
   sock_fprog prog() const;
 };
 
-// The default policy (x86_64 only; i386 and x32 system calls kill the process). Built on the
-// first call, then the same object is returned for the life of the process; thread-safe. Call it
-// in the parent before clone(): never in a child of a multi-threaded process.
+// Builds the default policy (x86_64 only; i386 and x32 system calls kill the process) with
+// libseccomp. Used by the generator and by tests; never in a child of a multi-threaded process.
+Result<SeccompProgram> BuildDefaultSeccompProgram();
+
+// The default policy as embedded at build time. The same object for the life of the process;
+// thread-safe.
 const Result<SeccompProgram>& DefaultSeccompProgram();
 
 // Installs `prog` on the calling thread with one seccomp(2) call; async-signal-safe, so it may run

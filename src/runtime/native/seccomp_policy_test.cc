@@ -85,6 +85,19 @@ TEST(SeccompPolicyTest, BuildsOnceAndIsCached) {
   EXPECT_EQ(prog.filter, a->filter.data());
 }
 
+TEST(SeccompPolicyTest, EmbeddedProgramEqualsAFreshBuild) {
+  const Result<SeccompProgram>& embedded = DefaultSeccompProgram();
+  Result<SeccompProgram> fresh = BuildDefaultSeccompProgram();
+  ASSERT_TRUE(embedded.ok());
+  ASSERT_TRUE(fresh.ok()) << fresh.status().message();
+  ASSERT_EQ(embedded->filter.size(), fresh->filter.size());
+  for (size_t i = 0; i < fresh->filter.size(); ++i) {
+    const sock_filter& a = embedded->filter[i];
+    const sock_filter& b = fresh->filter[i];
+    ASSERT_TRUE(a.code == b.code && a.jt == b.jt && a.jf == b.jf && a.k == b.k) << "instruction " << i;
+  }
+}
+
 // Arguments chosen so that, were the filter missing, each call fails harmlessly or does nothing.
 TEST(SeccompPolicyTest, MountsAreDenied) {
   EXPECT_EQ(ErrnoUnderFilter([] { return syscall(SYS_mount, "none", "/sbx-none", "tmpfs", 0, 0); }),
