@@ -228,6 +228,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(rt.status().message());
     return kExitSbxError;
   }
+  // Boxes of earlier `sbx run`s that were killed before they could clean up.
+  if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
+    std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
   auto t_open = Clock::now();
   storage::TemplateStore store{global.data_dir + "/templates", cfg.id_base};
   auto tmpl = storage::ResolveTemplate(store, o.template_name);
@@ -243,6 +246,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   spec.binds = tmpl->binds;
   spec.limits = limits->limits;
   spec.die_with_parent = true;
+  spec.owner = "run";
   auto box = (*rt)->Create(spec);
   if (!box.ok()) {
     Error(box.status().message());

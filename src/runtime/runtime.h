@@ -40,6 +40,10 @@ struct BoxSpec {
   // Kill the box when the thread that created it exits (for one-shot `sbx run`; a daemon, whose
   // threads come and go, leaves it false).
   bool die_with_parent = false;
+  // Which kind of process owns the box ("run", "serve"). While the owning process lives it holds
+  // a lock on the box; ReapOrphans(owner) removes the boxes whose owner died without destroying
+  // them (killed with SIGKILL, crashed).
+  std::string owner = "run";
 };
 
 struct BoxStats {
@@ -80,6 +84,8 @@ class Runtime {
   virtual Result<BoxStats> Stats(const Box& box) = 0;
   // Kills every process of the box and removes everything Create made. Idempotent.
   virtual Status Destroy(const Box& box) = 0;
+  // Destroys every box of `owner` whose owning process is gone; returns how many it removed.
+  virtual Result<int> ReapOrphans(const std::string& owner) = 0;
 };
 
 }  // namespace sbx::runtime

@@ -196,6 +196,19 @@ TEST_F(RunTest, SigtermToSbxRemovesTheBox) {
   EXPECT_NE(r.err.find("interrupted"), std::string::npos) << r.err;
 }
 
+TEST_F(RunTest, ABoxOfAKilledRunDiesAndIsReapedByTheNextRun) {
+  // SIGKILL leaves sbx no chance to clean up: the box dies with it (parent-death signal) and the
+  // next run removes what is left.
+  ProcessOptions o;
+  o.signal_after_ms = 1500;
+  o.signal = SIGKILL;
+  auto r = Sbx({"--", "sleep", "60"}, o);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  auto next = Sbx({"--", "true"});
+  EXPECT_EQ(next.exit_code, 0) << next.err;
+  // TearDown checks that no box directory, cgroup or mount is left.
+}
+
 TEST_F(RunTest, DiskLimitHolds) {
   auto r = Sbx({"--disk", "32M", "--", "sh", "-c",
                 "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1; df -k / | tail -1"});

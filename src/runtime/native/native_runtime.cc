@@ -4,6 +4,7 @@
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/fs.h"
 #include "runtime/native/capabilities.h"
@@ -123,6 +125,32 @@ std::thread WarmUpCgroupAttach(const CgroupHost& host) {
   return {};
 }
 
+// Creates and locks <dir>/owner, which names the kind of owner. The lock lives as long as the
+// returned descriptor (and dies with this process).
+Result<UniqueFd> LockOwner(const std::string& dir, const std::string& owner) {
+  std::string path = dir + "/owner";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) return Status::Errno("create " + path);
+  // Blocking: a reaper checking this box holds the lock only for a moment.
+  if (::flock(fd.get(), LOCK_EX) != 0) return Status::Errno("lock " + path);
+  SBX_RETURN_IF_ERROR(WriteAll(fd.get(), owner + "\n"));
+  return fd;
+}
+
+// A box directory is an orphan of `owner` when its owner file names `owner` and nobody holds its
+// lock. A directory without an owner file was left by a creator that died within its first
+// system calls; it counts once it is a minute old (a live creator writes the file at once).
+bool IsOrphan(const std::string& dir, const std::string& owner) {
+  UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    struct stat st{};
+    return errno == ENOENT && ::stat(dir.c_str(), &st) == 0 && st.st_mtime + 60 < ::time(nullptr);
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // its owner is alive
+  auto text = ReadAll(fd.get(), 256);
+  return text.ok() && *text == owner + "\n";
+}
+
 }  // namespace
 
 Status ValidateBoxId(const std::string& id) {
@@ -183,6 +211,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   const std::string dir = config_.run_dir + "/" + spec.id;
   if (::mkdir(dir.c_str(), 0711) != 0) return Status::Errno("mkdir " + dir);
   box.dir = dir;  // from here on, failure removes it
+  auto lock = LockOwner(dir, spec.owner);
+  if (!lock.ok()) return lock.status();
   const uint32_t root_id = config_.id_base;
   if (::mkdir((dir + "/rootfs").c_str(), 0755) != 0) return Status::Errno("mkdir " + dir + "/rootfs");
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
@@ -280,6 +310,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
     return Status::Error("box setup: " + what, failure.err);
   }
   box.timings.child_us = MicrosSince(t);
+  std::lock_guard<std::mutex> guard(mu_);
+  owner_locks_[box.id] = std::move(lock).value();
   return box;
 }
 
@@ -298,10 +330,39 @@ Status NativeRuntime::Destroy(const Box& box) {
     }
   }
   Status cg = Cgroup::Open(cgroups_, box.id)->Destroy();
+  // A disk image still mounted on the host means its creator died mid-create.
+  ::umount2((config_.run_dir + "/" + box.id + "/disk").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    owner_locks_.erase(box.id);
+  }
   if (!cg.ok()) return cg.Wrap("destroy box " + box.id);
   if (!fs.ok()) return fs.Wrap("destroy box " + box.id);
   return {};
+}
+
+Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
+  DIR* d = ::opendir(config_.run_dir.c_str());
+  if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
+  std::vector<std::string> orphans;
+  while (dirent* e = ::readdir(d)) {
+    std::string id = e->d_name;
+    if (!ValidateBoxId(id).ok()) continue;
+    {
+      std::lock_guard<std::mutex> guard(mu_);
+      if (owner_locks_.count(id)) continue;  // ours and alive
+    }
+    if (IsOrphan(config_.run_dir + "/" + id, owner)) orphans.push_back(id);
+  }
+  ::closedir(d);
+  int reaped = 0;
+  for (const auto& id : orphans) {
+    Box box;
+    box.id = id;
+    if (Destroy(box).ok()) ++reaped;
+  }
+  return reaped;
 }
 
 }  // namespace sbx::runtime

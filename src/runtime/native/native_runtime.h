@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +40,7 @@ class NativeRuntime : public Runtime {
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
   Status Destroy(const Box& box) override;
+  Result<int> ReapOrphans(const std::string& owner) override;
 
   const NativeConfig& config() const { return config_; }
   const CgroupHost& cgroup_host() const { return cgroups_; }
@@ -50,6 +52,10 @@ class NativeRuntime : public Runtime {
   NativeConfig config_;
   CgroupHost cgroups_;
   UniqueFd agent_image_;  // sealed memfd: what a box execs can never be changed from inside
+  std::mutex mu_;
+  // Per live box created by this process: an open, flock()ed <dir>/owner file. The lock is
+  // released by the kernel when this process dies, which is how ReapOrphans tells orphans.
+  std::map<std::string, UniqueFd> owner_locks_;  // guarded by mu_
 };
 
 // Validates a box id: 1..64 characters of [a-z0-9-], not starting with '-'.
