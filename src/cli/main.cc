@@ -11,12 +11,14 @@ int main(int argc, char** argv) {
   if (const char* d = std::getenv("SBX_DATA_DIR")) global.data_dir = d;
   app.add_option("--data-dir", global.data_dir, "State directory ($SBX_DATA_DIR)")
       ->capture_default_str();
-  app.add_option("--agent", global.agent_path, "Path of sbx-agent ($SBX_AGENT; default: beside sbx)");
+  app.add_option("--agent", global.agent_path,
+                 "Path of sbx-agent ($SBX_AGENT; default: beside sbx)");
   app.add_flag("-v,--verbose", global.verbose, "Log what sbx does to stderr");
   app.set_version_flag("--version", "sbx 0.1.0");
 
   sbx::cli::RunOptions run;
-  CLI::App* r = app.add_subcommand("run", "Run a command in a new box and remove the box afterwards");
+  CLI::App* r =
+      app.add_subcommand("run", "Run a command in a new box and remove the box afterwards");
   r->add_option("--template", run.template_name,
                 "host (default), a rootfs directory, or a rootfs tarball (.tar[.gz|.zst|.xz])")
       ->capture_default_str();

@@ -83,7 +83,8 @@ Result<Limits> ParseLimits(const RunOptions& o) {
     char* end = nullptr;
     double c = std::strtod(o.cpus.c_str(), &end);
     if (end == o.cpus.c_str() || *end != '\0' || !(c >= 0.01 && c <= 1024))
-      return Status::Error("--cpus: a number of cores from 0.01 to 1024, got '" + o.cpus + "'", EINVAL);
+      return Status::Error("--cpus: a number of cores from 0.01 to 1024, got '" + o.cpus + "'",
+                           EINVAL);
     l.limits.cpus = c;
   }
   if (!o.pids.empty()) {
@@ -119,8 +120,10 @@ Result<Outcome> Drive(protocol::AgentConnection& conn, uint32_t spawn_id, int64_
     nfds_t n = stdin_open ? 3 : 2;
     int timeout = -1;
     if (deadline != Clock::time_point::max()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return Status::Error("the agent did not end the command at its deadline", ETIMEDOUT);
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0)
+        return Status::Error("the agent did not end the command at its deadline", ETIMEDOUT);
       timeout = static_cast<int>(std::min<int64_t>(left, 1 << 30));
     }
     // Frames already read and queued by the client are handled before waiting on the socket.
@@ -169,7 +172,8 @@ Result<Outcome> Drive(protocol::AgentConnection& conn, uint32_t spawn_id, int64_
     if (f.header.id != spawn_id) continue;
     if (f.header.type == Type::kOutput) {
       int out = f.fields.Int(Tag::kStream) == 2 ? 2 : 1;
-      SBX_RETURN_IF_ERROR(WriteAll(out, f.fields.Str(Tag::kData)).Wrap(out == 1 ? "stdout" : "stderr"));
+      SBX_RETURN_IF_ERROR(
+          WriteAll(out, f.fields.Str(Tag::kData)).Wrap(out == 1 ? "stdout" : "stderr"));
     } else if (f.header.type == Type::kExit) {
       Outcome oc;
       oc.exited = true;
@@ -267,7 +271,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
       protocol::Writer w;
       for (const auto& a : o.command) w.Str(Tag::kArgv, a);
       for (const auto& e : tmpl->env) w.Str(Tag::kEnv, e);
-      if (o.tty) w.Str(Tag::kEnv, std::string("TERM=") + (std::getenv("TERM") ? std::getenv("TERM") : "xterm"));
+      if (o.tty)
+        w.Str(Tag::kEnv,
+              std::string("TERM=") + (std::getenv("TERM") ? std::getenv("TERM") : "xterm"));
       for (const auto& e : o.env) w.Str(Tag::kEnv, e);
       std::string workdir = o.workdir.empty() ? tmpl->workdir : o.workdir;
       if (!workdir.empty()) w.Str(Tag::kCwd, workdir);
@@ -293,7 +299,8 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
         // The agent enforces the timeout; the deadline here only guards against an agent that
         // cannot answer any more (frozen, killed).
         int64_t deadline = limits->timeout_ms > 0 ? limits->timeout_ms + 5000 : 0;
-        outcome = Drive(*conn, id, reply->fields.Int(Tag::kPid), o, sigfd.get(), deadline, &interrupted);
+        outcome =
+            Drive(*conn, id, reply->fields.Int(Tag::kPid), o, sigfd.get(), deadline, &interrupted);
       }
       run_us = Us(t_spawned, Clock::now());
     }
@@ -312,10 +319,10 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     std::fprintf(stderr,
                  "sbx timings (us): open=%lld template=%lld prepare=%lld cgroup=%lld clone=%lld "
                  "child=%lld hello=%lld spawn=%lld run=%lld destroy=%lld total=%lld\n",
-                 (long long)Us(t0, t_open), (long long)Us(t_open, t_template), (long long)tm.prepare_us,
-                 (long long)tm.cgroup_us, (long long)tm.clone_us, (long long)tm.child_us,
-                 (long long)hello_us, (long long)spawn_us, (long long)run_us,
-                 (long long)Us(t_destroy, t_end), (long long)Us(t0, t_end));
+                 (long long)Us(t0, t_open), (long long)Us(t_open, t_template),
+                 (long long)tm.prepare_us, (long long)tm.cgroup_us, (long long)tm.clone_us,
+                 (long long)tm.child_us, (long long)hello_us, (long long)spawn_us,
+                 (long long)run_us, (long long)Us(t_destroy, t_end), (long long)Us(t0, t_end));
   }
   if (interrupted != 0) {
     Error(std::string("interrupted by ") + ::strsignal(interrupted) + "; box removed");
@@ -330,8 +337,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     return kExitTimeout;
   }
   if (oom_kills > 0) {
-    Error("out of memory: the box hit its memory limit of " + FormatSize(limits->limits.memory_bytes) +
-          " and the kernel killed " + std::to_string(oom_kills) + " process(es)");
+    Error("out of memory: the box hit its memory limit of " +
+          FormatSize(limits->limits.memory_bytes) + " and the kernel killed " +
+          std::to_string(oom_kills) + " process(es)");
   }
   if (outcome->signal != 0) return 128 + static_cast<int>(outcome->signal);
   if (!destroyed.ok()) return kExitSbxError;

@@ -29,7 +29,8 @@ Result<std::string> ReadAll(int fd, size_t limit) {
       return Status::Errno("read");
     }
     if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > limit) return Status::Error("read: over limit", EFBIG);
+    if (out.size() + static_cast<size_t>(n) > limit)
+      return Status::Error("read: over limit", EFBIG);
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
@@ -56,7 +57,8 @@ Status WriteFileAtomic(const std::string& path, std::string_view data, int mode)
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
   if (!fd) return Status::Errno("open " + tmp);
   Status s = WriteAll(fd.get(), data);
-  if (s.ok() && ::fchmod(fd.get(), static_cast<mode_t>(mode)) != 0) s = Status::Errno("fchmod " + tmp);
+  if (s.ok() && ::fchmod(fd.get(), static_cast<mode_t>(mode)) != 0)
+    s = Status::Errno("fchmod " + tmp);
   if (s.ok() && ::fsync(fd.get()) != 0) s = Status::Errno("fsync " + tmp);
   fd.reset();
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = Status::Errno("rename " + tmp);

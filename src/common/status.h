@@ -49,8 +49,8 @@ class Status {
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}           // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}    // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
   T& value() & { return std::get<0>(v_); }
@@ -69,8 +69,8 @@ class Result {
 }  // namespace sbx
 
 // Returns early from the enclosing function when `expr` (a Status) failed.
-#define SBX_RETURN_IF_ERROR(expr)      \
-  do {                                 \
-    ::sbx::Status sbx_status_ = (expr); \
+#define SBX_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::sbx::Status sbx_status_ = (expr);        \
     if (!sbx_status_.ok()) return sbx_status_; \
   } while (0)

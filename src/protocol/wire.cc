@@ -64,7 +64,8 @@ std::optional<int64_t> Reader::OptInt(Tag tag) const {
     if (f.tag != tag) continue;
     if (f.value.size() != 8) return std::nullopt;
     uint64_t u = 0;
-    for (int i = 7; i >= 0; --i) u = (u << 8) | static_cast<uint8_t>(f.value[static_cast<size_t>(i)]);
+    for (int i = 7; i >= 0; --i)
+      u = (u << 8) | static_cast<uint8_t>(f.value[static_cast<size_t>(i)]);
     return static_cast<int64_t>(u);
   }
   return std::nullopt;

@@ -22,8 +22,8 @@ namespace sbx::protocol {
 
 inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
-inline constexpr uint32_t kMaxPayload = 1u << 20;   // 1 MiB
-inline constexpr uint32_t kMaxChunk = 256u << 10;   // largest data field the agent sends or takes
+inline constexpr uint32_t kMaxPayload = 1u << 20;  // 1 MiB
+inline constexpr uint32_t kMaxChunk = 256u << 10;  // largest data field the agent sends or takes
 
 // Message types. Requests go client -> agent and are answered with kOk or kError carrying the same
 // id (some with a stream of kData/kEntry frames first). Events (kOutput, kExit, kWatchEvent) go
@@ -61,32 +61,33 @@ enum class Type : uint16_t {
   kWatchEvent = 61,  // event
 };
 
-// Field tags. One namespace for all messages; docs/agent-protocol.md lists which message uses which.
+// Field tags. One namespace for all messages; docs/agent-protocol.md lists which message uses
+// which.
 enum class Tag : uint16_t {
   kVersion = 1,       // int
   kErrno = 2,         // int
   kMessage = 3,       // string
   kAgentVersion = 4,  // string
   // processes
-  kArgv = 16,       // string, repeated
-  kEnv = 17,        // "KEY=VALUE", repeated
-  kCwd = 18,        // string
-  kUser = 19,       // string: a user name resolved in the sandbox's /etc/passwd, or a number
-  kUid = 20,        // int
-  kGid = 21,        // int
-  kPty = 22,        // int 0/1
-  kRows = 23,       // int
-  kCols = 24,       // int
-  kStdinOpen = 25,  // int 0/1: keep stdin as a pipe (else /dev/null)
-  kTag = 26,        // string: opaque client label, returned in kProcEntry
-  kPid = 27,        // int: the process's pid inside the sandbox; the handle for every process op
-  kStream = 28,     // int: 1 stdout, 2 stderr (a PTY's output is stdout)
-  kOffset = 29,     // int: byte offset in a stream, or in a file
-  kData = 30,       // bytes
-  kExitCode = 31,   // int
-  kSignal = 32,     // int
-  kGroup = 33,      // int 0/1: signal the whole process group
-  kRunning = 34,    // int 0/1
+  kArgv = 16,          // string, repeated
+  kEnv = 17,           // "KEY=VALUE", repeated
+  kCwd = 18,           // string
+  kUser = 19,          // string: a user name resolved in the sandbox's /etc/passwd, or a number
+  kUid = 20,           // int
+  kGid = 21,           // int
+  kPty = 22,           // int 0/1
+  kRows = 23,          // int
+  kCols = 24,          // int
+  kStdinOpen = 25,     // int 0/1: keep stdin as a pipe (else /dev/null)
+  kTag = 26,           // string: opaque client label, returned in kProcEntry
+  kPid = 27,           // int: the process's pid inside the sandbox; the handle for every process op
+  kStream = 28,        // int: 1 stdout, 2 stderr (a PTY's output is stdout)
+  kOffset = 29,        // int: byte offset in a stream, or in a file
+  kData = 30,          // bytes
+  kExitCode = 31,      // int
+  kSignal = 32,        // int
+  kGroup = 33,         // int 0/1: signal the whole process group
+  kRunning = 34,       // int 0/1
   kStdoutOffset = 35,  // int: attach cursor for stdout
   kStderrOffset = 36,  // int: attach cursor for stderr
   kFirstOffset = 37,   // int: oldest byte still buffered for kStream

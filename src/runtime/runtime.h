@@ -32,9 +32,9 @@ struct BindMount {
 };
 
 struct BoxSpec {
-  std::string id;                       // [a-z0-9-], unique among live boxes
-  std::vector<std::string> layers;      // read-only lower layers, topmost first
-  std::vector<BindMount> binds;         // after the overlay, in order
+  std::string id;                   // [a-z0-9-], unique among live boxes
+  std::vector<std::string> layers;  // read-only lower layers, topmost first
+  std::vector<BindMount> binds;     // after the overlay, in order
   std::string hostname = "sbx";
   Limits limits;
   // Kill the box when the thread that created it exits (for one-shot `sbx run`; a daemon, whose
@@ -56,20 +56,20 @@ struct BoxStats {
 
 // Per-phase timings of one Create, for `sbx run --timings` and the benchmarks.
 struct CreateTimings {
-  int64_t prepare_us = 0;   // directories, writable layer, agent socket
-  int64_t cgroup_us = 0;    // create cgroups and write limits
-  int64_t clone_us = 0;     // clone with namespaces, id maps, cgroup attach
-  int64_t child_us = 0;     // mounts, pivot_root, caps, seccomp, exec of the agent
-  int64_t agent_us = 0;     // agent answers HELLO
+  int64_t prepare_us = 0;  // directories, writable layer, agent socket
+  int64_t cgroup_us = 0;   // create cgroups and write limits
+  int64_t clone_us = 0;    // clone with namespaces, id maps, cgroup attach
+  int64_t child_us = 0;    // mounts, pivot_root, caps, seccomp, exec of the agent
+  int64_t agent_us = 0;    // agent answers HELLO
 };
 
 // A live box. Destroying the object does not destroy the box: call Runtime::Destroy.
 struct Box {
   std::string id;
-  pid_t init_pid = -1;        // host pid of the agent (PID 1 inside)
-  std::string agent_socket;   // host path of the agent's unix socket
-  std::string dir;            // host directory owned by this box (removed on Destroy)
-  std::string disk_mount;     // during Create only: host mount of the disk image, if any
+  pid_t init_pid = -1;       // host pid of the agent (PID 1 inside)
+  std::string agent_socket;  // host path of the agent's unix socket
+  std::string dir;           // host directory owned by this box (removed on Destroy)
+  std::string disk_mount;    // during Create only: host mount of the disk image, if any
   CreateTimings timings;
 };
 

@@ -24,10 +24,29 @@ constexpr const char* kHostTemplateVersion = "host-template-1";
 // no secrets. Everything else of the host's /etc (shadow, ssh keys, credentials in npmrc,
 // pip.conf, gitconfig, environment) stays out.
 constexpr const char* kHostEtcCopies[] = {
-    "ld.so.cache", "ld.so.conf",  "ld.so.conf.d", "alternatives", "localtime",      "os-release",
-    "debian_version", "shells",   "profile",      "bash.bashrc",  "inputrc",        "login.defs",
-    "mime.types",  "protocols",   "services",     "ethertypes",   "ssl/openssl.cnf", "python3",
-    "python3.11",  "magic",       "magic.mime",   "timezone",     "ca-certificates.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "os-release",
+    "debian_version",
+    "shells",
+    "profile",
+    "bash.bashrc",
+    "inputrc",
+    "login.defs",
+    "mime.types",
+    "protocols",
+    "services",
+    "ethertypes",
+    "ssl/openssl.cnf",
+    "python3",
+    "python3.11",
+    "magic",
+    "magic.mime",
+    "timezone",
+    "ca-certificates.conf",
 };
 // Host top-level paths that are symlinks into /usr on a merged-/usr system (copied as symlinks)
 // or directories to bind read-only otherwise.
@@ -48,7 +67,7 @@ struct Fnv {
 };
 
 void Fingerprint(Fnv& f, const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   f.Add(path);
   if (::lstat(path.c_str(), &st) != 0) return;
   f.Add(&st.st_mtim, sizeof st.st_mtim);
@@ -67,7 +86,7 @@ void Fingerprint(Fnv& f, const std::string& path) {
 
 // Copies a host file, symlink or directory tree (`rel` below /etc) into `dst_root/etc/rel`.
 Status CopyHostEntry(const std::string& src, const std::string& dst) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(src.c_str(), &st) != 0) return {};  // not on this host: fine
   if (S_ISLNK(st.st_mode)) {
     char target[4096];
@@ -100,7 +119,7 @@ Status CopyHostEntry(const std::string& src, const std::string& dst) {
 // Gives every entry below `path` to the box's root (or, under home/user, to `user`).
 Status ChownTree(const std::string& path, uid_t uid) {
   if (::lchown(path.c_str(), uid, uid) != 0) return Status::Errno("chown " + path);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return Status::Errno("stat " + path);
   if (!S_ISDIR(st.st_mode)) return {};
   DIR* d = ::opendir(path.c_str());
@@ -133,10 +152,12 @@ std::string ResolvConf() {
 }
 
 Status BuildHostLayer(const std::string& root, uint32_t id_base) {
-  for (const char* d : {"etc", "etc/ssl", "etc/ssl/certs", "usr", "home", "home/user", "tmp", "var",
-                        "var/tmp", "var/lib", "var/cache", "var/log", "root", "proc", "sys", "dev",
-                        "run", "opt", "srv", "mnt"}) {
-    if (::mkdir((root + "/" + d).c_str(), 0755) != 0) return Status::Errno("mkdir " + root + "/" + d);
+  for (const char* d :
+       {"etc", "etc/ssl", "etc/ssl/certs", "usr",       "home",    "home/user", "tmp",
+        "var", "var/tmp", "var/lib",       "var/cache", "var/log", "root",      "proc",
+        "sys", "dev",     "run",           "opt",       "srv",     "mnt"}) {
+    if (::mkdir((root + "/" + d).c_str(), 0755) != 0)
+      return Status::Errno("mkdir " + root + "/" + d);
   }
   for (const auto& f : HostEtcFiles()) {
     std::string p = root + "/" + f.path;
@@ -152,7 +173,7 @@ Status BuildHostLayer(const std::string& root, uint32_t id_base) {
   SBX_RETURN_IF_ERROR(CopyHostEntry("/etc/ssl/certs/ca-certificates.crt",
                                     root + "/etc/ssl/certs/ca-certificates.crt"));
   for (const char* l : kUsrLinks) {
-    struct stat st{};
+    struct stat st {};
     std::string host = std::string("/") + l;
     if (::lstat(host.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
       SBX_RETURN_IF_ERROR(CopyHostEntry(host, root + "/" + l));
@@ -160,7 +181,8 @@ Status BuildHostLayer(const std::string& root, uint32_t id_base) {
   SBX_RETURN_IF_ERROR(ChownTree(root, id_base));
   SBX_RETURN_IF_ERROR(ChownTree(root + "/home/user", id_base + 1000));
   for (const char* d : {"tmp", "var/tmp"}) {
-    if (::chmod((root + "/" + d).c_str(), 01777) != 0) return Status::Errno("chmod " + root + "/" + d);
+    if (::chmod((root + "/" + d).c_str(), 01777) != 0)
+      return Status::Errno("chmod " + root + "/" + d);
   }
   if (::chmod((root + "/root").c_str(), 0700) != 0) return Status::Errno("chmod " + root + "/root");
   return {};
@@ -170,7 +192,7 @@ Status BuildHostLayer(const std::string& root, uint32_t id_base) {
 // place. If another process got there first, its layer is used and ours discarded.
 template <typename F>
 Status BuildOnce(const std::string& final_dir, F build) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(final_dir.c_str(), &st) == 0) return {};
   std::string tmp = final_dir + ".tmp-" + RandomId(8);
   if (::mkdir(tmp.c_str(), 0755) != 0) return Status::Errno("mkdir " + tmp);
@@ -226,11 +248,12 @@ Status ExtractTarball(const std::string& tarball, const std::string& dest, uint3
   archive_read_support_format_all(in.get());
   archive_read_support_filter_all(in.get());
   if (archive_read_open_filename(in.get(), tarball.c_str(), 1 << 16) != ARCHIVE_OK)
-    return Status::Error(std::string("open ") + tarball + ": " + archive_error_string(in.get()), EINVAL);
+    return Status::Error(std::string("open ") + tarball + ": " + archive_error_string(in.get()),
+                         EINVAL);
   std::unique_ptr<archive, int (*)(archive*)> out(archive_write_disk_new(), archive_write_free);
-  archive_write_disk_set_options(out.get(), ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_PERM |
-                                                ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
-                                                ARCHIVE_EXTRACT_SECURE_NODOTDOT);
+  archive_write_disk_set_options(
+      out.get(), ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_TIME |
+                     ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_SECURE_NODOTDOT);
   archive_entry* entry;
   for (;;) {
     int r = archive_read_next_header(in.get(), &entry);
@@ -240,7 +263,8 @@ Status ExtractTarball(const std::string& tarball, const std::string& dest, uint3
     std::string name = archive_entry_pathname(entry);
     while (name.rfind("./", 0) == 0) name.erase(0, 2);
     if (name.empty() || name == ".") continue;
-    if (!SafeArchivePath(name)) return Status::Error(tarball + ": unsafe entry name '" + name + "'", EINVAL);
+    if (!SafeArchivePath(name))
+      return Status::Error(tarball + ": unsafe entry name '" + name + "'", EINVAL);
     auto type = archive_entry_filetype(entry);
     if (type == AE_IFCHR || type == AE_IFBLK) continue;  // devices are useless in a box: skipped
     // Names were checked above; the absolute destination is ours, so libarchive's absolute-path
@@ -269,7 +293,8 @@ Status ExtractTarball(const std::string& tarball, const std::string& dest, uint3
       if (archive_write_data_block(out.get(), buf, size, offset) != ARCHIVE_OK)
         return Status::Error(tarball + ": " + archive_error_string(out.get()), EIO);
     }
-    if (r != ARCHIVE_EOF) return Status::Error(tarball + ": " + archive_error_string(in.get()), EIO);
+    if (r != ARCHIVE_EOF)
+      return Status::Error(tarball + ": " + archive_error_string(in.get()), EIO);
     if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
       return Status::Error(tarball + ": " + archive_error_string(out.get()), EIO);
   }
@@ -292,8 +317,7 @@ std::vector<GeneratedFile> HostEtcFiles() {
        "root:x:0:0:root:/root:/bin/bash\n"
        "user:x:1000:1000:user:/home/user:/bin/bash\n"
        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
-      {"etc/group",
-       "root:x:0:\ntty:x:5:\nusers:x:100:user\nuser:x:1000:\nnogroup:x:65534:\n"},
+      {"etc/group", "root:x:0:\ntty:x:5:\nusers:x:100:user\nuser:x:1000:\nnogroup:x:65534:\n"},
       {"etc/hosts", "127.0.0.1\tlocalhost sbx\n::1\tlocalhost ip6-localhost ip6-loopback\n"},
       {"etc/hostname", "sbx\n"},
       {"etc/resolv.conf", ResolvConf()},
@@ -318,35 +342,40 @@ Result<Template> ResolveTemplate(const TemplateStore& store, const std::string& 
     Fingerprint(f, "/etc/resolv.conf");
     std::string dir = store.dir + "/host-" + f.Hex();
     SBX_RETURN_IF_ERROR(BuildOnce(dir, [&](const std::string& tmp) {
-      return BuildHostLayer(tmp, store.id_base);
-    }).Wrap("build host template"));
+                          return BuildHostLayer(tmp, store.id_base);
+                        }).Wrap("build host template"));
     t.layers = {dir};
     t.binds.push_back({"/usr", "/usr", true});
     for (const char* l : kUsrLinks) {
-      struct stat st{};
+      struct stat st {};
       std::string host = std::string("/") + l;
-      if (::lstat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) t.binds.push_back({host, host, true});
+      if (::lstat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        t.binds.push_back({host, host, true});
     }
     return t;
   }
   if (spec.empty() || spec[0] != '/')
-    return Status::Error("unknown template '" + spec + "' (use host, an absolute rootfs directory or a tarball path)", ENOENT);
-  struct stat st{};
+    return Status::Error("unknown template '" + spec +
+                             "' (use host, an absolute rootfs directory or a tarball path)",
+                         ENOENT);
+  struct stat st {};
   if (::stat(spec.c_str(), &st) != 0) return Status::Errno("template " + spec);
   if (S_ISDIR(st.st_mode)) {
     t.layers = {spec};
     return t;
   }
   if (!S_ISREG(st.st_mode) || !IsTarballName(spec))
-    return Status::Error("template " + spec + ": not a directory or a .tar[.gz|.zst|.xz|.bz2] file", EINVAL);
+    return Status::Error("template " + spec + ": not a directory or a .tar[.gz|.zst|.xz|.bz2] file",
+                         EINVAL);
   auto sha = Sha256File(spec);
   if (!sha.ok()) return sha.status();
   std::string dir = store.dir + "/tar-" + sha->substr(0, 32);
   SBX_RETURN_IF_ERROR(BuildOnce(dir, [&](const std::string& tmp) {
-    Status s = ExtractTarball(spec, tmp, store.id_base);
-    if (s.ok() && ::chown(tmp.c_str(), store.id_base, store.id_base) != 0) s = Status::Errno("chown " + tmp);
-    return s;
-  }).Wrap("unpack template " + spec));
+                        Status s = ExtractTarball(spec, tmp, store.id_base);
+                        if (s.ok() && ::chown(tmp.c_str(), store.id_base, store.id_base) != 0)
+                          s = Status::Errno("chown " + tmp);
+                        return s;
+                      }).Wrap("unpack template " + spec));
   t.layers = {dir};
   return t;
 }

@@ -22,7 +22,7 @@ struct Template {
   std::vector<runtime::BindMount> binds;
   std::vector<std::string> env;  // defaults, "K=V"
   std::string user = "root";
-  std::string workdir;           // empty: the user's home
+  std::string workdir;  // empty: the user's home
 };
 
 struct TemplateStore {

@@ -2,10 +2,9 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -81,7 +80,8 @@ TEST_F(TemplateTest, HostTemplateHasGeneratedEtcAndNoHostSecrets) {
   ASSERT_EQ(::stat((root + "/tmp").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 01777u);
   EXPECT_EQ(::stat((root + "/etc/ssl/certs/ca-certificates.crt").c_str(), &st), 0);
-  for (const char* secret : {"/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/npmrc", "/etc/pip.conf"})
+  for (const char* secret :
+       {"/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/npmrc", "/etc/pip.conf"})
     EXPECT_NE(::lstat((root + secret).c_str(), &st), 0) << secret;
   bool has_usr = false;
   for (const auto& b : t->binds) has_usr |= b.source == "/usr" && b.target == "/usr" && b.read_only;
@@ -94,8 +94,10 @@ TEST_F(TemplateTest, HostTemplateHasGeneratedEtcAndNoHostSecrets) {
 }
 
 TEST_F(TemplateTest, TarballIsUnpackedWithIdsShiftedIntoTheBoxRange) {
-  std::string tar = Tar("ok.tar.gz", {{"etc/", "<dir>", 0}, {"etc/hello", "hi\n", 0},
-                                      {"home/", "<dir>", 0}, {"home/u.txt", "u\n", 1000}});
+  std::string tar = Tar("ok.tar.gz", {{"etc/", "<dir>", 0},
+                                      {"etc/hello", "hi\n", 0},
+                                      {"home/", "<dir>", 0},
+                                      {"home/u.txt", "u\n", 1000}});
   auto t = ResolveTemplate(store_, tar);
   ASSERT_TRUE(t.ok()) << t.status().message();
   const std::string root = t->layers[0];

@@ -1,13 +1,12 @@
 // `sbx run` end to end: real boxes, real namespaces and cgroups. Each test checks what the user
 // sees (output, exit status, messages) and that nothing is left on the host afterwards.
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "common/fs.h"
 #include "sbx_process.h"
@@ -47,7 +46,8 @@ class RunTest : public ::testing::Test {
       std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
       if (path == "/") path = "";
       for (const char* c : {"memory", "pids", "freezer"}) {
-        if (ctrls == c) out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + cgroup_parent_);
+        if (ctrls == c)
+          out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + cgroup_parent_);
       }
       if (ctrls.find("cpu") != std::string::npos && ctrls.find("cpuset") == std::string::npos)
         out.push_back("/sys/fs/cgroup/" + ctrls + path + "/" + cgroup_parent_);
@@ -71,7 +71,8 @@ class RunTest : public ::testing::Test {
     for (const auto& parent : CgroupParents()) {
       if (DIR* d = ::opendir(parent.c_str())) {
         while (dirent* e = ::readdir(d)) {
-          if (e->d_type == DT_DIR && e->d_name[0] != '.') ADD_FAILURE() << "leaked cgroup " << parent << "/" << e->d_name;
+          if (e->d_type == DT_DIR && e->d_name[0] != '.')
+            ADD_FAILURE() << "leaked cgroup " << parent << "/" << e->d_name;
         }
         ::closedir(d);
       }
@@ -139,7 +140,8 @@ TEST_F(RunTest, EnvWorkdirAndUser) {
 }
 
 TEST_F(RunTest, HostSecretsAreNotVisible) {
-  auto r = Sbx({"--", "sh", "-c", "ls /etc/shadow /root/.ssh /home 2>&1; cat /etc/passwd | cut -d: -f1"});
+  auto r = Sbx(
+      {"--", "sh", "-c", "ls /etc/shadow /root/.ssh /home 2>&1; cat /etc/passwd | cut -d: -f1"});
   EXPECT_NE(r.out.find("'/etc/shadow': No such file"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("'/root/.ssh': No such file"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("postgres"), std::string::npos);
@@ -163,7 +165,8 @@ TEST_F(RunTest, OutOfMemoryIsReported) {
 
 TEST_F(RunTest, ForkBombIsHeldByThePidsLimit) {
   // The bomb runs until the timeout kills it; the host keeps working and nothing is left.
-  auto r = Sbx({"--pids", "64", "--timeout", "3s", "--", "sh", "-c", "b() { b | b & }; b; exec sleep 60"});
+  auto r = Sbx(
+      {"--pids", "64", "--timeout", "3s", "--", "sh", "-c", "b() { b | b & }; b; exec sleep 60"});
   EXPECT_EQ(r.exit_code, 124) << r.err;
   EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
   auto host = RunProcess({"/bin/sh", "-c", "echo alive"});
@@ -172,7 +175,8 @@ TEST_F(RunTest, ForkBombIsHeldByThePidsLimit) {
 
 TEST_F(RunTest, PidsLimitIsEnforcedInside) {
   auto r = Sbx({"--pids", "16", "--", "python3", "-c",
-                "import os\nn=0\ntry:\n  while True:\n    if os.fork()==0:\n      import time; time.sleep(30)\n    n+=1\nexcept OSError as e:\n  print(n, e.errno)\n"});
+                "import os\nn=0\ntry:\n  while True:\n    if os.fork()==0:\n      import time; "
+                "time.sleep(30)\n    n+=1\nexcept OSError as e:\n  print(n, e.errno)\n"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   int n = -1, err = -1;
   std::istringstream(r.out) >> n >> err;
@@ -223,10 +227,12 @@ TEST_F(RunTest, MissingCommandIsAClearError) {
 }
 
 TEST_F(RunTest, BadFlagsAreRejectedBeforeAnythingIsCreated) {
-  for (std::vector<std::string> args :
-       {std::vector<std::string>{"--memory", "lots", "--", "true"}, {"--cpus", "-1", "--", "true"},
-        {"--pids", "0", "--", "true"}, {"--timeout", "forever", "--", "true"},
-        {"-e", "NOEQUALS", "--", "true"}, {"--template", "nope", "--", "true"}}) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"--memory", "lots", "--", "true"},
+                                        {"--cpus", "-1", "--", "true"},
+                                        {"--pids", "0", "--", "true"},
+                                        {"--timeout", "forever", "--", "true"},
+                                        {"-e", "NOEQUALS", "--", "true"},
+                                        {"--template", "nope", "--", "true"}}) {
     auto r = Sbx(args);
     EXPECT_EQ(r.exit_code, 125) << args[0];
     EXPECT_NE(r.err.find("sbx: "), std::string::npos) << r.err;

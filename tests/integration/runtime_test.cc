@@ -1,11 +1,10 @@
 // The native runtime through its own interface: create, freeze, thaw, stats, destroy, and a
 // creation that fails halfway. Real namespaces, cgroups and mounts; host-side checks after each.
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -51,7 +50,8 @@ class RuntimeTest : public ::testing::Test {
     ASSERT_TRUE(mounts.ok());
     EXPECT_EQ(mounts->find(dir_), std::string::npos);
     for (const auto& [controller, parent] : rt_->cgroup_host().v1_dirs) {
-      EXPECT_EQ(::rmdir(parent.c_str()) == 0 || errno == ENOENT, true) << "cgroup left in " << parent;
+      EXPECT_EQ(::rmdir(parent.c_str()) == 0 || errno == ENOENT, true)
+          << "cgroup left in " << parent;
     }
     if (!rt_->cgroup_host().v2_dir.empty()) ::rmdir(rt_->cgroup_host().v2_dir.c_str());
     RemoveTree(dir_);
@@ -149,6 +149,57 @@ TEST_F(RuntimeTest, TwoBoxesCannotSeeEachOther) {
   EXPECT_EQ(out, "4\n");  // the agent, sh, ls and grep: nothing of box b or the host
   EXPECT_TRUE(rt_->Destroy(*a).ok());
   EXPECT_TRUE(rt_->Destroy(*b).ok());
+}
+
+// Threat 24: the agent's file API resolves every path inside the box's own root, so traversal,
+// absolute paths and symlinks pointing out all stay in the box.
+TEST_F(RuntimeTest, FileApiStaysInsideTheBox) {
+  // A host file the box must never reach.
+  std::string secret = dir_ + "/host-secret";
+  ASSERT_TRUE(WriteFile(secret, "host secret").ok());
+  auto box = rt_->Create(Spec());
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  auto conn = protocol::AgentConnection::Connect(box->agent_socket);
+  ASSERT_TRUE(conn.ok());
+  auto read = [&](const std::string& path) -> Result<std::string> {
+    std::vector<protocol::Frame> data;
+    auto r = conn->Call(Type::kRead, protocol::Writer().Str(Tag::kPath, path), &data);
+    if (!r.ok()) return r.status();
+    std::string out;
+    for (const auto& f : data) out += f.fields.Str(Tag::kData);
+    return out;
+  };
+  for (const std::string& p : {"/../../../../" + secret, secret, "../../" + secret.substr(1),
+                               "/proc/1/root/../../" + secret}) {
+    auto r = read(p);
+    EXPECT_FALSE(r.ok()) << p << " read " << (r.ok() ? *r : "");
+  }
+  // /etc/passwd by traversal is the box's own, not the host's.
+  auto passwd = read("/../../etc/passwd");
+  ASSERT_TRUE(passwd.ok());
+  EXPECT_EQ(passwd->find("postgres"), std::string::npos);
+  EXPECT_NE(passwd->find("user:x:1000"), std::string::npos);
+  // A symlink pointing out resolves inside the box: a write through it lands in the box.
+  protocol::Writer sym;
+  sym.Str(Tag::kArgv, "/bin/ln")
+      .Str(Tag::kArgv, "-s")
+      .Str(Tag::kArgv, secret)
+      .Str(Tag::kArgv, "/tmp/out");
+  ASSERT_TRUE(conn->Call(Type::kSpawn, sym).ok());
+  for (;;) {
+    auto f = conn->Receive(5000);
+    ASSERT_TRUE(f.ok());
+    if (f->type() == Type::kExit) break;
+  }
+  EXPECT_FALSE(read("/tmp/out").ok());
+  uint32_t id = conn->NextId();
+  ASSERT_TRUE(conn->CallWithId(Type::kWriteBegin, id,
+                               protocol::Writer().Str(Tag::kPath, "/tmp/out").Int(Tag::kParents, 1))
+                  .ok());
+  ASSERT_TRUE(conn->Send(Type::kWriteData, id, protocol::Writer().Str(Tag::kData, "pwned")).ok());
+  (void)conn->CallWithId(Type::kWriteEnd, id, protocol::Writer());
+  EXPECT_EQ(*ReadFile(secret), "host secret");
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
 }
 
 TEST_F(RuntimeTest, OrphansOfADeadOwnerAreReaped) {

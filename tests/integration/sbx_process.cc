@@ -16,7 +16,8 @@ namespace sbx::test {
 
 ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOptions& opts) {
   int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return {};
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    return {};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
@@ -71,7 +72,8 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
       }
     }
     if (in_fd >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      ssize_t n = ::write(in_fd, opts.stdin_data.data() + written, opts.stdin_data.size() - written);
+      ssize_t n =
+          ::write(in_fd, opts.stdin_data.data() + written, opts.stdin_data.size() - written);
       if (n > 0) written += static_cast<size_t>(n);
       if (n < 0 || written == opts.stdin_data.size()) {
         if (opts.close_stdin || n < 0) {
@@ -80,7 +82,9 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
         }
       }
     }
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
     if (opts.signal_after_ms > 0 && !signalled && ms >= opts.signal_after_ms) {
       ::kill(pid, opts.signal);
       signalled = true;

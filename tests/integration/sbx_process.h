@@ -15,10 +15,10 @@ struct ProcessResult {
 
 struct ProcessOptions {
   std::string stdin_data;
-  bool close_stdin = true;      // stdin at EOF after stdin_data (else /dev/null when empty)
-  int signal_after_ms = 0;      // send `signal` to the process this long after start
+  bool close_stdin = true;  // stdin at EOF after stdin_data (else /dev/null when empty)
+  int signal_after_ms = 0;  // send `signal` to the process this long after start
   int signal = 0;
-  int timeout_ms = 120000;      // SIGKILL after this long (the test then fails on the result)
+  int timeout_ms = 120000;       // SIGKILL after this long (the test then fails on the result)
   std::vector<std::string> env;  // extra "K=V"
 };
 

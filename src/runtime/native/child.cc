@@ -1,8 +1,5 @@
 #include "runtime/native/child.h"
 
-#include "runtime/native/capabilities.h"
-#include "runtime/native/seccomp_policy.h"
-
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -14,23 +11,39 @@
 #include <cerrno>
 #include <csignal>
 
+#include "runtime/native/capabilities.h"
+#include "runtime/native/seccomp_policy.h"
+
 namespace sbx::runtime {
 
 const char* ChildStepName(int32_t step) {
   switch (step) {
-    case kStepWaitParent: return "wait for the parent";
-    case kStepSetIds: return "become root in the user namespace";
-    case kStepCgroupNs: return "unshare the cgroup namespace";
-    case kStepPrivate: return "make mounts private";
-    case kStepPivot: return "pivot_root into the box";
-    case kStepHostname: return "set the hostname";
-    case kStepRlimits: return "set rlimits";
-    case kStepCaps: return "drop capabilities";
-    case kStepNoNewPrivs: return "set no_new_privs";
-    case kStepSeccomp: return "load the seccomp filter";
-    case kStepFds: return "arrange file descriptors";
-    case kStepExec: return "exec sbx-agent";
-    default: return "unknown step";
+    case kStepWaitParent:
+      return "wait for the parent";
+    case kStepSetIds:
+      return "become root in the user namespace";
+    case kStepCgroupNs:
+      return "unshare the cgroup namespace";
+    case kStepPrivate:
+      return "make mounts private";
+    case kStepPivot:
+      return "pivot_root into the box";
+    case kStepHostname:
+      return "set the hostname";
+    case kStepRlimits:
+      return "set rlimits";
+    case kStepCaps:
+      return "drop capabilities";
+    case kStepNoNewPrivs:
+      return "set no_new_privs";
+    case kStepSeccomp:
+      return "load the seccomp filter";
+    case kStepFds:
+      return "arrange file descriptors";
+    case kStepExec:
+      return "exec sbx-agent";
+    default:
+      return "unknown step";
   }
 }
 
@@ -162,7 +175,8 @@ void RunChild(const ChildPlan& plan) {
 
   if (int err = SetRootIds()) Fail(p, kStepSetIds, err);
   // After the id change, which clears the parent-death signal.
-  if (p.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) Fail(p, kStepSetIds, errno);
+  if (p.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+    Fail(p, kStepSetIds, errno);
   if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Fail(p, kStepPrivate, errno);
 

@@ -56,7 +56,7 @@ struct ChildPlan {
   };
   const Op* ops = nullptr;
   size_t op_count = 0;
-  const char* root = nullptr;      // new root (host path)
+  const char* root = nullptr;  // new root (host path)
   const char* hostname = nullptr;
   struct Rlimit {
     int resource;
@@ -65,16 +65,16 @@ struct ChildPlan {
   const Rlimit* rlimits = nullptr;
   size_t rlimit_count = 0;
   const sock_fprog* seccomp = nullptr;
-  CapabilityPlan caps;              // what root keeps (capabilities.h)
-  bool die_with_parent = false;     // PR_SET_PDEATHSIG(SIGKILL)
+  CapabilityPlan caps;           // what root keeps (capabilities.h)
+  bool die_with_parent = false;  // PR_SET_PDEATHSIG(SIGKILL)
   // Descriptors in the parent, placed by the child as: 0 <- stdin_fd, 1 and 2 <- log_fd,
   // 3 <- listen_fd. status_fd and agent_fd are kept close-on-exec; all others are closed.
   int stdin_fd = -1;
   int log_fd = -1;
   int listen_fd = -1;
-  int status_fd = -1;   // write end of the status pipe
-  int go_fd = -1;       // read end of the parent's go-ahead pipe
-  int agent_fd = -1;    // sealed memfd holding sbx-agent
+  int status_fd = -1;  // write end of the status pipe
+  int go_fd = -1;      // read end of the parent's go-ahead pipe
+  int agent_fd = -1;   // sealed memfd holding sbx-agent
   char* const* argv = nullptr;
   char* const* envp = nullptr;
 };

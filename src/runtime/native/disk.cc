@@ -21,8 +21,8 @@ namespace {
 Status Format(const std::string& image, uint32_t owner) {
   std::string opts = "root_owner=" + std::to_string(owner) + ":" + std::to_string(owner) +
                      ",lazy_itable_init=1,lazy_journal_init=1";
-  const char* argv[] = {"mke2fs", "-q", "-F", "-t", "ext4", "-m", "0", "-E", opts.c_str(),
-                        image.c_str(), nullptr};
+  const char* argv[] = {"mke2fs", "-q", "-F",         "-t",          "ext4", "-m",
+                        "0",      "-E", opts.c_str(), image.c_str(), nullptr};
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
   UniqueFd rd(err_pipe[0]), wr(err_pipe[1]);

@@ -7,12 +7,12 @@ namespace {
 
 // Files under /proc that expose the host kernel: replaced by an empty /dev/null bind.
 constexpr const char* kMaskedProcFiles[] = {
-    "/proc/kcore",       "/proc/keys",   "/proc/timer_list", "/proc/sched_debug",
-    "/proc/latency_stats", "/proc/kallsyms", "/proc/kpagecount", "/proc/kpageflags",
-    "/proc/kpagecgroup", "/proc/config.gz", "/proc/vmallocinfo",
+    "/proc/kcore",         "/proc/keys",      "/proc/timer_list",  "/proc/sched_debug",
+    "/proc/latency_stats", "/proc/kallsyms",  "/proc/kpagecount",  "/proc/kpageflags",
+    "/proc/kpagecgroup",   "/proc/config.gz", "/proc/vmallocinfo",
 };
 // Directories under /proc and /sys that expose host hardware: covered by an empty read-only tmpfs.
-constexpr const char* kMaskedDirs[] = {"/proc/acpi", "/proc/scsi", "/proc/asound",
+constexpr const char* kMaskedDirs[] = {"/proc/acpi",   "/proc/scsi",    "/proc/asound",
                                        "/proc/driver", "/sys/firmware", "/sys/kernel/debug"};
 // Writable kernel knobs under /proc: bound onto themselves read-only.
 constexpr const char* kReadOnlyProcPaths[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq",
@@ -64,7 +64,8 @@ std::string OverlayEscape(const std::string& path) {
 
 std::string MountOp::Describe(const std::string& root) const {
   auto strip = [&](const std::string& p) {
-    if (!root.empty() && p.rfind(root, 0) == 0) return p.size() == root.size() ? std::string("/") : p.substr(root.size());
+    if (!root.empty() && p.rfind(root, 0) == 0)
+      return p.size() == root.size() ? std::string("/") : p.substr(root.size());
     return p;
   };
   switch (kind) {
@@ -109,13 +110,16 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
   // /proc of the box's own pid namespace, with the host-revealing parts masked or read-only.
   ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/proc"));
   ops.push_back(Mount("proc", r + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
-  for (const char* p : kReadOnlyProcPaths) BindReadOnly(ops, r + p, r + p, MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
-  for (const char* p : kMaskedProcFiles) ops.push_back(Mount("/dev/null", r + p, "", MS_BIND, "", true));
+  for (const char* p : kReadOnlyProcPaths)
+    BindReadOnly(ops, r + p, r + p, MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
+  for (const char* p : kMaskedProcFiles)
+    ops.push_back(Mount("/dev/null", r + p, "", MS_BIND, "", true));
 
   // /sys of the box's own network namespace, read-only.
   ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/sys"));
   ops.push_back(Mount("sysfs", r + "/sys", "sysfs", kRoFlags));
-  for (const char* p : kMaskedDirs) ops.push_back(Mount("tmpfs", r + p, "tmpfs", kRoFlags, "size=4k", true));
+  for (const char* p : kMaskedDirs)
+    ops.push_back(Mount("tmpfs", r + p, "tmpfs", kRoFlags, "size=4k", true));
 
   // A minimal /dev: a few harmless host nodes, a private devpts, /dev/shm and the usual links.
   ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev"));
@@ -130,9 +134,11 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
                       "newinstance,ptmxmode=0666,mode=0620,gid=5"));
   ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/ptmx", "pts/ptmx"));
   ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev/shm"));
-  ops.push_back(Mount("tmpfs", r + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m"));
+  ops.push_back(
+      Mount("tmpfs", r + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m"));
   ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev/mqueue"));
-  ops.push_back(Mount("mqueue", r + "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", true));
+  ops.push_back(
+      Mount("mqueue", r + "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", true));
   ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/fd", "/proc/self/fd"));
   ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/stdin", "/proc/self/fd/0"));
   ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/stdout", "/proc/self/fd/1"));

@@ -30,9 +30,9 @@ struct MountOp {
 };
 
 struct MountPlanInput {
-  std::string root;     // host path of the (empty) directory the overlay is mounted on
-  std::string upper;    // writable layer
-  std::string work;     // overlay work dir, same filesystem as upper
+  std::string root;                 // host path of the (empty) directory the overlay is mounted on
+  std::string upper;                // writable layer
+  std::string work;                 // overlay work dir, same filesystem as upper
   std::vector<std::string> layers;  // read-only lower layers, topmost first
   std::vector<BindMount> binds;
 };

@@ -1,17 +1,19 @@
 #include "runtime/native/mount_plan.h"
 
-#include <sys/mount.h>
-
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 
 #include <set>
 
 namespace sbx::runtime {
 namespace {
 
-const MountOp* Find(const std::vector<MountOp>& ops, const std::string& target, const std::string& fstype = "") {
+const MountOp* Find(const std::vector<MountOp>& ops, const std::string& target,
+                    const std::string& fstype = "") {
   for (const auto& op : ops) {
-    if (op.kind == MountOp::Kind::kMount && op.target == target && (fstype.empty() || op.fstype == fstype)) return &op;
+    if (op.kind == MountOp::Kind::kMount && op.target == target &&
+        (fstype.empty() || op.fstype == fstype))
+      return &op;
   }
   return nullptr;
 }
@@ -60,9 +62,10 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
 TEST(MountPlan, NoHostDeviceBeyondTheHarmlessOnes) {
   auto ops = BuildMountPlan({"/r", "/u", "/w", {"/l"}, {}});
   for (const auto& op : ops) {
-    if (op.kind == MountOp::Kind::kMount && (op.flags & MS_BIND) && op.source.rfind("/dev/", 0) == 0) {
-      static const std::set<std::string> ok = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random",
-                                               "/dev/urandom", "/dev/tty"};
+    if (op.kind == MountOp::Kind::kMount && (op.flags & MS_BIND) &&
+        op.source.rfind("/dev/", 0) == 0) {
+      static const std::set<std::string> ok = {"/dev/null",   "/dev/zero",    "/dev/full",
+                                               "/dev/random", "/dev/urandom", "/dev/tty"};
       EXPECT_TRUE(ok.count(op.source)) << op.source;
     }
   }

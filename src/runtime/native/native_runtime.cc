@@ -1,10 +1,10 @@
 #include "runtime/native/native_runtime.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
-#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -43,7 +43,7 @@ int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
 // does to /proc/1/exe can reach a file on the host (CVE-2019-5736).
 Result<UniqueFd> LoadAgentImage(const std::string& path) {
   UniqueFd src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  struct stat st{};
+  struct stat st {};
   if (!src || ::fstat(src.get(), &st) != 0) return Status::Errno("load sbx-agent: open " + path);
   UniqueFd fd(::memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return Status::Errno("memfd_create");
@@ -61,7 +61,8 @@ Result<UniqueFd> LoadAgentImage(const std::string& path) {
 Result<UniqueFd> ListenUnix(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) return Status::Error("socket path too long: " + path, ENAMETOOLONG);
+  if (path.size() >= sizeof addr.sun_path)
+    return Status::Error("socket path too long: " + path, ENAMETOOLONG);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Status::Errno("socket");
@@ -99,11 +100,12 @@ Status CheckSearchable(const std::string& dir, uint32_t id_base) {
   for (size_t pos = 1;; ++pos) {
     pos = dir.find('/', pos);
     std::string prefix = pos == std::string::npos ? dir : dir.substr(0, pos);
-    struct stat st{};
+    struct stat st {};
     if (::stat(prefix.c_str(), &st) != 0) return Status::Errno("stat " + prefix);
     if (!(st.st_mode & S_IXOTH)) {
       return Status::Error(prefix + " is not searchable by the boxes' root (host uid " +
-                               std::to_string(id_base) + "): chmod o+x it or use another data directory",
+                               std::to_string(id_base) +
+                               "): chmod o+x it or use another data directory",
                            EACCES);
     }
     if (pos == std::string::npos) return {};
@@ -120,7 +122,8 @@ std::thread WarmUpCgroupAttach(const CgroupHost& host) {
   for (const auto& [controller, dir] : host.v1_dirs) {
     if (controller != "memory") continue;
     std::string own = dir.substr(0, dir.rfind('/'));
-    return std::thread([own] { (void)WriteFile(own + "/cgroup.procs", std::to_string(::getpid())); });
+    return std::thread(
+        [own] { (void)WriteFile(own + "/cgroup.procs", std::to_string(::getpid())); });
   }
   return {};
 }
@@ -143,7 +146,7 @@ Result<UniqueFd> LockOwner(const std::string& dir, const std::string& owner) {
 bool IsOrphan(const std::string& dir, const std::string& owner) {
   UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) {
-    struct stat st{};
+    struct stat st {};
     return errno == ENOENT && ::stat(dir.c_str(), &st) == 0 && st.st_mtime + 60 < ::time(nullptr);
   }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // its owner is alive
@@ -186,7 +189,9 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
 }
 
 NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image)
-    : config_(std::move(config)), cgroups_(std::move(cgroups)), agent_image_(std::move(agent_image)) {}
+    : config_(std::move(config)),
+      cgroups_(std::move(cgroups)),
+      agent_image_(std::move(agent_image)) {}
 
 Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
@@ -206,7 +211,8 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   return r;
 }
 
-Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup) {
+Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
+                                    std::unique_ptr<Cgroup>& cgroup) {
   auto t = std::chrono::steady_clock::now();
   const std::string dir = config_.run_dir + "/" + spec.id;
   if (::mkdir(dir.c_str(), 0711) != 0) return Status::Errno("mkdir " + dir);
@@ -214,7 +220,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   auto lock = LockOwner(dir, spec.owner);
   if (!lock.ok()) return lock.status();
   const uint32_t root_id = config_.id_base;
-  if (::mkdir((dir + "/rootfs").c_str(), 0755) != 0) return Status::Errno("mkdir " + dir + "/rootfs");
+  if (::mkdir((dir + "/rootfs").c_str(), 0755) != 0)
+    return Status::Errno("mkdir " + dir + "/rootfs");
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
   // namespace has its own copy (see DetachDisk below).
@@ -233,7 +240,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   box.agent_socket = dir + "/agent.sock";
   auto listen = ListenUnix(box.agent_socket);
   if (!listen.ok()) return listen.status();
-  UniqueFd log(::open((dir + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  UniqueFd log(
+      ::open((dir + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
   if (!log) return Status::Errno("open " + dir + "/agent.log");
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull) return Status::Errno("open /dev/null");
@@ -252,8 +260,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
 
   MountPlanInput in{dir + "/rootfs", layer + "/upper", layer + "/work", spec.layers, spec.binds};
   ChildPlanStorage storage;
-  ChildPlan plan = storage.Build(BuildMountPlan(in), in.root, spec.hostname,
-                                 {"sbx-agent", "--listen-fd", "3"});
+  ChildPlan plan =
+      storage.Build(BuildMountPlan(in), in.root, spec.hostname, {"sbx-agent", "--listen-fd", "3"});
   // Limits can only be lowered from inside a user namespace: never ask for more than we have.
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
@@ -276,8 +284,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   plan.go_fd = go_r.get();
   plan.agent_fd = agent_image_.get();
 
-  constexpr unsigned long kFlags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
-                                   CLONE_NEWIPC | CLONE_NEWNET;
+  constexpr unsigned long kFlags =
+      CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
   // A raw clone: fork semantics (copy-on-write memory, no new stack) without running glibc's
   // atfork handlers, which are not async-signal-safe. The child only runs RunChild().
   long pid = ::syscall(SYS_clone, kFlags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
@@ -303,7 +311,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   } while (n < 0 && errno == EINTR);
   DetachDisk(box);
   if (n != 0) {
-    if (n != static_cast<ssize_t>(sizeof failure)) return Status::Error("box setup: short status", EIO);
+    if (n != static_cast<ssize_t>(sizeof failure))
+      return Status::Error("box setup: short status", EIO);
     std::string what = failure.step >= 0 && static_cast<size_t>(failure.step) < storage.ops().size()
                            ? storage.ops()[static_cast<size_t>(failure.step)].Describe(in.root)
                            : ChildStepName(failure.step);
@@ -317,7 +326,9 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
 
 Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Freeze(); }
 Status NativeRuntime::Thaw(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Thaw(); }
-Result<BoxStats> NativeRuntime::Stats(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Stats(); }
+Result<BoxStats> NativeRuntime::Stats(const Box& box) {
+  return Cgroup::Open(cgroups_, box.id)->Stats();
+}
 
 Status NativeRuntime::Destroy(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));

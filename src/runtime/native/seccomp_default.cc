@@ -13,8 +13,8 @@ constexpr sock_filter kDefaultFilter[] = {
 }  // namespace
 
 const Result<SeccompProgram>& DefaultSeccompProgram() {
-  static const Result<SeccompProgram> program =
-      SeccompProgram{std::vector<sock_filter>(std::begin(kDefaultFilter), std::end(kDefaultFilter))};
+  static const Result<SeccompProgram> program = SeccompProgram{
+      std::vector<sock_filter>(std::begin(kDefaultFilter), std::end(kDefaultFilter))};
   return program;
 }
 

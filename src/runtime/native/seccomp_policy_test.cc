@@ -94,7 +94,8 @@ TEST(SeccompPolicyTest, EmbeddedProgramEqualsAFreshBuild) {
   for (size_t i = 0; i < fresh->filter.size(); ++i) {
     const sock_filter& a = embedded->filter[i];
     const sock_filter& b = fresh->filter[i];
-    ASSERT_TRUE(a.code == b.code && a.jt == b.jt && a.jf == b.jf && a.k == b.k) << "instruction " << i;
+    ASSERT_TRUE(a.code == b.code && a.jt == b.jt && a.jf == b.jf && a.k == b.k)
+        << "instruction " << i;
   }
 }
 
