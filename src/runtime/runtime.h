@@ -86,6 +86,11 @@ class Runtime {
   virtual Status Destroy(const Box& box) = 0;
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.
   virtual Result<int> ReapOrphans(const std::string& owner) = 0;
+  // Takes over a live box whose owning process died (a daemon restart): its processes kept
+  // running. Fails with ESRCH when the box's agent is gone, EBUSY when another process owns it.
+  virtual Result<Box> Adopt(const std::string& id) = 0;
+  // Ids of every box directory under this runtime's control, live or not (for reconciliation).
+  virtual Result<std::vector<std::string>> ListBoxes() = 0;
 };
 
 }  // namespace sbx::runtime

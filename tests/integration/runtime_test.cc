@@ -202,6 +202,24 @@ TEST_F(RuntimeTest, FileApiStaysInsideTheBox) {
   EXPECT_TRUE(rt_->Destroy(*box).ok());
 }
 
+TEST_F(RuntimeTest, AnotherRuntimeAdoptsABoxOnlyOnceItsOwnerIsGone) {
+  auto box = rt_->Create(Spec());
+  ASSERT_TRUE(box.ok());
+  NativeConfig cfg = rt_->config();
+  auto other = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(other.ok());
+  // Our runtime holds the owner lock: the other one cannot take the box.
+  auto taken = (*other)->Adopt(box->id);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.status().err(), EBUSY);
+  auto ids = (*other)->ListBoxes();
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, std::vector<std::string>{box->id});
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+  auto gone = (*other)->Adopt(box->id);
+  EXPECT_FALSE(gone.ok());
+}
+
 TEST_F(RuntimeTest, OrphansOfADeadOwnerAreReaped) {
   // A box whose owner lock is not held by anyone is an orphan; one we own is not.
   auto mine = rt_->Create(Spec());

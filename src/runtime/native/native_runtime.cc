@@ -319,6 +319,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
     return Status::Error("box setup: " + what, failure.err);
   }
   box.timings.child_us = MicrosSince(t);
+  // The agent's host pid, for whoever adopts this box after its owner died.
+  SBX_RETURN_IF_ERROR(WriteFile(dir + "/pid", std::to_string(box.init_pid) + "\n", 0600));
   std::lock_guard<std::mutex> guard(mu_);
   owner_locks_[box.id] = std::move(lock).value();
   return box;
@@ -353,20 +355,51 @@ Status NativeRuntime::Destroy(const Box& box) {
   return {};
 }
 
-Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
+Result<std::vector<std::string>> NativeRuntime::ListBoxes() {
   DIR* d = ::opendir(config_.run_dir.c_str());
   if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
-  std::vector<std::string> orphans;
+  std::vector<std::string> ids;
   while (dirent* e = ::readdir(d)) {
     std::string id = e->d_name;
-    if (!ValidateBoxId(id).ok()) continue;
+    if (ValidateBoxId(id).ok()) ids.push_back(id);
+  }
+  ::closedir(d);
+  return ids;
+}
+
+Result<Box> NativeRuntime::Adopt(const std::string& id) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(id));
+  Box box;
+  box.id = id;
+  box.dir = config_.run_dir + "/" + id;
+  box.agent_socket = box.dir + "/agent.sock";
+  UniqueFd lock(::open((box.dir + "/owner").c_str(), O_RDWR | O_CLOEXEC));
+  if (!lock) return Status::Errno("adopt box " + id + ": open owner");
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
+    return Status::Error("adopt box " + id + ": owned by a live process", EBUSY);
+  auto pid = ReadFile(box.dir + "/pid", 64);
+  if (!pid.ok()) return Status::Error("adopt box " + id + ": no agent pid recorded", ESRCH);
+  box.init_pid = static_cast<pid_t>(std::atoi(pid->c_str()));
+  // The pid must still be this box's agent: alive, and in this box's cgroup (pids are reused).
+  auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
+  if (box.init_pid <= 0 || !cg.ok() || cg->find("/" + id + "\n") == std::string::npos)
+    return Status::Error("adopt box " + id + ": its agent is gone", ESRCH);
+  std::lock_guard<std::mutex> guard(mu_);
+  owner_locks_[id] = std::move(lock);
+  return box;
+}
+
+Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
+  auto ids = ListBoxes();
+  if (!ids.ok()) return ids.status();
+  std::vector<std::string> orphans;
+  for (const auto& id : *ids) {
     {
       std::lock_guard<std::mutex> guard(mu_);
       if (owner_locks_.count(id)) continue;  // ours and alive
     }
     if (IsOrphan(config_.run_dir + "/" + id, owner)) orphans.push_back(id);
   }
-  ::closedir(d);
   int reaped = 0;
   for (const auto& id : orphans) {
     Box box;

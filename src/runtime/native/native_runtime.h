@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/fd.h"
 #include "runtime/native/cgroup.h"
@@ -41,6 +42,8 @@ class NativeRuntime : public Runtime {
   Result<BoxStats> Stats(const Box& box) override;
   Status Destroy(const Box& box) override;
   Result<int> ReapOrphans(const std::string& owner) override;
+  Result<Box> Adopt(const std::string& id) override;
+  Result<std::vector<std::string>> ListBoxes() override;
 
   const NativeConfig& config() const { return config_; }
   const CgroupHost& cgroup_host() const { return cgroups_; }
