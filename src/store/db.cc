@@ -1,0 +1,269 @@
+#include "store/db.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "common/fd.h"
+
+namespace sbx::store {
+namespace {
+
+// SQL in error messages: enough to recognise the statement, not the whole upsert.
+std::string Abbrev(const char* sql) {
+  if (sql == nullptr) return "?";
+  std::string s(sql);
+  for (char& c : s) {
+    if (c == '\n' || c == '\t') c = ' ';
+  }
+  constexpr size_t kMax = 60;
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
+int ErrnoFor(sqlite3* db, int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_CONSTRAINT:
+      return rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE ? EEXIST : EINVAL;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_PROTOCOL:
+      return EBUSY;
+    case SQLITE_FULL:
+      return ENOSPC;
+    case SQLITE_READONLY:
+      return EROFS;
+    case SQLITE_PERM:
+    case SQLITE_AUTH:
+      return EACCES;
+    case SQLITE_NOMEM:
+      return ENOMEM;
+    case SQLITE_IOERR:
+    case SQLITE_CANTOPEN: {
+      int sys = db != nullptr ? sqlite3_system_errno(db) : 0;
+      return sys != 0 ? sys : EIO;
+    }
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return EUCLEAN;
+    case SQLITE_TOOBIG:
+      return E2BIG;
+    case SQLITE_RANGE:
+    case SQLITE_MISMATCH:
+    case SQLITE_MISUSE:
+      return EINVAL;
+    case SQLITE_INTERRUPT:
+      return EINTR;
+    default:
+      return 0;
+  }
+}
+
+// Sets `path` (if it exists) to mode 0600 without following a symlink.
+Status Tighten(const std::string& path, bool must_exist) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT && !must_exist) return Status();
+    return Status::Errno("open " + path);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
+  if (!S_ISREG(st.st_mode)) return Status::Error(path + " is not a regular file", EINVAL);
+  if ((st.st_mode & 07777) != 0600 && ::fchmod(fd.get(), 0600) != 0) {
+    return Status::Errno("chmod 0600 " + path);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status SqliteStatus(sqlite3* db, int rc, const std::string& what) {
+  const char* msg = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  return Status::Error(what + ": " + (msg != nullptr ? msg : sqlite3_errstr(rc)), ErrnoFor(db, rc));
+}
+
+// ---- Statement ----
+
+Statement::Statement(Statement&& o) noexcept
+    : stmt_(std::exchange(o.stmt_, nullptr)),
+      db_(std::exchange(o.db_, nullptr)),
+      bind_error_(std::move(o.bind_error_)) {}
+
+Statement& Statement::operator=(Statement&& o) noexcept {
+  if (this != &o) {
+    sqlite3_finalize(stmt_);
+    stmt_ = std::exchange(o.stmt_, nullptr);
+    db_ = std::exchange(o.db_, nullptr);
+    bind_error_ = std::move(o.bind_error_);
+  }
+  return *this;
+}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+void Statement::NoteBind(int rc, int index) {
+  if (rc == SQLITE_OK || !bind_error_.ok()) return;
+  // sqlite3_errmsg may describe an older call here; the code's own text is accurate.
+  bind_error_ = SqliteStatus(
+      nullptr, rc,
+      "bind parameter " + std::to_string(index) + " of `" + Abbrev(sqlite3_sql(stmt_)) + "`");
+}
+
+Statement& Statement::BindInt(int index, int64_t value) {
+  NoteBind(sqlite3_bind_int64(stmt_, index, value), index);
+  return *this;
+}
+
+Statement& Statement::BindDouble(int index, double value) {
+  NoteBind(sqlite3_bind_double(stmt_, index, value), index);
+  return *this;
+}
+
+Statement& Statement::BindText(int index, std::string_view value) {
+  NoteBind(
+      sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8),
+      index);
+  return *this;
+}
+
+Statement& Statement::BindNull(int index) {
+  NoteBind(sqlite3_bind_null(stmt_, index), index);
+  return *this;
+}
+
+Result<bool> Statement::Step() {
+  if (!bind_error_.ok()) return bind_error_;
+  int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return SqliteStatus(db_, rc, "sqlite step `" + Abbrev(sqlite3_sql(stmt_)) + "`");
+}
+
+Status Statement::Run() {
+  for (;;) {
+    Result<bool> row = Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return Status();
+  }
+}
+
+void Statement::Reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+  bind_error_ = Status();
+}
+
+bool Statement::ColumnIsNull(int column) const {
+  return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+int64_t Statement::ColumnInt(int column) const { return sqlite3_column_int64(stmt_, column); }
+
+double Statement::ColumnDouble(int column) const { return sqlite3_column_double(stmt_, column); }
+
+std::string Statement::ColumnText(int column) const {
+  const unsigned char* p = sqlite3_column_text(stmt_, column);
+  if (p == nullptr) return std::string();
+  return std::string(reinterpret_cast<const char*>(p),
+                     static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
+}
+
+// ---- Db ----
+
+Result<std::unique_ptr<Db>> Db::Open(const std::string& path) {
+  // Create the file ourselves: SQLite would create it 0644 & ~umask, and the store holds key
+  // hashes and every sandbox's environment. SQLite gives -wal and -shm the main file's mode.
+  {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd) return Status::Errno("open " + path);
+  }
+  SBX_RETURN_IF_ERROR(Tighten(path, /*must_exist=*/true));
+  SBX_RETURN_IF_ERROR(Tighten(path + "-wal", /*must_exist=*/false));
+  SBX_RETURN_IF_ERROR(Tighten(path + "-shm", /*must_exist=*/false));
+
+  sqlite3* raw = nullptr;
+  int rc =
+      sqlite3_open_v2(path.c_str(), &raw,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, nullptr);
+  if (rc != SQLITE_OK) {
+    Status s = SqliteStatus(raw, rc, "sqlite open " + path);
+    sqlite3_close_v2(raw);
+    return s;
+  }
+  std::unique_ptr<Db> db(new Db(raw, path));
+  sqlite3_extended_result_codes(raw, 1);
+  sqlite3_busy_timeout(raw, 5000);
+
+  // WAL: readers never block the writer and a crash mid-transaction leaves the last commit
+  // intact. synchronous=NORMAL in WAL mode can lose the newest commits on power loss but never
+  // corrupts the file, and a crash of the process alone loses nothing that was committed.
+  Result<std::string> mode = db->QueryText("PRAGMA journal_mode=WAL");
+  if (!mode.ok()) return mode.status().Wrap("open store " + path);
+  if (*mode != "wal") {
+    return Status::Error("open store " + path + ": journal_mode is '" + *mode +
+                             "', WAL is not available on this filesystem",
+                         ENOTSUP);
+  }
+  SBX_RETURN_IF_ERROR(
+      db->Exec("PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;").Wrap("open store " + path));
+  return db;
+}
+
+Db::~Db() { sqlite3_close_v2(db_); }
+
+Status Db::Exec(const std::string& sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
+  sqlite3_free(err);  // the connection's errmsg says the same
+  if (rc != SQLITE_OK) return SqliteStatus(db_, rc, "sqlite exec `" + Abbrev(sql.c_str()) + "`");
+  return Status();
+}
+
+Result<Statement> Db::Prepare(std::string_view sql) {
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(stmt);
+    return SqliteStatus(db_, rc, "sqlite prepare `" + Abbrev(std::string(sql).c_str()) + "`");
+  }
+  return Statement(stmt, db_);
+}
+
+Result<std::string> Db::QueryText(const std::string& sql) {
+  Result<Statement> st = Prepare(sql);
+  if (!st.ok()) return st.status();
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return Status::Error("sqlite `" + Abbrev(sql.c_str()) + "` returned no row");
+  return st->ColumnText(0);
+}
+
+int64_t Db::changes() const { return sqlite3_changes64(db_); }
+
+int64_t Db::last_insert_rowid() const { return sqlite3_last_insert_rowid(db_); }
+
+bool Db::in_transaction() const { return sqlite3_get_autocommit(db_) == 0; }
+
+// ---- Transaction ----
+
+Result<Transaction> Transaction::Begin(Db& db) {
+  SBX_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
+  return Transaction(&db);
+}
+
+Transaction::~Transaction() {
+  // SQLite rolls some failures back by itself (a full disk, an I/O error); only roll back what
+  // is still open.
+  if (db_ != nullptr && db_->in_transaction()) (void)db_->Exec("ROLLBACK");
+}
+
+Status Transaction::Commit() {
+  if (db_ == nullptr) return Status::Error("commit: no open transaction", EINVAL);
+  SBX_RETURN_IF_ERROR(db_->Exec("COMMIT"));
+  db_ = nullptr;
+  return Status();
+}
+
+}  // namespace sbx::store

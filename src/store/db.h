@@ -1,0 +1,116 @@
+// A thin RAII layer over the SQLite C API: Db owns a connection, Statement owns a prepared
+// statement, Transaction owns an open write transaction. Every SQLite failure comes back as a
+// Status whose errno says what kind of failure it was (EEXIST for a unique-key violation, EBUSY
+// for a lock held too long, ENOSPC for a full disk, EUCLEAN for a damaged file...).
+//
+// Values always reach SQL through Bind*(): the text given to Prepare() and Exec() is code, never
+// input. None of these classes is thread-safe; sbx::store::Store serializes every use behind its
+// mutex. The on-disk schema is described in docs/store.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/status.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace sbx::store {
+
+// A prepared statement. Binding is chainable and never fails on its own: the first bind error is
+// kept and returned by the next Step()/Run(), so call sites read like the SQL they fill in.
+// Parameter and column indexes follow SQLite: parameters count from 1, columns from 0.
+// A Statement must not outlive the Db that prepared it.
+class Statement {
+ public:
+  Statement() = default;
+  Statement(Statement&& o) noexcept;
+  Statement& operator=(Statement&& o) noexcept;
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  ~Statement();
+
+  Statement& BindInt(int index, int64_t value);
+  Statement& BindDouble(int index, double value);
+  Statement& BindText(int index, std::string_view value);  // copied; `value` may die after
+  Statement& BindNull(int index);
+
+  // Advances to the next row: true when a row is ready for Column*(), false when done.
+  Result<bool> Step();
+  // Steps until done, for statements that return no rows (or whose rows do not matter).
+  Status Run();
+  // Rewinds for another execution with new bindings (clears the old ones and any bind error).
+  void Reset();
+
+  bool ColumnIsNull(int column) const;
+  int64_t ColumnInt(int column) const;
+  double ColumnDouble(int column) const;
+  std::string ColumnText(int column) const;  // NULL reads as ""
+
+ private:
+  friend class Db;
+  Statement(sqlite3_stmt* stmt, sqlite3* db) : stmt_(stmt), db_(db) {}
+  void NoteBind(int rc, int index);
+
+  sqlite3_stmt* stmt_ = nullptr;
+  sqlite3* db_ = nullptr;
+  Status bind_error_;
+};
+
+// One connection to one database file.
+class Db {
+ public:
+  // Opens (creating it with mode 0600 if missing) the database at `path` and configures the
+  // connection: journal_mode=WAL, synchronous=NORMAL, foreign_keys=ON, busy_timeout=5000 ms.
+  // An existing file is tightened to 0600, as are its -wal and -shm files (SQLite creates those
+  // with the main file's mode). `path` must not be a symlink.
+  static Result<std::unique_ptr<Db>> Open(const std::string& path);
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+  ~Db();
+
+  // Runs one or more statements that take no parameters (schema, pragmas, BEGIN/COMMIT).
+  Status Exec(const std::string& sql);
+  Result<Statement> Prepare(std::string_view sql);
+  // Runs a one-row, one-column query ("PRAGMA user_version") and returns the value as text.
+  Result<std::string> QueryText(const std::string& sql);
+
+  // Rows changed by the last INSERT/UPDATE/DELETE, and the rowid of the last INSERT.
+  int64_t changes() const;
+  int64_t last_insert_rowid() const;
+  bool in_transaction() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_;
+  std::string path_;
+};
+
+// A write transaction (BEGIN IMMEDIATE: the write lock is taken up front, so two writers never
+// deadlock upgrading read locks). Rolled back on destruction unless Commit() succeeded.
+class Transaction {
+ public:
+  static Result<Transaction> Begin(Db& db);
+  Transaction(Transaction&& o) noexcept : db_(std::exchange(o.db_, nullptr)) {}
+  Transaction& operator=(Transaction&&) = delete;
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  ~Transaction();
+
+  Status Commit();
+
+ private:
+  explicit Transaction(Db* db) : db_(db) {}
+  Db* db_;  // null once committed or rolled back
+};
+
+// The Status for SQLite result code `rc` on connection `db` (which may be null): "`what`: <sqlite
+// message>" with the closest errno. Exposed for the store's own checks.
+Status SqliteStatus(sqlite3* db, int rc, const std::string& what);
+
+}  // namespace sbx::store

@@ -1,0 +1,134 @@
+#include "store/migrations.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+namespace sbx::store {
+namespace {
+
+// Version 1: the tables of issue 3. Enumerations (state, on_timeout) are checked in code, not
+// with CHECK constraints, so adding a state later needs no table rebuild; JSON columns are
+// checked here because their shape is the contract with every reader.
+constexpr char kV1[] = R"sql(
+CREATE TABLE sandboxes (
+  id            TEXT PRIMARY KEY NOT NULL,
+  template      TEXT NOT NULL DEFAULT '',
+  state         TEXT NOT NULL,
+  owner_key_id  TEXT NOT NULL DEFAULT '',
+  metadata      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(metadata) AND json_type(metadata) = 'object'),
+  env           TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(env) AND json_type(env) = 'object'),
+  limits        TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(limits) AND json_type(limits) = 'object'),
+  timeout_ms    INTEGER NOT NULL DEFAULT 0,
+  on_timeout    TEXT NOT NULL DEFAULT 'kill',
+  created_at    INTEGER NOT NULL,
+  updated_at    INTEGER NOT NULL,
+  expires_at    INTEGER NOT NULL DEFAULT 0,
+  ended_at      INTEGER NOT NULL DEFAULT 0,
+  init_pid      INTEGER NOT NULL DEFAULT 0,
+  agent_socket  TEXT NOT NULL DEFAULT '',
+  box_dir       TEXT NOT NULL DEFAULT '',
+  error         TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX sandboxes_by_created ON sandboxes (created_at DESC, id DESC);
+CREATE INDEX sandboxes_by_state ON sandboxes (state, created_at);
+CREATE INDEX sandboxes_by_owner ON sandboxes (owner_key_id, state);
+
+CREATE TABLE api_keys (
+  id                  TEXT PRIMARY KEY NOT NULL,
+  name                TEXT NOT NULL DEFAULT '',
+  hash                TEXT NOT NULL UNIQUE,
+  prefix              TEXT NOT NULL,
+  created_at          INTEGER NOT NULL,
+  revoked_at          INTEGER NOT NULL DEFAULT 0,
+  max_sandboxes       INTEGER NOT NULL DEFAULT 0,
+  creates_per_second  REAL NOT NULL DEFAULT 0
+);
+
+CREATE TABLE audit_events (
+  seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+  time        INTEGER NOT NULL,
+  sandbox_id  TEXT NOT NULL DEFAULT '',
+  key_id      TEXT NOT NULL DEFAULT '',
+  type        TEXT NOT NULL,
+  detail      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail) AND json_type(detail) = 'object')
+);
+CREATE INDEX audit_by_sandbox ON audit_events (sandbox_id, seq);
+CREATE INDEX audit_by_type ON audit_events (type, seq);
+CREATE INDEX audit_by_time ON audit_events (time);
+
+CREATE TABLE idempotency_keys (
+  key_id        TEXT NOT NULL,
+  idem_key      TEXT NOT NULL,
+  request_hash  TEXT NOT NULL,
+  sandbox_id    TEXT NOT NULL DEFAULT '',
+  created_at    INTEGER NOT NULL,
+  PRIMARY KEY (key_id, idem_key)
+) WITHOUT ROWID;
+CREATE INDEX idempotency_by_created ON idempotency_keys (created_at);
+
+CREATE TABLE templates (
+  name        TEXT PRIMARY KEY NOT NULL,
+  source      TEXT NOT NULL DEFAULT '',
+  layers      TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(layers) AND json_type(layers) = 'array'),
+  created_at  INTEGER NOT NULL
+);
+)sql";
+
+}  // namespace
+
+const std::vector<Migration>& Migrations() {
+  static const std::vector<Migration> kAll = {
+      {1, "sandboxes, api_keys, audit_events, idempotency_keys, templates", kV1},
+  };
+  return kAll;
+}
+
+int LatestSchemaVersion() { return Migrations().back().version; }
+
+namespace {
+
+Result<int> UserVersion(Db& db) {
+  Result<std::string> v = db.QueryText("PRAGMA user_version");
+  if (!v.ok()) return v.status();
+  return std::atoi(v->c_str());
+}
+
+Status TooNew(const Db& db, int version) {
+  return Status::Error("store " + db.path() + " has schema version " + std::to_string(version) +
+                           ", newer than this sbx understands (" +
+                           std::to_string(LatestSchemaVersion()) +
+                           "); run a newer sbx or use another data directory",
+                       ENOTSUP);
+}
+
+}  // namespace
+
+Result<int> Migrate(Db& db) {
+  Result<int> version = UserVersion(db);
+  if (!version.ok()) return version.status().Wrap("read schema version of " + db.path());
+  if (*version > LatestSchemaVersion()) return TooNew(db, *version);
+
+  for (const Migration& m : Migrations()) {
+    if (m.version <= *version) continue;
+    std::string what = "migrate " + db.path() + " to schema version " + std::to_string(m.version);
+    Result<Transaction> tx = Transaction::Begin(db);
+    if (!tx.ok()) return tx.status().Wrap(what);
+    // Another process may have migrated while we waited for the write lock.
+    Result<int> now = UserVersion(db);
+    if (!now.ok()) return now.status().Wrap(what);
+    if (*now > LatestSchemaVersion()) return TooNew(db, *now);
+    if (*now >= m.version) {
+      *version = *now;
+      continue;
+    }
+    SBX_RETURN_IF_ERROR(db.Exec(m.sql).Wrap(what));
+    // PRAGMA takes no parameters; the value is our own constant.
+    SBX_RETURN_IF_ERROR(db.Exec("PRAGMA user_version = " + std::to_string(m.version)).Wrap(what));
+    SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+    *version = m.version;
+  }
+  return *version;
+}
+
+}  // namespace sbx::store

@@ -1,0 +1,720 @@
+#include "store/store.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include "common/fs.h"
+#include "store/migrations.h"
+
+namespace sbx::store {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kSandboxColumns[] =
+    "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
+    "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error";
+constexpr char kApiKeyColumns[] =
+    "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second";
+constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
+constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
+constexpr char kTemplateColumns[] = "name, source, layers, created_at";
+
+Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
+
+// nlohmann::json::dump throws on strings that are not UTF-8; that becomes EINVAL here.
+Result<std::string> Dump(const json& j, const std::string& what) {
+  try {
+    return j.dump();
+  } catch (const json::exception& e) {
+    return Invalid(what + ": " + e.what());
+  }
+}
+
+Result<json> Parse(const std::string& text, const std::string& what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Error(what + ": stored JSON does not parse", EUCLEAN);
+  return j;
+}
+
+Result<std::map<std::string, std::string>> ParseStringMap(const std::string& text,
+                                                          const std::string& what) {
+  Result<json> j = Parse(text, what);
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) return Status::Error(what + ": stored JSON is not an object", EUCLEAN);
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : j->items()) {
+    if (!v.is_string())
+      return Status::Error(what + ": value of '" + k + "' is not a string", EUCLEAN);
+    out.emplace(k, v.get_ref<const std::string&>());
+  }
+  return out;
+}
+
+int64_t JsonInt(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<int64_t>() : 0;
+}
+
+double JsonDouble(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0;
+}
+
+std::string Hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+std::optional<std::string> Unhex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi << 4 | lo);
+  }
+  return out;
+}
+
+// Page tokens: hex("p1:<created_at>:<id>") of the last item returned. Opaque to clients, so the
+// format can change with the version tag.
+std::string EncodeCursor(const SandboxRecord& last) {
+  return Hex("p1:" + std::to_string(last.created_at) + ":" + last.id);
+}
+
+bool DecodeCursor(const std::string& token, int64_t* created_at, std::string* id) {
+  std::optional<std::string> raw = Unhex(token);
+  if (!raw || raw->rfind("p1:", 0) != 0) return false;
+  size_t colon = raw->find(':', 3);
+  if (colon == std::string::npos || colon == 3) return false;
+  std::string num = raw->substr(3, colon - 3);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(num.c_str(), &end, 10);
+  if (errno != 0 || end != num.c_str() + num.size()) return false;
+  *created_at = v;
+  *id = raw->substr(colon + 1);
+  return true;
+}
+
+// Appends " AND <column> IN (?, ?, ...)" for `values` and binds them later in order.
+void AppendIn(std::string* sql, const char* column, size_t n) {
+  *sql += " AND ";
+  *sql += column;
+  *sql += " IN (";
+  for (size_t i = 0; i < n; ++i) *sql += i == 0 ? "?" : ", ?";
+  *sql += ")";
+}
+
+Result<SandboxRecord> ReadSandbox(const Statement& st) {
+  SandboxRecord r;
+  r.id = st.ColumnText(0);
+  r.template_name = st.ColumnText(1);
+  r.state = st.ColumnText(2);
+  r.owner_key_id = st.ColumnText(3);
+  std::string what = "read sandbox " + r.id;
+  Result<std::map<std::string, std::string>> metadata =
+      ParseStringMap(st.ColumnText(4), what + " metadata");
+  if (!metadata.ok()) return metadata.status();
+  r.metadata = std::move(*metadata);
+  Result<std::map<std::string, std::string>> env = ParseStringMap(st.ColumnText(5), what + " env");
+  if (!env.ok()) return env.status();
+  r.env = std::move(*env);
+  Result<json> limits = Parse(st.ColumnText(6), what + " limits");
+  if (!limits.ok()) return limits.status();
+  if (limits->is_object()) {
+    r.limits.memory_bytes = JsonInt(*limits, "memory_bytes");
+    r.limits.cpus = JsonDouble(*limits, "cpus");
+    r.limits.cpu_weight = JsonInt(*limits, "cpu_weight");
+    r.limits.pids = JsonInt(*limits, "pids");
+    r.limits.disk_bytes = JsonInt(*limits, "disk_bytes");
+  }
+  r.timeout_ms = st.ColumnInt(7);
+  r.on_timeout = st.ColumnText(8);
+  r.created_at = st.ColumnInt(9);
+  r.updated_at = st.ColumnInt(10);
+  r.expires_at = st.ColumnInt(11);
+  r.ended_at = st.ColumnInt(12);
+  r.init_pid = st.ColumnInt(13);
+  r.agent_socket = st.ColumnText(14);
+  r.box_dir = st.ColumnText(15);
+  r.error = st.ColumnText(16);
+  return r;
+}
+
+Result<std::vector<SandboxRecord>> ReadSandboxes(Statement& st) {
+  std::vector<SandboxRecord> out;
+  for (;;) {
+    Result<bool> row = st.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return out;
+    Result<SandboxRecord> r = ReadSandbox(st);
+    if (!r.ok()) return r.status();
+    out.push_back(std::move(*r));
+  }
+}
+
+ApiKeyRecord ReadApiKey(const Statement& st) {
+  ApiKeyRecord k;
+  k.id = st.ColumnText(0);
+  k.name = st.ColumnText(1);
+  k.hash = st.ColumnText(2);
+  k.prefix = st.ColumnText(3);
+  k.created_at = st.ColumnInt(4);
+  k.revoked_at = st.ColumnInt(5);
+  k.max_sandboxes = st.ColumnInt(6);
+  k.creates_per_second = st.ColumnDouble(7);
+  return k;
+}
+
+Result<TemplateRecord> ReadTemplate(const Statement& st) {
+  TemplateRecord t;
+  t.name = st.ColumnText(0);
+  t.source = st.ColumnText(1);
+  Result<json> layers = Parse(st.ColumnText(2), "read template " + t.name + " layers");
+  if (!layers.ok()) return layers.status();
+  if (!layers->is_array())
+    return Status::Error("read template " + t.name + ": layers is not an array", EUCLEAN);
+  for (const json& l : *layers) {
+    if (l.is_string()) t.layers.push_back(l.get<std::string>());
+  }
+  t.created_at = st.ColumnInt(3);
+  return t;
+}
+
+}  // namespace
+
+bool IsValidState(std::string_view state) {
+  return state == kStateCreating || state == kStateRunning || state == kStatePaused ||
+         state == kStateKilled || state == kStateFailed;
+}
+
+bool IsLiveState(std::string_view state) {
+  return state == kStateCreating || state == kStateRunning || state == kStatePaused;
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr) != 1) {
+    std::abort();  // only fails if libcrypto is broken; never compare against a bogus hash
+  }
+  return Hex(std::string_view(reinterpret_cast<const char*>(digest), len));
+}
+
+// ---- Store ----
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    SBX_RETURN_IF_ERROR(MakeDirs(path.substr(0, slash), 0711).Wrap("open store " + path));
+  }
+  Result<std::unique_ptr<Db>> db = Db::Open(path);
+  if (!db.ok()) return db.status();
+  Result<int> version = Migrate(**db);
+  if (!version.ok()) return version.status();
+  return std::unique_ptr<Store>(new Store(std::move(*db), path, *version));
+}
+
+Status Store::CheckIntegrity() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::string> r = db_->QueryText("PRAGMA quick_check");
+  if (!r.ok()) return r.status().Wrap("check " + path_);
+  if (*r != "ok") return Status::Error("check " + path_ + ": " + *r, EUCLEAN);
+  return Status();
+}
+
+// ---- sandboxes ----
+
+Status Store::PutSandbox(const SandboxRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PutSandboxLocked(r);
+}
+
+Status Store::PutSandboxLocked(const SandboxRecord& r) {
+  std::string what = "put sandbox " + r.id;
+  if (r.id.empty()) return Invalid("put sandbox: empty id");
+  if (!IsValidState(r.state)) return Invalid(what + ": unknown state '" + r.state + "'");
+  if (r.on_timeout != kOnTimeoutKill && r.on_timeout != kOnTimeoutPause) {
+    return Invalid(what + ": on_timeout must be kill or pause, not '" + r.on_timeout + "'");
+  }
+  if (!std::isfinite(r.limits.cpus)) return Invalid(what + ": cpus is not a finite number");
+  Result<std::string> metadata = Dump(json(r.metadata), what + ": metadata");
+  if (!metadata.ok()) return metadata.status();
+  Result<std::string> env = Dump(json(r.env), what + ": env");
+  if (!env.ok()) return env.status();
+  json limits = {{"memory_bytes", r.limits.memory_bytes},
+                 {"cpus", r.limits.cpus},
+                 {"cpu_weight", r.limits.cpu_weight},
+                 {"pids", r.limits.pids},
+                 {"disk_bytes", r.limits.disk_bytes}};
+  int64_t now = NowMs();
+
+  Result<Statement> st = db_->Prepare(
+      std::string("INSERT INTO sandboxes (") + kSandboxColumns +
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+      " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
+      " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
+      " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
+      " on_timeout = excluded.on_timeout, created_at = excluded.created_at,"
+      " updated_at = excluded.updated_at, expires_at = excluded.expires_at,"
+      " ended_at = excluded.ended_at, init_pid = excluded.init_pid,"
+      " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, r.id)
+      .BindText(2, r.template_name)
+      .BindText(3, r.state)
+      .BindText(4, r.owner_key_id)
+      .BindText(5, *metadata)
+      .BindText(6, *env)
+      .BindText(7, limits.dump())
+      .BindInt(8, r.timeout_ms)
+      .BindText(9, r.on_timeout)
+      .BindInt(10, r.created_at != 0 ? r.created_at : now)
+      .BindInt(11, r.updated_at != 0 ? r.updated_at : now)
+      .BindInt(12, r.expires_at)
+      .BindInt(13, r.ended_at)
+      .BindInt(14, r.init_pid)
+      .BindText(15, r.agent_socket)
+      .BindText(16, r.box_dir)
+      .BindText(17, r.error);
+  return st->Run().Wrap(what);
+}
+
+Result<std::optional<SandboxRecord>> Store::GetSandbox(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GetSandboxLocked(id);
+}
+
+Result<std::optional<SandboxRecord>> Store::GetSandboxLocked(const std::string& id) {
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE id = ?1");
+  if (!st.ok()) return st.status();
+  st->BindText(1, id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("get sandbox " + id);
+  if (!*row) return std::optional<SandboxRecord>();
+  Result<SandboxRecord> r = ReadSandbox(*st);
+  if (!r.ok()) return r.status();
+  return std::optional<SandboxRecord>(std::move(*r));
+}
+
+Result<SandboxRecord> Store::UpdateSandbox(const std::string& id,
+                                           const std::function<Status(SandboxRecord&)>& change) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string what = "update sandbox " + id;
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<SandboxRecord>> current = GetSandboxLocked(id);
+  if (!current.ok()) return current.status();
+  if (!current->has_value()) return Status::Error(what + ": no such sandbox", ENOENT);
+  SandboxRecord r = std::move(**current);
+  SBX_RETURN_IF_ERROR(change(r));
+  if (r.id != id) return Invalid(what + ": the id of a sandbox cannot change");
+  r.updated_at = NowMs();
+  SBX_RETURN_IF_ERROR(PutSandboxLocked(r));
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  return r;
+}
+
+Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
+  int64_t cursor_created = 0;
+  std::string cursor_id;
+  if (!f.after.empty() && !DecodeCursor(f.after, &cursor_created, &cursor_id)) {
+    return Invalid("list sandboxes: malformed page token");
+  }
+  size_t limit = std::clamp<size_t>(f.limit == 0 ? 100 : f.limit, 1, 1000);
+
+  // Only fixed fragments go into the SQL text; every value is bound.
+  std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE 1";
+  if (!f.states.empty()) AppendIn(&sql, "state", f.states.size());
+  if (!f.owner_key_id.empty()) sql += " AND owner_key_id = ?";
+  // json_each decodes keys, so any key works (a JSON path cannot spell keys with quotes).
+  for (size_t i = 0; i < f.metadata.size(); ++i) {
+    sql +=
+        " AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"
+        " WHERE m.key = ? AND m.type = 'text' AND m.value = ?)";
+  }
+  if (!f.after.empty()) sql += " AND (created_at, id) < (?, ?)";
+  sql += " ORDER BY created_at DESC, id DESC LIMIT ?";
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(sql);
+  if (!st.ok()) return st.status().Wrap("list sandboxes");
+  int i = 1;
+  for (const std::string& s : f.states) st->BindText(i++, s);
+  if (!f.owner_key_id.empty()) st->BindText(i++, f.owner_key_id);
+  for (const auto& [k, v] : f.metadata) {
+    st->BindText(i++, k);
+    st->BindText(i++, v);
+  }
+  if (!f.after.empty()) {
+    st->BindInt(i++, cursor_created);
+    st->BindText(i++, cursor_id);
+  }
+  st->BindInt(i++, static_cast<int64_t>(limit) + 1);  // one extra row says whether more follow
+
+  Result<std::vector<SandboxRecord>> rows = ReadSandboxes(*st);
+  if (!rows.ok()) return rows.status().Wrap("list sandboxes");
+  SandboxPage page;
+  page.items = std::move(*rows);
+  if (page.items.size() > limit) {
+    page.items.resize(limit);
+    page.next = EncodeCursor(page.items.back());
+  }
+  return page;
+}
+
+Result<std::vector<SandboxRecord>> Store::ListLiveSandboxes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kSandboxColumns +
+                   " FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
+                   " ORDER BY created_at, id");
+  if (!st.ok()) return st.status().Wrap("list live sandboxes");
+  Result<std::vector<SandboxRecord>> rows = ReadSandboxes(*st);
+  if (!rows.ok()) return rows.status().Wrap("list live sandboxes");
+  return rows;
+}
+
+Status Store::DeleteSandbox(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM sandboxes WHERE id = ?1");
+  if (!st.ok()) return st.status();
+  st->BindText(1, id);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap("delete sandbox " + id));
+  if (db_->changes() == 0)
+    return Status::Error("delete sandbox " + id + ": no such sandbox", ENOENT);
+  return Status();
+}
+
+Result<int64_t> Store::CountSandboxes(const std::string& owner_key_id,
+                                      const std::vector<std::string>& states) {
+  std::string sql = "SELECT count(*) FROM sandboxes WHERE 1";
+  if (!owner_key_id.empty()) sql += " AND owner_key_id = ?";
+  if (!states.empty()) AppendIn(&sql, "state", states.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(sql);
+  if (!st.ok()) return st.status().Wrap("count sandboxes");
+  int i = 1;
+  if (!owner_key_id.empty()) st->BindText(i++, owner_key_id);
+  for (const std::string& s : states) st->BindText(i++, s);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("count sandboxes");
+  return st->ColumnInt(0);
+}
+
+// ---- API keys ----
+
+Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandboxes,
+                                      double creates_per_second) {
+  if (max_sandboxes < 0) return Invalid("create api key: max_sandboxes is negative");
+  if (!std::isfinite(creates_per_second) || creates_per_second < 0) {
+    return Invalid("create api key: creates_per_second must be a number >= 0");
+  }
+  NewApiKey k;
+  k.secret = "sbx_" + RandomId(40);  // 40 * log2(36) = 206 bits from getrandom
+  k.record.id = "key_" + RandomId(12);
+  k.record.name = name;
+  k.record.hash = Sha256Hex(k.secret);
+  k.record.prefix = k.secret.substr(0, 8);
+  k.record.created_at = NowMs();
+  k.record.max_sandboxes = max_sandboxes;
+  k.record.creates_per_second = creates_per_second;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7)");
+  if (!st.ok()) return st.status().Wrap("create api key");
+  st->BindText(1, k.record.id)
+      .BindText(2, k.record.name)
+      .BindText(3, k.record.hash)
+      .BindText(4, k.record.prefix)
+      .BindInt(5, k.record.created_at)
+      .BindInt(6, k.record.max_sandboxes)
+      .BindDouble(7, k.record.creates_per_second);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap("create api key " + k.record.id));
+  return k;
+}
+
+Result<std::optional<ApiKeyRecord>> Store::VerifyApiKey(const std::string& secret) {
+  // Secrets are 44 characters; anything far longer is not worth hashing.
+  if (secret.empty() || secret.size() > 256) return std::optional<ApiKeyRecord>();
+  std::string hash = Sha256Hex(secret);
+  std::lock_guard<std::mutex> lock(mu_);
+  // The index lookup by hash is not constant-time, but what it could leak is the hash of the
+  // presented secret, which says nothing about any stored secret. The final comparison is.
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kApiKeyColumns + " FROM api_keys WHERE hash = ?1");
+  if (!st.ok()) return st.status().Wrap("verify api key");
+  st->BindText(1, hash);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("verify api key");
+  if (!*row) return std::optional<ApiKeyRecord>();
+  ApiKeyRecord k = ReadApiKey(*st);
+  if (k.hash.size() != hash.size() || CRYPTO_memcmp(k.hash.data(), hash.data(), hash.size()) != 0 ||
+      !k.active()) {
+    return std::optional<ApiKeyRecord>();
+  }
+  return std::optional<ApiKeyRecord>(std::move(k));
+}
+
+Result<std::optional<ApiKeyRecord>> Store::GetApiKey(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kApiKeyColumns + " FROM api_keys WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap("get api key " + id);
+  st->BindText(1, id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("get api key " + id);
+  if (!*row) return std::optional<ApiKeyRecord>();
+  return std::optional<ApiKeyRecord>(ReadApiKey(*st));
+}
+
+Result<std::vector<ApiKeyRecord>> Store::ListApiKeys() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(std::string("SELECT ") + kApiKeyColumns +
+                                      " FROM api_keys ORDER BY created_at, id");
+  if (!st.ok()) return st.status().Wrap("list api keys");
+  std::vector<ApiKeyRecord> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list api keys");
+    if (!*row) return out;
+    out.push_back(ReadApiKey(*st));
+  }
+}
+
+Status Store::RevokeApiKey(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string what = "revoke api key " + id;
+  Result<Statement> st = db_->Prepare(
+      "UPDATE api_keys SET revoked_at = CASE WHEN revoked_at = 0 THEN ?2 ELSE revoked_at END"
+      " WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, id).BindInt(2, NowMs());
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  if (db_->changes() == 0) return Status::Error(what + ": no such key", ENOENT);
+  return Status();
+}
+
+// ---- audit log ----
+
+Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
+  if (e.type.empty()) return Invalid("append audit event: empty type");
+  json detail = e.detail.is_null() ? json::object() : e.detail;
+  if (!detail.is_object()) {
+    return Invalid("append audit event " + e.type + ": detail is not an object");
+  }
+  Result<std::string> text = Dump(detail, "append audit event " + e.type + ": detail");
+  if (!text.ok()) return text.status();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(
+      "INSERT INTO audit_events (time, sandbox_id, key_id, type, detail)"
+      " VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!st.ok()) return st.status().Wrap("append audit event");
+  st->BindInt(1, e.time != 0 ? e.time : NowMs())
+      .BindText(2, e.sandbox_id)
+      .BindText(3, e.key_id)
+      .BindText(4, e.type)
+      .BindText(5, *text);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap("append audit event " + e.type));
+  return db_->last_insert_rowid();
+}
+
+Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
+  size_t limit = std::clamp<size_t>(q.limit == 0 ? 100 : q.limit, 1, 10000);
+  std::string sql = std::string("SELECT ") + kAuditColumns + " FROM audit_events WHERE seq > ?";
+  if (!q.sandbox_id.empty()) sql += " AND sandbox_id = ?";
+  if (!q.type.empty()) sql += " AND type = ?";
+  if (q.since != 0) sql += " AND time >= ?";
+  if (q.until != 0) sql += " AND time < ?";
+  sql += " ORDER BY seq LIMIT ?";
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(sql);
+  if (!st.ok()) return st.status().Wrap("query audit events");
+  int i = 1;
+  st->BindInt(i++, q.after_seq);
+  if (!q.sandbox_id.empty()) st->BindText(i++, q.sandbox_id);
+  if (!q.type.empty()) st->BindText(i++, q.type);
+  if (q.since != 0) st->BindInt(i++, q.since);
+  if (q.until != 0) st->BindInt(i++, q.until);
+  st->BindInt(i++, static_cast<int64_t>(limit));
+
+  std::vector<AuditEvent> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("query audit events");
+    if (!*row) return out;
+    AuditEvent e;
+    e.seq = st->ColumnInt(0);
+    e.time = st->ColumnInt(1);
+    e.sandbox_id = st->ColumnText(2);
+    e.key_id = st->ColumnText(3);
+    e.type = st->ColumnText(4);
+    Result<json> detail = Parse(st->ColumnText(5), "audit event " + std::to_string(e.seq));
+    if (!detail.ok()) return detail.status();
+    e.detail = std::move(*detail);
+    out.push_back(std::move(e));
+  }
+}
+
+Result<int64_t> Store::PurgeAuditBefore(int64_t before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM audit_events WHERE time < ?1");
+  if (!st.ok()) return st.status().Wrap("purge audit events");
+  st->BindInt(1, before);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap("purge audit events"));
+  return db_->changes();
+}
+
+// ---- idempotency keys ----
+
+Result<std::optional<IdempotencyRecord>> Store::GetIdempotency(const std::string& key_id,
+                                                               const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(std::string("SELECT ") + kIdempotencyColumns +
+                                      " FROM idempotency_keys"
+                                      " WHERE key_id = ?1 AND idem_key = ?2 AND created_at >= ?3");
+  if (!st.ok()) return st.status().Wrap("get idempotency key");
+  st->BindText(1, key_id).BindText(2, key).BindInt(3, NowMs() - kIdempotencyTtlMs);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("get idempotency key");
+  if (!*row) return std::optional<IdempotencyRecord>();
+  IdempotencyRecord r;
+  r.key_id = st->ColumnText(0);
+  r.key = st->ColumnText(1);
+  r.request_hash = st->ColumnText(2);
+  r.sandbox_id = st->ColumnText(3);
+  r.created_at = st->ColumnInt(4);
+  return std::optional<IdempotencyRecord>(std::move(r));
+}
+
+Status Store::PutIdempotency(const IdempotencyRecord& r) {
+  if (r.key.empty()) return Invalid("put idempotency key: empty key");
+  std::string what = "put idempotency key '" + r.key + "' of " + r.key_id;
+  int64_t now = NowMs();
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  {
+    Result<Statement> purge = db_->Prepare("DELETE FROM idempotency_keys WHERE created_at < ?1");
+    if (!purge.ok()) return purge.status().Wrap(what);
+    purge->BindInt(1, now - kIdempotencyTtlMs);
+    SBX_RETURN_IF_ERROR(purge->Run().Wrap(what));
+  }
+  Result<Statement> st = db_->Prepare(std::string("INSERT INTO idempotency_keys (") +
+                                      kIdempotencyColumns + ") VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, r.key_id)
+      .BindText(2, r.key)
+      .BindText(3, r.request_hash)
+      .BindText(4, r.sandbox_id)
+      .BindInt(5, r.created_at != 0 ? r.created_at : now);
+  Status s = st->Run();
+  if (!s.ok()) {
+    if (s.err() == EEXIST) return Status::Error(what + ": already stored", EEXIST);
+    return s.Wrap(what);
+  }
+  return tx->Commit().Wrap(what);
+}
+
+Status Store::DeleteIdempotency(const std::string& key_id, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare("DELETE FROM idempotency_keys WHERE key_id = ?1 AND idem_key = ?2");
+  if (!st.ok()) return st.status().Wrap("delete idempotency key");
+  st->BindText(1, key_id).BindText(2, key);
+  return st->Run().Wrap("delete idempotency key '" + key + "' of " + key_id);
+}
+
+// ---- templates ----
+
+Status Store::PutTemplate(const TemplateRecord& t) {
+  std::string what = "put template " + t.name;
+  if (t.name.empty()) return Invalid("put template: empty name");
+  Result<std::string> layers = Dump(json(t.layers), what + ": layers");
+  if (!layers.ok()) return layers.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(
+      std::string("INSERT INTO templates (") + kTemplateColumns +
+      ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET source = excluded.source,"
+      " layers = excluded.layers, created_at = excluded.created_at");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, t.name)
+      .BindText(2, t.source)
+      .BindText(3, *layers)
+      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs());
+  return st->Run().Wrap(what);
+}
+
+Result<std::optional<TemplateRecord>> Store::GetTemplate(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kTemplateColumns + " FROM templates WHERE name = ?1");
+  if (!st.ok()) return st.status().Wrap("get template " + name);
+  st->BindText(1, name);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("get template " + name);
+  if (!*row) return std::optional<TemplateRecord>();
+  Result<TemplateRecord> t = ReadTemplate(*st);
+  if (!t.ok()) return t.status();
+  return std::optional<TemplateRecord>(std::move(*t));
+}
+
+Result<std::vector<TemplateRecord>> Store::ListTemplates() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kTemplateColumns + " FROM templates ORDER BY name");
+  if (!st.ok()) return st.status().Wrap("list templates");
+  std::vector<TemplateRecord> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list templates");
+    if (!*row) return out;
+    Result<TemplateRecord> t = ReadTemplate(*st);
+    if (!t.ok()) return t.status();
+    out.push_back(std::move(*t));
+  }
+}
+
+Status Store::DeleteTemplate(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM templates WHERE name = ?1");
+  if (!st.ok()) return st.status().Wrap("delete template " + name);
+  st->BindText(1, name);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap("delete template " + name));
+  if (db_->changes() == 0) {
+    return Status::Error("delete template " + name + ": no such template", ENOENT);
+  }
+  return Status();
+}
+
+}  // namespace sbx::store

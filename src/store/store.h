@@ -1,0 +1,236 @@
+// Store: everything sbx serve must remember across restarts and crashes, in one SQLite file
+// (<data dir>/sbx.db, WAL mode, 0600): sandboxes, API keys (hashed), the audit log, idempotency
+// keys and the template registry. The schema, its migrations and the meaning of every column are
+// in docs/store.md.
+//
+// Every method is one transaction, so each either happened completely or not at all, even if the
+// process is killed mid-call. Times are int64 milliseconds since the Unix epoch. Errors are
+// values: ENOENT for an unknown id, EEXIST for a duplicate, EINVAL for a malformed argument,
+// otherwise the SQLite failure mapped to an errno (see db.h).
+//
+// Thread-safety: a Store is safe to use from any number of threads. It owns a single SQLite
+// connection and every method holds `mu_` for its whole duration, so calls are serialized.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "store/db.h"
+
+namespace sbx::store {
+
+// The file name of the store inside the data directory.
+inline constexpr char kDbFileName[] = "sbx.db";
+
+// Sandbox states. creating, running and paused are "live": a box may exist on the host for them.
+inline constexpr char kStateCreating[] = "creating";
+inline constexpr char kStateRunning[] = "running";
+inline constexpr char kStatePaused[] = "paused";
+inline constexpr char kStateKilled[] = "killed";
+inline constexpr char kStateFailed[] = "failed";
+bool IsValidState(std::string_view state);
+bool IsLiveState(std::string_view state);
+
+// What happens when a sandbox's timeout passes.
+inline constexpr char kOnTimeoutKill[] = "kill";
+inline constexpr char kOnTimeoutPause[] = "pause";
+
+// Resource limits of a sandbox; 0 means "not limited" (or the runtime's default).
+struct SandboxLimits {
+  int64_t memory_bytes = 0;
+  double cpus = 0;  // CPU time as a number of CPUs (1.5 = 150% of one core)
+  int64_t cpu_weight = 0;
+  int64_t pids = 0;
+  int64_t disk_bytes = 0;
+};
+
+struct SandboxRecord {
+  std::string id;
+  std::string template_name;  // column `template`
+  std::string state;          // one of kState*
+  std::string owner_key_id;   // the API key that created it; "" for the daemon itself
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> env;
+  SandboxLimits limits;
+  int64_t timeout_ms = 0;
+  std::string on_timeout = kOnTimeoutKill;  // kOnTimeoutKill or kOnTimeoutPause
+  int64_t created_at = 0;                   // PutSandbox sets it to now when 0
+  int64_t updated_at = 0;                   // PutSandbox sets it to now when 0
+  int64_t expires_at = 0;                   // when the timeout fires; 0 = never
+  int64_t ended_at = 0;                     // when it was killed or failed; 0 = not yet
+  int64_t init_pid = 0;                     // host pid of the box's sbx-agent
+  std::string agent_socket;
+  std::string box_dir;
+  std::string error;  // why it failed, for state = failed
+};
+
+struct SandboxFilter {
+  std::vector<std::string> states;                            // any of these; empty = every state
+  std::string owner_key_id;                                   // empty = every owner
+  std::vector<std::pair<std::string, std::string>> metadata;  // all must match exactly
+  size_t limit = 100;                                         // clamped to 1..1000
+  std::string after;  // the `next` token of the previous page; empty = first page
+};
+
+struct SandboxPage {
+  std::vector<SandboxRecord> items;  // newest first (created_at, then id, descending)
+  std::string next;                  // opaque; empty when this is the last page
+};
+
+struct ApiKeyRecord {
+  std::string id;      // "key_" + 12 random [a-z0-9]
+  std::string name;    // for people
+  std::string hash;    // SHA-256 of the secret, lowercase hex
+  std::string prefix;  // the secret's first 8 characters ("sbx_abcd"), to recognise it
+  int64_t created_at = 0;
+  int64_t revoked_at = 0;         // 0 = active
+  int64_t max_sandboxes = 0;      // concurrent live sandboxes; 0 = unlimited
+  double creates_per_second = 0;  // 0 = unlimited
+  bool active() const { return revoked_at == 0; }
+};
+
+struct NewApiKey {
+  ApiKeyRecord record;
+  std::string secret;  // "sbx_" + 40 random [a-z0-9]; shown once, never stored
+};
+
+struct AuditEvent {
+  int64_t seq = 0;         // assigned by AppendAudit; increases, never reused
+  int64_t time = 0;        // AppendAudit sets it to now when 0
+  std::string sandbox_id;  // may be empty (auth.denied, key events)
+  std::string key_id;      // the API key that caused it; may be empty
+  std::string type;        // "sandbox.create", "command.exit", "auth.denied"...
+  nlohmann::json detail = nlohmann::json::object();  // a JSON object (null counts as {})
+};
+
+struct AuditQuery {
+  std::string sandbox_id;  // empty = any
+  std::string type;        // empty = any
+  int64_t since = 0;       // time >= since; 0 = no bound
+  int64_t until = 0;       // time < until; 0 = no bound
+  int64_t after_seq = 0;   // seq > after_seq: pass the last seq seen to get the next page
+  size_t limit = 100;      // clamped to 1..10000
+};
+
+struct IdempotencyRecord {
+  std::string key_id;        // the API key that sent the request
+  std::string key;           // the Idempotency-Key header (column idem_key)
+  std::string request_hash;  // of the request body, to tell a retry from a different request
+  std::string sandbox_id;    // the sandbox the first request created
+  int64_t created_at = 0;    // PutIdempotency sets it to now when 0
+};
+
+struct TemplateRecord {
+  std::string name;
+  std::string source;               // what the user asked for ("host", a path, an image)
+  std::vector<std::string> layers;  // resolved layer directories, topmost first
+  int64_t created_at = 0;           // PutTemplate sets it to now when 0
+};
+
+// How long an idempotency key is remembered.
+inline constexpr int64_t kIdempotencyTtlMs = int64_t{24} * 60 * 60 * 1000;
+
+class Store {
+ public:
+  // Opens the store at `path` (normally <data dir>/sbx.db), creating the file (0600) and any
+  // missing parent directory (0711) and applying pending migrations. Fails with ENOTSUP if the
+  // file was written by a newer sbx.
+  static Result<std::unique_ptr<Store>> Open(const std::string& path);
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& path() const { return path_; }
+  // The schema version of the open database (== LatestSchemaVersion() after Open).
+  int schema_version() const { return schema_version_; }
+  // PRAGMA quick_check: "ok" or the first problems SQLite finds. Cost grows with the file size.
+  Status CheckIntegrity();
+
+  // ---- sandboxes ----
+  // Inserts `r` or replaces the record with the same id. EINVAL for an unknown state or
+  // on_timeout, an empty id, or strings that are not valid UTF-8 in metadata/env.
+  Status PutSandbox(const SandboxRecord& r);
+  Result<std::optional<SandboxRecord>> GetSandbox(const std::string& id);
+  // Reads, changes and writes back one record atomically: `change` runs under the store's lock
+  // with the current record (it must not call the Store). If it returns an error nothing is
+  // written and that error is returned. updated_at is set to now. ENOENT for an unknown id.
+  Result<SandboxRecord> UpdateSandbox(const std::string& id,
+                                      const std::function<Status(SandboxRecord&)>& change);
+  // Newest first with a cursor that stays correct while sandboxes are created between pages.
+  // EINVAL for a malformed `after` token.
+  Result<SandboxPage> ListSandboxes(const SandboxFilter& f);
+  // Every sandbox in a live state (creating, running, paused), oldest first: for reconciliation
+  // after a restart and for the TTL scanner.
+  Result<std::vector<SandboxRecord>> ListLiveSandboxes();
+  // ENOENT if there is no such sandbox.
+  Status DeleteSandbox(const std::string& id);
+  // Sandboxes of `owner_key_id` ("" = every owner) in any of `states` (empty = every state).
+  Result<int64_t> CountSandboxes(const std::string& owner_key_id,
+                                 const std::vector<std::string>& states);
+
+  // ---- API keys ----
+  // Generates a key with a fresh secret. The secret is in the result only; the store keeps its
+  // hash. EINVAL for negative quotas.
+  Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
+                                 double creates_per_second);
+  // The key whose secret this is, if it exists and is not revoked; nullopt otherwise.
+  Result<std::optional<ApiKeyRecord>> VerifyApiKey(const std::string& secret);
+  Result<std::optional<ApiKeyRecord>> GetApiKey(const std::string& id);
+  // Every key, revoked ones included, oldest first.
+  Result<std::vector<ApiKeyRecord>> ListApiKeys();
+  // Revokes a key for good (revoking twice keeps the first time). ENOENT for an unknown id.
+  Status RevokeApiKey(const std::string& id);
+
+  // ---- audit log ----
+  // Appends `e` and returns its seq. EINVAL if `type` is empty or `detail` is not an object.
+  Result<int64_t> AppendAudit(const AuditEvent& e);
+  // Matching events in seq order, at most q.limit of them.
+  Result<std::vector<AuditEvent>> QueryAudit(const AuditQuery& q);
+  // Deletes events older than `before` (ms); returns how many. Seqs are never reused.
+  Result<int64_t> PurgeAuditBefore(int64_t before);
+
+  // ---- idempotency keys ----
+  // The record for (key_id, key) if one was stored in the last 24 hours.
+  Result<std::optional<IdempotencyRecord>> GetIdempotency(const std::string& key_id,
+                                                          const std::string& key);
+  // Stores `r`, first forgetting records older than 24 hours. EEXIST if (key_id, key) is
+  // already stored: the caller lost a race with an earlier request and should read that one.
+  Status PutIdempotency(const IdempotencyRecord& r);
+  // Forgets (key_id, key), e.g. when the create it guarded failed. Missing is fine.
+  Status DeleteIdempotency(const std::string& key_id, const std::string& key);
+
+  // ---- templates ----
+  Status PutTemplate(const TemplateRecord& t);  // insert or replace
+  Result<std::optional<TemplateRecord>> GetTemplate(const std::string& name);
+  Result<std::vector<TemplateRecord>> ListTemplates();  // by name
+  Status DeleteTemplate(const std::string& name);       // ENOENT if missing
+
+ private:
+  Store(std::unique_ptr<Db> db, std::string path, int version)
+      : path_(std::move(path)), schema_version_(version), db_(std::move(db)) {}
+
+  Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id);
+  Status PutSandboxLocked(const SandboxRecord& r);
+
+  const std::string path_;
+  const int schema_version_;
+  std::mutex mu_;
+  std::unique_ptr<Db> db_;  // guarded by mu_
+};
+
+// Milliseconds since the Unix epoch, from the system clock.
+int64_t NowMs();
+// SHA-256 of `data` as lowercase hex (used for key secrets; callers may use it for request
+// hashes of idempotent creates).
+std::string Sha256Hex(std::string_view data);
+
+}  // namespace sbx::store

@@ -1,0 +1,748 @@
+#include "store/store.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "common/fd.h"
+#include "common/fs.h"
+#include "store/migrations.h"
+
+namespace sbx::store {
+namespace {
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-store-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/data/" + kDbFileName;
+  }
+  void TearDown() override { (void)RemoveTree(dir_); }
+
+  std::unique_ptr<Store> OpenStore() {
+    Result<std::unique_ptr<Store>> s = Store::Open(path_);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  static SandboxRecord Sandbox(const std::string& id, int64_t created_at = 0,
+                               const std::string& state = kStateRunning) {
+    SandboxRecord r;
+    r.id = id;
+    r.template_name = "host";
+    r.state = state;
+    r.created_at = created_at;
+    return r;
+  }
+
+  static std::vector<std::string> Ids(const std::vector<SandboxRecord>& v) {
+    std::vector<std::string> out;
+    out.reserve(v.size());
+    for (const auto& r : v) out.push_back(r.id);
+    return out;
+  }
+
+  // Reads a pragma through a plain sqlite3 connection, independent of Db's own configuration.
+  std::string RawPragma(const std::string& pragma) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    std::string out;
+    if (sqlite3_prepare_v2(db, ("PRAGMA " + pragma).c_str(), -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+      out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return out;
+  }
+
+  std::string dir_;
+  std::string path_;
+};
+
+int Mode(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+// ---- open, migrations ----
+
+TEST_F(StoreTest, OpenCreatesPrivateWalDatabase) {
+  mode_t old = ::umask(0);  // the modes must not depend on the umask
+  auto store = OpenStore();
+  ::umask(old);
+  ASSERT_TRUE(store);
+  EXPECT_EQ(Mode(path_), 0600);
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1")).ok());
+  EXPECT_EQ(Mode(path_ + "-wal"), 0600);
+  EXPECT_EQ(Mode(path_ + "-shm"), 0600);
+  EXPECT_EQ(RawPragma("journal_mode"), "wal");
+  EXPECT_EQ(RawPragma("user_version"), std::to_string(LatestSchemaVersion()));
+  EXPECT_EQ(store->schema_version(), LatestSchemaVersion());
+  EXPECT_TRUE(store->CheckIntegrity().ok());
+}
+
+TEST_F(StoreTest, OpenTightensLooseModes) {
+  ASSERT_TRUE(MakeDirs(dir_ + "/data").ok());
+  ASSERT_TRUE(WriteFile(path_, "", 0644).ok());
+  ASSERT_EQ(::chmod(path_.c_str(), 0644), 0);
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  EXPECT_EQ(Mode(path_), 0600);
+}
+
+TEST_F(StoreTest, ReopenIsIdempotent) {
+  {
+    auto store = OpenStore();
+    ASSERT_TRUE(store);
+    ASSERT_TRUE(store->PutSandbox(Sandbox("keep")).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto store = OpenStore();
+    ASSERT_TRUE(store);
+    EXPECT_EQ(store->schema_version(), LatestSchemaVersion());
+    auto got = store->GetSandbox("keep");
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(got->has_value());
+  }
+}
+
+TEST_F(StoreTest, MigrationsAreOrderedAndComplete) {
+  const auto& all = Migrations();
+  ASSERT_FALSE(all.empty());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].version, static_cast<int>(i) + 1);
+}
+
+TEST_F(StoreTest, RefusesNewerSchema) {
+  { ASSERT_TRUE(OpenStore()); }
+  {
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 99").ok());
+  }
+  Result<std::unique_ptr<Store>> s = Store::Open(path_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().err(), ENOTSUP);
+  EXPECT_NE(s.status().message().find("schema version 99"), std::string::npos)
+      << s.status().message();
+  EXPECT_NE(s.status().message().find("newer"), std::string::npos);
+  EXPECT_EQ(RawPragma("user_version"), "99");  // left untouched
+}
+
+// ---- sandboxes ----
+
+TEST_F(StoreTest, SandboxRoundTrip) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  SandboxRecord r = Sandbox("sb_rt", 1234);
+  r.owner_key_id = "key_abc";
+  r.metadata = {{"user", "ann"}, {"unicode", "ключ ✓"}};
+  r.env = {{"PATH", "/usr/bin"}, {"EMPTY", ""}};
+  r.limits = {.memory_bytes = 512 << 20,
+              .cpus = 1.5,
+              .cpu_weight = 100,
+              .pids = 64,
+              .disk_bytes = int64_t{1} << 30};
+  r.timeout_ms = 300000;
+  r.on_timeout = kOnTimeoutPause;
+  r.updated_at = 1300;
+  r.expires_at = 301234;
+  r.init_pid = 4242;
+  r.agent_socket = "/var/lib/sbx/run/x/agent.sock";
+  r.box_dir = "/var/lib/sbx/run/x";
+  r.error = "";
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  auto got = store->GetSandbox("sb_rt");
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  ASSERT_TRUE(got->has_value());
+  const SandboxRecord& g = **got;
+  EXPECT_EQ(g.template_name, "host");
+  EXPECT_EQ(g.state, kStateRunning);
+  EXPECT_EQ(g.owner_key_id, "key_abc");
+  EXPECT_EQ(g.metadata, r.metadata);
+  EXPECT_EQ(g.env, r.env);
+  EXPECT_EQ(g.limits.memory_bytes, 512 << 20);
+  EXPECT_EQ(g.limits.cpus, 1.5);
+  EXPECT_EQ(g.limits.cpu_weight, 100);
+  EXPECT_EQ(g.limits.pids, 64);
+  EXPECT_EQ(g.limits.disk_bytes, int64_t{1} << 30);
+  EXPECT_EQ(g.timeout_ms, 300000);
+  EXPECT_EQ(g.on_timeout, kOnTimeoutPause);
+  EXPECT_EQ(g.created_at, 1234);
+  EXPECT_EQ(g.updated_at, 1300);
+  EXPECT_EQ(g.expires_at, 301234);
+  EXPECT_EQ(g.init_pid, 4242);
+  EXPECT_EQ(g.agent_socket, r.agent_socket);
+  EXPECT_EQ(g.box_dir, r.box_dir);
+
+  // Replace.
+  r.state = kStateFailed;
+  r.error = "agent did not start";
+  r.ended_at = 2000;
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  got = store->GetSandbox("sb_rt");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->state, kStateFailed);
+  EXPECT_EQ((*got)->error, "agent did not start");
+  EXPECT_EQ((*got)->ended_at, 2000);
+
+  auto missing = store->GetSandbox("nope");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+
+  ASSERT_TRUE(store->DeleteSandbox("sb_rt").ok());
+  EXPECT_EQ(store->DeleteSandbox("sb_rt").err(), ENOENT);
+  EXPECT_FALSE(store->GetSandbox("sb_rt")->has_value());
+}
+
+TEST_F(StoreTest, PutSandboxValidates) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->PutSandbox(Sandbox("")).err(), EINVAL);
+  EXPECT_EQ(store->PutSandbox(Sandbox("x", 0, "zombie")).err(), EINVAL);
+  SandboxRecord r = Sandbox("x");
+  r.on_timeout = "explode";
+  EXPECT_EQ(store->PutSandbox(r).err(), EINVAL);
+  r = Sandbox("x");
+  r.metadata["bad"] = std::string("\xff\xfe", 2);  // not UTF-8
+  Status s = store->PutSandbox(r);
+  EXPECT_EQ(s.err(), EINVAL) << s.message();
+  // Defaults stamped.
+  ASSERT_TRUE(store->PutSandbox(Sandbox("x")).ok());
+  auto got = store->GetSandbox("x");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_GT((*got)->created_at, 0);
+  EXPECT_GT((*got)->updated_at, 0);
+}
+
+TEST_F(StoreTest, UpdateSandboxIsReadModifyWrite) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->PutSandbox(Sandbox("u", 10)).ok());
+  auto r = store->UpdateSandbox("u", [](SandboxRecord& rec) {
+    rec.state = kStatePaused;
+    return Status();
+  });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->state, kStatePaused);
+  EXPECT_EQ((*store->GetSandbox("u"))->state, kStatePaused);
+  // A failing change writes nothing.
+  auto fail = store->UpdateSandbox("u", [](SandboxRecord& rec) {
+    rec.state = kStateKilled;
+    return Status::Error("not now", EAGAIN);
+  });
+  EXPECT_EQ(fail.status().err(), EAGAIN);
+  EXPECT_EQ((*store->GetSandbox("u"))->state, kStatePaused);
+  EXPECT_EQ(store->UpdateSandbox("ghost", [](SandboxRecord&) { return Status(); }).status().err(),
+            ENOENT);
+}
+
+TEST_F(StoreTest, ListFiltersByStateOwnerAndCounts) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  const char* states[] = {kStateCreating, kStateRunning, kStatePaused, kStateKilled, kStateFailed};
+  for (int i = 0; i < 10; ++i) {
+    SandboxRecord r = Sandbox("s" + std::to_string(i), 100 + i, states[i % 5]);
+    r.owner_key_id = i < 6 ? "key_a" : "key_b";
+    ASSERT_TRUE(store->PutSandbox(r).ok());
+  }
+  SandboxFilter f;
+  f.states = {kStateRunning};
+  auto page = store->ListSandboxes(f);
+  ASSERT_TRUE(page.ok()) << page.status().message();
+  EXPECT_EQ(Ids(page->items), (std::vector<std::string>{"s6", "s1"}));
+  EXPECT_TRUE(page->next.empty());
+
+  f.states = {kStateRunning, kStatePaused};
+  f.owner_key_id = "key_a";
+  page = store->ListSandboxes(f);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(Ids(page->items), (std::vector<std::string>{"s2", "s1"}));
+
+  auto live = store->ListLiveSandboxes();
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(Ids(*live), (std::vector<std::string>{"s0", "s1", "s2", "s5", "s6", "s7"}));
+
+  EXPECT_EQ(*store->CountSandboxes("", {}), 10);
+  EXPECT_EQ(*store->CountSandboxes("key_a", {}), 6);
+  EXPECT_EQ(*store->CountSandboxes("key_a", {kStateCreating, kStateRunning, kStatePaused}), 4);
+  EXPECT_EQ(*store->CountSandboxes("key_b", {kStateKilled}), 1);
+  EXPECT_EQ(*store->CountSandboxes("key_zzz", {}), 0);
+}
+
+TEST_F(StoreTest, MetadataFilterHandlesAwkwardKeys) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  const std::vector<std::pair<std::string, std::string>> awkward = {
+      {"a.b", "dot"},
+      {"say \"hi\"", "quote"},
+      {"with space", "space"},
+      {"$.x", "dollar"},
+      {"back\\slash", "back\\slash"},
+      {"it's", "apostrophe'"},
+      {"ключ", "значение"},
+      {"[0]", "bracket"},
+  };
+  for (size_t i = 0; i < awkward.size(); ++i) {
+    SandboxRecord r = Sandbox("m" + std::to_string(i), 100 + static_cast<int64_t>(i));
+    r.metadata = {{awkward[i].first, awkward[i].second}, {"team", i % 2 ? "odd" : "even"}};
+    ASSERT_TRUE(store->PutSandbox(r).ok());
+  }
+  for (size_t i = 0; i < awkward.size(); ++i) {
+    SandboxFilter f;
+    f.metadata = {awkward[i]};
+    auto page = store->ListSandboxes(f);
+    ASSERT_TRUE(page.ok()) << page.status().message();
+    EXPECT_EQ(Ids(page->items), std::vector<std::string>{"m" + std::to_string(i)})
+        << "key " << awkward[i].first;
+    f.metadata = {{awkward[i].first, awkward[i].second + "x"}};
+    EXPECT_TRUE(store->ListSandboxes(f)->items.empty()) << "key " << awkward[i].first;
+  }
+  // Several pairs: all must match.
+  SandboxFilter f;
+  f.metadata = {{"team", "odd"}, {"say \"hi\"", "quote"}};
+  EXPECT_EQ(Ids(store->ListSandboxes(f)->items), std::vector<std::string>{"m1"});
+  f.metadata = {{"team", "even"}, {"say \"hi\"", "quote"}};
+  EXPECT_TRUE(store->ListSandboxes(f)->items.empty());
+  f.metadata = {{"team", "odd"}};
+  EXPECT_EQ(store->ListSandboxes(f)->items.size(), awkward.size() / 2);
+  // Input is data, never SQL.
+  f.metadata = {{"x' OR 1=1 --", "y"}, {"\") OR 1=1 --", "') OR ('1'='1"}};
+  auto page = store->ListSandboxes(f);
+  ASSERT_TRUE(page.ok()) << page.status().message();
+  EXPECT_TRUE(page->items.empty());
+}
+
+TEST_F(StoreTest, PaginationIsStableWhileRowsArrive) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  // 25 sandboxes, two per millisecond so ties are broken by id.
+  std::set<std::string> original;
+  for (int i = 0; i < 25; ++i) {
+    std::string id = "p" + std::string(i < 10 ? "0" : "") + std::to_string(i);
+    ASSERT_TRUE(store->PutSandbox(Sandbox(id, 1000 + i / 2)).ok());
+    original.insert(id);
+  }
+  SandboxFilter f;
+  f.limit = 10;
+  std::vector<std::string> seen;
+  std::vector<size_t> sizes;
+  int64_t later = 5000;
+  for (int page_no = 0; page_no < 10; ++page_no) {
+    auto page = store->ListSandboxes(f);
+    ASSERT_TRUE(page.ok()) << page.status().message();
+    sizes.push_back(page->items.size());
+    for (const auto& r : page->items) seen.push_back(r.id);
+    if (page->next.empty()) break;
+    // New sandboxes arrive between pages; they are newer than the cursor.
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_TRUE(store->PutSandbox(Sandbox("new" + std::to_string(later), later)).ok());
+      ++later;
+    }
+    f.after = page->next;
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{10, 10, 5}));
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()), original);
+  EXPECT_EQ(seen.size(), original.size());  // no duplicates
+  // Newest first, ties by id descending.
+  EXPECT_EQ(seen.front(), "p24");
+  EXPECT_EQ(seen[1], "p23");
+  EXPECT_EQ(seen[2], "p22");
+  EXPECT_EQ(seen.back(), "p00");
+
+  SandboxFilter bad;
+  bad.after = "not-a-token";
+  EXPECT_EQ(store->ListSandboxes(bad).status().err(), EINVAL);
+  bad.after = "7031";  // valid hex, wrong content
+  EXPECT_EQ(store->ListSandboxes(bad).status().err(), EINVAL);
+}
+
+TEST_F(StoreTest, PageOfExactlyLimitHasNoNext) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(store->PutSandbox(Sandbox("e" + std::to_string(i), i + 1)).ok());
+  SandboxFilter f;
+  f.limit = 4;
+  auto page = store->ListSandboxes(f);
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->items.size(), 4u);
+  EXPECT_TRUE(page->next.empty());
+}
+
+// ---- API keys ----
+
+TEST_F(StoreTest, ApiKeysVerifyByHashAndRevoke) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto k = store->CreateApiKey("laptop", 5, 2.5);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  EXPECT_TRUE(std::regex_match(k->secret, std::regex("sbx_[a-z0-9]{40}"))) << k->secret;
+  EXPECT_TRUE(std::regex_match(k->record.id, std::regex("key_[a-z0-9]{12}"))) << k->record.id;
+  EXPECT_EQ(k->record.prefix, k->secret.substr(0, 8));
+  EXPECT_NE(k->record.hash, k->secret);
+  EXPECT_EQ(k->record.hash, Sha256Hex(k->secret));
+  EXPECT_EQ(k->record.hash.size(), 64u);
+
+  auto v = store->VerifyApiKey(k->secret);
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE(v->has_value());
+  EXPECT_EQ((*v)->id, k->record.id);
+  EXPECT_EQ((*v)->name, "laptop");
+  EXPECT_EQ((*v)->max_sandboxes, 5);
+  EXPECT_EQ((*v)->creates_per_second, 2.5);
+
+  std::string wrong = k->secret;
+  wrong.back() = wrong.back() == 'a' ? 'b' : 'a';
+  EXPECT_FALSE(store->VerifyApiKey(wrong)->has_value());
+  EXPECT_FALSE(store->VerifyApiKey("")->has_value());
+  EXPECT_FALSE(store->VerifyApiKey(k->record.hash)->has_value());  // the hash is not a secret
+  EXPECT_FALSE(store->VerifyApiKey(std::string(100000, 'x'))->has_value());
+
+  auto other = store->CreateApiKey("ci", 0, 0);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->secret, k->secret);
+  ASSERT_TRUE(store->RevokeApiKey(k->record.id).ok());
+  EXPECT_FALSE(store->VerifyApiKey(k->secret)->has_value());
+  EXPECT_TRUE(store->VerifyApiKey(other->secret)->has_value());
+  int64_t revoked_at = (*store->GetApiKey(k->record.id))->revoked_at;
+  EXPECT_GT(revoked_at, 0);
+  ASSERT_TRUE(store->RevokeApiKey(k->record.id).ok());  // twice is fine, time kept
+  EXPECT_EQ((*store->GetApiKey(k->record.id))->revoked_at, revoked_at);
+  EXPECT_EQ(store->RevokeApiKey("key_nope").err(), ENOENT);
+
+  auto list = store->ListApiKeys();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_FALSE((*list)[0].active() && (*list)[1].active());
+
+  EXPECT_EQ(store->CreateApiKey("x", -1, 0).status().err(), EINVAL);
+  EXPECT_EQ(store->CreateApiKey("x", 0, -1).status().err(), EINVAL);
+
+  // The secret is nowhere on disk.
+  std::string secret = other->secret;
+  store.reset();
+  for (const char* suffix : {"", "-wal"}) {
+    Result<std::string> bytes = ReadFile(path_ + suffix);
+    if (!bytes.ok()) continue;
+    EXPECT_EQ(bytes->find(secret), std::string::npos) << suffix;
+    EXPECT_EQ(bytes->find(secret.substr(4)), std::string::npos) << suffix;
+  }
+}
+
+// ---- audit ----
+
+TEST_F(StoreTest, AuditAppendAndQuery) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  std::vector<int64_t> seqs;
+  for (int i = 0; i < 20; ++i) {
+    AuditEvent e;
+    e.time = 1000 + i * 10;
+    e.sandbox_id = i % 2 ? "sb_odd" : "sb_even";
+    e.key_id = "key_a";
+    e.type = i % 4 == 0 ? "sandbox.create" : "command.start";
+    e.detail = {{"i", i}, {"cmd", "echo \"x\""}};
+    auto seq = store->AppendAudit(e);
+    ASSERT_TRUE(seq.ok()) << seq.status().message();
+    if (!seqs.empty()) {
+      EXPECT_GT(*seq, seqs.back());
+    }
+    seqs.push_back(*seq);
+  }
+  AuditEvent now_event;
+  now_event.type = "auth.denied";
+  now_event.detail = nullptr;  // counts as {}
+  auto now_seq = store->AppendAudit(now_event);
+  ASSERT_TRUE(now_seq.ok());
+
+  AuditQuery q;
+  q.sandbox_id = "sb_odd";
+  auto r = store->QueryAudit(q);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 10u);
+  for (const auto& e : *r) EXPECT_EQ(e.sandbox_id, "sb_odd");
+  EXPECT_EQ((*r)[0].detail["i"], 1);
+  EXPECT_EQ((*r)[0].detail["cmd"], "echo \"x\"");
+  EXPECT_EQ((*r)[0].key_id, "key_a");
+
+  q = {};
+  q.type = "sandbox.create";
+  r = store->QueryAudit(q);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 5u);
+
+  q = {};
+  q.since = 1050;
+  q.until = 1100;  // i = 5..9
+  r = store->QueryAudit(q);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 5u);
+  EXPECT_EQ(r->front().time, 1050);
+  EXPECT_EQ(r->back().time, 1090);
+
+  // Paging with after_seq + limit.
+  q = {};
+  q.type = "command.start";
+  q.limit = 4;
+  std::vector<int64_t> paged;
+  for (;;) {
+    r = store->QueryAudit(q);
+    ASSERT_TRUE(r.ok());
+    if (r->empty()) break;
+    EXPECT_LE(r->size(), 4u);
+    for (const auto& e : *r) paged.push_back(e.seq);
+    q.after_seq = r->back().seq;
+  }
+  EXPECT_EQ(paged.size(), 15u);
+  EXPECT_TRUE(std::is_sorted(paged.begin(), paged.end()));
+
+  q = {};
+  q.type = "auth.denied";
+  r = store->QueryAudit(q);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_GT(r->front().time, 1000000000000);  // stamped with now
+  EXPECT_TRUE(r->front().detail.is_object());
+  EXPECT_EQ(r->front().seq, *now_seq);
+
+  AuditEvent bad;
+  bad.type = "x";
+  bad.detail = nlohmann::json::array({1, 2});
+  EXPECT_EQ(store->AppendAudit(bad).status().err(), EINVAL);
+  bad = {};
+  EXPECT_EQ(store->AppendAudit(bad).status().err(), EINVAL);  // no type
+
+  // Purging keeps seqs increasing.
+  auto purged = store->PurgeAuditBefore(1100);
+  ASSERT_TRUE(purged.ok());
+  EXPECT_EQ(*purged, 10);
+  AuditEvent after;
+  after.type = "sandbox.kill";
+  auto next = store->AppendAudit(after);
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(*next, *now_seq);
+}
+
+// ---- idempotency ----
+
+TEST_F(StoreTest, IdempotencyKeys) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  IdempotencyRecord r{.key_id = "key_a", .key = "req-1", .request_hash = "h1", .sandbox_id = "sb1"};
+  ASSERT_TRUE(store->PutIdempotency(r).ok());
+  auto got = store->GetIdempotency("key_a", "req-1");
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->sandbox_id, "sb1");
+  EXPECT_EQ((*got)->request_hash, "h1");
+  EXPECT_GT((*got)->created_at, 0);
+
+  IdempotencyRecord dup = r;
+  dup.sandbox_id = "sb2";
+  Status s = store->PutIdempotency(dup);
+  EXPECT_EQ(s.err(), EEXIST) << s.message();
+  EXPECT_EQ((*store->GetIdempotency("key_a", "req-1"))->sandbox_id, "sb1");
+
+  // Keys are per API key.
+  EXPECT_FALSE(store->GetIdempotency("key_b", "req-1")->has_value());
+  IdempotencyRecord other = r;
+  other.key_id = "key_b";
+  EXPECT_TRUE(store->PutIdempotency(other).ok());
+
+  // Older than 24 h: invisible, and purged by the next insert so the key can be reused.
+  IdempotencyRecord old{.key_id = "key_a",
+                        .key = "req-old",
+                        .request_hash = "h0",
+                        .sandbox_id = "sb0",
+                        .created_at = NowMs() - kIdempotencyTtlMs - 1000};
+  ASSERT_TRUE(store->PutIdempotency(old).ok());
+  EXPECT_FALSE(store->GetIdempotency("key_a", "req-old")->has_value());
+  old.created_at = 0;
+  old.sandbox_id = "sb0-again";
+  ASSERT_TRUE(store->PutIdempotency(old).ok());
+  EXPECT_EQ((*store->GetIdempotency("key_a", "req-old"))->sandbox_id, "sb0-again");
+
+  ASSERT_TRUE(store->DeleteIdempotency("key_a", "req-1").ok());
+  EXPECT_FALSE(store->GetIdempotency("key_a", "req-1")->has_value());
+  EXPECT_TRUE(store->DeleteIdempotency("key_a", "req-1").ok());
+}
+
+// ---- templates ----
+
+TEST_F(StoreTest, Templates) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  TemplateRecord t{.name = "host", .source = "host", .layers = {"/l/2", "/l/1"}};
+  ASSERT_TRUE(store->PutTemplate(t).ok());
+  ASSERT_TRUE(store->PutTemplate({.name = "alpine", .source = "/x.tar", .layers = {"/l/a"}}).ok());
+  auto got = store->GetTemplate("host");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->layers, (std::vector<std::string>{"/l/2", "/l/1"}));
+  EXPECT_GT((*got)->created_at, 0);
+  auto all = store->ListTemplates();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].name, "alpine");
+  ASSERT_TRUE(store->DeleteTemplate("alpine").ok());
+  EXPECT_EQ(store->DeleteTemplate("alpine").err(), ENOENT);
+}
+
+// ---- crashes and concurrency ----
+
+// A child writes in a loop, half through Store calls and half in 50-row transactions, reporting
+// each commit over a pipe, and is SIGKILLed while writing. With `hang_in_big_transaction` it
+// stops after 40 commits inside a transaction large enough to spill uncommitted pages into the
+// WAL, so the kill is certainly mid-transaction; otherwise the kill lands wherever the loop is.
+// The reopened database must be intact, hold every commit the child reported, hold each batch
+// entirely or not at all, and hold nothing of the unfinished transaction.
+void CrashChildAndCheck(const std::string& path, bool hang_in_big_transaction) {
+  { ASSERT_TRUE(Store::Open(path).ok()); }
+  constexpr int32_t kMid = -1;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto store = Store::Open(path);
+    auto db = Db::Open(path);
+    if (!store.ok() || !db.ok()) ::_exit(1);
+    for (int32_t b = 1;; ++b) {
+      SandboxRecord r;
+      r.id = "crash-" + std::to_string(b);
+      r.state = kStateRunning;
+      r.created_at = b;
+      if (!(*store)->PutSandbox(r).ok()) ::_exit(2);
+      auto tx = Transaction::Begin(**db);
+      if (!tx.ok()) ::_exit(3);
+      auto st = (*db)->Prepare(
+          "INSERT INTO audit_events (time, sandbox_id, type, detail) VALUES (?1, ?2, ?3, ?4)");
+      if (!st.ok()) ::_exit(4);
+      bool big = hang_in_big_transaction && b > 40;
+      std::string detail = big ? "{\"pad\":\"" + std::string(1000, 'p') + "\"}" : "{}";
+      for (int i = 0; i < (big ? 10000 : 50); ++i) {
+        st->Reset();
+        st->BindInt(1, b)
+            .BindText(2, "batch-" + std::to_string(b))
+            .BindText(3, big ? "big" : "crash")
+            .BindText(4, detail);
+        if (!st->Run().ok()) ::_exit(5);
+      }
+      if (big) {
+        if (::write(fds[1], &kMid, sizeof kMid) != sizeof kMid) ::_exit(7);
+        for (;;) ::pause();
+      }
+      if (!tx->Commit().ok()) ::_exit(6);
+      if (::write(fds[1], &b, sizeof b) != sizeof b) ::_exit(7);
+    }
+  }
+  ::close(fds[1]);
+  int32_t reported = 0;
+  for (;;) {
+    int32_t b;
+    ssize_t n = ::read(fds[0], &b, sizeof b);
+    ASSERT_EQ(n, static_cast<ssize_t>(sizeof b)) << "child stopped early";
+    if (b == kMid) break;
+    reported = b;
+    if (!hang_in_big_transaction && reported >= 40) break;
+  }
+  if (hang_in_big_transaction) {
+    // The uncommitted transaction really reached the WAL file.
+    struct stat st;
+    ASSERT_EQ(::stat((path + "-wal").c_str(), &st), 0);
+    EXPECT_GT(st.st_size, 4 << 20);
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  int32_t b;
+  while (::read(fds[0], &b, sizeof b) == sizeof b) reported = b;  // reports still in the pipe
+  ::close(fds[0]);
+
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  EXPECT_TRUE((*store)->CheckIntegrity().ok());
+  auto db = Db::Open(path);
+  ASSERT_TRUE(db.ok());
+  EXPECT_EQ(*(*db)->QueryText("PRAGMA integrity_check"), "ok");
+  for (int32_t i = 1; i <= reported; ++i) {
+    auto got = (*store)->GetSandbox("crash-" + std::to_string(i));
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(got->has_value()) << "committed sandbox " << i << " lost";
+  }
+  auto st = (*db)->Prepare(
+      "SELECT sandbox_id, count(*) FROM audit_events WHERE type = 'crash' GROUP BY sandbox_id");
+  ASSERT_TRUE(st.ok());
+  int batches = 0;
+  for (;;) {
+    auto row = st->Step();
+    ASSERT_TRUE(row.ok());
+    if (!*row) break;
+    ++batches;
+    EXPECT_EQ(st->ColumnInt(1), 50) << st->ColumnText(0) << " is a partial batch";
+  }
+  EXPECT_GE(batches, reported);
+  EXPECT_LE(batches, reported + 1);  // at most one commit the child had no time to report
+  EXPECT_EQ(*(*db)->QueryText("SELECT count(*) FROM audit_events WHERE type = 'big'"), "0");
+}
+
+TEST_F(StoreTest, SurvivesSigkillAnywhereInWriteLoop) { CrashChildAndCheck(path_, false); }
+
+TEST_F(StoreTest, SurvivesSigkillInsideLargeTransaction) { CrashChildAndCheck(path_, true); }
+
+TEST_F(StoreTest, ConcurrentWritersAllLand) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 200;
+  std::atomic<int> failures{0};
+  std::vector<std::vector<int64_t>> seqs(kThreads);
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        std::string id = "t" + std::to_string(t) + "-" + std::to_string(i);
+        if (!store->PutSandbox(Sandbox(id)).ok()) ++failures;
+        AuditEvent e;
+        e.type = "sandbox.create";
+        e.sandbox_id = id;
+        auto seq = store->AppendAudit(e);
+        if (!seq.ok()) {
+          ++failures;
+        } else {
+          seqs[t].push_back(*seq);
+        }
+        if (i % 50 == 0 && !store->ListSandboxes({}).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(*store->CountSandboxes("", {}), kThreads * kPerThread);
+  std::set<int64_t> all;
+  for (const auto& v : seqs) all.insert(v.begin(), v.end());
+  EXPECT_EQ(all.size(), static_cast<size_t>(kThreads * kPerThread));
+  AuditQuery q;
+  q.limit = 10000;
+  EXPECT_EQ(store->QueryAudit(q)->size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+}  // namespace
+}  // namespace sbx::store
