@@ -1,0 +1,264 @@
+#include "api/http/exchange.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/beast/websocket/rfc6455.hpp>
+
+#include "api/http/connection.h"
+
+namespace sbx::http {
+namespace {
+
+constexpr std::string_view kJson = "application/json";
+
+template <typename Fields>
+void SetHeaders(Fields& fields, const Headers& headers) {
+  for (const auto& [name, value] : headers) fields.insert(name, value);
+}
+
+}  // namespace
+
+nlohmann::json ErrorJson(std::string_view code, std::string_view message) {
+  return {{"error", {{"code", code}, {"message", message}}}};
+}
+
+Exchange::Exchange(Connection& conn) : conn_(conn), body_limit_(RouteOptions().body_limit) {}
+Exchange::~Exchange() = default;
+
+std::string_view Exchange::method() const {
+  auto m = conn_.parser_->get().method_string();
+  return {m.data(), m.size()};
+}
+
+std::string_view Exchange::target() const {
+  auto t = conn_.parser_->get().target();
+  return {t.data(), t.size()};
+}
+
+std::string_view Exchange::path() const {
+  std::string_view t = target();
+  return t.substr(0, t.find('?'));
+}
+
+std::string_view Exchange::Header(std::string_view name) const {
+  const auto& fields = conn_.parser_->get();
+  auto it = fields.find(beast::string_view(name.data(), name.size()));
+  if (it == fields.end()) return {};
+  auto v = it->value();
+  return {v.data(), v.size()};
+}
+
+bool Exchange::HasHeader(std::string_view name) const {
+  const auto& fields = conn_.parser_->get();
+  return fields.find(beast::string_view(name.data(), name.size())) != fields.end();
+}
+
+std::optional<uint64_t> Exchange::content_length() const {
+  auto len = conn_.parser_->content_length();
+  if (!len) return std::nullopt;
+  return *len;
+}
+
+std::string_view Exchange::remote() const { return conn_.remote_; }
+
+boost::asio::any_io_executor Exchange::executor() const { return conn_.executor(); }
+
+bool Exchange::stopping() const { return conn_.stop_requested_ || conn_.state_.stopping.load(); }
+
+// ---- Request body ----
+
+net::awaitable<Status> Exchange::SendContinueIfExpected() {
+  if (continue_sent_ || state_ != State::kNone) co_return Status();
+  continue_sent_ = true;
+  std::string_view expect = Header("Expect");
+  if (!beast::iequals(beast::string_view(expect.data(), expect.size()), "100-continue")) {
+    co_return Status();
+  }
+  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  co_return co_await conn_.WriteAll(net::buffer(kContinue.data(), kContinue.size()),
+                                    "write 100 Continue");
+}
+
+net::awaitable<Result<size_t>> Exchange::ReadSome(char* buf, size_t n) {
+  RequestParser& parser = *conn_.parser_;
+  if (parser.is_done()) co_return size_t{0};
+  if (n == 0) co_return Status::Error("read request body: empty buffer");
+  if (conn_.broken_) co_return Status::Error("read request body: connection closed");
+  Status continued = co_await SendContinueIfExpected();
+  if (!continued.ok()) co_return continued;
+  while (true) {
+    parser.get().body().data = buf;
+    parser.get().body().size = n;
+    boost::system::error_code ec;
+    conn_.timed_out_ = false;
+    conn_.SetDeadline(conn_.state_.options.body_read_timeout);
+    co_await bhttp::async_read_some(conn_.socket_, conn_.buffer_, parser,
+                                    net::redirect_error(net::use_awaitable, ec));
+    conn_.ClearDeadline();
+    size_t got = n - parser.get().body().size;
+    parser.get().body().data = nullptr;
+    if (ec == bhttp::error::need_buffer) ec = {};
+    if (ec) co_return conn_.Broken("read request body", ec);
+    conn_.bytes_in_ += got;
+    if (got > 0 || parser.is_done()) co_return got;
+  }
+}
+
+net::awaitable<Result<std::string>> Exchange::ReadBody() {
+  co_return co_await ReadBody(body_limit_);
+}
+
+net::awaitable<Result<std::string>> Exchange::ReadBody(size_t limit) {
+  auto declared = content_length();
+  bool too_large = declared && *declared > limit;
+  std::string body;
+  if (!too_large) {
+    if (declared) body.reserve(*declared);
+    char scratch[16 * 1024];
+    while (true) {
+      auto n = co_await ReadSome(scratch, sizeof(scratch));
+      if (!n.ok()) co_return n.status();
+      if (*n == 0) break;
+      if (body.size() + *n > limit) {
+        too_large = true;
+        break;
+      }
+      body.append(scratch, *n);
+    }
+  }
+  if (too_large) {
+    std::string message = "request body exceeds " + std::to_string(limit) + " bytes";
+    conn_.close_after_ = true;  // the rest of the body stays unread
+    co_await RespondError(413, "payload_too_large", message);
+    co_return Status::Error(message, EFBIG);
+  }
+  co_return body;
+}
+
+net::awaitable<Result<nlohmann::json>> Exchange::ReadJson() {
+  auto body = co_await ReadBody();
+  if (!body.ok()) co_return body.status();
+  nlohmann::json parsed = nlohmann::json::parse(*body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    co_await RespondError(400, "bad_request", "request body is not valid JSON");
+    co_return Status::Error("request body is not valid JSON", EINVAL);
+  }
+  co_return parsed;
+}
+
+// ---- Fixed response ----
+
+net::awaitable<void> Exchange::Respond(int status, std::string body, std::string_view content_type,
+                                       const Headers& headers) {
+  if (state_ != State::kNone) {
+    spdlog::warn("http {} {}: second response ignored", method(), path());
+    co_return;
+  }
+  state_ = State::kResponded;
+  status_ = status;
+  bhttp::response<bhttp::string_body> res;
+  res.version(11);
+  res.result(static_cast<unsigned>(status));
+  res.set(bhttp::field::server, "sbx");
+  if (!content_type.empty()) {
+    res.set(bhttp::field::content_type,
+            beast::string_view(content_type.data(), content_type.size()));
+  }
+  SetHeaders(res, headers);
+  bool keep_alive = conn_.KeepAliveAllowed();
+  if (!keep_alive) conn_.close_after_ = true;
+  res.keep_alive(keep_alive);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  Status written = co_await conn_.WriteMessage(res, "write response");
+  if (!written.ok()) spdlog::debug("http {} {}: {}", method(), path(), written.message());
+}
+
+net::awaitable<void> Exchange::RespondJson(int status, const nlohmann::json& body,
+                                           const Headers& headers) {
+  co_await Respond(status, body.dump(), kJson, headers);
+}
+
+net::awaitable<void> Exchange::RespondError(int status, std::string_view code,
+                                            std::string_view message, const Headers& headers) {
+  co_await Respond(status, ErrorJson(code, message).dump(), kJson, headers);
+}
+
+// ---- Streamed response ----
+
+net::awaitable<Status> Exchange::BeginStream(int status, std::string_view content_type,
+                                             const Headers& headers,
+                                             std::optional<uint64_t> content_length) {
+  if (state_ != State::kNone) co_return Status::Error("begin stream: response already started");
+  if (stopping()) {
+    co_await RespondError(503, "unavailable", "server is shutting down");
+    co_return Status::Error("begin stream: server is shutting down");
+  }
+  state_ = State::kStreaming;
+  status_ = status;
+  conn_.phase_ = Connection::Phase::kStreaming;
+  bhttp::response<bhttp::empty_body> res;
+  res.version(11);
+  res.result(static_cast<unsigned>(status));
+  res.set(bhttp::field::server, "sbx");
+  res.set(bhttp::field::content_type, beast::string_view(content_type.data(), content_type.size()));
+  SetHeaders(res, headers);
+  if (content_length) {
+    res.content_length(*content_length);
+    stream_length_ = *content_length;
+  } else {
+    res.chunked(true);
+  }
+  bool keep_alive = conn_.KeepAliveAllowed();
+  if (!keep_alive) conn_.close_after_ = true;
+  res.keep_alive(keep_alive);
+  bhttp::response_serializer<bhttp::empty_body> serializer(res);
+  if (conn_.broken_) co_return Status::Error("begin stream: connection closed");
+  boost::system::error_code ec;
+  conn_.timed_out_ = false;
+  conn_.SetDeadline(conn_.state_.options.write_timeout);
+  size_t n = co_await bhttp::async_write_header(conn_.socket_, serializer,
+                                                net::redirect_error(net::use_awaitable, ec));
+  conn_.ClearDeadline();
+  conn_.bytes_out_ += n;
+  if (ec) co_return conn_.Broken("write stream header", ec);
+  co_return Status();
+}
+
+net::awaitable<Status> Exchange::WriteChunk(std::string_view data) {
+  if (state_ != State::kStreaming) co_return Status::Error("write chunk: no stream in progress");
+  if (data.empty()) co_return Status();
+  conn_.timed_out_ = false;
+  if (stream_length_) {
+    if (data.size() > *stream_length_) {
+      conn_.broken_ = true;
+      co_return Status::Error("write chunk: more data than the declared Content-Length");
+    }
+    *stream_length_ -= data.size();
+    co_return co_await conn_.WriteAll(net::buffer(data.data(), data.size()), "write body");
+  }
+  co_return co_await conn_.WriteAll(bhttp::make_chunk(net::const_buffer(data.data(), data.size())),
+                                    "write chunk");
+}
+
+net::awaitable<Status> Exchange::EndStream() {
+  if (state_ != State::kStreaming) co_return Status::Error("end stream: no stream in progress");
+  if (stream_length_ && *stream_length_ != 0) {
+    co_return Status::Error("end stream: " + std::to_string(*stream_length_) +
+                            " bytes short of the declared Content-Length");
+  }
+  Status status;
+  if (!stream_length_)
+    status = co_await conn_.WriteAll(bhttp::make_chunk_last(), "write last chunk");
+  if (status.ok()) {
+    state_ = State::kStreamEnded;
+    conn_.phase_ = Connection::Phase::kHandler;
+  }
+  co_return status;
+}
+
+bool Exchange::WantsWebSocket() const {
+  return boost::beast::websocket::is_upgrade(conn_.parser_->get().base());
+}
+
+}  // namespace sbx::http

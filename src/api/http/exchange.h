@@ -1,0 +1,141 @@
+// Exchange: one HTTP request and its response, as seen by a handler. The server builds it after
+// the request header has arrived; the handler reads the body (whole or streamed), then answers
+// with a fixed body, a streamed body, or a WebSocket upgrade.
+//
+// Every error response of the API has one JSON shape (docs/api.md copies it):
+//
+//   {"error": {"code": "not_found", "message": "no route for GET /v1/nope"}}
+//
+// `code` is a stable snake_case token for programs, `message` is for humans. Codes used by the
+// server itself: bad_request (400), not_found (404), method_not_allowed (405), request_timeout
+// (408), payload_too_large (413), header_too_large (431), internal (500), unavailable (503).
+//
+// Threading: an Exchange lives on its connection's strand (`executor()`); call its methods only
+// from coroutines running there (the handler itself, or ones it co_spawns on `executor()`), one
+// at a time. It is valid until the handler returns.
+#pragma once
+
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
+// clang-format on
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "api/http/router.h"
+#include "api/http/url.h"
+#include "common/status.h"
+
+namespace sbx::http {
+
+class Connection;
+class WebSocket;
+struct WebSocketOptions;
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+// {"error":{"code":code,"message":message}}
+nlohmann::json ErrorJson(std::string_view code, std::string_view message);
+
+class Exchange {
+ public:
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+  ~Exchange();
+
+  // ---- Request ----
+  std::string_view method() const;  // "GET"
+  std::string_view target() const;  // raw request-target, "/v1/x?y=1"
+  std::string_view path() const;    // raw path without the query, still percent-encoded
+  // First value of header `name` (case-insensitive), "" when absent.
+  std::string_view Header(std::string_view name) const;
+  bool HasHeader(std::string_view name) const;
+  const PathParams& params() const { return params_; }
+  const std::string& Param(std::string_view name) const { return params_.Get(name); }
+  const Query& query() const { return query_; }
+  // Declared body length; nullopt for a chunked body (length unknown until the end).
+  std::optional<uint64_t> content_length() const;
+  std::string_view remote() const;  // "127.0.0.1:5555" or "unix"
+  // The connection's strand: co_spawn helpers here to touch the Exchange or its WebSocket.
+  boost::asio::any_io_executor executor() const;
+  // True once Server::Stop() began: long handlers may wind down early.
+  bool stopping() const;
+
+  // ---- Request body ----
+  // Reads the whole body, at most `limit` bytes (default: the route's body_limit). Over the limit
+  // it answers 413 payload_too_large itself and returns an error; check responded().
+  boost::asio::awaitable<Result<std::string>> ReadBody();
+  boost::asio::awaitable<Result<std::string>> ReadBody(size_t limit);
+  // ReadBody() then JSON parsing; on a bad body it has already answered 413 or 400 bad_request.
+  boost::asio::awaitable<Result<nlohmann::json>> ReadJson();
+  // Streams the body: fills up to `n` bytes of `buf`, returns how many, 0 at the end. Works for
+  // Content-Length and chunked bodies; sends "100 Continue" first when the client asked for it.
+  // An error means the client is gone or stalled (body_read_timeout); the connection is dropped.
+  boost::asio::awaitable<Result<size_t>> ReadSome(char* buf, size_t n);
+
+  // ---- Fixed response ----
+  // Write failures are not reported: the connection is simply closed and logged.
+  boost::asio::awaitable<void> Respond(int status, std::string body,
+                                       std::string_view content_type = "text/plain; charset=utf-8",
+                                       const Headers& headers = {});
+  boost::asio::awaitable<void> RespondJson(int status, const nlohmann::json& body,
+                                           const Headers& headers = {});
+  boost::asio::awaitable<void> RespondError(int status, std::string_view code,
+                                            std::string_view message, const Headers& headers = {});
+
+  // ---- Streamed response ----
+  // Sends the header. With `content_length` the body is sent raw and must be exactly that long
+  // (file downloads); without, it uses chunked encoding (NDJSON, tar streams).
+  boost::asio::awaitable<Status> BeginStream(int status, std::string_view content_type,
+                                             const Headers& headers = {},
+                                             std::optional<uint64_t> content_length = {});
+  // Writes one piece and returns once the socket took it, so a slow client slows the producer.
+  // Returns an error when the client went away, stalled past write_timeout, or the server is
+  // stopping: the producer must stop then. Empty `data` is a no-op.
+  boost::asio::awaitable<Status> WriteChunk(std::string_view data);
+  // Terminates the body. A stream the handler never ends is treated as aborted: the connection
+  // is closed so the client sees a truncated transfer rather than a clean end.
+  boost::asio::awaitable<Status> EndStream();
+
+  // ---- WebSocket ----
+  bool WantsWebSocket() const;
+  // Completes the upgrade handshake (101). The WebSocket keeps the connection alive and must not
+  // outlive the Server. On failure the connection is closed.
+  boost::asio::awaitable<Result<std::unique_ptr<WebSocket>>> AcceptWebSocket();
+  boost::asio::awaitable<Result<std::unique_ptr<WebSocket>>> AcceptWebSocket(
+      const WebSocketOptions& options);
+
+  // True once a response, a stream header or an upgrade has been sent (or attempted).
+  bool responded() const { return state_ != State::kNone; }
+  int status() const { return status_; }
+
+ private:
+  friend class Connection;
+  friend class Router;
+  enum class State { kNone, kResponded, kStreaming, kStreamEnded, kUpgraded };
+
+  explicit Exchange(Connection& conn);
+  void SetRoute(PathParams params, const RouteOptions& options) {
+    params_ = std::move(params);
+    body_limit_ = options.body_limit;
+  }
+  boost::asio::awaitable<Status> SendContinueIfExpected();
+
+  Connection& conn_;
+  PathParams params_;
+  Query query_;
+  size_t body_limit_;
+  State state_ = State::kNone;
+  int status_ = 0;
+  bool continue_sent_ = false;
+  std::optional<uint64_t> stream_length_;  // for a fixed-length stream: bytes still owed
+};
+
+}  // namespace sbx::http

@@ -1,0 +1,477 @@
+#include "api/http/server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <limits>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "api/http/connection.h"
+#include "api/http/exchange.h"
+
+namespace sbx::http {
+namespace {
+
+using namespace std::chrono_literals;
+using tcp = net::ip::tcp;
+using local = net::local::stream_protocol;
+
+// A keep-alive request whose body the handler left unread is drained up to this much; beyond,
+// the connection is closed instead.
+constexpr uint64_t kMaxDrain = 256 * 1024;
+constexpr auto kLingerTime = 1s;
+constexpr size_t kMaxLingerBytes = 1 << 20;
+
+bool IsQuietClose(boost::system::error_code ec) {
+  return ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message ||
+         ec == net::error::eof || ec == net::error::connection_reset ||
+         ec == net::error::operation_aborted || ec == net::error::broken_pipe ||
+         ec == net::error::bad_descriptor;
+}
+
+}  // namespace
+
+AccessLog SpdlogAccessLog() {
+  return [](const AccessLogEntry& e) {
+    spdlog::info("http {} \"{} {}\" {} {}us in={} out={}", e.remote, e.method, e.path, e.status,
+                 e.duration.count(), e.bytes_in, e.bytes_out);
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection
+
+Connection::Connection(ServerState& state, Socket socket, std::string remote)
+    : state_(state),
+      socket_(std::move(socket)),
+      remote_(std::move(remote)),
+      deadline_(socket_.get_executor()) {
+  ClearDeadline();
+}
+
+Connection::~Connection() {
+  boost::system::error_code ec;
+  socket_.close(ec);
+  std::lock_guard lock(state_.mu);
+  state_.connections.erase(id_);
+  state_.open.fetch_sub(1);
+  state_.all_closed.notify_all();
+}
+
+Status Connection::Broken(const char* what, boost::system::error_code ec) {
+  broken_ = true;
+  close_after_ = true;
+  if (timed_out_) return Status::Error(std::string(what) + ": timed out", ETIMEDOUT);
+  return StatusFrom(what, ec);
+}
+
+bool Connection::KeepAliveAllowed() const {
+  if (broken_ || close_after_ || stop_requested_ || state_.stopping.load()) return false;
+  if (!parser_ || !parser_->get().keep_alive()) return false;
+  if (parser_->is_done()) return true;
+  // Unread body: worth draining only when it is known to be small.
+  auto remaining = parser_->content_length_remaining();
+  return remaining && *remaining <= kMaxDrain;
+}
+
+void Connection::OnStop(bool force) {
+  stop_requested_ = true;
+  boost::system::error_code ec;
+  switch (phase_) {
+    case Phase::kIdle:
+    case Phase::kHeader:
+      socket_.cancel(ec);
+      break;
+    case Phase::kHandler:
+      if (!force) break;
+      [[fallthrough]];
+    case Phase::kStreaming:
+    case Phase::kUpgraded:
+      // shutdown() rather than close(): the descriptor stays valid for code still holding it,
+      // and every pending or later read/write fails promptly.
+      socket_.shutdown(net::socket_base::shutdown_both, ec);
+      socket_.cancel(ec);
+      break;
+    case Phase::kClosed:
+      break;
+  }
+}
+
+net::awaitable<void> Connection::Watchdog(std::shared_ptr<Connection> self) {
+  while (self->phase_ != Phase::kClosed && self->phase_ != Phase::kUpgraded) {
+    if (self->deadline_.expiry() <= std::chrono::steady_clock::now()) {
+      self->timed_out_ = true;
+      boost::system::error_code ec;
+      self->socket_.cancel(ec);
+      self->ClearDeadline();
+    }
+    boost::system::error_code ec;
+    co_await self->deadline_.async_wait(net::redirect_error(net::use_awaitable, ec));
+  }
+}
+
+net::awaitable<void> Connection::Run(std::shared_ptr<Connection> self) {
+  const ServerOptions& opt = self->state_.options;
+  net::co_spawn(self->executor(), Watchdog(self), net::detached);
+  bool first = true;
+  bool linger = false;
+  while (!self->stop_requested_ && !self->close_after_ && !self->broken_) {
+    boost::system::error_code ec;
+    if (self->buffer_.size() == 0) {
+      // Nothing buffered: wait for the first byte of the next request. Silence here is an idle
+      // keep-alive (or a client that connected and said nothing): close without an answer.
+      self->phase_ = Phase::kIdle;
+      self->timed_out_ = false;
+      self->SetDeadline(first ? opt.header_timeout : opt.idle_timeout);
+      size_t n = co_await self->socket_.async_read_some(
+          self->buffer_.prepare(4096), net::redirect_error(net::use_awaitable, ec));
+      self->ClearDeadline();
+      if (ec) break;
+      self->buffer_.commit(n);
+    }
+    self->phase_ = Phase::kHeader;
+    self->parser_.emplace();
+    self->parser_->header_limit(static_cast<uint32_t>(opt.max_header_bytes));
+    // Per route: ReadBody() enforces it. Not boost::none: Boost 1.74 compares
+    // `content_length > none` as true and rejects every Content-Length body.
+    self->parser_->body_limit(std::numeric_limits<uint64_t>::max());
+    self->timed_out_ = false;
+    self->SetDeadline(opt.header_timeout);
+    co_await bhttp::async_read_header(self->socket_, self->buffer_, *self->parser_,
+                                      net::redirect_error(net::use_awaitable, ec));
+    self->ClearDeadline();
+    if (ec) {
+      linger = true;
+      if (self->timed_out_) {
+        co_await self->RespondEarly(408, "request_timeout", "request header not received in time");
+      } else if (ec == bhttp::error::header_limit) {
+        co_await self->RespondEarly(431, "header_too_large", "request header too large");
+      } else if (!IsQuietClose(ec)) {
+        co_await self->RespondEarly(400, "bad_request", "malformed request");
+      }
+      break;
+    }
+    co_await self->ServeRequest();
+    if (self->phase_ == Phase::kUpgraded) co_return;  // the WebSocket owns the socket now
+    first = false;
+  }
+  if (self->parser_ && !self->parser_->is_done()) linger = true;
+  if (linger && !self->broken_) co_await self->LingeringClose();
+  boost::system::error_code ec;
+  self->socket_.shutdown(net::socket_base::shutdown_both, ec);
+  self->socket_.close(ec);
+  self->phase_ = Phase::kClosed;
+  self->deadline_.cancel();  // lets the watchdog see kClosed and exit
+}
+
+net::awaitable<void> Connection::ServeRequest() {
+  auto start = std::chrono::steady_clock::now();
+  bytes_in_ = 0;
+  bytes_out_ = 0;
+  phase_ = Phase::kHandler;
+  Exchange ex(*this);
+  std::string_view target = ex.target();
+  size_t q = target.find('?');
+  bool bad_query = false;
+  if (q != std::string_view::npos) {
+    auto query = ParseQuery(target.substr(q + 1));
+    if (query.ok()) {
+      ex.query_ = std::move(*query);
+    } else {
+      bad_query = true;
+    }
+  }
+
+  std::string error;
+  if (bad_query) {
+    co_await ex.RespondError(400, "bad_request", "malformed query string");
+  } else {
+    try {
+      co_await state_.router.Dispatch(ex);
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "exception";
+    } catch (...) {
+      error = "unknown exception";
+    }
+  }
+  if (!error.empty()) {
+    spdlog::error("http handler for {} {} threw: {}", ex.method(), ex.path(), error);
+  }
+
+  switch (ex.state_) {
+    case Exchange::State::kNone:
+      if (error.empty()) {
+        spdlog::error("http handler for {} {} returned without responding", ex.method(), ex.path());
+      }
+      co_await ex.RespondError(500, "internal", "internal error");
+      break;
+    case Exchange::State::kStreaming:
+      // Aborted stream: closing is the only way to tell the client the body is incomplete.
+      broken_ = true;
+      close_after_ = true;
+      break;
+    default:
+      break;
+  }
+
+  if (ex.state_ != Exchange::State::kUpgraded && !broken_ && !close_after_ && parser_ &&
+      !parser_->is_done()) {
+    char scratch[8192];
+    while (!parser_->is_done()) {
+      auto n = co_await ex.ReadSome(scratch, sizeof(scratch));
+      if (!n.ok() || *n == 0) break;
+    }
+    if (!parser_->is_done()) close_after_ = true;
+  }
+
+  if (state_.options.access_log) {
+    AccessLogEntry entry;
+    entry.remote = remote_;
+    entry.method = ex.method();
+    entry.path = ex.path();
+    entry.status = ex.status_;
+    entry.duration = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start);
+    entry.bytes_in = bytes_in_;
+    entry.bytes_out = bytes_out_;
+    state_.options.access_log(entry);
+  }
+  if (ex.state_ == Exchange::State::kUpgraded) phase_ = Phase::kUpgraded;
+}
+
+net::awaitable<void> Connection::RespondEarly(int status, const char* code, const char* message) {
+  close_after_ = true;
+  timed_out_ = false;
+  bhttp::response<bhttp::string_body> res;
+  res.version(11);
+  res.result(static_cast<unsigned>(status));
+  res.set(bhttp::field::server, "sbx");
+  res.set(bhttp::field::content_type, "application/json");
+  res.keep_alive(false);
+  res.body() = ErrorJson(code, message).dump();
+  res.prepare_payload();
+  bytes_out_ = 0;
+  co_await WriteMessage(res, "write error response");
+  if (state_.options.access_log) {
+    AccessLogEntry entry;
+    entry.remote = remote_;
+    entry.method = "-";
+    entry.path = "-";
+    entry.status = status;
+    entry.bytes_out = bytes_out_;
+    state_.options.access_log(entry);
+  }
+}
+
+net::awaitable<void> Connection::LingeringClose() {
+  boost::system::error_code ec;
+  socket_.shutdown(net::socket_base::shutdown_send, ec);
+  if (ec) co_return;
+  auto until = std::chrono::steady_clock::now() + kLingerTime;
+  deadline_.expires_at(until);
+  char scratch[4096];
+  size_t total = 0;
+  while (total < kMaxLingerBytes) {
+    size_t n = co_await socket_.async_read_some(net::buffer(scratch),
+                                                net::redirect_error(net::use_awaitable, ec));
+    if (ec) break;
+    total += n;
+  }
+  ClearDeadline();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+struct Server::Impl {
+  Impl(ServerOptions options, Router router)
+      : state(std::move(options), std::move(router)),
+        ioc(std::max(1, state.options.threads)),
+        acceptor_strand(net::make_strand(ioc)),
+        tcp_acceptor(acceptor_strand),
+        unix_acceptor(acceptor_strand) {}
+
+  // Declared first so it outlives the io_context (see ServerState).
+  ServerState state;
+  net::io_context ioc;
+  net::strand<net::io_context::executor_type> acceptor_strand;
+  tcp::acceptor tcp_acceptor;
+  local::acceptor unix_acceptor;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  uint16_t port = 0;
+  bool started = false;
+  bool stopped = false;
+
+  template <typename Acceptor>
+  net::awaitable<void> AcceptLoop(Acceptor& acceptor);
+  void Adopt(Socket socket, std::string remote);
+  void Broadcast(bool force);
+  bool WaitAllClosed(std::chrono::milliseconds timeout);
+};
+
+template <typename Acceptor>
+net::awaitable<void> Server::Impl::AcceptLoop(Acceptor& acceptor) {
+  while (acceptor.is_open()) {
+    boost::system::error_code ec;
+    auto socket = co_await acceptor.async_accept(net::make_strand(ioc),
+                                                 net::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      if (ec == net::error::operation_aborted || state.stopping.load()) co_return;
+      // EMFILE and friends: back off instead of spinning.
+      spdlog::warn("http accept: {}", ec.message());
+      net::steady_timer pause(acceptor_strand, 100ms);
+      co_await pause.async_wait(net::redirect_error(net::use_awaitable, ec));
+      continue;
+    }
+    std::string remote = "unix";
+    if constexpr (std::is_same_v<Acceptor, tcp::acceptor>) {
+      auto ep = socket.remote_endpoint(ec);
+      if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
+    }
+    Adopt(Socket(std::move(socket)), std::move(remote));
+  }
+}
+
+void Server::Impl::Adopt(Socket socket, std::string remote) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(state.mu);
+    // Checked under the lock that Stop() takes to broadcast, so no connection slips past it.
+    if (state.stopping.load() || state.open.load() >= state.options.max_connections) {
+      boost::system::error_code ec;
+      socket.close(ec);
+      return;
+    }
+    state.open.fetch_add(1);
+    conn = std::make_shared<Connection>(state, std::move(socket), std::move(remote));
+    conn->id_ = state.next_id++;
+    state.connections.emplace(conn->id_, conn);
+  }
+  net::co_spawn(conn->executor(), Connection::Run(conn), net::detached);
+}
+
+void Server::Impl::Broadcast(bool force) {
+  // Collected under the lock but released outside it: dropping the last reference runs
+  // ~Connection, which takes the lock itself.
+  std::vector<std::shared_ptr<Connection>> live;
+  {
+    std::lock_guard lock(state.mu);
+    for (auto& [id, weak] : state.connections) {
+      if (auto conn = weak.lock()) live.push_back(std::move(conn));
+    }
+  }
+  for (auto& conn : live) {
+    net::post(conn->executor(), [conn, force] { conn->OnStop(force); });
+  }
+}
+
+bool Server::Impl::WaitAllClosed(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state.mu);
+  return state.all_closed.wait_for(lock, timeout, [&] { return state.open.load() == 0; });
+}
+
+Server::Server(ServerOptions options, Router router)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(router))) {}
+
+Server::~Server() { Stop(); }
+
+uint16_t Server::port() const { return impl_->port; }
+
+Status Server::Start() {
+  Impl& s = *impl_;
+  if (s.started) return Status::Error("http server: already started");
+  const ServerOptions& opt = s.state.options;
+  boost::system::error_code ec;
+  if (!opt.host.empty()) {
+    std::string where = opt.host + ":" + std::to_string(opt.port);
+    auto address = net::ip::make_address(opt.host, ec);
+    if (ec) {
+      tcp::resolver resolver(s.ioc);
+      auto results = resolver.resolve(opt.host, std::to_string(opt.port), ec);
+      if (ec || results.empty()) {
+        return StatusFrom("http: resolve " + where, ec);
+      }
+      address = results.begin()->endpoint().address();
+    }
+    tcp::endpoint endpoint(address, opt.port);
+    s.tcp_acceptor.open(endpoint.protocol(), ec);
+    if (!ec) s.tcp_acceptor.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) s.tcp_acceptor.bind(endpoint, ec);
+    if (!ec) s.tcp_acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) return StatusFrom("http: listen on " + where, ec);
+    s.port = s.tcp_acceptor.local_endpoint().port();
+  }
+  if (!opt.unix_socket.empty()) {
+    ::unlink(opt.unix_socket.c_str());
+    local::endpoint endpoint(opt.unix_socket);
+    s.unix_acceptor.open(endpoint.protocol(), ec);
+    if (!ec) s.unix_acceptor.bind(endpoint, ec);
+    if (!ec && ::chmod(opt.unix_socket.c_str(), opt.unix_socket_mode) != 0) {
+      ec.assign(errno, boost::system::system_category());
+    }
+    if (!ec) s.unix_acceptor.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      s.tcp_acceptor.close();
+      return StatusFrom("http: listen on unix socket " + opt.unix_socket, ec);
+    }
+  }
+  if (!s.tcp_acceptor.is_open() && !s.unix_acceptor.is_open()) {
+    return Status::Error("http: neither a TCP address nor a unix socket configured");
+  }
+  s.started = true;
+  if (s.tcp_acceptor.is_open()) {
+    net::co_spawn(s.acceptor_strand, s.AcceptLoop(s.tcp_acceptor), net::detached);
+  }
+  if (s.unix_acceptor.is_open()) {
+    net::co_spawn(s.acceptor_strand, s.AcceptLoop(s.unix_acceptor), net::detached);
+  }
+  s.work.emplace(s.ioc.get_executor());
+  for (int i = 0; i < std::max(1, opt.threads); ++i) {
+    s.threads.emplace_back([&s] {
+      // A stray exception must not take the daemon down; handlers' own are caught per request.
+      while (true) {
+        try {
+          s.ioc.run();
+          break;
+        } catch (const std::exception& e) {
+          spdlog::error("http worker: {}", e.what());
+        } catch (...) {
+          spdlog::error("http worker: unknown exception");
+        }
+      }
+    });
+  }
+  return Status();
+}
+
+void Server::Stop() {
+  Impl& s = *impl_;
+  if (!s.started || s.stopped) return;
+  s.stopped = true;
+  {
+    std::lock_guard lock(s.state.mu);
+    s.state.stopping = true;
+  }
+  net::post(s.acceptor_strand, [&s] {
+    boost::system::error_code ec;
+    s.tcp_acceptor.close(ec);
+    s.unix_acceptor.close(ec);
+  });
+  s.Broadcast(false);
+  if (!s.WaitAllClosed(s.state.options.shutdown_grace)) {
+    s.Broadcast(true);
+    s.WaitAllClosed(1000ms);
+  }
+  s.work.reset();
+  s.ioc.stop();
+  for (std::thread& t : s.threads) t.join();
+  s.threads.clear();
+  if (!s.state.options.unix_socket.empty()) ::unlink(s.state.options.unix_socket.c_str());
+}
+
+}  // namespace sbx::http
