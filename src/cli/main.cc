@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "cli/run.h"
+#include "cli/serve.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sbx: isolated boxes for AI agents' processes, files and network"};
@@ -36,6 +37,16 @@ int main(int argc, char** argv) {
   r->add_option("command", run.command, "Command and arguments (after --)")->required();
   r->positionals_at_end(true);
 
+  sbx::cli::ServeOptions serve;
+  CLI::App* sv =
+      app.add_subcommand("serve", "Run the daemon: REST API, sandboxes that outlive requests");
+  sv->add_option("--listen", serve.listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->capture_default_str();
+  sv->add_option("--unix-socket", serve.unix_socket, "Also listen on this unix socket");
+  sv->add_option("--threads", serve.threads, "I/O threads")->capture_default_str();
+  sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -43,5 +54,6 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : sbx::cli::kExitSbxError;
   }
   if (r->parsed()) return sbx::cli::RunCommand(global, run);
+  if (sv->parsed()) return sbx::cli::ServeCommand(global, serve);
   return 0;
 }

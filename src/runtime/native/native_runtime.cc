@@ -335,14 +335,17 @@ Result<BoxStats> NativeRuntime::Stats(const Box& box) {
 Status NativeRuntime::Destroy(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that
-  // got out of the namespace's reach (it cannot, but the cgroup is the authority).
+  // got out of the namespace's reach (it cannot, but the cgroup is the authority). A frozen box
+  // is thawed first: frozen tasks (cgroup v1) do not die until they run again.
+  std::unique_ptr<Cgroup> cgroup = Cgroup::Open(cgroups_, box.id);
   if (box.init_pid > 0) {
     ::kill(box.init_pid, SIGKILL);
+    (void)cgroup->Thaw();
     // Reap it if it is our child; ECHILD after a daemon restart is fine.
     while (::waitpid(box.init_pid, nullptr, __WALL) < 0 && errno == EINTR) {
     }
   }
-  Status cg = Cgroup::Open(cgroups_, box.id)->Destroy();
+  Status cg = cgroup->Destroy();
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/disk").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);

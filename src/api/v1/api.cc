@@ -1,0 +1,1065 @@
+#include "api/v1/api.h"
+
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <optional>
+
+#include "api/http/exchange.h"
+#include "api/http/websocket.h"
+#include "protocol/wire.h"
+
+namespace sbx::api {
+namespace {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using nlohmann::json;
+using protocol::Tag;
+using protocol::Type;
+using Clock = std::chrono::steady_clock;
+
+// ---- encoding helpers ----
+
+std::string Base64(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::string IsoTime(int64_t ms) {
+  if (ms <= 0) return "";
+  time_t s = static_cast<time_t>(ms / 1000);
+  tm t{};
+  gmtime_r(&s, &t);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900,
+                t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+json SandboxJson(const store::SandboxRecord& r) {
+  json env_keys = json::array();
+  for (const auto& [k, v] : r.env) env_keys.push_back(k);  // values may be secrets: never echoed
+  json j = {{"id", r.id},
+            {"template", r.template_name},
+            {"state", r.state},
+            {"metadata", r.metadata},
+            {"env_keys", env_keys},
+            {"limits",
+             {{"memory_bytes", r.limits.memory_bytes},
+              {"cpus", r.limits.cpus},
+              {"cpu_weight", r.limits.cpu_weight},
+              {"pids", r.limits.pids},
+              {"disk_bytes", r.limits.disk_bytes}}},
+            {"timeout", static_cast<double>(r.timeout_ms) / 1000.0},
+            {"on_timeout", r.on_timeout},
+            {"created_at", IsoTime(r.created_at)},
+            {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
+            {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)}};
+  if (!r.error.empty()) j["error"] = r.error;
+  return j;
+}
+
+json EntryJson(const protocol::Reader& f) {
+  static const char* kTypes[] = {"", "file", "dir", "symlink", "other"};
+  int64_t t = f.Int(Tag::kFileType);
+  json j = {{"name", std::string(f.Str(Tag::kName))},
+            {"path", std::string(f.Str(Tag::kPath))},
+            {"type", kTypes[(t >= 1 && t <= 4) ? t : 4]},
+            {"size", f.Int(Tag::kSize)},
+            {"mode", f.Int(Tag::kMode) & 07777},
+            {"uid", f.Int(Tag::kUid)},
+            {"gid", f.Int(Tag::kGid)},
+            {"owner", std::string(f.Str(Tag::kOwner))},
+            {"group", std::string(f.Str(Tag::kGroupName))},
+            {"modified_at", IsoTime(f.Int(Tag::kMtimeNs) / 1000000)}};
+  if (f.Has(Tag::kLinkTarget)) j["link_target"] = std::string(f.Str(Tag::kLinkTarget));
+  return j;
+}
+
+// ---- errors ----
+
+struct HttpError {
+  int status;
+  const char* code;
+};
+
+HttpError ErrorFor(int err) {
+  switch (err) {
+    case ENOENT:
+    case ESRCH:
+      return {404, "not_found"};
+    case EINVAL:
+    case ENOTDIR:
+    case EISDIR:
+    case ENAMETOOLONG:
+    case E2BIG:
+      return {400, "invalid_argument"};
+    case EBUSY:
+      return {409, "conflict"};
+    case EEXIST:
+      return {409, "already_exists"};
+    case EAGAIN:
+      return {429, "rate_limited"};
+    case EACCES:
+    case EPERM:
+      return {403, "permission_denied"};
+    case ENOSPC:
+    case EDQUOT:
+      return {507, "insufficient_storage"};
+    case ETIMEDOUT:
+      return {504, "timeout"};
+    case ENOTEMPTY:
+      return {409, "not_empty"};
+    default:
+      return {500, "internal"};
+  }
+}
+
+awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& headers = {}) {
+  HttpError e = ErrorFor(s.err());
+  if (e.status == 500) spdlog::error("{} {}: {}", ex.method(), ex.path(), s.message());
+  co_await ex.RespondError(e.status, e.code, s.message(), headers);
+}
+
+// Runs blocking `f` on the blocking pool and resumes the caller with its result.
+template <typename F>
+awaitable<decltype(std::declval<F>()())> OnPool(asio::thread_pool& pool, F f) {
+  using R = decltype(f());
+  std::optional<R> out;
+  co_await asio::co_spawn(
+      pool,
+      [&]() -> awaitable<void> {
+        out.emplace(f());
+        co_return;
+      },
+      asio::use_awaitable);
+  co_return std::move(*out);
+}
+
+using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const store::ApiKeyRecord&)>;
+
+// Wraps a handler with API key authentication: `Authorization: Bearer <key>` or `X-API-Key`.
+http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
+  return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
+    ctx.metrics.requests++;
+    std::string secret(ex.Header("X-API-Key"));
+    std::string_view auth = ex.Header("Authorization");
+    if (secret.empty() && auth.size() > 7 &&
+        (auth.substr(0, 7) == "Bearer " || auth.substr(0, 7) == "bearer "))
+      secret = std::string(auth.substr(7));
+    if (secret.empty()) {
+      co_await ex.RespondError(401, "unauthenticated",
+                               "an API key is required (Authorization: Bearer <key>)");
+      co_return;
+    }
+    auto key = ctx.store.VerifyApiKey(secret);
+    if (!key.ok()) {
+      co_await Fail(ex, key.status());
+      co_return;
+    }
+    if (!*key) {
+      ctx.manager.Audit("auth.denied", "", "",
+                        {{"path", std::string(ex.path())}, {"remote", std::string(ex.remote())}});
+      co_await ex.RespondError(401, "unauthenticated", "unknown or revoked API key");
+      co_return;
+    }
+    co_await h(ex, **key);
+  };
+}
+
+// ---- request parsing helpers ----
+
+Result<std::map<std::string, std::string>> StringMap(const json& j, const char* field) {
+  std::map<std::string, std::string> out;
+  if (!j.contains(field) || j[field].is_null()) return out;
+  if (!j[field].is_object())
+    return Status::Error(std::string(field) + ": must be an object of strings", EINVAL);
+  for (const auto& [k, v] : j[field].items()) {
+    if (!v.is_string())
+      return Status::Error(std::string(field) + "." + k + ": must be a string", EINVAL);
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+Result<int64_t> SizeField(const json& j, const char* field) {
+  if (!j.contains(field) || j[field].is_null()) return int64_t{0};
+  if (!j[field].is_number_integer() || j[field].get<int64_t>() < 0)
+    return Status::Error(std::string(field) + ": must be a non-negative integer (bytes)", EINVAL);
+  return j[field].get<int64_t>();
+}
+
+Result<int64_t> SecondsField(const json& j, const char* field) {
+  if (!j.contains(field) || j[field].is_null()) return int64_t{0};
+  if (!j[field].is_number() || j[field].get<double>() <= 0 || j[field].get<double>() > 1e7)
+    return Status::Error(std::string(field) + ": must be a positive number of seconds", EINVAL);
+  return static_cast<int64_t>(j[field].get<double>() * 1000);
+}
+
+Result<sandbox::CreateRequest> ParseCreate(const json& j) {
+  if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
+  static const std::set<std::string> kKnown = {"template", "env",     "metadata",
+                                               "limits",   "timeout", "on_timeout"};
+  for (const auto& [k, v] : j.items())
+    if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
+  sandbox::CreateRequest r;
+  if (j.contains("template")) {
+    if (!j["template"].is_string()) return Status::Error("template: must be a string", EINVAL);
+    r.template_name = j["template"].get<std::string>();
+  }
+  auto env = StringMap(j, "env");
+  if (!env.ok()) return env.status();
+  r.env = *env;
+  auto md = StringMap(j, "metadata");
+  if (!md.ok()) return md.status();
+  r.metadata = *md;
+  if (j.contains("limits")) {
+    const json& l = j["limits"];
+    if (!l.is_object()) return Status::Error("limits: must be an object", EINVAL);
+    static const std::set<std::string> kLimits = {"memory_bytes", "cpus", "cpu_weight", "pids",
+                                                  "disk_bytes"};
+    for (const auto& [k, v] : l.items())
+      if (!kLimits.count(k)) return Status::Error("limits: unknown field '" + k + "'", EINVAL);
+    for (auto [name, dst] :
+         {std::pair{"memory_bytes", &r.limits.memory_bytes}, std::pair{"pids", &r.limits.pids},
+          std::pair{"disk_bytes", &r.limits.disk_bytes},
+          std::pair{"cpu_weight", &r.limits.cpu_weight}}) {
+      auto v = SizeField(l, name);
+      if (!v.ok()) return v.status().Wrap("limits");
+      *dst = *v;
+    }
+    if (l.contains("cpus")) {
+      if (!l["cpus"].is_number()) return Status::Error("limits.cpus: must be a number", EINVAL);
+      r.limits.cpus = l["cpus"].get<double>();
+    }
+  }
+  auto t = SecondsField(j, "timeout");
+  if (!t.ok()) return t.status();
+  r.timeout_ms = *t;
+  if (j.contains("on_timeout")) {
+    if (!j["on_timeout"].is_string()) return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
+    r.on_timeout = j["on_timeout"].get<std::string>();
+  }
+  return r;
+}
+
+std::string Sha256Hex(std::string_view s) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(s.data(), s.size(), md, &n, EVP_sha256(), nullptr);
+  std::string out;
+  char b[3];
+  for (unsigned i = 0; i < n; ++i) {
+    std::snprintf(b, sizeof b, "%02x", md[i]);
+    out += b;
+  }
+  return out;
+}
+
+// ---- agent helpers ----
+
+// The SPAWN payload for a command request (native JSON).
+Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord& sb,
+                                      bool* background) {
+  if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
+  protocol::Writer w;
+  if (j.contains("argv")) {
+    if (!j["argv"].is_array() || j["argv"].empty())
+      return Status::Error("argv: a non-empty array of strings", EINVAL);
+    for (const auto& a : j["argv"]) {
+      if (!a.is_string()) return Status::Error("argv: a non-empty array of strings", EINVAL);
+      w.Str(Tag::kArgv, a.get<std::string>());
+    }
+  } else if (j.contains("command") && j["command"].is_string()) {
+    w.Str(Tag::kArgv, "/bin/sh")
+        .Str(Tag::kArgv, "-c")
+        .Str(Tag::kArgv, j["command"].get<std::string>());
+  } else {
+    return Status::Error("give argv (an array) or command (a shell string)", EINVAL);
+  }
+  w.Str(Tag::kEnv, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  for (const auto& [k, v] : sb.env) w.Str(Tag::kEnv, k + "=" + v);
+  auto env = StringMap(j, "env");
+  if (!env.ok()) return env.status();
+  for (const auto& [k, v] : *env) w.Str(Tag::kEnv, k + "=" + v);
+  if (j.contains("cwd")) {
+    if (!j["cwd"].is_string()) return Status::Error("cwd: must be a string", EINVAL);
+    w.Str(Tag::kCwd, j["cwd"].get<std::string>());
+  }
+  if (j.contains("user")) {
+    if (!j["user"].is_string()) return Status::Error("user: must be a string", EINVAL);
+    w.Str(Tag::kUser, j["user"].get<std::string>());
+  }
+  if (j.value("stdin", false)) w.Int(Tag::kStdinOpen, 1);
+  auto t = SecondsField(j, "timeout");
+  if (!t.ok()) return t.status();
+  if (*t > 0) w.Int(Tag::kTimeoutMs, *t);
+  if (j.contains("tag") && j["tag"].is_string()) w.Str(Tag::kTag, j["tag"].get<std::string>());
+  if (j.contains("pty") && j["pty"].is_object()) {
+    w.Int(Tag::kPty, 1)
+        .Int(Tag::kRows, j["pty"].value("rows", 24))
+        .Int(Tag::kCols, j["pty"].value("cols", 80));
+  }
+  *background = j.value("background", false);
+  return w;
+}
+
+json OutputEvent(const protocol::Frame& f) {
+  return {{"type", f.fields.Int(Tag::kStream) == 2 ? "stderr" : "stdout"},
+          {"offset", f.fields.Int(Tag::kOffset)},
+          {"data", Base64(f.fields.Str(Tag::kData))}};
+}
+
+json ExitEvent(const protocol::Frame& f) {
+  json j = {{"type", "exit"}, {"exit_code", f.fields.Int(Tag::kExitCode, -1)}};
+  if (int64_t sig = f.fields.Int(Tag::kSignal)) j["signal"] = sig;
+  if (f.fields.Int(Tag::kTimedOut)) j["timed_out"] = true;
+  return j;
+}
+
+// Streams a process subscription as NDJSON until EXIT. A client that goes away leaves the
+// process running (the subscription is dropped; the agent keeps buffering its output).
+awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
+                              sandbox::Subscription& sub, int64_t pid) {
+  for (;;) {
+    auto f = co_await sub.Next();
+    if (!f.ok()) {
+      std::string line = json{{"type", "error"}, {"message", f.status().message()}}.dump() + "\n";
+      (void)co_await ex.WriteChunk(line);
+      break;
+    }
+    json line;
+    if (f->type() == Type::kOutput)
+      line = OutputEvent(*f);
+    else if (f->type() == Type::kExit)
+      line = ExitEvent(*f);
+    else if (f->type() == Type::kError)
+      line = {{"type", "error"}, {"message", std::string(f->fields.Str(Tag::kMessage))}};
+    else
+      continue;  // the OK reply of SPAWN/ATTACH
+    if (!(co_await ex.WriteChunk(line.dump() + "\n")).ok()) {
+      // The client went away: stop following; the process goes on.
+      (void)co_await ch.Call(Type::kDetach, protocol::Writer().Int(Tag::kPid, pid));
+      sub.Cancel();
+      co_return;
+    }
+    if (f->type() == Type::kExit || f->type() == Type::kError) break;
+  }
+  sub.Cancel();
+  (void)co_await ex.EndStream();
+}
+
+awaitable<std::shared_ptr<sandbox::AgentChannel>> ChannelOrFail(ApiContext& ctx, http::Exchange& ex,
+                                                                const store::ApiKeyRecord& key) {
+  auto ch = co_await ctx.manager.Channel(key, ex.Param("id"));
+  if (!ch.ok()) {
+    co_await Fail(ex, ch.status());
+    co_return nullptr;
+  }
+  co_return *ch;
+}
+
+Result<std::string> PathQuery(const http::Exchange& ex, const char* name = "path") {
+  auto p = ex.query().Get(name);
+  if (!p || p->empty())
+    return Status::Error(std::string("query parameter '") + name + "' is required", EINVAL);
+  return *p;
+}
+
+Result<int64_t> IntQuery(const http::Exchange& ex, const char* name, int64_t def) {
+  auto v = ex.query().Get(name);
+  if (!v) return def;
+  char* end = nullptr;
+  long long n = std::strtoll(v->c_str(), &end, 10);
+  if (v->empty() || *end != '\0')
+    return Status::Error(std::string(name) + ": must be an integer", EINVAL);
+  return static_cast<int64_t>(n);
+}
+
+int SignalNumber(const json& j) {
+  if (j.is_number_integer()) return j.get<int>();
+  if (!j.is_string()) return 0;
+  std::string s = j.get<std::string>();
+  if (s.rfind("SIG", 0) == 0) s = s.substr(3);
+  static const std::map<std::string, int> kSignals = {
+      {"HUP", SIGHUP},   {"INT", SIGINT},    {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+      {"TERM", SIGTERM}, {"USR1", SIGUSR1},  {"USR2", SIGUSR2}, {"STOP", SIGSTOP},
+      {"CONT", SIGCONT}, {"WINCH", SIGWINCH}};
+  auto it = kSignals.find(s);
+  return it == kSignals.end() ? 0 : it->second;
+}
+
+// Forwards a PTY WebSocket's input to the process: binary messages are keystrokes, text messages
+// JSON control ({"type":"resize","rows","cols"} or {"type":"signal","signal"}).
+awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
+                         std::shared_ptr<sandbox::AgentChannel> channel, int64_t pid) {
+  for (;;) {
+    auto m = co_await sock->Read();
+    if (!m.ok()) co_return;
+    protocol::Writer w;
+    w.Int(Tag::kPid, pid);
+    Type type = Type::kStdin;
+    if (m->binary) {
+      w.Str(Tag::kData, m->data);
+    } else {
+      json c = json::parse(m->data, nullptr, false);
+      std::string what = c.is_object() ? c.value("type", "") : "";
+      if (what == "resize") {
+        type = Type::kResize;
+        w.Int(Tag::kRows, c.value("rows", 24)).Int(Tag::kCols, c.value("cols", 80));
+      } else if (what == "signal" && c.contains("signal")) {
+        type = Type::kSignal;
+        w.Int(Tag::kSignal, SignalNumber(c["signal"])).Int(Tag::kGroup, 1);
+      } else {
+        continue;
+      }
+    }
+    (void)co_await channel->Call(type, std::move(w));
+  }
+}
+
+// Writes a request body into a file in the box: WRITE_BEGIN, WRITE_DATA per chunk, WRITE_END.
+awaitable<Result<protocol::Frame>> WriteFileFromBody(http::Exchange& ex, sandbox::AgentChannel& ch,
+                                                     const std::string& path, int64_t mode,
+                                                     int64_t uid, int64_t gid) {
+  uint32_t id = ch.NextId();
+  protocol::Writer begin;
+  begin.Str(Tag::kPath, path).Int(Tag::kParents, 1).Int(Tag::kUid, uid).Int(Tag::kGid, gid);
+  if (mode > 0) begin.Int(Tag::kMode, mode);
+  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, std::move(begin));
+  if (!b.ok()) co_return b.status();
+  std::string buf(protocol::kMaxChunk, '\0');
+  for (;;) {
+    auto n = co_await ex.ReadSome(buf.data(), buf.size());
+    if (!n.ok())
+      co_return n.status();  // the agent removes the temporary file when the write is not ended
+    if (*n == 0) break;
+    Status s = co_await ch.Send(
+        Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
+    if (!s.ok()) co_return s;
+  }
+  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
+}
+
+// ---- routes ----
+
+void Sandboxes(http::Router& r, ApiContext& ctx) {
+  r.Post("/v1/sandboxes",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto started = Clock::now();
+           auto body = co_await ex.ReadBody();
+           if (!body.ok()) co_return co_await Fail(ex, body.status());
+           json j = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+           if (j.is_discarded())
+             co_return co_await ex.RespondError(400, "invalid_argument", "body: not valid JSON");
+           auto req = ParseCreate(j);
+           if (!req.ok()) co_return co_await Fail(ex, req.status());
+           req->idempotency_key = std::string(ex.Header("Idempotency-Key"));
+           req->request_hash = Sha256Hex(j.dump());
+           sandbox::QuotaExceeded quota;
+           auto rec =
+               co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, *req, &quota); });
+           if (!rec.ok()) {
+             http::Headers h;
+             if (rec.status().err() == EAGAIN)
+               h.emplace_back("Retry-After",
+                              std::to_string(static_cast<int>(std::ceil(quota.retry_after_s))));
+             co_return co_await Fail(ex, rec.status(), h);
+           }
+           ctx.metrics.create_seconds.Observe(
+               std::chrono::duration<double>(Clock::now() - started).count());
+           co_await ex.RespondJson(201, SandboxJson(*rec));
+         }));
+
+  r.Get("/v1/sandboxes",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          store::SandboxFilter f;
+          for (const auto& s : ex.query().GetAll("state")) f.states.push_back(s);
+          for (const auto& [k, v] : ex.query().items())
+            if (k.rfind("metadata.", 0) == 0) f.metadata.emplace_back(k.substr(9), v);
+          auto limit = IntQuery(ex, "limit", 100);
+          if (!limit.ok() || *limit < 1 || *limit > 1000)
+            co_return co_await ex.RespondError(400, "invalid_argument", "limit: 1 to 1000");
+          f.limit = static_cast<size_t>(*limit);
+          f.after = ex.query().Get("cursor").value_or("");
+          auto page = ctx.manager.List(key, f);
+          if (!page.ok()) co_return co_await Fail(ex, page.status());
+          json items = json::array();
+          for (const auto& rec : page->items) items.push_back(SandboxJson(rec));
+          json body = {{"sandboxes", items},
+                       {"next_cursor", page->next.empty() ? json(nullptr) : json(page->next)}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  r.Get("/v1/sandboxes/{id}",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json j = SandboxJson(*rec);
+          if (rec->state == store::kStateRunning || rec->state == store::kStatePaused) {
+            auto st = ctx.manager.Stats(key, rec->id);
+            if (st.ok())
+              j["stats"] = {{"cpu_usage_ns", st->cpu_usage_ns},
+                            {"memory_bytes", st->memory_current},
+                            {"memory_peak_bytes", st->memory_peak},
+                            {"pids", st->pids_current},
+                            {"oom_kills", st->oom_kills}};
+          }
+          co_await ex.RespondJson(200, j);
+        }));
+
+  r.Delete(
+      "/v1/sandboxes/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+        std::string id = ex.Param("id");
+        Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Kill(key, id); });
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+
+  r.Post("/v1/sandboxes/{id}/timeout",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           auto t = SecondsField(*j, "timeout");
+           if (!t.ok() || *t == 0)
+             co_return co_await ex.RespondError(400, "invalid_argument",
+                                                "timeout: a positive number of seconds");
+           auto rec = ctx.manager.SetTimeout(key, ex.Param("id"), *t);
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           co_await ex.RespondJson(200, SandboxJson(*rec));
+         }));
+
+  for (const char* action : {"pause", "resume"}) {
+    bool pause = std::string(action) == "pause";
+    r.Post(std::string("/v1/sandboxes/{id}/") + action,
+           Authed(ctx,
+                  [&ctx, pause](http::Exchange& ex,
+                                const store::ApiKeyRecord& key) -> awaitable<void> {
+                    std::string id = ex.Param("id");
+                    Status s = co_await OnPool(ctx.blocking, [&] {
+                      return pause ? ctx.manager.Pause(key, id) : ctx.manager.Resume(key, id);
+                    });
+                    if (!s.ok()) co_return co_await Fail(ex, s);
+                    auto rec = ctx.manager.Get(key, id);
+                    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+                    co_await ex.RespondJson(200, SandboxJson(*rec));
+                  }));
+  }
+}
+
+void Commands(http::Router& r, ApiContext& ctx) {
+  r.Post("/v1/sandboxes/{id}/commands",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto started = Clock::now();
+           auto rec = ctx.manager.Get(key, ex.Param("id"));
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           bool background = false;
+           auto w = SpawnPayload(*j, *rec, &background);
+           if (!w.ok()) co_return co_await Fail(ex, w.status());
+           auto ch = co_await ChannelOrFail(ctx, ex, key);
+           if (!ch) co_return;
+           auto sub = co_await ch->Open(Type::kSpawn, *w);
+           if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+           if (!first.ok()) co_return co_await Fail(ex, first.status());
+           if (first->type() == Type::kError) {
+             (*sub)->Cancel();
+             co_return co_await Fail(
+                 ex, Status::Error(std::string(first->fields.Str(Tag::kMessage)),
+                                   static_cast<int>(first->fields.Int(Tag::kErrno, EIO))));
+           }
+           int64_t pid = first->fields.Int(Tag::kPid);
+           ctx.metrics.commands++;
+           ctx.metrics.exec_seconds.Observe(
+               std::chrono::duration<double>(Clock::now() - started).count());
+           json argv = j->contains("argv") ? (*j)["argv"] : json((*j).value("command", ""));
+           ctx.manager.Audit("command.start", rec->id, key.id,
+                             {{"pid", pid}, {"argv", argv}, {"background", background}});
+           if (background) {
+             (void)co_await ch->Call(Type::kDetach, protocol::Writer().Int(Tag::kPid, pid));
+             (*sub)->Cancel();
+             json body = {{"pid", pid}};
+             co_return co_await ex.RespondJson(201, body);
+           }
+           http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
+           Status s = co_await ex.BeginStream(200, "application/x-ndjson", headers);
+           if (!s.ok()) co_return;
+           std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
+           (void)co_await ex.WriteChunk(start);
+           co_await StreamProcess(ex, *ch, **sub, pid);
+         }));
+
+  r.Get("/v1/sandboxes/{id}/commands",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          std::vector<protocol::Frame> entries;
+          auto r2 = co_await ch->Call(Type::kListProcs, protocol::Writer(), &entries);
+          if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+          json out = json::array();
+          for (const auto& e : entries) {
+            json argv = json::array();
+            for (auto a : e.fields.All(Tag::kArgv)) argv.push_back(std::string(a));
+            json p = {{"pid", e.fields.Int(Tag::kPid)},
+                      {"argv", argv},
+                      {"tag", std::string(e.fields.Str(Tag::kTag))},
+                      {"pty", e.fields.Int(Tag::kPty) != 0},
+                      {"running", e.fields.Int(Tag::kRunning) != 0},
+                      {"started_at", IsoTime(e.fields.Int(Tag::kStartedNs) / 1000000)}};
+            if (!e.fields.Int(Tag::kRunning)) {
+              p["exit_code"] = e.fields.Int(Tag::kExitCode, -1);
+              if (int64_t sig = e.fields.Int(Tag::kSignal)) p["signal"] = sig;
+            }
+            out.push_back(p);
+          }
+          json body = {{"commands", out}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  r.Get("/v1/sandboxes/{id}/commands/{pid}/output",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto pid = IntQuery(ex, "pid", 0);
+          char* end = nullptr;
+          int64_t p = std::strtoll(ex.Param("pid").c_str(), &end, 10);
+          auto so = IntQuery(ex, "stdout_offset", 0), se = IntQuery(ex, "stderr_offset", 0);
+          if (*end != '\0' || p <= 0 || !so.ok() || !se.ok() || !pid.ok())
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "pid and offsets must be integers");
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto sub = co_await ch->Open(Type::kAttach, protocol::Writer()
+                                                          .Int(Tag::kPid, p)
+                                                          .Int(Tag::kStdoutOffset, *so)
+                                                          .Int(Tag::kStderrOffset, *se));
+          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+          if (!first.ok()) co_return co_await Fail(ex, first.status());
+          if (first->type() == Type::kError) {
+            (*sub)->Cancel();
+            co_return co_await Fail(
+                ex, Status::Error(std::string(first->fields.Str(Tag::kMessage)),
+                                  static_cast<int>(first->fields.Int(Tag::kErrno, EIO))));
+          }
+          Status s = co_await ex.BeginStream(200, "application/x-ndjson");
+          if (!s.ok()) co_return;
+          co_await StreamProcess(ex, *ch, **sub, p);
+        }));
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin",
+         Authed(ctx,
+                [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+                  int64_t pid = std::atoll(ex.Param("pid").c_str());
+                  auto ch = co_await ChannelOrFail(ctx, ex, key);
+                  if (!ch) co_return;
+                  std::string buf(protocol::kMaxChunk, '\0');
+                  for (;;) {
+                    auto n = co_await ex.ReadSome(buf.data(), buf.size());
+                    if (!n.ok()) co_return co_await Fail(ex, n.status());
+                    if (*n == 0) break;
+                    auto r2 = co_await ch->Call(
+                        Type::kStdin, protocol::Writer()
+                                          .Int(Tag::kPid, pid)
+                                          .Str(Tag::kData, std::string_view(buf.data(), *n)));
+                    if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+                  }
+                  co_await ex.Respond(204, "");
+                }),
+         http::RouteOptions{64u << 20});
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin/close",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto ch = co_await ChannelOrFail(ctx, ex, key);
+           if (!ch) co_return;
+           auto r2 = co_await ch->Call(
+               Type::kCloseStdin,
+               protocol::Writer().Int(Tag::kPid, std::atoll(ex.Param("pid").c_str())));
+           if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+           co_await ex.Respond(204, "");
+         }));
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/signal",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           int sig = j->contains("signal") ? SignalNumber((*j)["signal"]) : SIGKILL;
+           if (sig <= 0 || sig >= 65)
+             co_return co_await ex.RespondError(400, "invalid_argument",
+                                                "signal: a number or a name like SIGTERM");
+           auto ch = co_await ChannelOrFail(ctx, ex, key);
+           if (!ch) co_return;
+           auto r2 = co_await ch->Call(Type::kSignal,
+                                       protocol::Writer()
+                                           .Int(Tag::kPid, std::atoll(ex.Param("pid").c_str()))
+                                           .Int(Tag::kSignal, sig)
+                                           .Int(Tag::kGroup, j->value("group", true) ? 1 : 0));
+           if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+           co_await ex.Respond(204, "");
+         }));
+
+  // PTY over WebSocket: binary messages are input, text messages are JSON control
+  // ({"type":"resize","rows":R,"cols":C}); output comes as binary messages, the exit as a text
+  // message {"type":"exit",...}, then the socket closes.
+  r.Get("/v1/sandboxes/{id}/pty",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          if (!ex.WantsWebSocket())
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "this endpoint needs a WebSocket upgrade");
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json spec = {{"command", ex.query().Get("command").value_or("/bin/bash -l")},
+                       {"pty",
+                        {{"rows", IntQuery(ex, "rows", 24).ok() ? *IntQuery(ex, "rows", 24) : 24},
+                         {"cols", IntQuery(ex, "cols", 80).ok() ? *IntQuery(ex, "cols", 80) : 80}}},
+                       {"stdin", true}};
+          if (auto u = ex.query().Get("user")) spec["user"] = *u;
+          if (auto c = ex.query().Get("cwd")) spec["cwd"] = *c;
+          bool bg = false;
+          auto w = SpawnPayload(spec, *rec, &bg);
+          if (!w.ok()) co_return co_await Fail(ex, w.status());
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto sub = co_await ch->Open(Type::kSpawn, *w);
+          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+          if (!first.ok() || first->type() == Type::kError) {
+            (*sub)->Cancel();
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               first.ok()
+                                                   ? std::string(first->fields.Str(Tag::kMessage))
+                                                   : first.status().message());
+          }
+          int64_t pid = first->fields.Int(Tag::kPid);
+          ctx.manager.Audit("command.start", rec->id, key.id, {{"pid", pid}, {"pty", true}});
+          auto ws = co_await ex.AcceptWebSocket();
+          if (!ws.ok()) {
+            (void)co_await ch->Call(Type::kSignal, protocol::Writer()
+                                                       .Int(Tag::kPid, pid)
+                                                       .Int(Tag::kSignal, SIGKILL)
+                                                       .Int(Tag::kGroup, 1));
+            co_return;
+          }
+          std::shared_ptr<http::WebSocket> sock = std::move(*ws);
+          std::string start = json{{"type", "start"}, {"pid", pid}}.dump();
+          (void)co_await sock->WriteText(start);
+          // Input: a coroutine of its own, so output never waits for input. A free function, not a
+          // lambda: a lambda coroutine's captures would die with the temporary closure.
+          asio::co_spawn(sock->executor(), PtyInput(sock, ch, pid), asio::detached);
+          for (;;) {
+            auto f = co_await (*sub)->Next();
+            if (!f.ok()) break;
+            if (f->type() == Type::kOutput) {
+              if (!(co_await sock->WriteBinary(f->fields.Str(Tag::kData))).ok()) break;
+            } else if (f->type() == Type::kExit) {
+              (void)co_await sock->WriteText(ExitEvent(*f).dump());
+              break;
+            }
+          }
+          (*sub)->Cancel();
+          (void)co_await sock->Close();
+        }));
+}
+
+void Files(http::Router& r, ApiContext& ctx) {
+  r.Get("/v1/sandboxes/{id}/files",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto path = PathQuery(ex);
+          if (!path.ok()) co_return co_await Fail(ex, path.status());
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto sub = co_await ch->Open(Type::kRead, protocol::Writer().Str(Tag::kPath, *path));
+          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+          bool started = false;
+          for (;;) {
+            auto f = co_await (*sub)->Next(std::chrono::seconds(60));
+            if (!f.ok()) {
+              if (!started) co_await Fail(ex, f.status());
+              break;
+            }
+            if (f->type() == Type::kError) {
+              if (!started)
+                co_await Fail(ex, Status::Error(std::string(f->fields.Str(Tag::kMessage)),
+                                                static_cast<int>(f->fields.Int(Tag::kErrno, EIO))));
+              break;
+            }
+            if (!started) {
+              if (!(co_await ex.BeginStream(200, "application/octet-stream")).ok()) break;
+              started = true;
+            }
+            if (f->type() == Type::kData) {
+              if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
+            } else if (f->type() == Type::kOk) {
+              (void)co_await ex.EndStream();
+              break;
+            }
+          }
+          (*sub)->Cancel();
+        }));
+
+  r.Put("/v1/sandboxes/{id}/files",
+        Authed(ctx,
+               [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+                 auto path = PathQuery(ex);
+                 if (!path.ok()) co_return co_await Fail(ex, path.status());
+                 int64_t mode = 0;
+                 if (auto m = ex.query().Get("mode")) mode = std::strtoll(m->c_str(), nullptr, 8);
+                 auto uid = IntQuery(ex, "uid", 0), gid = IntQuery(ex, "gid", 0);
+                 if (!uid.ok() || !gid.ok() || *uid < 0 || *gid < 0 || *uid > 65535 ||
+                     *gid > 65535 || mode < 0 || mode > 07777)
+                   co_return co_await ex.RespondError(400, "invalid_argument",
+                                                      "mode (octal), uid and gid (0..65535)");
+                 auto ch = co_await ChannelOrFail(ctx, ex, key);
+                 if (!ch) co_return;
+                 auto r2 = co_await WriteFileFromBody(ex, *ch, *path, mode, *uid, *gid);
+                 if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+                 ctx.manager.Audit("file.write", ex.Param("id"), key.id,
+                                   {{"path", *path}, {"size", r2->fields.Int(Tag::kSize)}});
+                 co_await ex.RespondJson(200, EntryJson(r2->fields));
+               }),
+        http::RouteOptions{size_t{1} << 40});
+
+  r.Get("/v1/sandboxes/{id}/files/stat",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto path = PathQuery(ex);
+          if (!path.ok()) co_return co_await Fail(ex, path.status());
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto r2 = co_await ch->Call(Type::kStat, protocol::Writer().Str(Tag::kPath, *path));
+          if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+          co_await ex.RespondJson(200, EntryJson(r2->fields));
+        }));
+
+  r.Get("/v1/sandboxes/{id}/files/list",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto path = PathQuery(ex);
+          auto depth = IntQuery(ex, "depth", 1);
+          if (!path.ok()) co_return co_await Fail(ex, path.status());
+          if (!depth.ok() || *depth < 1)
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "depth: a positive integer");
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          std::vector<protocol::Frame> entries;
+          auto r2 = co_await ch->Call(
+              Type::kList, protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kDepth, *depth),
+              &entries);
+          if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+          json out = json::array();
+          for (const auto& e : entries) out.push_back(EntryJson(e.fields));
+          json body = {{"entries", out}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  r.Post("/v1/sandboxes/{id}/files/mkdir",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           if (!j->contains("path") || !(*j)["path"].is_string())
+             co_return co_await ex.RespondError(400, "invalid_argument", "path: required");
+           auto ch = co_await ChannelOrFail(ctx, ex, key);
+           if (!ch) co_return;
+           auto r2 = co_await ch->Call(Type::kMkdir,
+                                       protocol::Writer()
+                                           .Str(Tag::kPath, (*j)["path"].get<std::string>())
+                                           .Int(Tag::kParents, j->value("parents", true) ? 1 : 0));
+           if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+           co_await ex.RespondJson(200, EntryJson(r2->fields));
+         }));
+
+  r.Post("/v1/sandboxes/{id}/files/move",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           if (!j->contains("from") || !j->contains("to") || !(*j)["from"].is_string() ||
+               !(*j)["to"].is_string())
+             co_return co_await ex.RespondError(400, "invalid_argument",
+                                                "from and to: required strings");
+           auto ch = co_await ChannelOrFail(ctx, ex, key);
+           if (!ch) co_return;
+           auto r2 = co_await ch->Call(Type::kMove,
+                                       protocol::Writer()
+                                           .Str(Tag::kPath, (*j)["from"].get<std::string>())
+                                           .Str(Tag::kNewPath, (*j)["to"].get<std::string>()));
+           if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+           co_await ex.RespondJson(200, EntryJson(r2->fields));
+         }));
+
+  r.Delete(
+      "/v1/sandboxes/{id}/files",
+      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        bool recursive = ex.query().Get("recursive").value_or("") == "true" ||
+                         ex.query().Get("recursive").value_or("") == "1";
+        auto ch = co_await ChannelOrFail(ctx, ex, key);
+        if (!ch) co_return;
+        auto r2 = co_await ch->Call(
+            Type::kRemove,
+            protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kRecursive, recursive ? 1 : 0));
+        if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+        co_await ex.Respond(204, "");
+      }));
+
+  r.Get("/v1/sandboxes/{id}/files/watch",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto path = PathQuery(ex);
+          if (!path.ok()) co_return co_await Fail(ex, path.status());
+          bool recursive = ex.query().Get("recursive").value_or("") == "true" ||
+                           ex.query().Get("recursive").value_or("") == "1";
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto sub = co_await ch->Open(
+              Type::kWatch,
+              protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kRecursive, recursive ? 1 : 0));
+          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+          if (!first.ok() || first->type() == Type::kError) {
+            (*sub)->Cancel();
+            co_return co_await Fail(
+                ex, first.ok()
+                        ? Status::Error(std::string(first->fields.Str(Tag::kMessage)),
+                                        static_cast<int>(first->fields.Int(Tag::kErrno, EIO)))
+                        : first.status());
+          }
+          if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
+          static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
+          uint32_t watch_id = (*sub)->id();
+          // Keepalives every 15 s also tell us when the client went away.
+          for (;;) {
+            auto f = co_await (*sub)->Next(std::chrono::seconds(15));
+            std::string line;
+            if (!f.ok() && f.status().err() == ETIMEDOUT) {
+              line = json{{"type", "keepalive"}}.dump() + "\n";
+            } else if (!f.ok()) {
+              break;
+            } else if (f->type() == Type::kWatchEvent) {
+              int64_t e = f->fields.Int(Tag::kEvent);
+              line = json{{"type", kEvents[(e >= 1 && e <= 5) ? e : 0]},
+                          {"path", std::string(f->fields.Str(Tag::kPath))},
+                          {"name", std::string(f->fields.Str(Tag::kName))}}
+                         .dump() +
+                     "\n";
+            } else {
+              continue;
+            }
+            if (!(co_await ex.WriteChunk(line)).ok()) break;
+          }
+          (*sub)->Cancel();
+          (void)co_await ch->CallWithId(Type::kUnwatch, watch_id, protocol::Writer());
+        }));
+}
+
+void Audit(http::Router& r, ApiContext& ctx) {
+  r.Get("/v1/audit",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          store::AuditQuery q;
+          q.sandbox_id = ex.query().Get("sandbox").value_or("");
+          q.type = ex.query().Get("type").value_or("");
+          auto since = IntQuery(ex, "since", 0), until = IntQuery(ex, "until", 0),
+               after = IntQuery(ex, "after", 0), limit = IntQuery(ex, "limit", 100);
+          if (!since.ok() || !until.ok() || !after.ok() || !limit.ok() || *limit < 1 ||
+              *limit > 10000)
+            co_return co_await ex.RespondError(
+                400, "invalid_argument",
+                "since, until (ms), after (seq) and limit (1..10000) are integers");
+          q.since = *since;
+          q.until = *until;
+          q.after_seq = *after;
+          q.limit = static_cast<size_t>(*limit);
+          // A key sees the events of its own sandboxes and its own requests.
+          if (!q.sandbox_id.empty()) {
+            auto rec = ctx.manager.Get(key, q.sandbox_id);
+            if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          }
+          auto events = ctx.store.QueryAudit(q);
+          if (!events.ok()) co_return co_await Fail(ex, events.status());
+          json out = json::array();
+          for (const auto& e : *events) {
+            if (e.key_id != key.id) continue;
+            out.push_back({{"seq", e.seq},
+                           {"time", IsoTime(e.time)},
+                           {"time_ms", e.time},
+                           {"sandbox_id", e.sandbox_id},
+                           {"type", e.type},
+                           {"detail", e.detail}});
+          }
+          json body = {{"events", out}};
+          co_await ex.RespondJson(200, body);
+        }));
+}
+
+void Health(http::Router& r, ApiContext& ctx) {
+  r.Get("/healthz", [&ctx](http::Exchange& ex) -> awaitable<void> {
+    Status s = ctx.store.CheckIntegrity();
+    json body =
+        s.ok() ? json{{"status", "ok"}} : json{{"status", "unhealthy"}, {"error", s.message()}};
+    co_await ex.RespondJson(s.ok() ? 200 : 503, body);
+  });
+  r.Get("/metrics", [&ctx](http::Exchange& ex) -> awaitable<void> {
+    std::string out;
+    auto live = co_await OnPool(ctx.blocking, [&] { return ctx.manager.LiveStats(); });
+    std::map<std::string, int> by_state = {{"creating", 0}, {"running", 0}, {"paused", 0}};
+    if (auto recs = ctx.store.ListLiveSandboxes(); recs.ok())
+      for (const auto& rec : *recs) by_state[rec.state]++;
+    out += "# HELP sbx_sandboxes Live sandboxes by state.\n# TYPE sbx_sandboxes gauge\n";
+    for (const auto& [state, n] : by_state)
+      out += "sbx_sandboxes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
+    auto c = ctx.manager.counters();
+    out +=
+        "# HELP sbx_sandbox_creations_total Sandboxes created.\n# TYPE sbx_sandbox_creations_total "
+        "counter\n";
+    out += "sbx_sandbox_creations_total " + std::to_string(c.creations) + "\n";
+    out +=
+        "# HELP sbx_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE "
+        "sbx_sandbox_creation_failures_total counter\n";
+    out += "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
+    out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
+    out += "sbx_commands_total " + std::to_string(ctx.metrics.commands.load()) + "\n";
+    ctx.metrics.create_seconds.Render("sbx_create_seconds",
+                                      "Time from create request to a running sandbox.", &out);
+    ctx.metrics.exec_seconds.Render("sbx_exec_seconds",
+                                    "Time from command request to the process running.", &out);
+    out +=
+        "# HELP sbx_sandbox_cpu_seconds_total CPU time used by a sandbox.\n# TYPE "
+        "sbx_sandbox_cpu_seconds_total counter\n";
+    for (const auto& [rec, st] : live) {
+      char line[200];
+      std::snprintf(line, sizeof line, "sbx_sandbox_cpu_seconds_total{sandbox=\"%s\"} %.6f\n",
+                    rec.id.c_str(), st.cpu_usage_ns / 1e9);
+      out += line;
+    }
+    out +=
+        "# HELP sbx_sandbox_memory_bytes Memory used by a sandbox.\n# TYPE "
+        "sbx_sandbox_memory_bytes gauge\n";
+    for (const auto& [rec, st] : live)
+      out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
+             std::to_string(st.memory_current) + "\n";
+    co_await ex.Respond(200, out, "text/plain; version=0.0.4");
+  });
+}
+
+}  // namespace
+
+void RegisterV1(http::Router& router, ApiContext& ctx) {
+  Health(router, ctx);
+  Sandboxes(router, ctx);
+  Commands(router, ctx);
+  Files(router, ctx);
+  Audit(router, ctx);
+}
+
+}  // namespace sbx::api

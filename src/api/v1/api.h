@@ -1,0 +1,30 @@
+// The native REST API under /v1, /healthz and /metrics (docs/api.md, docs/openapi.yaml). It
+// translates HTTP into calls on the sandbox manager and frames for the sandbox's agent; it holds
+// no behaviour of its own beyond encoding.
+#pragma once
+
+// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+// clang-format off
+#include <utility>
+// clang-format on
+
+#include <boost/asio/thread_pool.hpp>
+
+#include "api/http/router.h"
+#include "api/v1/metrics.h"
+#include "sandbox/manager.h"
+#include "store/store.h"
+
+namespace sbx::api {
+
+struct ApiContext {
+  sandbox::Manager& manager;
+  store::Store& store;
+  Metrics& metrics;
+  boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
+};
+
+// Adds every route. `ctx` must outlive the server.
+void RegisterV1(http::Router& router, ApiContext& ctx);
+
+}  // namespace sbx::api

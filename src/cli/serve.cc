@@ -1,0 +1,132 @@
+#include "cli/serve.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <boost/asio/thread_pool.hpp>
+#include <cstdio>
+
+#include "api/http/server.h"
+#include "api/v1/api.h"
+#include "common/fs.h"
+#include "runtime/native/native_runtime.h"
+#include "sandbox/manager.h"
+#include "store/store.h"
+
+namespace sbx::cli {
+
+std::string ApiKeyFile(const std::string& data_dir) { return data_dir + "/api-key"; }
+
+namespace {
+
+// On first start (no key in the store) makes the key "default", prints it once and leaves it in
+// a 0600 file for the CLI. The store keeps only its hash.
+Status EnsureApiKey(store::Store& store, const std::string& data_dir) {
+  auto keys = store.ListApiKeys();
+  if (!keys.ok()) return keys.status();
+  for (const auto& k : *keys)
+    if (k.active()) return {};
+  auto key = store.CreateApiKey("default", 0, 0);
+  if (!key.ok()) return key.status();
+  SBX_RETURN_IF_ERROR(WriteFileAtomic(ApiKeyFile(data_dir), key->secret + "\n", 0600));
+  std::fprintf(stderr,
+               "sbx: first start: created API key '%s' (shown once, stored hashed):\n\n    %s\n\n"
+               "     the sbx CLI reads it from %s\n",
+               key->record.id.c_str(), key->secret.c_str(), ApiKeyFile(data_dir).c_str());
+  return {};
+}
+
+}  // namespace
+
+int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
+    return kExitSbxError;
+  }
+  auto colon = o.listen.rfind(':');
+  if (colon == std::string::npos) {
+    std::fprintf(stderr, "sbx: --listen: expected HOST:PORT, got '%s'\n", o.listen.c_str());
+    return kExitSbxError;
+  }
+  http::ServerOptions so;
+  so.host = o.listen.substr(0, colon);
+  so.port = static_cast<uint16_t>(std::atoi(o.listen.c_str() + colon + 1));
+  so.unix_socket = o.unix_socket;
+  so.threads = o.threads;
+  so.access_log = http::SpdlogAccessLog();
+
+  // SIGTERM/SIGINT end the daemon through a signalfd; SIGPIPE never kills it.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  ::sigprocmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  Status s = MakeDirs(global.data_dir, 0711);
+  if (!s.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  auto st = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
+  if (!st.ok()) {
+    std::fprintf(stderr, "sbx: store: %s\n", st.status().message().c_str());
+    return kExitSbxError;
+  }
+  runtime::NativeConfig cfg;
+  cfg.run_dir = global.data_dir + "/run";
+  cfg.agent_path = FindAgent(global.agent_path);
+  if (const char* p = std::getenv("SBX_CGROUP_PARENT")) cfg.cgroup_parent = p;
+  auto rt = runtime::NativeRuntime::Open(cfg);
+  if (!rt.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", rt.status().message().c_str());
+    return kExitSbxError;
+  }
+  s = EnsureApiKey(**st, global.data_dir);
+  if (!s.ok()) {
+    std::fprintf(stderr, "sbx: api key: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  sandbox::ManagerConfig mc;
+  mc.default_timeout_ms = o.default_timeout_s * 1000;
+  sandbox::Manager manager(
+      mc, **rt, storage::TemplateStore{global.data_dir + "/templates", cfg.id_base}, **st);
+  s = manager.Reconcile();
+  if (!s.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  manager.StartTtlLoop();
+
+  boost::asio::thread_pool blocking(4);
+  api::Metrics metrics;
+  api::ApiContext ctx{manager, **st, metrics, blocking};
+  http::Router router;
+  api::RegisterV1(router, ctx);
+  http::Server server(so, std::move(router));
+  s = server.Start();
+  if (!s.ok()) {
+    std::fprintf(stderr, "sbx: listen on %s: %s\n", o.listen.c_str(), s.message().c_str());
+    return kExitSbxError;
+  }
+  std::fprintf(stderr, "sbx: serving on http://%s:%u (data in %s); stop with Ctrl-C or SIGTERM\n",
+               so.host.c_str(), server.port(), global.data_dir.c_str());
+  // The port, for scripts and tests that asked for port 0.
+  (void)WriteFileAtomic(global.data_dir + "/serve.port", std::to_string(server.port()) + "\n",
+                        0644);
+
+  int sfd = ::signalfd(-1, &sigs, SFD_CLOEXEC);
+  signalfd_siginfo si{};
+  while (::read(sfd, &si, sizeof si) < 0 && errno == EINTR) {
+  }
+  spdlog::info("signal {}: stopping; sandboxes keep running", si.ssi_signo);
+  server.Stop();
+  manager.Stop();
+  blocking.join();
+  ::close(sfd);
+  return 0;
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,505 @@
+#include "sandbox/manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/this_coro.hpp>
+#include <cmath>
+
+#include "common/fs.h"
+
+namespace sbx::sandbox {
+namespace {
+
+using store::SandboxRecord;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr size_t kMaxMetadataEntries = 64;
+constexpr size_t kMaxKeyBytes = 256;
+constexpr size_t kMaxValueBytes = 4096;
+constexpr size_t kMaxEnvEntries = 256;
+
+Status ValidateMap(const std::map<std::string, std::string>& m, const char* what,
+                   size_t max_entries, bool env) {
+  if (m.size() > max_entries)
+    return Status::Error(
+        std::string(what) + ": at most " + std::to_string(max_entries) + " entries", EINVAL);
+  for (const auto& [k, v] : m) {
+    if (k.empty() || k.size() > kMaxKeyBytes || v.size() > kMaxValueBytes)
+      return Status::Error(std::string(what) + ": keys 1.." + std::to_string(kMaxKeyBytes) +
+                               " bytes, values up to " + std::to_string(kMaxValueBytes),
+                           EINVAL);
+    if (env && (k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+                v.find('\0') != std::string::npos))
+      return Status::Error(std::string(what) + ": invalid variable name '" + k + "'", EINVAL);
+  }
+  return {};
+}
+
+Status ValidateLimits(const store::SandboxLimits& l) {
+  if (l.memory_bytes != 0 && l.memory_bytes < (16 << 20))
+    return Status::Error("memory: at least 16 MiB", EINVAL);
+  if (l.cpus != 0 && (l.cpus < 0.01 || l.cpus > 1024 || !std::isfinite(l.cpus)))
+    return Status::Error("cpus: from 0.01 to 1024", EINVAL);
+  if (l.pids < 0 || l.pids > 4194304) return Status::Error("pids: from 1 to 4194304", EINVAL);
+  if (l.cpu_weight < 0 || l.cpu_weight > 10000)
+    return Status::Error("cpu_weight: 1 to 10000", EINVAL);
+  if (l.disk_bytes != 0 && l.disk_bytes < (16 << 20))
+    return Status::Error("disk: at least 16 MiB", EINVAL);
+  if (l.memory_bytes < 0 || l.disk_bytes < 0)
+    return Status::Error("limits must not be negative", EINVAL);
+  return {};
+}
+
+store::SandboxLimits WithDefaults(store::SandboxLimits l, const store::SandboxLimits& d) {
+  if (l.memory_bytes == 0) l.memory_bytes = d.memory_bytes;
+  if (l.cpus == 0) l.cpus = d.cpus;
+  if (l.cpu_weight == 0) l.cpu_weight = d.cpu_weight;
+  if (l.pids == 0) l.pids = d.pids;
+  if (l.disk_bytes == 0) l.disk_bytes = d.disk_bytes;
+  return l;
+}
+
+runtime::Limits ToRuntime(const store::SandboxLimits& l) {
+  runtime::Limits r;
+  r.memory_bytes = l.memory_bytes;
+  r.cpus = l.cpus;
+  r.cpu_weight = l.cpu_weight;
+  r.pids = l.pids;
+  r.disk_bytes = l.disk_bytes;
+  return r;
+}
+
+}  // namespace
+
+Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::TemplateStore templates,
+                 store::Store& store)
+    : config_(std::move(config)),
+      runtime_(runtime),
+      templates_(std::move(templates)),
+      store_(store) {}
+
+Manager::~Manager() { Stop(); }
+
+void Manager::Audit(const std::string& type, const std::string& sandbox_id,
+                    const std::string& key_id, nlohmann::json detail) {
+  store::AuditEvent e;
+  e.type = type;
+  e.sandbox_id = sandbox_id;
+  e.key_id = key_id;
+  e.detail = std::move(detail);
+  if (auto r = store_.AppendAudit(e); !r.ok())
+    spdlog::error("audit {} {}: {}", type, sandbox_id, r.status().message());
+}
+
+Status Manager::Reconcile() {
+  auto live = store_.ListLiveSandboxes();
+  if (!live.ok()) return live.status().Wrap("reconcile");
+  std::set<std::string> kept;
+  for (auto& rec : *live) {
+    std::string why;
+    if (rec.state == store::kStateCreating) {
+      why = "the daemon stopped while it was being created";
+    } else if (auto box = runtime_.Adopt(rec.id); box.ok()) {
+      std::lock_guard<std::mutex> g(mu_);
+      boxes_[rec.id] = *box;
+      kept.insert(rec.id);
+      spdlog::info("reconcile: sandbox {} ({}) kept running across the restart", rec.id, rec.state);
+      continue;
+    } else {
+      why = "lost while the daemon was down: " + box.status().message();
+    }
+    Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
+    if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
+    rec.state = store::kStateFailed;
+    rec.error = why;
+    rec.ended_at = NowMs();
+    rec.updated_at = 0;
+    SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
+    Audit("sandbox.lost", rec.id, rec.owner_key_id, {{"reason", why}});
+    spdlog::warn("reconcile: sandbox {} marked failed: {}", rec.id, why);
+  }
+  // Boxes on the host that no live record owns (a crash between creating a box and recording
+  // it, or a record deleted by hand) are removed.
+  auto ids = runtime_.ListBoxes();
+  if (!ids.ok()) return ids.status().Wrap("reconcile");
+  for (const auto& id : *ids) {
+    if (kept.count(id)) continue;
+    spdlog::warn("reconcile: removing box {} that no record owns", id);
+    Status s = runtime_.Destroy(runtime::Box{id});
+    if (!s.ok()) spdlog::error("reconcile: {}", s.message());
+  }
+  return {};
+}
+
+bool Manager::TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s) {
+  if (key.creates_per_second <= 0) return true;
+  std::lock_guard<std::mutex> g(mu_);
+  auto now = std::chrono::steady_clock::now();
+  auto [it, fresh] = buckets_.try_emplace(key.id);
+  Bucket& b = it->second;
+  // Burst of one second's worth (at least one).
+  double burst = std::max(1.0, key.creates_per_second);
+  if (fresh) {
+    b.tokens = burst;
+  } else {
+    double elapsed = std::chrono::duration<double>(now - b.last).count();
+    b.tokens = std::min(burst, b.tokens + elapsed * key.creates_per_second);
+  }
+  b.last = now;
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    return true;
+  }
+  *retry_after_s = (1 - b.tokens) / key.creates_per_second;
+  return false;
+}
+
+Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const CreateRequest& req,
+                                      QuotaExceeded* quota) {
+  auto started = std::chrono::steady_clock::now();
+  // Input first: nothing is made for a bad request.
+  SBX_RETURN_IF_ERROR(ValidateMap(req.env, "env", kMaxEnvEntries, true));
+  SBX_RETURN_IF_ERROR(ValidateMap(req.metadata, "metadata", kMaxMetadataEntries, false));
+  SBX_RETURN_IF_ERROR(ValidateLimits(req.limits));
+  if (req.timeout_ms < 0 || req.timeout_ms > config_.max_timeout_ms)
+    return Status::Error(
+        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
+  if (req.on_timeout != store::kOnTimeoutKill && req.on_timeout != store::kOnTimeoutPause)
+    return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
+  std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
+
+  // Idempotency: a retried request gets the sandbox the first one created.
+  if (!req.idempotency_key.empty()) {
+    if (req.idempotency_key.size() > 256)
+      return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
+    auto prior = store_.GetIdempotency(key.id, req.idempotency_key);
+    if (!prior.ok()) return prior.status();
+    if (*prior) {
+      if ((*prior)->request_hash != req.request_hash)
+        return Status::Error("Idempotency-Key was used with a different request", EEXIST);
+      auto rec = store_.GetSandbox((*prior)->sandbox_id);
+      if (!rec.ok()) return rec.status();
+      if (*rec) return **rec;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    if (!creating_keys_.insert(key.id + "\n" + req.idempotency_key).second)
+      return Status::Error("a request with this Idempotency-Key is in progress", EBUSY);
+  }
+  struct Release {
+    Manager* m;
+    std::string k;
+    ~Release() {
+      if (k.empty()) return;
+      std::lock_guard<std::mutex> g(m->mu_);
+      m->creating_keys_.erase(k);
+    }
+  } release{this, req.idempotency_key.empty() ? "" : key.id + "\n" + req.idempotency_key};
+
+  // Quotas: concurrent sandboxes, then the creation rate.
+  if (key.max_sandboxes > 0) {
+    auto n = store_.CountSandboxes(
+        key.id, {store::kStateCreating, store::kStateRunning, store::kStatePaused});
+    if (!n.ok()) return n.status();
+    if (*n >= key.max_sandboxes) {
+      if (quota) quota->retry_after_s = 1;
+      return Status::Error(
+          "this key may have at most " + std::to_string(key.max_sandboxes) + " live sandboxes",
+          EAGAIN);
+    }
+  }
+  double retry_after = 1;
+  if (!TakeCreateToken(key, &retry_after)) {
+    if (quota) quota->retry_after_s = retry_after;
+    return Status::Error("this key may create at most " + std::to_string(key.creates_per_second) +
+                             " sandboxes per second",
+                         EAGAIN);
+  }
+
+  auto tmpl = storage::ResolveTemplate(templates_, tmpl_name);
+  if (!tmpl.ok()) return Status::Error(tmpl.status().message(), EINVAL);
+
+  SandboxRecord rec;
+  rec.id = RandomId(20);
+  rec.template_name = tmpl_name;
+  rec.state = store::kStateCreating;
+  rec.owner_key_id = key.id;
+  rec.metadata = req.metadata;
+  rec.env = req.env;
+  rec.limits = WithDefaults(req.limits, config_.default_limits);
+  rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
+  rec.on_timeout = req.on_timeout;
+  SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
+
+  runtime::BoxSpec spec;
+  spec.id = rec.id;
+  spec.layers = tmpl->layers;
+  spec.binds = tmpl->binds;
+  spec.limits = ToRuntime(rec.limits);
+  spec.owner = "serve";
+  auto box = runtime_.Create(spec);
+  int64_t now = NowMs();
+  if (!box.ok()) {
+    rec.state = store::kStateFailed;
+    rec.error = box.status().message();
+    rec.ended_at = now;
+    rec.updated_at = 0;
+    (void)store_.PutSandbox(rec);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++counters_.creation_failures;
+    }
+    Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
+    return box.status();
+  }
+  rec.state = store::kStateRunning;
+  rec.init_pid = box->init_pid;
+  rec.agent_socket = box->agent_socket;
+  rec.box_dir = box->dir;
+  rec.expires_at = now + rec.timeout_ms;
+  rec.updated_at = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    boxes_[rec.id] = *box;
+    ++counters_.creations;
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (counters_.create_seconds.size() >= 4096)
+      counters_.create_seconds.erase(counters_.create_seconds.begin());
+    counters_.create_seconds.push_back(secs);
+  }
+  Status put = store_.PutSandbox(rec);
+  if (!put.ok()) {
+    // Without a record nothing could ever find the box again: remove it.
+    (void)runtime_.Destroy(*box);
+    std::lock_guard<std::mutex> g(mu_);
+    boxes_.erase(rec.id);
+    return put;
+  }
+  if (!req.idempotency_key.empty()) {
+    store::IdempotencyRecord ir{key.id, req.idempotency_key, req.request_hash, rec.id, 0};
+    if (Status s = store_.PutIdempotency(ir); !s.ok()) spdlog::warn("idempotency: {}", s.message());
+  }
+  Audit("sandbox.create", rec.id, key.id,
+        {{"template", rec.template_name},
+         {"timeout_ms", rec.timeout_ms},
+         {"memory_bytes", rec.limits.memory_bytes},
+         {"cpus", rec.limits.cpus},
+         {"pids", rec.limits.pids}});
+  return rec;
+}
+
+Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = store_.GetSandbox(id);
+  if (!rec.ok()) return rec.status();
+  if (!*rec || (*rec)->owner_key_id != key.id) {
+    if (*rec) Audit("sandbox.access_denied", id, key.id);
+    return Status::Error("no sandbox '" + id + "'", ENOENT);
+  }
+  return **rec;
+}
+
+Result<SandboxRecord> Manager::Get(const store::ApiKeyRecord& key, const std::string& id) {
+  return Owned(key, id);
+}
+
+Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
+                                         store::SandboxFilter filter) {
+  filter.owner_key_id = key.id;
+  for (const auto& s : filter.states) {
+    if (!store::IsValidState(s)) return Status::Error("unknown state '" + s + "'", EINVAL);
+  }
+  return store_.ListSandboxes(filter);
+}
+
+Result<runtime::Box> Manager::BoxOf(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = boxes_.find(id);
+  if (it == boxes_.end()) return Status::Error("sandbox " + id + " has no box on this host", ESRCH);
+  return it->second;
+}
+
+Status Manager::KillLocked(SandboxRecord rec, const std::string& reason) {
+  runtime::Box box{rec.id};
+  if (auto b = BoxOf(rec.id); b.ok()) box = *b;
+  std::shared_ptr<AgentChannel> channel;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
+    channels_.erase(rec.id);
+  }
+  if (channel) channel->Close();
+  Status s = runtime_.Destroy(box);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    boxes_.erase(rec.id);
+  }
+  rec.state = store::kStateKilled;
+  rec.ended_at = NowMs();
+  rec.expires_at = 0;
+  rec.updated_at = 0;
+  if (!s.ok()) rec.error = s.message();
+  SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
+  Audit("sandbox.kill", rec.id, rec.owner_key_id, {{"reason", reason}});
+  return s;
+}
+
+Status Manager::Kill(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  if (!store::IsLiveState(rec->state))
+    return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+  return KillLocked(*rec, "requested");
+}
+
+Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  if (rec->state == store::kStatePaused)
+    return Status::Error("sandbox " + id + " is already paused", EBUSY);
+  if (rec->state != store::kStateRunning)
+    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
+  auto box = BoxOf(id);
+  if (!box.ok()) return box.status();
+  SBX_RETURN_IF_ERROR(runtime_.Freeze(*box));
+  rec->state = store::kStatePaused;
+  rec->expires_at = 0;  // a paused sandbox waits for resume, however long
+  rec->updated_at = 0;
+  SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
+  Audit("sandbox.pause", id, key.id);
+  return {};
+}
+
+Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  if (rec->state != store::kStatePaused)
+    return Status::Error("sandbox " + id + " is not paused", EBUSY);
+  auto box = BoxOf(id);
+  if (!box.ok()) return box.status();
+  SBX_RETURN_IF_ERROR(runtime_.Thaw(*box));
+  rec->state = store::kStateRunning;
+  rec->expires_at = NowMs() + rec->timeout_ms;
+  rec->updated_at = 0;
+  SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
+  Audit("sandbox.resume", id, key.id);
+  return {};
+}
+
+Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
+                                          int64_t timeout_ms) {
+  if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
+    return Status::Error(
+        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  if (!store::IsLiveState(rec->state))
+    return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+  rec->timeout_ms = timeout_ms;
+  if (rec->state == store::kStateRunning) rec->expires_at = NowMs() + timeout_ms;
+  rec->updated_at = 0;
+  SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
+  Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
+  return *rec;
+}
+
+Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  auto box = BoxOf(id);
+  if (!box.ok()) return box.status();
+  return runtime_.Stats(*box);
+}
+
+boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
+    const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) co_return rec.status();
+  if (rec->state == store::kStatePaused)
+    co_return Status::Error("sandbox " + id + " is paused", EBUSY);
+  if (rec->state != store::kStateRunning)
+    co_return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = channels_.find(id);
+    if (it != channels_.end() && !it->second->closed()) co_return it->second;
+  }
+  auto ex = co_await boost::asio::this_coro::executor;
+  auto ch = co_await AgentChannel::Connect(ex, rec->agent_socket, std::chrono::milliseconds(5000));
+  if (!ch.ok()) co_return ch.status().Wrap("sandbox " + id);
+  std::lock_guard<std::mutex> g(mu_);
+  channels_[id] = *ch;
+  co_return *ch;
+}
+
+void Manager::ExpireDue() {
+  auto live = store_.ListLiveSandboxes();
+  if (!live.ok()) {
+    spdlog::error("ttl: {}", live.status().message());
+    return;
+  }
+  int64_t now = NowMs();
+  for (auto& rec : *live) {
+    if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
+    store::ApiKeyRecord owner;
+    owner.id = rec.owner_key_id;
+    Status s;
+    if (rec.on_timeout == store::kOnTimeoutPause) {
+      s = Pause(owner, rec.id);
+      Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
+    } else {
+      s = KillLocked(rec, "timeout");
+      Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "kill"}});
+    }
+    if (!s.ok())
+      spdlog::error("ttl: sandbox {}: {}", rec.id, s.message());
+    else
+      spdlog::info("ttl: sandbox {} timed out ({})", rec.id, rec.on_timeout);
+  }
+}
+
+void Manager::StartTtlLoop(std::chrono::milliseconds period) {
+  ttl_thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(ttl_mu_);
+    while (!stopping_) {
+      ttl_cv_.wait_for(lock, period, [this] { return stopping_; });
+      if (stopping_) break;
+      lock.unlock();
+      ExpireDue();
+      lock.lock();
+    }
+  });
+}
+
+void Manager::Stop() {
+  {
+    std::lock_guard<std::mutex> g(ttl_mu_);
+    stopping_ = true;
+  }
+  ttl_cv_.notify_all();
+  if (ttl_thread_.joinable()) ttl_thread_.join();
+}
+
+ManagerCounters Manager::counters() {
+  std::lock_guard<std::mutex> g(mu_);
+  return counters_;
+}
+
+std::vector<std::pair<SandboxRecord, runtime::BoxStats>> Manager::LiveStats() {
+  std::vector<std::pair<SandboxRecord, runtime::BoxStats>> out;
+  auto live = store_.ListLiveSandboxes();
+  if (!live.ok()) return out;
+  for (auto& rec : *live) {
+    auto box = BoxOf(rec.id);
+    if (!box.ok()) continue;
+    auto st = runtime_.Stats(*box);
+    if (st.ok()) out.emplace_back(std::move(rec), *st);
+  }
+  return out;
+}
+
+}  // namespace sbx::sandbox

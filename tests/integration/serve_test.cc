@@ -1,0 +1,410 @@
+// sbx serve end to end: a real daemon process driven over HTTP. Covers the REST API, its error
+// answers, a client that goes away mid-stream, a daemon killed with SIGKILL and restarted, and
+// concurrency; after each test nothing of the daemon's boxes is left on the host.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "api/http/client.h"
+#include "common/fd.h"
+#include "common/fs.h"
+
+extern char** environ;
+
+namespace sbx::test {
+namespace {
+
+using nlohmann::json;
+
+std::string Unbase64(const std::string& in) {
+  std::string out(in.size(), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  if (n < 0) return "";
+  size_t pad = 0;
+  if (!in.empty() && in.back() == '=') ++pad;
+  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+// The stdout bytes of an NDJSON command stream, decoded.
+std::string StdoutOf(const std::string& ndjson) {
+  std::string text;
+  std::istringstream lines(ndjson);
+  std::string line;
+  while (std::getline(lines, line)) {
+    json e = json::parse(line, nullptr, false);
+    if (!e.is_discarded() && e.value("type", "") == "stdout") text += Unbase64(e["data"]);
+  }
+  return text;
+}
+
+class Daemon {
+ public:
+  explicit Daemon(std::string data_dir) : data_dir_(std::move(data_dir)) {}
+  ~Daemon() { Stop(SIGTERM); }
+
+  void Start() {
+    ::unlink((data_dir_ + "/serve.port").c_str());
+    std::vector<std::string> args = {SBX_BIN, "--data-dir", data_dir_,
+                                     "serve", "--listen",   "127.0.0.1:0"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::string log = data_dir_ + "/serve.log";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ASSERT_EQ(::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 200; ++i) {
+      auto port = ReadFile(data_dir_ + "/serve.port");
+      if (port.ok() && !port->empty()) {
+        port_ = static_cast<uint16_t>(std::atoi(port->c_str()));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_NE(port_, 0) << "daemon did not start: " << *ReadFile(log);
+    auto key = ReadFile(data_dir_ + "/api-key");
+    ASSERT_TRUE(key.ok());
+    key_ = key->substr(0, key->find('\n'));
+  }
+
+  void Stop(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int status;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    port_ = 0;
+  }
+
+  http::Response Call(const std::string& method, const std::string& target,
+                      const std::string& body = "", http::ClientHeaders headers = {}) {
+    if (headers.empty() || headers[0].first != "Authorization")
+      headers.insert(headers.begin(), {"Authorization", "Bearer " + key_});
+    auto r = http::Request(http::Endpoint{"127.0.0.1", port_, ""}, method, target, headers, body,
+                           std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok()) << method << " " << target << ": " << r.status().message();
+    return r.ok() ? *r : http::Response{};
+  }
+  json Json(const std::string& method, const std::string& target, const json& body = nullptr,
+            int want = 200) {
+    auto r = Call(method, target, body.is_null() ? "" : body.dump(),
+                  {{"Content-Type", "application/json"}});
+    EXPECT_EQ(r.status, want) << method << " " << target << ": " << r.body;
+    return json::parse(r.body.empty() ? "null" : r.body, nullptr, false);
+  }
+  // Runs a command to completion through the NDJSON stream.
+  struct Run {
+    std::string out, err;
+    int64_t exit_code = -999;
+    int64_t pid = 0;
+  };
+  Run Exec(const std::string& id, const json& cmd) {
+    Run run;
+    auto r = Call("POST", "/v1/sandboxes/" + id + "/commands", cmd.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::istringstream lines(r.body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json e = json::parse(line, nullptr, false);
+      if (e.is_discarded()) continue;
+      std::string t = e.value("type", "");
+      if (t == "stdout") run.out += Unbase64(e["data"]);
+      if (t == "stderr") run.err += Unbase64(e["data"]);
+      if (t == "start") run.pid = e["pid"];
+      if (t == "exit") run.exit_code = e["exit_code"];
+    }
+    return run;
+  }
+
+  uint16_t port() const { return port_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string data_dir_;
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  std::string key_;
+};
+
+class ServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-serve-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    ::setenv("SBX_CGROUP_PARENT", ("sbx-serve-test-" + std::to_string(::getpid())).c_str(), 1);
+    d_ = std::make_unique<Daemon>(dir_);
+    d_->Start();
+  }
+  void TearDown() override {
+    // Kill what is left through the API, stop the daemon, then check the host.
+    if (d_->port()) {
+      json list = d_->Json("GET", "/v1/sandboxes?state=running&state=paused");
+      for (const auto& s : list["sandboxes"])
+        d_->Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
+    }
+    d_.reset();
+    std::string mounts = *ReadFile("/proc/self/mountinfo");
+    EXPECT_EQ(mounts.find(dir_), std::string::npos);
+    auto run = dir_ + "/run";
+    EXPECT_EQ(::system(("test -z \"$(ls -A " + run + " 2>/dev/null)\"").c_str()), 0)
+        << "box directories left";
+    RemoveTree(dir_);
+  }
+  std::string Create(const json& body = json::object()) {
+    json s = d_->Json("POST", "/v1/sandboxes", body, 201);
+    return s.value("id", "");
+  }
+  std::string dir_;
+  std::unique_ptr<Daemon> d_;
+};
+
+TEST_F(ServeTest, HealthAndAuth) {
+  auto h = http::Request("127.0.0.1", d_->port(), "GET", "/healthz");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->status, 200);
+  auto none = http::Request("127.0.0.1", d_->port(), "GET", "/v1/sandboxes");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->status, 401);
+  auto wrong = d_->Call("GET", "/v1/sandboxes", "", {{"Authorization", "Bearer sbx_wrong"}});
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_NE(wrong.body.find("\"error\""), std::string::npos) << wrong.body;
+  // The key is in a 0600 file.
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/api-key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(ServeTest, SandboxLifecycle) {
+  json body = {{"metadata", {{"team", "a"}, {"run", "1"}}},
+               {"env", {{"GREETING", "hi"}}},
+               {"timeout", 120},
+               {"limits", {{"memory_bytes", 256 << 20}, {"pids", 128}, {"cpus", 1}}}};
+  std::string id = Create(body);
+  ASSERT_FALSE(id.empty());
+  json got = d_->Json("GET", "/v1/sandboxes/" + id);
+  EXPECT_EQ(got["state"], "running");
+  EXPECT_EQ(got["metadata"]["team"], "a");
+  EXPECT_EQ(got["limits"]["memory_bytes"], 256 << 20);
+  EXPECT_TRUE(got.contains("stats"));
+  json list = d_->Json("GET", "/v1/sandboxes?metadata.team=a");
+  ASSERT_EQ(list["sandboxes"].size(), 1u);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes?metadata.team=b")["sandboxes"].size(), 0u);
+
+  auto run = d_->Exec(id, {{"command", "echo $GREETING; echo oops >&2; exit 3"}});
+  EXPECT_EQ(run.out, "hi\n");
+  EXPECT_EQ(run.err, "oops\n");
+  EXPECT_EQ(run.exit_code, 3);
+
+  EXPECT_EQ(d_->Json("POST", "/v1/sandboxes/" + id + "/pause")["state"], "paused");
+  d_->Json("POST", "/v1/sandboxes/" + id + "/pause", nullptr, 409);
+  EXPECT_EQ(d_->Json("POST", "/v1/sandboxes/" + id + "/resume")["state"], "running");
+  EXPECT_EQ(d_->Exec(id, {{"argv", {"true"}}}).exit_code, 0);
+
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "killed");
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id).status, 404);
+}
+
+TEST_F(ServeTest, BadInputGetsAClear4xx) {
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", "{not json").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"limits":{"memory_bytes":-1}})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"bogus":1})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"template":"nope"})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"on_timeout":"explode"})").status, 400);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/doesnotexist").status, 404);
+  EXPECT_EQ(d_->Call("GET", "/v1/nothing-here").status, 404);
+  EXPECT_EQ(d_->Call("PATCH", "/v1/sandboxes").status, 405);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", std::string(2 << 20, 'x')).status, 413);
+  // Nothing half-created.
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes")["sandboxes"].size(), 0u);
+}
+
+TEST_F(ServeTest, IdempotencyKeyReturnsTheSameSandbox) {
+  json body = {{"timeout", 60}};
+  auto a = d_->Call("POST", "/v1/sandboxes", body.dump(), {{"Idempotency-Key", "k1"}});
+  auto b = d_->Call("POST", "/v1/sandboxes", body.dump(), {{"Idempotency-Key", "k1"}});
+  ASSERT_EQ(a.status, 201);
+  ASSERT_EQ(b.status, 201);
+  EXPECT_EQ(json::parse(a.body)["id"], json::parse(b.body)["id"]);
+  auto c =
+      d_->Call("POST", "/v1/sandboxes", json{{"timeout", 61}}.dump(), {{"Idempotency-Key", "k1"}});
+  EXPECT_EQ(c.status, 409);
+}
+
+TEST_F(ServeTest, BackgroundCommandStdinSignalAndReattach) {
+  std::string id = Create();
+  json bg = d_->Json(
+      "POST", "/v1/sandboxes/" + id + "/commands",
+      {{"argv", {"sh", "-c", "cat; echo done"}}, {"stdin", true}, {"background", true}}, 201);
+  int64_t pid = bg["pid"];
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands/" + std::to_string(pid) + "/stdin",
+                     "hello\n")
+                .status,
+            204);
+  EXPECT_EQ(
+      d_->Call("POST", "/v1/sandboxes/" + id + "/commands/" + std::to_string(pid) + "/stdin/close")
+          .status,
+      204);
+  auto out =
+      d_->Call("GET", "/v1/sandboxes/" + id + "/commands/" + std::to_string(pid) + "/output");
+  EXPECT_NE(out.body.find("\"exit\""), std::string::npos) << out.body;
+  EXPECT_EQ(StdoutOf(out.body), "hello\ndone\n");
+  // From an offset: only the tail.
+  auto tail = d_->Call("GET", "/v1/sandboxes/" + id + "/commands/" + std::to_string(pid) +
+                                  "/output?stdout_offset=6");
+  EXPECT_EQ(StdoutOf(tail.body), "done\n") << tail.body;
+
+  json sleeper = d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
+                          {{"argv", {"sleep", "100"}}, {"background", true}}, 201);
+  std::string sp = std::to_string(sleeper["pid"].get<int64_t>());
+  json procs = d_->Json("GET", "/v1/sandboxes/" + id + "/commands");
+  bool running = false;
+  for (const auto& p : procs["commands"])
+    running |= p["pid"] == sleeper["pid"] && p["running"] == true;
+  EXPECT_TRUE(running) << procs.dump();
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands/" + sp + "/signal",
+                     R"({"signal":"SIGTERM"})")
+                .status,
+            204);
+  auto ended = d_->Call("GET", "/v1/sandboxes/" + id + "/commands/" + sp + "/output");
+  EXPECT_NE(ended.body.find("\"signal\":15"), std::string::npos) << ended.body;
+}
+
+TEST_F(ServeTest, Files) {
+  std::string id = Create();
+  std::string big(3 << 20, 'z');
+  auto put =
+      d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/home/user/a/b.txt&mode=0640", big);
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(json::parse(put.body)["size"], big.size());
+  auto get = d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/home/user/a/b.txt");
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body == big, true);
+  json st = d_->Json("GET", "/v1/sandboxes/" + id + "/files/stat?path=/home/user/a/b.txt");
+  EXPECT_EQ(st["mode"], 0640);
+  EXPECT_EQ(st["type"], "file");
+  d_->Json("POST", "/v1/sandboxes/" + id + "/files/mkdir", {{"path", "/tmp/x/y"}});
+  d_->Json("POST", "/v1/sandboxes/" + id + "/files/move",
+           {{"from", "/home/user/a/b.txt"}, {"to", "/tmp/x/y/c.txt"}});
+  json ls = d_->Json("GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp/x&depth=2");
+  ASSERT_EQ(ls["entries"].size(), 2u) << ls.dump();
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id + "/files?path=/tmp/x&recursive=true").status,
+            204);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/stat?path=/tmp/x").status, 404);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/etc/../../nope").status, 404);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files").status, 400);
+  // Audited.
+  json audit = d_->Json("GET", "/v1/audit?sandbox=" + id + "&type=file.write");
+  EXPECT_EQ(audit["events"].size(), 1u) << audit.dump();
+}
+
+TEST_F(ServeTest, TimeoutKillsAndSettingItResets) {
+  std::string id = Create({{"timeout", 1}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "killed");
+  std::string p = Create({{"timeout", 1}, {"on_timeout", "pause"}});
+  std::string keep = Create({{"timeout", 1}});
+  d_->Json("POST", "/v1/sandboxes/" + keep + "/timeout", {{"timeout", 60}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + p)["state"], "paused");
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + keep)["state"], "running");
+}
+
+TEST_F(ServeTest, ClientGoneMidStreamLeavesTheProcessRunning) {
+  std::string id = Create();
+  // Read only the first bytes of a long-running command's stream, then hang up.
+  bool got = false;
+  auto r = http::RequestStream(
+      http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST", "/v1/sandboxes/" + id + "/commands",
+      {{"Authorization", "Bearer " + d_->key()}},
+      json{{"command", "for i in $(seq 1 30); do echo line$i; sleep 0.1; done"}}.dump(),
+      std::chrono::seconds(10), [&](std::string_view) {
+        got = true;
+        return false;  // stop reading: the connection closes
+      });
+  EXPECT_TRUE(got);
+  (void)r;
+  json procs = d_->Json("GET", "/v1/sandboxes/" + id + "/commands");
+  ASSERT_EQ(procs["commands"].size(), 1u);
+  int64_t pid = procs["commands"][0]["pid"];
+  auto rest =
+      d_->Call("GET", "/v1/sandboxes/" + id + "/commands/" + std::to_string(pid) + "/output");
+  EXPECT_NE(rest.body.find("\"exit_code\":0"), std::string::npos) << rest.body;
+  EXPECT_NE(StdoutOf(rest.body).find("line30\n"), std::string::npos);
+}
+
+TEST_F(ServeTest, DaemonKilledAndRestartedKeepsSandboxes) {
+  std::string id = Create({{"timeout", 300}});
+  json bg = d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
+                     {{"command", "sleep 1; echo written-while-down"}, {"background", true}}, 201);
+  d_->Json("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/keep", nullptr, 200);
+  d_->Stop(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  d_->Start();
+  json got = d_->Json("GET", "/v1/sandboxes/" + id);
+  EXPECT_EQ(got["state"], "running");
+  auto out = d_->Call("GET", "/v1/sandboxes/" + id + "/commands/" +
+                                 std::to_string(bg["pid"].get<int64_t>()) + "/output");
+  EXPECT_EQ(StdoutOf(out.body), "written-while-down\n") << out.body;
+  EXPECT_EQ(d_->Exec(id, {{"argv", {"ls", "/tmp/keep"}}}).exit_code, 0);
+}
+
+TEST_F(ServeTest, TwoHundredConcurrentRequests) {
+  std::string id = Create();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 20; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        auto r =
+            http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "GET", "/v1/sandboxes/" + id,
+                          {{"Authorization", "Bearer " + d_->key()}}, "", std::chrono::seconds(30));
+        if (r.ok() && r->status == 200) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 200);
+}
+
+TEST_F(ServeTest, MetricsAndAudit) {
+  std::string id = Create();
+  d_->Exec(id, {{"argv", {"true"}}});
+  auto m = http::Request("127.0.0.1", d_->port(), "GET", "/metrics");
+  ASSERT_TRUE(m.ok());
+  EXPECT_NE(m->body.find("sbx_sandboxes{state=\"running\"} 1"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("sbx_sandbox_creations_total 1"), std::string::npos);
+  EXPECT_NE(m->body.find("sbx_create_seconds_bucket"), std::string::npos);
+  EXPECT_NE(m->body.find("sbx_sandbox_memory_bytes{sandbox=\"" + id + "\"}"), std::string::npos);
+  json audit = d_->Json("GET", "/v1/audit?sandbox=" + id);
+  std::set<std::string> types;
+  for (const auto& e : audit["events"]) types.insert(e["type"]);
+  EXPECT_TRUE(types.count("sandbox.create"));
+  EXPECT_TRUE(types.count("command.start"));
+}
+
+}  // namespace
+}  // namespace sbx::test
