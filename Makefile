@@ -10,7 +10,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libgtest-dev libgmock-dev libbenchmark-dev \
   e2fsprogs util-linux iproute2 python3 busybox-static clang-format clang-tidy
 
-.PHONY: all deps build test run format tidy clean
+.PHONY: all deps build test run format tidy clean bench
 
 all: build
 
@@ -39,6 +39,11 @@ run: build
 	$(BUILD)/sbx run -- sh -c 'echo "hello from box $$(hostname): uid $$(id -u), $$(nproc) cpus"'
 	@echo "try: $(BUILD)/sbx run -i -t -- bash"
 
+
+# Benchmarks (issue 5), not part of `make test`: sbx against bwrap, runc, crun and fork+exec,
+# density; writes bench/results/*.json and docs/benchmarks.md. Under 20 minutes on 2 cores.
+bench: build
+	python3 bench/run.py --build $(BUILD)
 
 format:
 	find src tests bench -name '*.cc' -o -name '*.h' -o -name '*.c' | xargs clang-format -i
