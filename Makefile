@@ -33,12 +33,10 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 	@cat $(BUILD)/battery-report.txt 2>/dev/null || true
 
-# Until the daemon lands (sbx serve), `run` builds and shows a first box.
+# Starts the daemon on 127.0.0.1:7777 with the embedded defaults (SQLite under /var/lib/sbx, the
+# native runtime, the host template, no network). Ctrl-C stops it; sandboxes keep running.
 run: build
-	@echo "sbx built: $(BUILD)/sbx and $(BUILD)/sbx-agent"
-	$(BUILD)/sbx run -- sh -c 'echo "hello from box $$(hostname): uid $$(id -u), $$(nproc) cpus"'
-	@echo "try: $(BUILD)/sbx run -i -t -- bash"
-
+	$(BUILD)/sbx serve
 
 # Benchmarks (issue 5), not part of `make test`: sbx against bwrap, runc, crun and fork+exec,
 # density; writes bench/results/*.json and docs/benchmarks.md. Under 20 minutes on 2 cores.

@@ -111,8 +111,12 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: listen on %s: %s\n", o.listen.c_str(), s.message().c_str());
     return kExitSbxError;
   }
-  std::fprintf(stderr, "sbx: serving on http://%s:%u (data in %s); stop with Ctrl-C or SIGTERM\n",
-               so.host.c_str(), server.port(), global.data_dir.c_str());
+  std::fprintf(stderr,
+               "sbx: serving on http://%s:%u (data in %s); stop with Ctrl-C or SIGTERM\n"
+               "     try:  sbx create            (the CLI finds the daemon and its key by itself)\n"
+               "           curl -H \"Authorization: Bearer $(cat %s)\" http://%s:%u/v1/sandboxes\n",
+               so.host.c_str(), server.port(), global.data_dir.c_str(), ApiKeyFile(global.data_dir).c_str(),
+               so.host.c_str(), server.port());
   // The port, for scripts and tests that asked for port 0.
   (void)WriteFileAtomic(global.data_dir + "/serve.port", std::to_string(server.port()) + "\n",
                         0644);

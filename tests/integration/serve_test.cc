@@ -1,3 +1,8 @@
+// Boost 1.74 headers use std::exchange without including <utility>.
+// clang-format off
+#include <utility>
+// clang-format on
+
 // sbx serve end to end: a real daemon process driven over HTTP. Covers the REST API, its error
 // answers, a client that goes away mid-stream, a daemon killed with SIGKILL and restarted, and
 // concurrency; after each test nothing of the daemon's boxes is left on the host.
@@ -18,7 +23,12 @@
 #include <sstream>
 #include <thread>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/websocket.hpp>
+
 #include "api/http/client.h"
+#include "store/store.h"
 #include "common/fd.h"
 #include "common/fs.h"
 
@@ -136,6 +146,16 @@ class Daemon {
     return run;
   }
 
+  // False once the daemon process has exited (crashed, or stopped by the test).
+  bool Alive() {
+    if (pid_ <= 0) return false;
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
+    pid_ = -1;
+    port_ = 0;
+    return false;
+  }
+
   uint16_t port() const { return port_; }
   const std::string& key() const { return key_; }
 
@@ -158,7 +178,10 @@ class ServeTest : public ::testing::Test {
     d_->Start();
   }
   void TearDown() override {
-    // Kill what is left through the API, stop the daemon, then check the host.
+    // Kill what is left through the API, stop the daemon, then check the host. A daemon that
+    // died during the test is started again first: it adopts the boxes, which can then be killed.
+    EXPECT_TRUE(d_->Alive()) << "the daemon died during the test: " << *ReadFile(dir_ + "/serve.log");
+    if (!d_->Alive()) d_->Start();
     if (d_->port()) {
       json list = d_->Json("GET", "/v1/sandboxes?state=running&state=paused");
       for (const auto& s : list["sandboxes"])
@@ -404,6 +427,117 @@ TEST_F(ServeTest, MetricsAndAudit) {
   for (const auto& e : audit["events"]) types.insert(e["type"]);
   EXPECT_TRUE(types.count("sandbox.create"));
   EXPECT_TRUE(types.count("command.start"));
+}
+
+TEST_F(ServeTest, DirectoriesAsTarStreams) {
+  std::string id = Create();
+  std::string src = dir_ + "/tree";
+  ASSERT_EQ(::system(("mkdir -p " + src + "/sub && printf one > " + src + "/a.txt && head -c 300000 /dev/urandom > " +
+                      src + "/sub/b.bin && tar -C " + src + " -cf " + dir_ + "/up.tar .")
+                         .c_str()),
+            0);
+  auto up = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/home/user/tree", *ReadFile(dir_ + "/up.tar"));
+  ASSERT_EQ(up.status, 204) << up.body;
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/home/user/tree/a.txt").body, "one");
+  auto down = d_->Call("GET", "/v1/sandboxes/" + id + "/files/archive?path=/home/user/tree");
+  ASSERT_EQ(down.status, 200);
+  ASSERT_TRUE(WriteFile(dir_ + "/down.tar", down.body).ok());
+  std::string out = dir_ + "/out";
+  ASSERT_EQ(::system(("mkdir -p " + out + " && tar -C " + out + " -xf " + dir_ + "/down.tar && cmp " + src +
+                      "/sub/b.bin " + out + "/sub/b.bin")
+                         .c_str()),
+            0);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/archive?path=/no/such/dir").status, 404);
+  // An archive that tries to climb out of its target directory is refused by tar (and could only
+  // ever reach the box's own files).
+  ASSERT_EQ(::system(("python3 -c \"import tarfile,io\nt=tarfile.open('" + dir_ +
+                      "/evil.tar','w')\ni=tarfile.TarInfo('../escaped')\ni.size=3\nt.addfile(i,io.BytesIO(b'bad'))\nt.close()\"")
+                         .c_str()),
+            0);
+  auto evil = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/tmp/target", *ReadFile(dir_ + "/evil.tar"));
+  EXPECT_EQ(evil.status, 400) << evil.body;
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/stat?path=/tmp/escaped").status, 404);
+}
+
+TEST_F(ServeTest, WatchStreamsEvents) {
+  std::string id = Create();
+  d_->Json("POST", "/v1/sandboxes/" + id + "/files/mkdir", {{"path", "/tmp/w"}});
+  std::string events;
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/w/new.txt", "x");
+    d_->Call("DELETE", "/v1/sandboxes/" + id + "/files?path=/tmp/w/new.txt");
+  });
+  auto r = http::RequestStream(http::Endpoint{"127.0.0.1", d_->port(), ""}, "GET",
+                               "/v1/sandboxes/" + id + "/files/watch?path=/tmp/w",
+                               {{"Authorization", "Bearer " + d_->key()}}, "", std::chrono::seconds(10),
+                               [&](std::string_view chunk) {
+                                 events += chunk;
+                                 return events.find("\"remove\"") == std::string::npos;
+                               });
+  writer.join();
+  EXPECT_NE(events.find("\"create\""), std::string::npos) << events;
+  EXPECT_NE(events.find("\"remove\""), std::string::npos) << events;
+}
+
+TEST_F(ServeTest, PtyOverWebSocket) {
+  std::string id = Create();
+  namespace beast = boost::beast;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket sock(io);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), d_->port()});
+  beast::websocket::stream<boost::asio::ip::tcp::socket> ws(std::move(sock));
+  ws.set_option(beast::websocket::stream_base::decorator([&](beast::websocket::request_type& req) {
+    req.set(beast::http::field::authorization, "Bearer " + d_->key());
+  }));
+  ws.handshake("127.0.0.1", "/v1/sandboxes/" + id + "/pty?command=/bin/sh&rows=30&cols=100");
+  ws.binary(true);
+  ws.write(boost::asio::buffer(std::string("stty size; tty; exit 5\n")));
+  std::string screen;
+  json exit_event;
+  for (;;) {
+    beast::flat_buffer buf;
+    beast::error_code ec;
+    ws.read(buf, ec);
+    if (ec) break;
+    std::string msg = beast::buffers_to_string(buf.data());
+    if (ws.got_text()) {
+      json e = json::parse(msg, nullptr, false);
+      if (e.value("type", "") == "exit") exit_event = e;
+    } else {
+      screen += msg;
+    }
+  }
+  EXPECT_NE(screen.find("30 100"), std::string::npos) << screen;
+  EXPECT_NE(screen.find("/dev/pts/"), std::string::npos) << screen;
+  EXPECT_EQ(exit_event.value("exit_code", -1), 5) << exit_event.dump();
+}
+
+TEST_F(ServeTest, QuotasAnswer429WithRetryAfter) {
+  auto st = store::Store::Open(dir_ + "/sbx.db");
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  auto key = (*st)->CreateApiKey("limited", 1, 0);
+  ASSERT_TRUE(key.ok());
+  auto rate = (*st)->CreateApiKey("slow", 0, 0.2);
+  ASSERT_TRUE(rate.ok());
+  http::ClientHeaders limited = {{"Authorization", "Bearer " + key->secret}};
+  auto first = d_->Call("POST", "/v1/sandboxes", "{}", limited);
+  ASSERT_EQ(first.status, 201) << first.body;
+  auto second = d_->Call("POST", "/v1/sandboxes", "{}", limited);
+  EXPECT_EQ(second.status, 429) << second.body;
+  EXPECT_FALSE(second.Header("Retry-After").empty());
+  // Another tenant's sandbox does not exist for this key.
+  std::string other = Create();
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + other, "", limited).status, 404);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + json::parse(first.body)["id"].get<std::string>(), "", limited).status, 204);
+
+  http::ClientHeaders slow = {{"Authorization", "Bearer " + rate->secret}};
+  auto a = d_->Call("POST", "/v1/sandboxes", "{}", slow);
+  auto b = d_->Call("POST", "/v1/sandboxes", "{}", slow);
+  EXPECT_EQ(a.status, 201);
+  EXPECT_EQ(b.status, 429);
+  EXPECT_GE(std::atoi(std::string(b.Header("Retry-After")).c_str()), 1);
+  if (a.status == 201) d_->Call("DELETE", "/v1/sandboxes/" + json::parse(a.body)["id"].get<std::string>(), "", slow);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <csignal>
@@ -316,6 +318,19 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
   return w;
 }
 
+// The Status of a reply that should have been OK: the agent's ERROR, or the channel's failure.
+// Computed outside co_await expressions: GCC 12 destroys the class temporaries of a ?: inside a
+// co_await expression twice.
+Status FrameFailure(const Result<protocol::Frame>& f) {
+  if (!f.ok()) return f.status();
+  return Status::Error(std::string(f->fields.Str(Tag::kMessage)),
+                       static_cast<int>(f->fields.Int(Tag::kErrno, EIO)));
+}
+
+std::string UnpackError(const std::string& path, const std::string& tar_stderr) {
+  return "unpack into " + path + ": " + (tar_stderr.empty() ? std::string("tar failed") : tar_stderr);
+}
+
 json OutputEvent(const protocol::Frame& f) {
   return {{"type", f.fields.Int(Tag::kStream) == 2 ? "stderr" : "stdout"},
           {"offset", f.fields.Int(Tag::kOffset)},
@@ -427,6 +442,19 @@ awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
       }
     }
     (void)co_await channel->Call(type, std::move(w));
+  }
+}
+
+// Sends `data` to a process's stdin. The agent queues at most 4 MiB per process and answers
+// EAGAIN past that; we then wait for the process to read, so uploads are paced by the consumer.
+awaitable<Status> WriteStdin(sandbox::AgentChannel& ch, int64_t pid, std::string_view data) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  for (int waited_ms = 0;; waited_ms += 5) {
+    auto r = co_await ch.Call(Type::kStdin, protocol::Writer().Int(Tag::kPid, pid).Str(Tag::kData, data));
+    if (r.ok()) co_return Status();
+    if (r.status().err() != EAGAIN || waited_ms > 60000) co_return r.status();
+    timer.expires_after(std::chrono::milliseconds(5));
+    co_await timer.async_wait(asio::use_awaitable);
   }
 }
 
@@ -671,15 +699,12 @@ void Commands(http::Router& r, ApiContext& ctx) {
                     auto n = co_await ex.ReadSome(buf.data(), buf.size());
                     if (!n.ok()) co_return co_await Fail(ex, n.status());
                     if (*n == 0) break;
-                    auto r2 = co_await ch->Call(
-                        Type::kStdin, protocol::Writer()
-                                          .Int(Tag::kPid, pid)
-                                          .Str(Tag::kData, std::string_view(buf.data(), *n)));
-                    if (!r2.ok()) co_return co_await Fail(ex, r2.status());
+                    Status sent = co_await WriteStdin(*ch, pid, std::string_view(buf.data(), *n));
+                    if (!sent.ok()) co_return co_await Fail(ex, sent);
                   }
                   co_await ex.Respond(204, "");
                 }),
-         http::RouteOptions{64u << 20});
+         http::RouteOptions{size_t{1} << 40});
 
   r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin/close",
          Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
@@ -738,10 +763,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
           if (!first.ok() || first->type() == Type::kError) {
             (*sub)->Cancel();
-            co_return co_await ex.RespondError(400, "invalid_argument",
-                                               first.ok()
-                                                   ? std::string(first->fields.Str(Tag::kMessage))
-                                                   : first.status().message());
+            co_return co_await Fail(ex, FrameFailure(first));
           }
           int64_t pid = first->fields.Int(Tag::kPid);
           ctx.manager.Audit("command.start", rec->id, key.id, {{"pid", pid}, {"pty", true}});
@@ -929,11 +951,7 @@ void Files(http::Router& r, ApiContext& ctx) {
           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
           if (!first.ok() || first->type() == Type::kError) {
             (*sub)->Cancel();
-            co_return co_await Fail(
-                ex, first.ok()
-                        ? Status::Error(std::string(first->fields.Str(Tag::kMessage)),
-                                        static_cast<int>(first->fields.Int(Tag::kErrno, EIO)))
-                        : first.status());
+            co_return co_await Fail(ex, FrameFailure(first));
           }
           if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
           static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
@@ -961,6 +979,114 @@ void Files(http::Router& r, ApiContext& ctx) {
           (*sub)->Cancel();
           (void)co_await ch->CallWithId(Type::kUnwatch, watch_id, protocol::Writer());
         }));
+}
+
+// Directories travel as tar streams made and unpacked by `tar` inside the box, as the box's user:
+// whatever an archive contains (`..`, absolute names, symlink tricks) can only reach what that
+// user can reach inside the box.
+void Archives(http::Router& r, ApiContext& ctx) {
+  r.Get("/v1/sandboxes/{id}/files/archive", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+    auto path = PathQuery(ex);
+    if (!path.ok()) co_return co_await Fail(ex, path.status());
+    auto rec = ctx.manager.Get(key, ex.Param("id"));
+    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+    json spec = {{"argv", {"tar", "-C", *path, "-cf", "-", "."}}};
+    if (auto u = ex.query().Get("user")) spec["user"] = *u;
+    bool bg = false;
+    auto w = SpawnPayload(spec, *rec, &bg);
+    if (!w.ok()) co_return co_await Fail(ex, w.status());
+    auto ch = co_await ChannelOrFail(ctx, ex, key);
+    if (!ch) co_return;
+    auto sub = co_await ch->Open(Type::kSpawn, *w);
+    if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+    bool started = false;
+    std::string err;
+    for (;;) {
+      auto f = co_await (*sub)->Next(std::chrono::seconds(60));
+      if (!f.ok()) break;
+      if (f->type() == Type::kError) {
+        err = std::string(f->fields.Str(Tag::kMessage));
+        break;
+      }
+      if (f->type() == Type::kOutput && f->fields.Int(Tag::kStream) == 2) {
+        if (err.size() < 4096) err += f->fields.Str(Tag::kData);
+      } else if (f->type() == Type::kOutput) {
+        if (!started) {
+          if (!(co_await ex.BeginStream(200, "application/x-tar")).ok()) break;
+          started = true;
+        }
+        if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
+      } else if (f->type() == Type::kExit) {
+        if (f->fields.Int(Tag::kExitCode, -1) == 0 && started) {
+          (void)co_await ex.EndStream();
+          started = false;
+          err.clear();
+        } else if (err.empty()) {
+          err = "tar exited with " + std::to_string(f->fields.Int(Tag::kExitCode, -1));
+        }
+        break;
+      }
+    }
+    (*sub)->Cancel();
+    // A failure before any byte is an error answer; after the first byte the stream is cut short
+    // (no final chunk), which a client sees as a broken transfer.
+    if (!started && !ex.responded()) {
+      int code = err.find("No such file") != std::string::npos ? ENOENT : EINVAL;
+      co_await Fail(ex, Status::Error("archive " + *path + ": " + err, code));
+    }
+  }));
+
+  r.Put("/v1/sandboxes/{id}/files/archive", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+    auto path = PathQuery(ex);
+    if (!path.ok()) co_return co_await Fail(ex, path.status());
+    auto rec = ctx.manager.Get(key, ex.Param("id"));
+    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+    auto ch = co_await ChannelOrFail(ctx, ex, key);
+    if (!ch) co_return;
+    auto made = co_await ch->Call(Type::kMkdir, protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kParents, 1));
+    if (!made.ok()) co_return co_await Fail(ex, made.status());
+    json spec = {{"argv", {"tar", "-C", *path, "-xf", "-", "--no-same-owner", "--no-overwrite-dir"}}, {"stdin", true}};
+    if (auto u = ex.query().Get("user")) spec["user"] = *u;
+    bool bg = false;
+    auto w = SpawnPayload(spec, *rec, &bg);
+    if (!w.ok()) co_return co_await Fail(ex, w.status());
+    auto sub = co_await ch->Open(Type::kSpawn, *w);
+    if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+    auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+    if (!first.ok() || first->type() == Type::kError) {
+      (*sub)->Cancel();
+      co_return co_await Fail(ex, FrameFailure(first));
+    }
+    int64_t pid = first->fields.Int(Tag::kPid);
+    std::string buf(protocol::kMaxChunk, '\0');
+    Status fed;
+    for (;;) {
+      auto n = co_await ex.ReadSome(buf.data(), buf.size());
+      if (!n.ok()) {
+        fed = n.status();
+        break;
+      }
+      if (*n == 0) break;
+      if (!(co_await WriteStdin(*ch, pid, std::string_view(buf.data(), *n))).ok()) break;  // tar stopped reading: its exit status says why
+    }
+    (void)co_await ch->Call(Type::kCloseStdin, protocol::Writer().Int(Tag::kPid, pid));
+    std::string err;
+    int64_t code = -1;
+    for (;;) {
+      auto f = co_await (*sub)->Next(std::chrono::seconds(120));
+      if (!f.ok()) break;
+      if (f->type() == Type::kOutput && err.size() < 4096) err += f->fields.Str(Tag::kData);
+      if (f->type() == Type::kExit) {
+        code = f->fields.Int(Tag::kExitCode, -1);
+        break;
+      }
+    }
+    (*sub)->Cancel();
+    if (!fed.ok()) co_return;  // the client went away mid-upload
+    if (code != 0) co_return co_await ex.RespondError(400, "invalid_argument", UnpackError(*path, err));
+    ctx.manager.Audit("file.write", ex.Param("id"), key.id, {{"path", *path}, {"archive", true}});
+    co_await ex.Respond(204, "");
+  }), http::RouteOptions{size_t{1} << 40});
 }
 
 void Audit(http::Router& r, ApiContext& ctx) {
@@ -1059,6 +1185,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Sandboxes(router, ctx);
   Commands(router, ctx);
   Files(router, ctx);
+  Archives(router, ctx);
   Audit(router, ctx);
 }
 
