@@ -2,11 +2,14 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <boost/asio/thread_pool.hpp>
 #include <cstdio>
+#include <cstring>
 
 #include "api/http/server.h"
 #include "api/v1/api.h"
@@ -68,6 +71,13 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   Status s = MakeDirs(global.data_dir, 0711);
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  // One daemon per data directory: the lock lives as long as this process.
+  UniqueFd lock(::open((global.data_dir + "/serve.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "sbx: another sbx serve is using %s (%s)\n", global.data_dir.c_str(),
+                 std::strerror(errno));
     return kExitSbxError;
   }
   auto st = store::Store::Open(global.data_dir + "/" + store::kDbFileName);

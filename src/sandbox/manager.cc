@@ -111,6 +111,8 @@ Status Manager::Reconcile() {
       kept.insert(rec.id);
       spdlog::info("reconcile: sandbox {} ({}) kept running across the restart", rec.id, rec.state);
       continue;
+    } else if (box.status().err() == EBUSY) {
+      return Status::Error("sandbox " + rec.id + " is held by another live process: is another sbx serve using this data directory?", EBUSY);
     } else {
       why = "lost while the daemon was down: " + box.status().message();
     }
@@ -124,15 +126,13 @@ Status Manager::Reconcile() {
     Audit("sandbox.lost", rec.id, rec.owner_key_id, {{"reason", why}});
     spdlog::warn("reconcile: sandbox {} marked failed: {}", rec.id, why);
   }
-  // Boxes on the host that no live record owns (a crash between creating a box and recording
-  // it, or a record deleted by hand) are removed.
-  auto ids = runtime_.ListBoxes();
-  if (!ids.ok()) return ids.status().Wrap("reconcile");
-  for (const auto& id : *ids) {
-    if (kept.count(id)) continue;
-    spdlog::warn("reconcile: removing box {} that no record owns", id);
-    Status s = runtime_.Destroy(runtime::Box{id});
-    if (!s.ok()) spdlog::error("reconcile: {}", s.message());
+  // Boxes on the host that no live record owns and no live process holds (a crash between
+  // creating a box and recording it, a record deleted by hand, a killed `sbx run`) are removed.
+  // Boxes locked by a live process (a running `sbx run`) are not ours to touch.
+  for (const char* owner : {"serve", "run"}) {
+    auto reaped = runtime_.ReapOrphans(owner);
+    if (!reaped.ok()) return reaped.status().Wrap("reconcile");
+    if (*reaped > 0) spdlog::warn("reconcile: removed {} box(es) no record owns ({})", *reaped, owner);
   }
   return {};
 }
@@ -234,6 +234,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.limits = WithDefaults(req.limits, config_.default_limits);
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
+  rec.created_at = NowMs();
   SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
 
   runtime::BoxSpec spec;

@@ -28,6 +28,7 @@
 #include <boost/beast/websocket.hpp>
 
 #include "api/http/client.h"
+#include "sbx_process.h"
 #include "store/store.h"
 #include "common/fd.h"
 #include "common/fs.h"
@@ -235,6 +236,15 @@ TEST_F(ServeTest, SandboxLifecycle) {
   ASSERT_EQ(list["sandboxes"].size(), 1u);
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes?metadata.team=b")["sandboxes"].size(), 0u);
 
+  // Wrong types are a 400, not a crash or a 500.
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["true"],"background":"yes"})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["true"],"pty":{"rows":"x"}})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":[]})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["no-such-program"]})").status, 404);
+  // The command's env wins over the sandbox's, with one value per variable.
+  auto env = d_->Exec(id, {{"command", "env | grep -c '^GREETING='; echo $GREETING"}, {"env", {{"GREETING", "cmd"}}}});
+  EXPECT_EQ(env.out, "1\ncmd\n");
+  EXPECT_FALSE(got["created_at"].get<std::string>().empty());
   auto run = d_->Exec(id, {{"command", "echo $GREETING; echo oops >&2; exit 3"}});
   EXPECT_EQ(run.out, "hi\n");
   EXPECT_EQ(run.err, "oops\n");
@@ -256,6 +266,7 @@ TEST_F(ServeTest, BadInputGetsAClear4xx) {
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"bogus":1})").status, 400);
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"template":"nope"})").status, 400);
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"on_timeout":"explode"})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", R"({"timeout":"soon"})").status, 400);
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/doesnotexist").status, 404);
   EXPECT_EQ(d_->Call("GET", "/v1/nothing-here").status, 404);
   EXPECT_EQ(d_->Call("PATCH", "/v1/sandboxes").status, 405);
@@ -427,6 +438,28 @@ TEST_F(ServeTest, MetricsAndAudit) {
   for (const auto& e : audit["events"]) types.insert(e["type"]);
   EXPECT_TRUE(types.count("sandbox.create"));
   EXPECT_TRUE(types.count("command.start"));
+  EXPECT_TRUE(types.count("command.exit"));
+}
+
+TEST_F(ServeTest, OneDaemonPerDataDirAndRunBoxesAreLeftAlone) {
+  // A second daemon on the same data directory refuses to start (and touches nothing).
+  std::string id = Create();
+  auto second = RunProcess({SBX_BIN, "--data-dir", dir_, "serve", "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(second.exit_code, 125);
+  EXPECT_NE(second.err.find("another sbx serve"), std::string::npos) << second.err;
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "running");
+  // A one-shot `sbx run` in the same data directory keeps its box while the daemon restarts.
+  ProcessOptions o;
+  o.timeout_ms = 30000;
+  std::thread run([&] {
+    auto r = RunProcess({SBX_BIN, "--data-dir", dir_, "run", "--", "sh", "-c", "sleep 2; echo survived"}, o);
+    EXPECT_EQ(r.out, "survived\n") << r.err;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  d_->Stop(SIGTERM);
+  d_->Start();
+  run.join();
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "running");
 }
 
 TEST_F(ServeTest, DirectoriesAsTarStreams) {

@@ -109,6 +109,7 @@ HttpError ErrorFor(int err) {
     case E2BIG:
       return {400, "invalid_argument"};
     case EBUSY:
+    case EPIPE:  // stdin of a process that exited or closed it
       return {409, "conflict"};
     case EEXIST:
       return {409, "already_exists"};
@@ -270,6 +271,18 @@ std::string Sha256Hex(std::string_view s) {
   return out;
 }
 
+Result<bool> BoolField(const json& j, const char* field, bool def) {
+  if (!j.contains(field) || j[field].is_null()) return def;
+  if (!j[field].is_boolean()) return Status::Error(std::string(field) + ": must be true or false", EINVAL);
+  return j[field].get<bool>();
+}
+
+Result<int64_t> IntField(const json& j, const char* field, int64_t def) {
+  if (!j.contains(field) || j[field].is_null()) return def;
+  if (!j[field].is_number_integer()) return Status::Error(std::string(field) + ": must be an integer", EINVAL);
+  return j[field].get<int64_t>();
+}
+
 // ---- agent helpers ----
 
 // The SPAWN payload for a command request (native JSON).
@@ -291,11 +304,14 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
   } else {
     return Status::Error("give argv (an array) or command (a shell string)", EINVAL);
   }
-  w.Str(Tag::kEnv, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-  for (const auto& [k, v] : sb.env) w.Str(Tag::kEnv, k + "=" + v);
+  // One value per variable: the command's env over the sandbox's over the default PATH.
+  std::map<std::string, std::string> merged = {
+      {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}};
+  for (const auto& [k, v] : sb.env) merged[k] = v;
   auto env = StringMap(j, "env");
   if (!env.ok()) return env.status();
-  for (const auto& [k, v] : *env) w.Str(Tag::kEnv, k + "=" + v);
+  for (const auto& [k, v] : *env) merged[k] = v;
+  for (const auto& [k, v] : merged) w.Str(Tag::kEnv, k + "=" + v);
   if (j.contains("cwd")) {
     if (!j["cwd"].is_string()) return Status::Error("cwd: must be a string", EINVAL);
     w.Str(Tag::kCwd, j["cwd"].get<std::string>());
@@ -304,17 +320,27 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
     if (!j["user"].is_string()) return Status::Error("user: must be a string", EINVAL);
     w.Str(Tag::kUser, j["user"].get<std::string>());
   }
-  if (j.value("stdin", false)) w.Int(Tag::kStdinOpen, 1);
+  auto stdin_open = BoolField(j, "stdin", false);
+  auto bg = BoolField(j, "background", false);
+  if (!stdin_open.ok()) return stdin_open.status();
+  if (!bg.ok()) return bg.status();
+  if (*stdin_open) w.Int(Tag::kStdinOpen, 1);
   auto t = SecondsField(j, "timeout");
   if (!t.ok()) return t.status();
   if (*t > 0) w.Int(Tag::kTimeoutMs, *t);
-  if (j.contains("tag") && j["tag"].is_string()) w.Str(Tag::kTag, j["tag"].get<std::string>());
-  if (j.contains("pty") && j["pty"].is_object()) {
-    w.Int(Tag::kPty, 1)
-        .Int(Tag::kRows, j["pty"].value("rows", 24))
-        .Int(Tag::kCols, j["pty"].value("cols", 80));
+  if (j.contains("tag")) {
+    if (!j["tag"].is_string()) return Status::Error("tag: must be a string", EINVAL);
+    w.Str(Tag::kTag, j["tag"].get<std::string>());
   }
-  *background = j.value("background", false);
+  if (j.contains("pty")) {
+    const json& p = j["pty"];
+    auto rows = p.is_object() ? IntField(p, "rows", 24) : Result<int64_t>(Status::Error("", EINVAL));
+    auto cols = p.is_object() ? IntField(p, "cols", 80) : Result<int64_t>(Status::Error("", EINVAL));
+    if (!rows.ok() || !cols.ok() || *rows < 1 || *cols < 1 || *rows > 1000 || *cols > 1000)
+      return Status::Error("pty: an object with rows and cols from 1 to 1000", EINVAL);
+    w.Int(Tag::kPty, 1).Int(Tag::kRows, *rows).Int(Tag::kCols, *cols);
+  }
+  *background = *bg;
   return w;
 }
 
@@ -346,8 +372,10 @@ json ExitEvent(const protocol::Frame& f) {
 
 // Streams a process subscription as NDJSON until EXIT. A client that goes away leaves the
 // process running (the subscription is dropped; the agent keeps buffering its output).
+// `on_exit` sees the EXIT event (for the audit log).
 awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
-                              sandbox::Subscription& sub, int64_t pid) {
+                              sandbox::Subscription& sub, int64_t pid,
+                              std::function<void(const protocol::Frame&)> on_exit = nullptr) {
   for (;;) {
     auto f = co_await sub.Next();
     if (!f.ok()) {
@@ -358,8 +386,10 @@ awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
     json line;
     if (f->type() == Type::kOutput)
       line = OutputEvent(*f);
-    else if (f->type() == Type::kExit)
+    else if (f->type() == Type::kExit) {
       line = ExitEvent(*f);
+      if (on_exit) on_exit(*f);
+    }
     else if (f->type() == Type::kError)
       line = {{"type", "error"}, {"message", std::string(f->fields.Str(Tag::kMessage))}};
     else
@@ -629,7 +659,15 @@ void Commands(http::Router& r, ApiContext& ctx) {
            if (!s.ok()) co_return;
            std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
            (void)co_await ex.WriteChunk(start);
-           co_await StreamProcess(ex, *ch, **sub, pid);
+           // A named local, not a temporary in the co_await expression (GCC 12 destroys those
+           // twice).
+           std::function<void(const protocol::Frame&)> on_exit =
+               [&ctx, sandbox_id = rec->id, key_id = key.id, pid](const protocol::Frame& f) {
+                 json detail = ExitEvent(f);
+                 detail["pid"] = pid;
+                 ctx.manager.Audit("command.exit", sandbox_id, key_id, detail);
+               };
+           co_await StreamProcess(ex, *ch, **sub, pid, std::move(on_exit));
          }));
 
   r.Get("/v1/sandboxes/{id}/commands",
@@ -722,6 +760,9 @@ void Commands(http::Router& r, ApiContext& ctx) {
            auto j = co_await ex.ReadJson();
            if (!j.ok()) co_return co_await Fail(ex, j.status());
            int sig = j->contains("signal") ? SignalNumber((*j)["signal"]) : SIGKILL;
+           auto group_field = BoolField(*j, "group", true);
+           if (!group_field.ok()) co_return co_await Fail(ex, group_field.status());
+           bool group = *group_field;
            if (sig <= 0 || sig >= 65)
              co_return co_await ex.RespondError(400, "invalid_argument",
                                                 "signal: a number or a name like SIGTERM");
@@ -731,7 +772,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
                                        protocol::Writer()
                                            .Int(Tag::kPid, std::atoll(ex.Param("pid").c_str()))
                                            .Int(Tag::kSignal, sig)
-                                           .Int(Tag::kGroup, j->value("group", true) ? 1 : 0));
+                                           .Int(Tag::kGroup, group ? 1 : 0));
            if (!r2.ok()) co_return co_await Fail(ex, r2.status());
            co_await ex.Respond(204, "");
          }));
@@ -892,12 +933,15 @@ void Files(http::Router& r, ApiContext& ctx) {
            if (!j.ok()) co_return co_await Fail(ex, j.status());
            if (!j->contains("path") || !(*j)["path"].is_string())
              co_return co_await ex.RespondError(400, "invalid_argument", "path: required");
+           auto parents_field = BoolField(*j, "parents", true);
+           if (!parents_field.ok()) co_return co_await Fail(ex, parents_field.status());
+           bool parents = *parents_field;
            auto ch = co_await ChannelOrFail(ctx, ex, key);
            if (!ch) co_return;
            auto r2 = co_await ch->Call(Type::kMkdir,
                                        protocol::Writer()
                                            .Str(Tag::kPath, (*j)["path"].get<std::string>())
-                                           .Int(Tag::kParents, j->value("parents", true) ? 1 : 0));
+                                           .Int(Tag::kParents, parents ? 1 : 0));
            if (!r2.ok()) co_return co_await Fail(ex, r2.status());
            co_await ex.RespondJson(200, EntryJson(r2->fields));
          }));
@@ -1111,17 +1155,26 @@ void Audit(http::Router& r, ApiContext& ctx) {
             auto rec = ctx.manager.Get(key, q.sandbox_id);
             if (!rec.ok()) co_return co_await Fail(ex, rec.status());
           }
-          auto events = ctx.store.QueryAudit(q);
-          if (!events.ok()) co_return co_await Fail(ex, events.status());
+          // Events of other keys are skipped, so pages are read until `limit` events of this
+          // key are found or the log ends: a short page means there is nothing more.
           json out = json::array();
-          for (const auto& e : *events) {
-            if (e.key_id != key.id) continue;
-            out.push_back({{"seq", e.seq},
-                           {"time", IsoTime(e.time)},
-                           {"time_ms", e.time},
-                           {"sandbox_id", e.sandbox_id},
-                           {"type", e.type},
-                           {"detail", e.detail}});
+          size_t want = q.limit;
+          q.limit = std::max<size_t>(q.limit, 500);
+          for (bool more = true; more && out.size() < want;) {
+            auto events = ctx.store.QueryAudit(q);
+            if (!events.ok()) co_return co_await Fail(ex, events.status());
+            more = events->size() == q.limit;
+            for (const auto& e : *events) {
+              q.after_seq = e.seq;
+              if (e.key_id != key.id) continue;
+              out.push_back({{"seq", e.seq},
+                             {"time", IsoTime(e.time)},
+                             {"time_ms", e.time},
+                             {"sandbox_id", e.sandbox_id},
+                             {"type", e.type},
+                             {"detail", e.detail}});
+              if (out.size() == want) break;
+            }
           }
           json body = {{"events", out}};
           co_await ex.RespondJson(200, body);
