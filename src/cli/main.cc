@@ -1,9 +1,11 @@
-// sbx: the command-line entry point. Verbs: run (one-shot box); more come with the daemon.
+// sbx: the command-line entry point. Verbs: run (one-shot box), serve (the daemon) and the
+// client verbs that talk to it (cli/verbs.h).
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 
 #include "cli/run.h"
 #include "cli/serve.h"
+#include "cli/verbs.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"sbx: isolated boxes for AI agents' processes, files and network"};
@@ -47,6 +49,9 @@ int main(int argc, char** argv) {
   sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
       ->capture_default_str();
 
+  sbx::cli::ClientVerbs client_verbs;
+  client_verbs.Register(app, global);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -55,5 +60,6 @@ int main(int argc, char** argv) {
   }
   if (r->parsed()) return sbx::cli::RunCommand(global, run);
   if (sv->parsed()) return sbx::cli::ServeCommand(global, serve);
+  if (auto code = client_verbs.Run()) return *code;
   return 0;
 }

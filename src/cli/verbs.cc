@@ -1,0 +1,566 @@
+#include "cli/verbs.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+
+#include "cli/units.h"
+#include "store/store.h"
+
+namespace sbx::cli {
+namespace {
+
+using nlohmann::json;
+
+// ---- output ----
+
+// Left-aligned columns separated by two spaces, like docker ps.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Row(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print() const {
+    std::vector<size_t> width;
+    for (const auto& r : rows_)
+      for (size_t i = 0; i < r.size(); ++i) {
+        if (width.size() <= i) width.push_back(0);
+        width[i] = std::max(width[i], r[i].size());
+      }
+    for (const auto& r : rows_) {
+      std::string line;
+      for (size_t i = 0; i < r.size(); ++i) {
+        line += r[i];
+        if (i + 1 < r.size()) line.append(width[i] - r[i].size() + 2, ' ');
+      }
+      std::printf("%s\n", line.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+void PrintJson(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "2024-05-01T12:00:03.123Z" (the API's times) or "...Z" / "+HH:MM" offsets -> ms since the epoch.
+Result<int64_t> ParseTime(const std::string& text) {
+  tm t{};
+  int ms = 0;
+  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &t);
+  if (rest == nullptr) return Status::Error("expected an RFC 3339 time, got '" + text + "'");
+  if (*rest == '.') {
+    ++rest;
+    int digits = 0;
+    while (*rest >= '0' && *rest <= '9') {
+      if (digits++ < 3) ms = ms * 10 + (*rest - '0');
+      ++rest;
+    }
+    while (digits++ < 3) ms *= 10;
+  }
+  int64_t offset_s = 0;
+  if (*rest == '+' || *rest == '-') {
+    int h = 0, m = 0;
+    if (std::sscanf(rest + 1, "%d:%d", &h, &m) != 2)
+      return Status::Error("bad time zone offset in '" + text + "'");
+    offset_s = (*rest == '+' ? 1 : -1) * (h * 3600 + m * 60);
+  } else if (*rest != 'Z' && *rest != 'z' && *rest != '\0') {
+    return Status::Error("expected an RFC 3339 time, got '" + text + "'");
+  }
+  return (static_cast<int64_t>(timegm(&t)) - offset_s) * 1000 + ms;
+}
+
+// "3m ago", "in 4m" from an API time; "-" when there is none.
+std::string Relative(const json& time) {
+  if (!time.is_string() || time.get<std::string>().empty()) return "-";
+  auto ms = ParseTime(time.get<std::string>());
+  if (!ms.ok()) return time.get<std::string>();
+  int64_t d = (*ms - NowMs()) / 1000;
+  bool future = d > 0;
+  int64_t a = future ? d : -d;
+  std::string n = a < 60      ? std::to_string(a) + "s"
+                  : a < 3600  ? std::to_string(a / 60) + "m"
+                  : a < 86400 ? std::to_string(a / 3600) + "h"
+                              : std::to_string(a / 86400) + "d";
+  return future ? "in " + n : n + " ago";
+}
+
+std::string Pairs(const json& obj, size_t max = 60) {
+  std::string out;
+  if (!obj.is_object()) return "";
+  for (const auto& [k, v] : obj.items()) {
+    if (!out.empty()) out += ",";
+    out += k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  if (out.size() > max) out = out.substr(0, max - 3) + "...";
+  return out;
+}
+
+std::string Str(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
+// ---- verbs on sandboxes ----
+
+struct CreateFlags {
+  ConnectionFlags conn;
+  std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key;
+  std::vector<std::string> env, metadata;
+};
+
+Result<json> CreateBody(const CreateFlags& f) {
+  json body = json::object();
+  if (!f.template_name.empty()) body["template"] = f.template_name;
+  json limits = json::object();
+  if (!f.memory.empty()) {
+    auto v = ParseSize(f.memory);
+    if (!v.ok()) return v.status().Wrap("--memory");
+    limits["memory_bytes"] = *v;
+  }
+  if (!f.disk.empty()) {
+    auto v = ParseSize(f.disk);
+    if (!v.ok()) return v.status().Wrap("--disk");
+    limits["disk_bytes"] = *v;
+  }
+  if (!f.cpus.empty()) {
+    char* end = nullptr;
+    double c = std::strtod(f.cpus.c_str(), &end);
+    if (end == f.cpus.c_str() || *end != '\0' || !(c > 0))
+      return Status::Error("--cpus: a positive number of cores, got '" + f.cpus + "'");
+    limits["cpus"] = c;
+  }
+  if (!f.pids.empty()) {
+    char* end = nullptr;
+    long long p = std::strtoll(f.pids.c_str(), &end, 10);
+    if (end == f.pids.c_str() || *end != '\0' || p < 1)
+      return Status::Error("--pids: a whole number from 1, got '" + f.pids + "'");
+    limits["pids"] = p;
+  }
+  if (!limits.empty()) body["limits"] = limits;
+  if (!f.timeout.empty()) {
+    auto v = ParseDuration(f.timeout);
+    if (!v.ok()) return v.status().Wrap("--timeout");
+    if (*v <= 0) return Status::Error("--timeout: must be positive");
+    body["timeout"] = static_cast<double>(*v) / 1000.0;
+  }
+  if (!f.on_timeout.empty()) body["on_timeout"] = f.on_timeout;
+  auto env = ParsePairs(f.env, "--env");
+  if (!env.ok()) return env.status();
+  for (const auto& [k, v] : *env) body["env"][k] = v;
+  auto md = ParsePairs(f.metadata, "--metadata");
+  if (!md.ok()) return md.status();
+  for (const auto& [k, v] : *md) body["metadata"][k] = v;
+  return body;
+}
+
+void RegisterCreate(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<CreateFlags>();
+  CLI::App* v = app.add_subcommand("create", "Create a sandbox and print its id");
+  v->add_option("--template", f->template_name,
+                "Template: host (default), a rootfs dir or tarball");
+  v->add_option("--memory", f->memory, "Memory limit, e.g. 512M or 2G");
+  v->add_option("--cpus", f->cpus, "CPU quota in cores, e.g. 0.5 or 2");
+  v->add_option("--pids", f->pids, "Maximum number of processes and threads");
+  v->add_option("--disk", f->disk, "Size of the writable layer, e.g. 1G");
+  v->add_option("--timeout", f->timeout, "Lifetime before --on-timeout applies, e.g. 30m, 2h");
+  v->add_option("--on-timeout", f->on_timeout, "What the timeout does: kill (default) or pause")
+      ->check(CLI::IsMember({"kill", "pause"}));
+  v->add_option("-e,--env", f->env, "Environment variable K=V for every command (repeatable)");
+  v->add_option("--metadata", f->metadata, "Label K=V, for ls filters (repeatable)");
+  v->add_option("--idempotency-key", f->idempotency_key,
+                "Retrying with the same key returns the same sandbox");
+  AddConnectionFlags(v, &f->conn);
+  verbs.Add(v, [f, &g] {
+    auto body = CreateBody(*f);
+    if (!body.ok()) return Fail(body.status());
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    http::ClientHeaders h;
+    if (!f->idempotency_key.empty()) h.emplace_back("Idempotency-Key", f->idempotency_key);
+    auto r = c->Call("POST", "/v1/sandboxes", *body, h);
+    if (!r.ok()) return Fail(r.status());
+    if (f->conn.json)
+      PrintJson(*r);
+    else
+      std::printf("%s\n", Str(*r, "id").c_str());
+    return 0;
+  });
+}
+
+struct LsFlags {
+  ConnectionFlags conn;
+  std::vector<std::string> states, metadata;
+  int limit = 0;
+  bool all = false;
+};
+
+void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<LsFlags>();
+  CLI::App* v = app.add_subcommand("ls", "List sandboxes (newest first)");
+  v->alias("list");
+  v->add_option("--state", f->states, "Only in this state, e.g. running, paused (repeatable)");
+  v->add_option("--metadata", f->metadata, "Only with this label K=V (repeatable)");
+  v->add_option("--limit", f->limit, "Page size, 1 to 1000 (default 100)")
+      ->check(CLI::Range(1, 1000));
+  v->add_flag("-a,--all", f->all, "Follow every page, not just the first");
+  AddConnectionFlags(v, &f->conn);
+  verbs.Add(v, [f, &g] {
+    auto md = ParsePairs(f->metadata, "--metadata");
+    if (!md.ok()) return Fail(md.status());
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    std::string query;
+    for (const auto& s : f->states) query += "&state=" + Q(s);
+    for (const auto& [k, val] : *md) query += "&metadata." + Q(k) + "=" + Q(val);
+    if (f->limit > 0) query += "&limit=" + std::to_string(f->limit);
+    json all = json::array();
+    json next = nullptr;
+    std::string cursor;
+    do {
+      std::string target = "/v1/sandboxes?" + query.substr(query.empty() ? 0 : 1);
+      if (!cursor.empty())
+        target += (query.empty() ? "" : "&") + std::string("cursor=") + Q(cursor);
+      auto r = c->Call("GET", target);
+      if (!r.ok()) return Fail(r.status());
+      for (auto& s : (*r)["sandboxes"]) all.push_back(std::move(s));
+      next = (*r)["next_cursor"];
+      cursor = next.is_string() ? next.get<std::string>() : "";
+    } while (f->all && !cursor.empty());
+    if (f->conn.json) {
+      PrintJson({{"sandboxes", all}, {"next_cursor", next}});
+      return 0;
+    }
+    Table t({"ID", "STATE", "TEMPLATE", "CREATED", "EXPIRES", "METADATA"});
+    for (const auto& s : all)
+      t.Row({Str(s, "id"), Str(s, "state"), Str(s, "template"), Relative(s["created_at"]),
+             Relative(s["expires_at"]), Pairs(s["metadata"])});
+    t.Print();
+    if (!cursor.empty())
+      std::fprintf(stderr, "sbx: more sandboxes: use --all to list every page\n");
+    return 0;
+  });
+}
+
+// A verb that takes one sandbox id and makes one call.
+struct IdFlags {
+  ConnectionFlags conn;
+  std::string id;
+  std::string arg;
+};
+
+void RegisterInspect(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<IdFlags>();
+  CLI::App* v = app.add_subcommand("inspect", "Show a sandbox as JSON (limits, state, usage)");
+  v->add_option("id", f->id, "Sandbox id")->required();
+  AddConnectionFlags(v, &f->conn, false);
+  verbs.Add(v, [f, &g] {
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("GET", SandboxPath(f->id));
+    if (!r.ok()) return Fail(r.status());
+    PrintJson(*r);
+    return 0;
+  });
+}
+
+void RegisterLifecycle(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  struct Action {
+    const char* name;
+    const char* help;
+    const char* method;
+    const char* suffix;
+  };
+  for (const Action& a : {Action{"kill", "Kill a sandbox and remove what it made", "DELETE", ""},
+                          Action{"pause", "Freeze every process of a sandbox", "POST", "/pause"},
+                          Action{"resume", "Thaw a paused sandbox", "POST", "/resume"}}) {
+    auto f = std::make_shared<IdFlags>();
+    CLI::App* v = app.add_subcommand(a.name, a.help);
+    v->add_option("id", f->id, "Sandbox id")->required();
+    AddConnectionFlags(v, &f->conn);
+    verbs.Add(v, [f, &g, a] {
+      auto c = MakeClient(g, f->conn);
+      if (!c.ok()) return Fail(c.status());
+      auto r = c->Call(a.method, SandboxPath(f->id) + a.suffix);
+      if (!r.ok()) return Fail(r.status());
+      if (f->conn.json && !r->is_null())
+        PrintJson(*r);
+      else if (!f->conn.json)
+        std::printf("%s\n", f->id.c_str());
+      return 0;
+    });
+  }
+
+  auto f = std::make_shared<IdFlags>();
+  CLI::App* v = app.add_subcommand(
+      "timeout", "Set a sandbox's remaining lifetime (from now); its --on-timeout then applies");
+  v->add_option("id", f->id, "Sandbox id")->required();
+  v->add_option("duration", f->arg, "e.g. 30s, 10m, 2h")->required();
+  AddConnectionFlags(v, &f->conn);
+  verbs.Add(v, [f, &g] {
+    auto ms = ParseDuration(f->arg);
+    if (!ms.ok()) return Fail(ms.status().Wrap("duration"));
+    if (*ms <= 0) return Fail(Status::Error("duration: must be positive"));
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("POST", SandboxPath(f->id) + "/timeout",
+                     {{"timeout", static_cast<double>(*ms) / 1000.0}});
+    if (!r.ok()) return Fail(r.status());
+    if (f->conn.json)
+      PrintJson(*r);
+    else
+      std::printf("%s expires %s\n", f->id.c_str(), Relative((*r)["expires_at"]).c_str());
+    return 0;
+  });
+}
+
+void RegisterPs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<IdFlags>();
+  CLI::App* v = app.add_subcommand("ps", "List a sandbox's commands, running and finished");
+  v->add_option("id", f->id, "Sandbox id")->required();
+  AddConnectionFlags(v, &f->conn);
+  verbs.Add(v, [f, &g] {
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("GET", SandboxPath(f->id) + "/commands");
+    if (!r.ok()) return Fail(r.status());
+    if (f->conn.json) {
+      PrintJson(*r);
+      return 0;
+    }
+    Table t({"PID", "STATUS", "STARTED", "TAG", "COMMAND"});
+    for (const auto& p : (*r)["commands"]) {
+      std::string status = "running";
+      if (!p.value("running", false)) {
+        status = p.contains("signal") ? "signal " + p["signal"].dump()
+                                      : "exited " + p.value("exit_code", json(-1)).dump();
+      }
+      if (p.value("pty", false)) status += " (pty)";
+      std::string cmd;
+      for (const auto& a : p["argv"]) cmd += (cmd.empty() ? "" : " ") + a.get<std::string>();
+      if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+      t.Row({p["pid"].dump(), status, Relative(p["started_at"]), Str(p, "tag"), cmd});
+    }
+    t.Print();
+    return 0;
+  });
+}
+
+struct AuditFlags {
+  ConnectionFlags conn;
+  std::string sandbox, type, since;
+  int limit = 0;
+};
+
+// "10m" (that long ago) or an RFC 3339 time -> ms since the epoch.
+Result<int64_t> ParseSince(const std::string& text) {
+  if (text.find('T') != std::string::npos) return ParseTime(text);
+  auto d = ParseDuration(text);
+  if (!d.ok()) return Status::Error("--since: a duration ago (10m, 2h) or an RFC 3339 time");
+  return NowMs() - *d;
+}
+
+void RegisterAudit(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<AuditFlags>();
+  CLI::App* v = app.add_subcommand("audit", "Show audit events (lifecycle, commands, file writes)");
+  v->add_option("--sandbox", f->sandbox, "Only this sandbox's events");
+  v->add_option("--type", f->type, "Only this type, e.g. sandbox.create, command.start");
+  v->add_option("--since", f->since, "Only newer: a duration ago (10m, 2h) or an RFC 3339 time");
+  v->add_option("--limit", f->limit, "At most this many (default 100)")
+      ->check(CLI::Range(1, 10000));
+  AddConnectionFlags(v, &f->conn);
+  verbs.Add(v, [f, &g] {
+    std::string query;
+    if (!f->sandbox.empty()) query += "&sandbox=" + Q(f->sandbox);
+    if (!f->type.empty()) query += "&type=" + Q(f->type);
+    if (!f->since.empty()) {
+      auto ms = ParseSince(f->since);
+      if (!ms.ok()) return Fail(ms.status());
+      query += "&since=" + std::to_string(*ms);
+    }
+    if (f->limit > 0) query += "&limit=" + std::to_string(f->limit);
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("GET", "/v1/audit" + (query.empty() ? "" : "?" + query.substr(1)));
+    if (!r.ok()) return Fail(r.status());
+    if (f->conn.json) {
+      PrintJson(*r);
+      return 0;
+    }
+    Table t({"SEQ", "TIME", "SANDBOX", "TYPE", "DETAIL"});
+    for (const auto& e : (*r)["events"]) {
+      std::string time = Str(e, "time");
+      if (time.size() > 19) time = time.substr(0, 19) + "Z";
+      std::string sandbox = Str(e, "sandbox_id");
+      t.Row({e["seq"].dump(), time, sandbox.empty() ? "-" : sandbox, Str(e, "type"),
+             Pairs(e["detail"], 80)});
+    }
+    t.Print();
+    return 0;
+  });
+}
+
+// ---- API keys: on the store directly ----
+
+struct KeyFlags {
+  std::string name, id;
+  int64_t max_sandboxes = 0;
+  double rate = 0;
+  bool json = false;
+};
+
+Result<std::unique_ptr<store::Store>> OpenStore(const GlobalOptions& g) {
+  if (::geteuid() != 0)
+    return Status::Error("sbx key manages the daemon's store directly and needs root");
+  std::string path = g.data_dir + "/" + store::kDbFileName;
+  if (::access(path.c_str(), F_OK) != 0)
+    return Status::Error("no store at " + path + " (start `sbx serve` with this --data-dir first)");
+  auto st = store::Store::Open(path);
+  if (!st.ok()) return st.status().Wrap("store");
+  return st;
+}
+
+json KeyJson(const store::ApiKeyRecord& k) {
+  auto iso = [](int64_t ms) -> json {
+    if (ms <= 0) return nullptr;
+    time_t s = static_cast<time_t>(ms / 1000);
+    tm t{};
+    gmtime_r(&s, &t);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &t);
+    return std::string(buf);
+  };
+  return {{"id", k.id},
+          {"name", k.name},
+          {"prefix", k.prefix},
+          {"created_at", iso(k.created_at)},
+          {"revoked_at", iso(k.revoked_at)},
+          {"max_sandboxes", k.max_sandboxes},
+          {"creates_per_second", k.creates_per_second}};
+}
+
+void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  CLI::App* key = app.add_subcommand(
+      "key", "Manage API keys (root; acts on <data dir>/sbx.db, also while the daemon runs)");
+  key->require_subcommand(1);
+
+  auto f = std::make_shared<KeyFlags>();
+  CLI::App* create = key->add_subcommand("create", "Create a key and print its secret (once)");
+  create->add_option("--name", f->name, "What the key is for")->required();
+  create
+      ->add_option("--max-sandboxes", f->max_sandboxes,
+                   "Concurrent live sandboxes (default 0: unlimited)")
+      ->check(CLI::NonNegativeNumber);
+  create->add_option("--rate", f->rate, "Creations per second (default 0: unlimited)")
+      ->check(CLI::NonNegativeNumber);
+  create->add_flag("--json", f->json, "Print the key and its secret as JSON");
+  verbs.Add(create, [f, &g] {
+    auto st = OpenStore(g);
+    if (!st.ok()) return Fail(st.status());
+    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate);
+    if (!k.ok()) return Fail(k.status());
+    if (f->json) {
+      json j = KeyJson(k->record);
+      j["secret"] = k->secret;
+      PrintJson(j);
+    } else {
+      std::printf("%s\n", k->secret.c_str());
+      std::fprintf(stderr, "sbx: created key %s '%s'; the secret above is shown only once\n",
+                   k->record.id.c_str(), k->record.name.c_str());
+    }
+    return 0;
+  });
+
+  auto lf = std::make_shared<KeyFlags>();
+  CLI::App* ls = key->add_subcommand("ls", "List keys, revoked ones included");
+  ls->alias("list");
+  ls->add_flag("--json", lf->json, "Print JSON");
+  verbs.Add(ls, [lf, &g] {
+    auto st = OpenStore(g);
+    if (!st.ok()) return Fail(st.status());
+    auto keys = (*st)->ListApiKeys();
+    if (!keys.ok()) return Fail(keys.status());
+    json all = json::array();
+    for (const auto& k : *keys) all.push_back(KeyJson(k));
+    if (lf->json) {
+      PrintJson({{"keys", all}});
+      return 0;
+    }
+    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE"});
+    for (const auto& k : all)
+      t.Row({Str(k, "id"), Str(k, "name"), Str(k, "prefix"), Relative(k["created_at"]),
+             Relative(k["revoked_at"]), k["max_sandboxes"] == 0 ? "-" : k["max_sandboxes"].dump(),
+             k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s"});
+    t.Print();
+    return 0;
+  });
+
+  auto rf = std::make_shared<KeyFlags>();
+  CLI::App* revoke = key->add_subcommand("revoke", "Revoke a key for good");
+  revoke->add_option("id", rf->id, "Key id (key_...)")->required();
+  verbs.Add(revoke, [rf, &g] {
+    auto st = OpenStore(g);
+    if (!st.ok()) return Fail(st.status());
+    Status s = (*st)->RevokeApiKey(rf->id);
+    if (!s.ok()) {
+      if (s.err() == ENOENT) return Fail(Status::Error("no key " + rf->id));
+      return Fail(s);
+    }
+    std::printf("%s\n", rf->id.c_str());
+    return 0;
+  });
+}
+
+}  // namespace
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "sbx: %s\n", s.message().c_str());
+  return kExitSbxError;
+}
+
+Result<Client> MakeClient(const GlobalOptions& global, const ConnectionFlags& flags) {
+  auto c = ResolveConnection(global.data_dir, flags);
+  if (!c.ok()) return c.status();
+  return Client(std::move(*c));
+}
+
+std::string SandboxPath(const std::string& id) { return "/v1/sandboxes/" + Q(id); }
+
+Result<std::vector<std::pair<std::string, std::string>>> ParsePairs(
+    const std::vector<std::string>& items, const char* flag) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& e : items) {
+    auto eq = e.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Status::Error(std::string(flag) + ": expected K=V, got '" + e + "'");
+    out.emplace_back(e.substr(0, eq), e.substr(eq + 1));
+  }
+  return out;
+}
+
+void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
+  RegisterCreate(app, global, *this);
+  RegisterLs(app, global, *this);
+  RegisterInspect(app, global, *this);
+  RegisterExecVerbs(app, global, *this);
+  RegisterCpVerb(app, global, *this);
+  RegisterLifecycle(app, global, *this);
+  RegisterPs(app, global, *this);
+  RegisterAudit(app, global, *this);
+  RegisterKey(app, global, *this);
+}
+
+std::optional<int> ClientVerbs::Run() const {
+  for (const auto& v : verbs_)
+    if (v.app->parsed()) return v.run();
+  return std::nullopt;
+}
+
+}  // namespace sbx::cli

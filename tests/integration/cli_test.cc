@@ -1,0 +1,353 @@
+// The sbx client verbs end to end: a real daemon, the real `sbx` binary as a subprocess pointed at
+// the daemon's data directory (it finds the port and the key there). After each test nothing of
+// the daemon's boxes is left on the host.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "api/http/client.h"
+#include "common/fd.h"
+#include "common/fs.h"
+#include "sbx_process.h"
+
+extern char** environ;
+
+namespace sbx::test {
+namespace {
+
+using nlohmann::json;
+
+// A `sbx serve` process on a free port (as in serve_test.cc).
+class Daemon {
+ public:
+  explicit Daemon(std::string data_dir) : data_dir_(std::move(data_dir)) {}
+  ~Daemon() { Stop(); }
+
+  void Start() {
+    ::unlink((data_dir_ + "/serve.port").c_str());
+    std::vector<std::string> args = {SBX_BIN, "--data-dir", data_dir_,
+                                     "serve", "--listen",   "127.0.0.1:0"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::string log = data_dir_ + "/serve.log";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ASSERT_EQ(::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 200; ++i) {
+      auto port = ReadFile(data_dir_ + "/serve.port");
+      if (port.ok() && !port->empty()) {
+        port_ = static_cast<uint16_t>(std::atoi(port->c_str()));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_NE(port_, 0) << "daemon did not start: " << *ReadFile(log);
+    auto key = ReadFile(data_dir_ + "/api-key");
+    ASSERT_TRUE(key.ok());
+    key_ = key->substr(0, key->find('\n'));
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    port_ = 0;
+  }
+
+  uint16_t port() const { return port_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string data_dir_;
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  std::string key_;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-cli-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    ::setenv("SBX_CGROUP_PARENT", ("sbx-cli-test-" + std::to_string(::getpid())).c_str(), 1);
+    // The verbs must find the daemon through the data directory, not the environment.
+    ::unsetenv("SBX_URL");
+    ::unsetenv("SBX_API_KEY");
+    d_ = std::make_unique<Daemon>(dir_);
+    d_->Start();
+  }
+  void TearDown() override {
+    if (d_->port()) {
+      auto list = Sbx({"ls", "--json", "--all", "--state", "running", "--state", "paused"});
+      json j = json::parse(list.out, nullptr, false);
+      if (j.is_object())
+        for (const auto& s : j["sandboxes"]) Sbx({"kill", s["id"].get<std::string>()});
+    }
+    d_.reset();
+    std::string mounts = *ReadFile("/proc/self/mountinfo");
+    EXPECT_EQ(mounts.find(dir_), std::string::npos);
+    EXPECT_EQ(::system(("test -z \"$(ls -A " + dir_ + "/run 2>/dev/null)\"").c_str()), 0)
+        << "box directories left";
+    RemoveTree(dir_);
+  }
+
+  // Runs `sbx --data-dir <dir> args...`.
+  ProcessResult Sbx(std::vector<std::string> args, ProcessOptions opts = {}) {
+    args.insert(args.begin(), {SBX_BIN, "--data-dir", dir_});
+    return RunProcess(args, opts);
+  }
+  std::string Create(std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), "create");
+    auto r = Sbx(extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string id = r.out.substr(0, r.out.find('\n'));
+    EXPECT_EQ(id.size(), 20u) << r.out;
+    return id;
+  }
+  json Api(const std::string& method, const std::string& target, const json& body = nullptr) {
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, method, target,
+                           {{"Authorization", "Bearer " + d_->key()}},
+                           body.is_null() ? "" : body.dump());
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? json::parse(r->body, nullptr, false) : json();
+  }
+
+  std::string dir_;
+  std::unique_ptr<Daemon> d_;
+};
+
+TEST_F(CliTest, Help) {
+  auto r = Sbx({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* verb : {"create", "ls", "inspect", "exec", "cp", "kill", "pause", "resume",
+                           "timeout", "logs", "ps", "audit", "key"})
+    EXPECT_NE(r.out.find(verb), std::string::npos) << verb;
+  r = Sbx({"exec", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--interactive"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--url"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, CreateListInspectKill) {
+  std::string id = Create({"--metadata", "team=cli", "--memory", "256M", "--timeout", "10m"});
+  auto ls = Sbx({"ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_EQ(ls.out.rfind("ID", 0), 0u) << ls.out;
+  EXPECT_NE(ls.out.find("METADATA"), std::string::npos);
+  EXPECT_NE(ls.out.find(id), std::string::npos);
+  EXPECT_NE(ls.out.find("team=cli"), std::string::npos);
+
+  ls = Sbx({"ls", "--json", "--metadata", "team=cli"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  json j = json::parse(ls.out);
+  ASSERT_EQ(j["sandboxes"].size(), 1u);
+  EXPECT_EQ(j["sandboxes"][0]["id"], id);
+  EXPECT_EQ(json::parse(Sbx({"ls", "--json", "--metadata", "team=other"}).out)["sandboxes"].size(),
+            0u);
+
+  auto in = Sbx({"inspect", id});
+  ASSERT_EQ(in.exit_code, 0) << in.err;
+  j = json::parse(in.out);
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_EQ(j["limits"]["memory_bytes"], 256 << 20);
+  EXPECT_EQ(j["timeout"], 600.0);
+
+  auto k = Sbx({"kill", id});
+  EXPECT_EQ(k.exit_code, 0) << k.err;
+  ls = Sbx({"ls", "--state", "running"});
+  EXPECT_EQ(ls.out.find(id), std::string::npos) << ls.out;
+  auto again = Sbx({"inspect", "nosuchsandbox"});
+  EXPECT_EQ(again.exit_code, 125);
+  EXPECT_EQ(again.err.rfind("sbx: ", 0), 0u) << again.err;
+}
+
+TEST_F(CliTest, Exec) {
+  std::string id = Create();
+  auto r = Sbx({"exec", id, "--", "echo", "hi"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "hi\n");
+
+  r = Sbx({"exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7"});
+  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+
+  r = Sbx({"exec", id, "--", "sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(r.exit_code, 128 + 9);
+
+  r = Sbx({"exec", "-e", "A=b c", "-w", "/tmp", id, "--", "sh", "-c", "echo \"$A\"; pwd"});
+  EXPECT_EQ(r.out, "b c\n/tmp\n") << r.err;
+
+  // Byte-exact: every byte value through stdout.
+  r = Sbx({"exec", id, "--", "sh", "-c", "printf '\\000\\001\\377\\n\\r'"});
+  EXPECT_EQ(r.out, std::string("\0\1\377\n\r", 5));
+
+  ProcessOptions in;
+  in.stdin_data = "a\nb\n";
+  r = Sbx({"exec", "-i", id, "--", "sort", "-r"}, in);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "b\na\n");
+
+  // -t without a host terminal (stdin is a pipe here).
+  r = Sbx({"exec", "-t", id, "--", "tty"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("/dev/pts/", 0), 0u) << r.out;
+  r = Sbx({"exec", "-t", id, "--", "sh", "-c", "exit 3"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+
+  r = Sbx({"exec", "nosuchsandbox", "--", "true"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("sbx: "), std::string::npos);
+}
+
+TEST_F(CliTest, ExecCtrlCSignalsTheCommand) {
+  std::string id = Create();
+  ProcessOptions o;
+  o.signal_after_ms = 1500;
+  o.signal = SIGINT;
+  auto r =
+      Sbx({"exec", id, "--", "sh", "-c", "trap 'echo got INT; exit 5' INT; sleep 30 & wait"}, o);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_EQ(r.out, "got INT\n");
+}
+
+TEST_F(CliTest, Copy) {
+  std::string id = Create();
+  std::string data;
+  for (int i = 0; i < 5 * 1024 * 1024; ++i)
+    data.push_back(static_cast<char>((i * 7 + i / 256) & 0xff));
+  ASSERT_TRUE(WriteFile(dir_ + "/in.bin", data).ok());
+  auto r = Sbx({"cp", dir_ + "/in.bin", id + ":/tmp/in.bin"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Sbx({"exec", id, "--", "stat", "-c", "%s", "/tmp/in.bin"}).out,
+            std::to_string(data.size()) + "\n");
+  r = Sbx({"cp", id + ":/tmp/in.bin", dir_ + "/out.bin"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto back = ReadFile(dir_ + "/out.bin", 64 << 20);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == data) << "size " << back->size();
+
+  r = Sbx({"cp", id + ":/tmp/missing", dir_ + "/x"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("missing"), std::string::npos) << r.err;
+  EXPECT_NE(::access((dir_ + "/x").c_str(), F_OK), 0);
+  r = Sbx({"cp", dir_ + "/missing", id + ":/tmp/x"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("No such file"), std::string::npos) << r.err;
+
+  // Directories, through the tar endpoints.
+  ASSERT_TRUE(MakeDirs(dir_ + "/tree/sub").ok());
+  ASSERT_TRUE(WriteFile(dir_ + "/tree/a.txt", "one\n").ok());
+  ASSERT_TRUE(WriteFile(dir_ + "/tree/sub/b.txt", "two\n").ok());
+  ASSERT_EQ(::symlink("/etc/passwd", (dir_ + "/tree/link").c_str()), 0);
+  r = Sbx({"cp", dir_ + "/tree", id + ":/tmp/"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Sbx({"exec", id, "--", "cat", "/tmp/tree/a.txt", "/tmp/tree/sub/b.txt"}).out,
+            "one\ntwo\n");
+  EXPECT_EQ(Sbx({"exec", id, "--", "readlink", "/tmp/tree/link"}).out, "/etc/passwd\n");
+  r = Sbx({"cp", id + ":/tmp/tree", dir_ + "/back"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(*ReadFile(dir_ + "/back/sub/b.txt"), "two\n");
+  char target[64] = {};
+  ASSERT_GT(::readlink((dir_ + "/back/link").c_str(), target, sizeof target - 1), 0);
+  EXPECT_STREQ(target, "/etc/passwd");
+}
+
+TEST_F(CliTest, PauseResumeTimeout) {
+  std::string id = Create();
+  auto r = Sbx({"pause", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(Sbx({"inspect", id}).out)["state"], "paused");
+  r = Sbx({"resume", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(Sbx({"inspect", id}).out)["state"], "running");
+  r = Sbx({"timeout", id, "1h"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("in "), std::string::npos) << r.out;
+  json j = json::parse(Sbx({"inspect", id}).out);
+  EXPECT_EQ(j["timeout"], 3600.0);
+  r = Sbx({"timeout", id, "soon"});
+  EXPECT_EQ(r.exit_code, 125);
+}
+
+TEST_F(CliTest, LogsAndPs) {
+  std::string id = Create();
+  json started = Api(
+      "POST", "/v1/sandboxes/" + id + "/commands",
+      {{"argv", {"sh", "-c", "echo one; sleep 1; echo two >&2; exit 4"}}, {"background", true}});
+  ASSERT_TRUE(started.contains("pid")) << started;
+  std::string pid = std::to_string(started["pid"].get<int64_t>());
+  auto r = Sbx({"logs", id, pid});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_EQ(r.out, "one\n");
+  EXPECT_EQ(r.err, "two\n");
+  r = Sbx({"attach", "--stdout-offset", "2", id, pid});
+  EXPECT_EQ(r.out, "e\n");
+  r = Sbx({"ps", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("exited 4"), std::string::npos) << r.out;
+  r = Sbx({"logs", id, "99999"});
+  EXPECT_EQ(r.exit_code, 125);
+}
+
+TEST_F(CliTest, Audit) {
+  std::string id = Create();
+  auto r = Sbx({"audit", "--sandbox", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("SEQ"), std::string::npos);
+  EXPECT_NE(r.out.find("sandbox.create"), std::string::npos) << r.out;
+  r = Sbx({"audit", "--json", "--type", "sandbox.create", "--since", "10m"});
+  json j = json::parse(r.out);
+  ASSERT_FALSE(j["events"].empty());
+  EXPECT_EQ(j["events"][0]["sandbox_id"], id);
+  r = Sbx({"audit", "--since", "2999-01-01T00:00:00Z"});
+  EXPECT_EQ(r.out.find("sandbox.create"), std::string::npos);
+}
+
+TEST_F(CliTest, KeysAndConnectionErrors) {
+  auto r = Sbx({"key", "create", "--name", "ci", "--max-sandboxes", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string secret = r.out.substr(0, r.out.find('\n'));
+  ASSERT_EQ(secret.rfind("sbx_", 0), 0u) << r.out;
+  r = Sbx({"ls", "--api-key", secret});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto keys = Sbx({"key", "ls", "--json"});
+  json j = json::parse(keys.out);
+  std::string key_id;
+  for (const auto& k : j["keys"])
+    if (k["name"] == "ci") key_id = k["id"];
+  ASSERT_FALSE(key_id.empty()) << keys.out;
+  EXPECT_NE(Sbx({"key", "ls"}).out.find("ci"), std::string::npos);
+  r = Sbx({"key", "revoke", key_id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = Sbx({"ls"}, ProcessOptions{.env = {"SBX_API_KEY=" + secret}});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("unknown or revoked API key"), std::string::npos) << r.err;
+
+  r = Sbx({"ls", "--url", "http://127.0.0.1:1"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("cannot reach the sbx daemon at http://127.0.0.1:1"), std::string::npos)
+      << r.err;
+  r = Sbx({"ls", "--url", "ftp://x"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("--url"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace sbx::test
