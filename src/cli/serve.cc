@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "api/http/server.h"
+#include "api/e2b/e2b.h"
 #include "api/v1/api.h"
 #include "common/fs.h"
 #include "runtime/native/native_runtime.h"
@@ -115,6 +116,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   api::ApiContext ctx{manager, **st, metrics, blocking};
   http::Router router;
   api::RegisterV1(router, ctx);
+  api::RegisterE2b(router, ctx);
   http::Server server(so, std::move(router));
   s = server.Start();
   if (!s.ok()) {

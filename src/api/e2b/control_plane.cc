@@ -1,0 +1,463 @@
+// The E2B control-plane REST API (spec section 1) over sandbox::Manager.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "api/e2b/internal.h"
+#include "api/e2b/wire.h"
+#include "api/http/exchange.h"
+
+namespace sbx::api::e2b {
+namespace {
+
+using boost::asio::awaitable;
+using nlohmann::json;
+
+constexpr int64_t kV2DefaultTimeoutS = 300;
+constexpr int64_t kV1DefaultTimeoutS = 15;
+
+// E2B's error body: {"code": <status>, "message": ...}; the SDK reads `code`, not the status.
+awaitable<void> Error(http::Exchange& ex, int status, const std::string& message,
+                      const http::Headers& headers = {}) {
+  json body = {{"code", status}, {"message", message}};
+  co_await ex.RespondJson(status, body, headers);
+}
+
+int StatusFor(int err) {
+  switch (err) {
+    case ENOENT:
+    case ESRCH:
+      return 404;
+    case EINVAL:
+    case E2BIG:
+      return 400;
+    case EBUSY:
+    case EEXIST:
+      return 409;
+    case EAGAIN:
+      return 429;
+    default:
+      return 500;
+  }
+}
+
+awaitable<void> Fail(http::Exchange& ex, const Status& s) {
+  int status = StatusFor(s.err());
+  if (status == 500) spdlog::error("e2b {} {}: {}", ex.method(), ex.path(), s.message());
+  co_await Error(ex, status, s.message());
+}
+
+bool Live(const store::SandboxRecord& r) { return store::IsLiveState(r.state); }
+std::string E2bState(const store::SandboxRecord& r) {
+  return r.state == store::kStatePaused ? "paused" : "running";
+}
+
+json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
+  return {{"sandboxID", r.id},
+          {"templateID", r.template_name},
+          {"clientID", "sbx"},
+          {"envdVersion", kEnvdVersion},
+          {"envdAccessToken", EnvdToken(key, r.id)},
+          {"domain", nullptr},
+          {"trafficAccessToken", nullptr}};
+}
+
+json ListedJson(const store::SandboxRecord& r) {
+  int64_t cpus = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.limits.cpus)));
+  int64_t mem_mb = std::max<int64_t>(128, r.limits.memory_bytes >> 20);
+  int64_t end = r.expires_at ? r.expires_at : r.created_at + r.timeout_ms;
+  return {{"sandboxID", r.id},
+          {"templateID", r.template_name},
+          {"clientID", "sbx"},
+          {"cpuCount", cpus},
+          {"memoryMB", mem_mb},
+          {"diskSizeMB", r.limits.disk_bytes >> 20},
+          {"startedAt", Rfc3339(r.created_at)},
+          {"endAt", Rfc3339(end)},
+          {"envdVersion", kEnvdVersion},
+          {"state", E2bState(r)},
+          {"metadata", r.metadata}};
+}
+
+json DetailJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
+  json j = ListedJson(r);
+  j["envdAccessToken"] = EnvdToken(key, r.id);
+  j["domain"] = nullptr;
+  j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
+  return j;
+}
+
+using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const store::ApiKeyRecord&)>;
+
+// `X-API-KEY` checked against sbx's own key store.
+http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
+  return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
+    ctx.metrics.requests++;
+    std::string secret(ex.Header("X-API-Key"));
+    if (secret.empty()) co_return co_await Error(ex, 401, "missing X-API-KEY header");
+    auto key = ctx.store.VerifyApiKey(secret);
+    if (!key.ok()) co_return co_await Fail(ex, key.status());
+    if (!*key) {
+      ctx.manager.Audit("auth.denied", "", "",
+                        {{"path", std::string(ex.path())}, {"remote", std::string(ex.remote())}});
+      co_return co_await Error(ex, 401, "Invalid API key");
+    }
+    co_await h(ex, **key);
+  };
+}
+
+// The request body as a JSON object; an empty body is {}. Answers 400 itself on failure.
+awaitable<std::optional<json>> BodyObject(http::Exchange& ex) {
+  auto body = co_await ex.ReadBody();
+  if (!body.ok()) {
+    if (!ex.responded()) co_await Error(ex, 400, body.status().message());
+    co_return std::nullopt;
+  }
+  json j = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    co_await Error(ex, 400, "body: expected a JSON object");
+    co_return std::nullopt;
+  }
+  co_return j;
+}
+
+Result<std::map<std::string, std::string>> StringMap(const json& j, const char* field) {
+  std::map<std::string, std::string> out;
+  if (!j.contains(field) || j[field].is_null()) return out;
+  if (!j[field].is_object())
+    return Status::Error(std::string(field) + ": must be an object", EINVAL);
+  for (const auto& [k, v] : j[field].items()) {
+    if (!v.is_string())
+      return Status::Error(std::string(field) + "." + k + ": must be a string", EINVAL);
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+// `timeout` in seconds, `def` when absent; EINVAL when not a positive integer.
+Result<int64_t> TimeoutField(const json& j, const char* field, int64_t def) {
+  if (!j.contains(field) || j[field].is_null()) return def;
+  if (!j[field].is_number() || j[field].get<double>() <= 0)
+    return Status::Error(std::string(field) + ": must be a positive number of seconds", EINVAL);
+  return static_cast<int64_t>(std::ceil(j[field].get<double>()));
+}
+
+// A sandbox that exists for E2B: live and owned by `key` (killed ones are 404, as in E2B).
+Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRecord& key,
+                                         const std::string& id) {
+  auto rec = ctx.manager.Get(key, id);
+  if (!rec.ok() || !Live(*rec))
+    return Status::Error("sandbox \"" + id + "\" doesn't exist or you don't have access to it",
+                         ENOENT);
+  return rec;
+}
+
+awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key,
+                       bool v2) {
+  auto j = co_await BodyObject(ex);
+  if (!j) co_return;
+  if (!j->contains("templateID") || !(*j)["templateID"].is_string())
+    co_return co_await Error(ex, 400, "templateID: required string");
+  sandbox::CreateRequest req;
+  // E2B's template names ("base", "code-interpreter-v1", ...) mean nothing here: anything that
+  // is not a registered sbx template runs on the default (host) template.
+  std::string tmpl = (*j)["templateID"].get<std::string>();
+  auto known = ctx.store.GetTemplate(tmpl);
+  req.template_name = (known.ok() && *known) ? tmpl : "";
+  auto md = StringMap(*j, "metadata");
+  if (!md.ok()) co_return co_await Fail(ex, md.status());
+  auto env = StringMap(*j, "envVars");
+  if (!env.ok()) co_return co_await Fail(ex, env.status());
+  auto timeout = TimeoutField(*j, "timeout", v2 ? kV2DefaultTimeoutS : kV1DefaultTimeoutS);
+  if (!timeout.ok()) co_return co_await Fail(ex, timeout.status());
+  req.metadata = *md;
+  req.env = *env;
+  req.timeout_ms = *timeout * 1000;
+  if (j->value("autoPause", false)) req.on_timeout = store::kOnTimeoutPause;
+  sandbox::QuotaExceeded quota;
+  auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
+  if (!rec.ok()) {
+    if (rec.status().err() == EAGAIN) {
+      http::Headers h = {
+          {"Retry-After", std::to_string(static_cast<int>(std::ceil(quota.retry_after_s)))}};
+      co_return co_await Error(ex, 429, rec.status().message(), h);
+    }
+    co_return co_await Fail(ex, rec.status());
+  }
+  co_await ex.RespondJson(201, SandboxJson(key, *rec));
+}
+
+// Connect (v1 and v2): resumes a paused sandbox (201) or only extends a running one's TTL (200).
+awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
+                               const store::ApiKeyRecord& key) {
+  auto j = co_await BodyObject(ex);
+  if (!j) co_return;
+  auto timeout = TimeoutField(*j, "timeout", kV2DefaultTimeoutS);
+  if (!timeout.ok()) co_return co_await Fail(ex, timeout.status());
+  std::string id = ex.Param("id");
+  auto rec = LiveSandbox(ctx, key, id);
+  if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+  int64_t timeout_ms = *timeout * 1000;
+  int status = 200;
+  if (rec->state == store::kStatePaused) {
+    auto set = ctx.manager.SetTimeout(key, id, timeout_ms);
+    if (!set.ok()) co_return co_await Fail(ex, set.status());
+    Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Resume(key, id); });
+    if (!s.ok()) co_return co_await Fail(ex, s);
+    status = 201;
+  } else if (rec->expires_at < store::NowMs() + timeout_ms) {
+    auto set = ctx.manager.SetTimeout(key, id, timeout_ms);
+    if (!set.ok()) co_return co_await Fail(ex, set.status());
+  }
+  auto now = ctx.manager.Get(key, id);
+  if (!now.ok()) co_return co_await Fail(ex, now.status());
+  co_await ex.RespondJson(status, SandboxJson(key, *now));
+}
+
+awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key, bool v2) {
+  store::SandboxFilter f;
+  std::vector<std::string> states;
+  for (const auto& v : ex.query().GetAll("state")) {
+    size_t s = 0;
+    for (;;) {
+      size_t c = v.find(',', s);
+      if (std::string part = v.substr(s, c - s); !part.empty()) states.push_back(part);
+      if (c == std::string::npos) break;
+      s = c + 1;
+    }
+  }
+  if (!v2 || states.empty())
+    states =
+        v2 ? std::vector<std::string>{"running", "paused"} : std::vector<std::string>{"running"};
+  for (const auto& s : states) {
+    if (s == "running") {
+      f.states.push_back(store::kStateRunning);
+      f.states.push_back(store::kStateCreating);
+    } else if (s == "paused") {
+      f.states.push_back(store::kStatePaused);
+    } else {
+      co_return co_await Error(ex, 400, "state: 'running' or 'paused', got '" + s + "'");
+    }
+  }
+  if (auto md = ex.query().Get("metadata"); md && !md->empty()) {
+    auto pairs = DecodeMetadataFilter(*md);
+    if (!pairs.ok()) co_return co_await Fail(ex, pairs.status());
+    f.metadata = *pairs;
+  }
+  int64_t limit = 100;
+  if (auto l = ex.query().Get("limit")) {
+    char* end = nullptr;
+    limit = std::strtoll(l->c_str(), &end, 10);
+    if (l->empty() || *end != '\0' || limit < 1 || limit > 100)
+      co_return co_await Error(ex, 400, "limit: an integer from 1 to 100");
+  }
+  f.limit = v2 ? static_cast<size_t>(limit) : 1000;
+  f.after = ex.query().Get("nextToken").value_or("");
+  auto page = ctx.manager.List(key, f);
+  if (!page.ok()) co_return co_await Fail(ex, page.status());
+  json items = json::array();
+  for (const auto& rec : page->items) items.push_back(ListedJson(rec));
+  http::Headers h;
+  if (v2 && !page->next.empty()) h.emplace_back("X-Next-Token", page->next);
+  if (v2) {
+    auto running = ctx.store.CountSandboxes(key.id, {store::kStateRunning});
+    if (running.ok()) h.emplace_back("X-Total-Running", std::to_string(*running));
+  }
+  co_await ex.RespondJson(200, items, h);
+}
+
+json Metric(const store::SandboxRecord& r, const runtime::BoxStats& st) {
+  int64_t now = store::NowMs();
+  double cpus = std::max(1.0, std::ceil(r.limits.cpus));
+  double lifetime_ns = std::max<double>(1.0, static_cast<double>(now - r.created_at) * 1e6);
+  double pct = 100.0 * static_cast<double>(st.cpu_usage_ns) / lifetime_ns / cpus;
+  return {{"timestamp", Rfc3339(now)},
+          {"timestampUnix", now / 1000},
+          {"cpuCount", static_cast<int64_t>(cpus)},
+          {"cpuUsedPct", std::min(100.0, pct)},
+          {"memUsed", st.memory_current},
+          {"memTotal", r.limits.memory_bytes},
+          {"memCache", 0},
+          {"diskUsed", 0},
+          {"diskTotal", r.limits.disk_bytes}};
+}
+
+json LogEntries(ApiContext& ctx, const std::string& id, size_t limit) {
+  store::AuditQuery q;
+  q.sandbox_id = id;
+  q.limit = limit;
+  json out = json::array();
+  auto events = ctx.store.QueryAudit(q);
+  if (!events.ok()) return out;
+  for (const auto& e : *events) {
+    json fields = json::object();
+    for (const auto& [k, v] : e.detail.items())
+      fields[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    out.push_back({{"timestamp", Rfc3339(e.time)},
+                   {"level", e.type == "auth.denied" ? "warn" : "info"},
+                   {"message", e.type},
+                   {"fields", fields}});
+  }
+  return out;
+}
+
+}  // namespace
+
+void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
+  r.Post("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+           return Create(ctx, ex, key, true);
+         }));
+  r.Post("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+           return Create(ctx, ex, key, false);
+         }));
+  r.Get("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+          return List(ctx, ex, key, true);
+        }));
+  r.Get("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+          return List(ctx, ex, key, false);
+        }));
+  for (const char* p : {"/v2/sandboxes/{id}/connect", "/sandboxes/{id}/connect"})
+    r.Post(p, Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+             return ConnectSandbox(ctx, ex, key);
+           }));
+
+  r.Get("/sandboxes/{id}",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto rec = LiveSandbox(ctx, key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          co_await ex.RespondJson(200, DetailJson(key, *rec));
+        }));
+
+  r.Delete(
+      "/sandboxes/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Kill(key, id); });
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+
+  r.Post("/sandboxes/{id}/timeout",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await BodyObject(ex);
+           if (!j) co_return;
+           if (!j->contains("timeout")) co_return co_await Error(ex, 400, "timeout: required");
+           auto t = TimeoutField(*j, "timeout", 0);
+           if (!t.ok()) co_return co_await Fail(ex, t.status());
+           std::string id = ex.Param("id");
+           auto rec = LiveSandbox(ctx, key, id);
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           auto set = ctx.manager.SetTimeout(key, id, *t * 1000);
+           if (!set.ok()) co_return co_await Fail(ex, set.status());
+           co_await ex.Respond(204, "");
+         }));
+
+  r.Post("/sandboxes/{id}/refreshes",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await BodyObject(ex);
+           if (!j) co_return;
+           auto d = TimeoutField(*j, "duration", kV2DefaultTimeoutS);
+           if (!d.ok()) co_return co_await Fail(ex, d.status());
+           std::string id = ex.Param("id");
+           auto rec = LiveSandbox(ctx, key, id);
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           // A refresh only ever extends the sandbox's life.
+           if (rec->expires_at < store::NowMs() + *d * 1000) {
+             auto set = ctx.manager.SetTimeout(key, id, *d * 1000);
+             if (!set.ok()) co_return co_await Fail(ex, set.status());
+           }
+           co_await ex.Respond(204, "");
+         }));
+
+  r.Post("/sandboxes/{id}/pause",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           std::string id = ex.Param("id");
+           auto rec = LiveSandbox(ctx, key, id);
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           if (rec->state == store::kStatePaused)
+             co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already paused");
+           Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pause(key, id); });
+           if (!s.ok()) co_return co_await Fail(ex, s);
+           co_await ex.Respond(204, "");
+         }));
+
+  r.Post("/sandboxes/{id}/resume",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await BodyObject(ex);
+           if (!j) co_return;
+           auto t = TimeoutField(*j, "timeout", kV1DefaultTimeoutS);
+           if (!t.ok()) co_return co_await Fail(ex, t.status());
+           std::string id = ex.Param("id");
+           auto rec = LiveSandbox(ctx, key, id);
+           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+           if (rec->state != store::kStatePaused)
+             co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already running");
+           auto set = ctx.manager.SetTimeout(key, id, *t * 1000);
+           if (!set.ok()) co_return co_await Fail(ex, set.status());
+           Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Resume(key, id); });
+           if (!s.ok()) co_return co_await Fail(ex, s);
+           auto now = ctx.manager.Get(key, id);
+           if (!now.ok()) co_return co_await Fail(ex, now.status());
+           co_await ex.RespondJson(201, SandboxJson(key, *now));
+         }));
+
+  r.Get("/sandboxes/{id}/metrics",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto rec = LiveSandbox(ctx, key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json out = json::array();
+          if (rec->state == store::kStateRunning) {
+            auto st = ctx.manager.Stats(key, rec->id);
+            if (st.ok()) out.push_back(Metric(*rec, *st));
+          }
+          co_await ex.RespondJson(200, out);
+        }));
+
+  r.Get("/sandboxes/metrics",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          json out = json::object();
+          std::string ids = ex.query().Get("sandbox_ids").value_or("");
+          size_t s = 0;
+          while (s <= ids.size() && !ids.empty()) {
+            size_t c = ids.find(',', s);
+            std::string id = ids.substr(s, c - s);
+            auto rec = LiveSandbox(ctx, key, id);
+            if (rec.ok() && rec->state == store::kStateRunning) {
+              auto st = ctx.manager.Stats(key, id);
+              if (st.ok()) out[id] = Metric(*rec, *st);
+            }
+            if (c == std::string::npos) break;
+            s = c + 1;
+          }
+          json body = {{"sandboxes", out}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  // Logs: sbx keeps no console log of a sandbox; its audit trail (lifecycle, commands, file
+  // writes) is what it has to say about it.
+  r.Get("/sandboxes/{id}/logs",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json entries = LogEntries(ctx, rec->id, 1000);
+          json lines = json::array();
+          for (const auto& e : entries)
+            lines.push_back({{"timestamp", e["timestamp"]}, {"line", e["message"]}});
+          json body = {{"logs", lines}, {"logEntries", entries}};
+          co_await ex.RespondJson(200, body);
+        }));
+  r.Get("/v2/sandboxes/{id}/logs",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json body = {{"logs", LogEntries(ctx, rec->id, 1000)}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  r.Get("/health", [](http::Exchange& ex) -> awaitable<void> { co_await ex.Respond(204, ""); });
+}
+
+}  // namespace sbx::api::e2b

@@ -1,0 +1,872 @@
+// envd, E2B's in-sandbox daemon (spec section 2), as a translation onto the sandbox's agent:
+// process.Process and filesystem.Filesystem over Connect (JSON codec, unary and server-streaming),
+// GET/POST /files and /health. Requests reach it through the router's before hook when they
+// carry `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`) or a Host `<port>-<id>.<domain>`.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <chrono>
+#include <csignal>
+#include <memory>
+#include <set>
+
+#include "api/e2b/e2b.h"
+#include "api/e2b/internal.h"
+#include "api/e2b/wire.h"
+#include "api/http/exchange.h"
+#include "protocol/wire.h"
+
+namespace sbx::api::e2b {
+namespace {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using nlohmann::json;
+using protocol::Tag;
+using protocol::Type;
+using sandbox::AgentChannel;
+using sandbox::Subscription;
+
+constexpr size_t kUploadLimit = size_t{1} << 30;
+
+// The sandbox and port a request is addressed to, if it is an envd request at all.
+std::optional<std::pair<int, std::string>> EnvdAddress(const http::Exchange& ex) {
+  std::string_view id = ex.Header("E2b-Sandbox-Id");
+  if (!id.empty()) {
+    std::string_view port = ex.Header("E2b-Sandbox-Port");
+    int p = port.empty() ? kEnvdPort : std::atoi(std::string(port).c_str());
+    return std::make_pair(p, std::string(id));
+  }
+  return ParseSandboxHost(ex.Header("Host"));
+}
+
+awaitable<void> JsonError(http::Exchange& ex, int status, const std::string& message) {
+  json body = {{"code", status}, {"message", message}};
+  co_await ex.RespondJson(status, body);
+}
+
+// What the edge proxy answers for a sandbox (or port) that is not there: the SDK reads 502 as
+// "the sandbox is gone".
+awaitable<void> NotFound502(http::Exchange& ex, const std::string& id) {
+  json body = {{"sandboxId", id}, {"message", "The sandbox was not found"}, {"code", 502}};
+  co_await ex.RespondJson(502, body);
+}
+
+struct Target {
+  store::ApiKeyRecord key;
+  store::SandboxRecord rec;
+  std::string token;
+};
+
+enum class Auth { kNone, kToken, kTokenOrSignature };
+
+bool ValidSignature(const http::Exchange& ex, const std::string& token, std::string_view op) {
+  auto sig = ex.query().Get("signature");
+  if (!sig) return false;
+  std::optional<int64_t> expiry;
+  if (auto e = ex.query().Get("signature_expiration"); e && !e->empty()) {
+    expiry = std::strtoll(e->c_str(), nullptr, 10);
+    if (*expiry * 1000 < store::NowMs()) return false;
+  }
+  std::string want = FileSignature(ex.query().Get("path").value_or(""), op,
+                                   ex.query().Get("username").value_or(""), token, expiry);
+  return *sig == want;
+}
+
+// Finds the sandbox of an envd request and checks its access token (or URL signature). Answers
+// 502/401 itself and returns nullopt when the request cannot go on.
+awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Auth auth,
+                                         std::string_view op = {}) {
+  auto addr = EnvdAddress(ex);
+  if (!addr && auth == Auth::kTokenOrSignature) {
+    // A pre-signed URL built on E2B_SANDBOX_URL names no sandbox (spec 3.2: it is
+    // `<sandbox url>/files?path=...&signature=...`): the sandbox is the one whose token made the
+    // signature.
+    auto live = ctx.store.ListLiveSandboxes();
+    if (live.ok()) {
+      std::map<std::string, std::optional<store::ApiKeyRecord>> keys;
+      for (const auto& rec : *live) {
+        if (rec.state != store::kStateRunning) continue;
+        if (!keys.count(rec.owner_key_id)) {
+          auto k = ctx.store.GetApiKey(rec.owner_key_id);
+          keys[rec.owner_key_id] =
+              (k.ok() && *k && (*k)->active()) ? **k : std::optional<store::ApiKeyRecord>();
+        }
+        const auto& key = keys[rec.owner_key_id];
+        if (key && ValidSignature(ex, EnvdToken(*key, rec.id), op)) {
+          addr = std::make_pair(kEnvdPort, rec.id);
+          break;
+        }
+      }
+    }
+  }
+  if (!addr && auth == Auth::kTokenOrSignature) {
+    co_await JsonError(ex, 401, "invalid or expired signature");
+    co_return std::nullopt;
+  }
+  std::string id = addr ? addr->second : "";
+  if (!addr || addr->first != kEnvdPort) {
+    co_await NotFound502(ex, id);
+    co_return std::nullopt;
+  }
+  auto rec = ctx.store.GetSandbox(id);
+  if (!rec.ok() || !*rec ||
+      ((*rec)->state != store::kStateRunning && (*rec)->state != store::kStateCreating)) {
+    co_await NotFound502(ex, id);
+    co_return std::nullopt;
+  }
+  auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
+  if (!key.ok() || !*key || !(*key)->active()) {
+    co_await NotFound502(ex, id);
+    co_return std::nullopt;
+  }
+  Target t{**key, **rec, EnvdToken(**key, id)};
+  bool ok = auth == Auth::kNone || ex.Header("X-Access-Token") == t.token ||
+            (auth == Auth::kTokenOrSignature && ValidSignature(ex, t.token, op));
+  if (!ok) {
+    co_await JsonError(ex, 401, "unauthorized access, please provide a valid access token");
+    co_return std::nullopt;
+  }
+  co_return t;
+}
+
+// ---- Connect helpers ----
+
+awaitable<void> RpcError(http::Exchange& ex, const std::string& code, const std::string& message) {
+  json body = {{"code", code}, {"message", message}};
+  co_await ex.RespondJson(ConnectHttpStatus(code), body);
+}
+
+awaitable<bool> SendMessage(http::Exchange& ex, const json& msg) {
+  std::string env = Envelope(0, msg.dump());
+  Status s = co_await ex.WriteChunk(env);
+  co_return s.ok();
+}
+
+// Ends a server stream: the end-stream envelope (with an error when `code` is set). Starts the
+// stream first if needed, since Connect streams report errors in-band with HTTP 200.
+awaitable<void> EndRpcStream(http::Exchange& ex, const std::string& code = "",
+                             const std::string& message = "") {
+  if (!ex.responded()) {
+    Status s = co_await ex.BeginStream(200, "application/connect+json");
+    if (!s.ok()) co_return;
+  }
+  json end = json::object();
+  if (!code.empty()) end["error"] = {{"code", code}, {"message", message}};
+  std::string env = Envelope(2, end.dump());
+  (void)co_await ex.WriteChunk(env);
+  (void)co_await ex.EndStream();
+}
+
+std::chrono::milliseconds KeepaliveInterval(const http::Exchange& ex) {
+  int s = std::atoi(std::string(ex.Header("Keepalive-Ping-Interval")).c_str());
+  if (s <= 0 || s > 3600) s = 90;
+  return std::chrono::seconds(s);
+}
+
+int64_t ConnectTimeoutMs(const http::Exchange& ex) {
+  std::string_view v = ex.Header("Connect-Timeout-Ms");
+  if (v.empty()) return 0;
+  return std::max<int64_t>(0, std::strtoll(std::string(v).c_str(), nullptr, 10));
+}
+
+Status ReplyFailure(const protocol::Frame& f) {
+  return Status::Error(std::string(f.fields.Str(Tag::kMessage)),
+                       static_cast<int>(f.fields.Int(Tag::kErrno, EIO)));
+}
+Status ReplyFailure(const Result<protocol::Frame>& f) {
+  if (!f.ok()) return f.status();
+  return ReplyFailure(*f);
+}
+
+// ---- users ----
+
+// The passwd entry of `name` inside the sandbox ("" = envd's default user: `user` when the
+// template has one, else root).
+awaitable<Result<User>> LookupUser(AgentChannel& ch, std::string name) {
+  std::vector<protocol::Frame> data;
+  auto r = co_await ch.Call(Type::kRead, protocol::Writer().Str(Tag::kPath, "/etc/passwd"), &data);
+  std::string passwd;
+  if (r.ok())
+    for (const auto& f : data) passwd += f.fields.Str(Tag::kData);
+  if (name.empty()) {
+    if (auto u = FindUser(passwd, "user")) co_return *u;
+    name = "root";
+  }
+  if (auto u = FindUser(passwd, name)) co_return *u;
+  if (name == "root") co_return User{"root", 0, 0, "/root"};
+  co_return Status::Error("invalid username: '" + name + "'", EACCES);
+}
+
+// ---- process.Process ----
+
+struct ProcInfo {
+  int64_t pid = 0;
+  bool pty = false;
+  bool running = false;
+  std::vector<std::string> argv;
+  std::string tag;
+  std::string cwd;
+};
+
+awaitable<Result<std::vector<ProcInfo>>> ListProcs(AgentChannel& ch) {
+  std::vector<protocol::Frame> entries;
+  auto r = co_await ch.Call(Type::kListProcs, protocol::Writer(), &entries);
+  if (!r.ok()) co_return r.status();
+  std::vector<ProcInfo> out;
+  for (const auto& e : entries) {
+    ProcInfo p;
+    p.pid = e.fields.Int(Tag::kPid);
+    p.pty = e.fields.Int(Tag::kPty) != 0;
+    p.running = e.fields.Int(Tag::kRunning) != 0;
+    for (auto a : e.fields.All(Tag::kArgv)) p.argv.emplace_back(a);
+    p.tag = std::string(e.fields.Str(Tag::kTag));
+    p.cwd = std::string(e.fields.Str(Tag::kCwd));
+    out.push_back(std::move(p));
+  }
+  co_return out;
+}
+
+// The process a ProcessSelector ({"pid": N} or {"tag": "x"}) names.
+awaitable<Result<ProcInfo>> Select(AgentChannel& ch, const json& req, bool need_info) {
+  const json sel = req.value("process", json::object());
+  if (sel.contains("pid") && sel["pid"].is_number_integer() && !need_info) {
+    ProcInfo p;
+    p.pid = sel["pid"].get<int64_t>();
+    co_return p;
+  }
+  auto procs = co_await ListProcs(ch);
+  if (!procs.ok()) co_return procs.status();
+  for (const auto& p : *procs) {
+    if (sel.contains("pid") && sel["pid"].is_number_integer() && p.pid == sel["pid"].get<int64_t>())
+      co_return p;
+    if (sel.contains("tag") && sel["tag"].is_string() && p.running &&
+        p.tag == sel["tag"].get<std::string>())
+      co_return p;
+  }
+  co_return Status::Error("process with " + sel.dump() + " not found", ESRCH);
+}
+
+json EndEvent(const protocol::Frame& f) {
+  int64_t sig = f.fields.Int(Tag::kSignal);
+  json end = json::object();
+  if (sig != 0) {
+    std::string status = sig == SIGKILL ? "signal: killed"
+                         : sig == SIGTERM
+                             ? "signal: terminated"
+                             : "signal: " + std::string(strsignal(static_cast<int>(sig)));
+    end = {{"exitCode", -1}, {"status", status}, {"error", status}};
+  } else {
+    int64_t code = f.fields.Int(Tag::kExitCode, -1);
+    std::string status = "exit status " + std::to_string(code);
+    end = {{"exited", true}, {"status", status}};
+    if (code != 0) {
+      end["exitCode"] = code;
+      end["error"] = status;
+    }
+  }
+  return json{{"event", {{"end", end}}}};
+}
+
+// Streams a subscribed process as ProcessEvents: start, data..., end, the end-stream frame;
+// keepalives while it is quiet. A client that goes away leaves the process running.
+awaitable<void> PumpProcess(http::Exchange& ex, AgentChannel& ch, Subscription& sub, int64_t pid,
+                            bool pty) {
+  Status begun = co_await ex.BeginStream(200, "application/connect+json");
+  if (!begun.ok()) {
+    sub.Cancel();
+    co_return;
+  }
+  json start = {{"event", {{"start", {{"pid", pid}}}}}};
+  bool alive = co_await SendMessage(ex, start);
+  const json keepalive = {{"event", {{"keepalive", json::object()}}}};
+  const auto interval = KeepaliveInterval(ex);
+  std::string end_code, end_message;
+  while (alive) {
+    auto f = co_await sub.Next(interval);
+    if (!f.ok()) {
+      if (f.status().err() == ETIMEDOUT) {
+        alive = co_await SendMessage(ex, keepalive);
+        continue;
+      }
+      end_code = "unavailable";
+      end_message = f.status().message();
+      break;
+    }
+    if (f->type() == Type::kOutput) {
+      const char* stream = f->fields.Int(Tag::kStream) == 2 ? "stderr" : pty ? "pty" : "stdout";
+      json data = {{"event", {{"data", {{stream, Base64(f->fields.Str(Tag::kData))}}}}}};
+      alive = co_await SendMessage(ex, data);
+    } else if (f->type() == Type::kExit) {
+      if (f->fields.Int(Tag::kTimedOut)) {
+        end_code = "deadline_exceeded";
+        end_message = "context deadline exceeded: the command timed out and was killed";
+      } else {
+        json end = EndEvent(*f);
+        alive = co_await SendMessage(ex, end);
+      }
+      break;
+    } else if (f->type() == Type::kError) {
+      Status s = ReplyFailure(*f);
+      end_code = ConnectCode(s.err());
+      end_message = s.message();
+      break;
+    }
+  }
+  sub.Cancel();
+  if (!alive) {
+    // The client went away: stop following; the process goes on.
+    (void)co_await ch.Call(Type::kDetach, protocol::Writer().Int(Tag::kPid, pid));
+    co_return;
+  }
+  co_await EndRpcStream(ex, end_code, end_message);
+}
+
+awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, AgentChannel& ch,
+                      const json& req) {
+  const json p = req.value("process", json::object());
+  std::string cmd = p.value("cmd", "");
+  if (cmd.empty()) co_return co_await EndRpcStream(ex, "invalid_argument", "process.cmd: required");
+  auto user = co_await LookupUser(ch, BasicAuthUser(ex.Header("Authorization")));
+  if (!user.ok()) co_return co_await EndRpcStream(ex, "unauthenticated", user.status().message());
+  protocol::Writer w;
+  w.Str(Tag::kArgv, cmd);
+  if (p.contains("args") && p["args"].is_array())
+    for (const auto& a : p["args"])
+      if (a.is_string()) w.Str(Tag::kArgv, a.get<std::string>());
+  w.Str(Tag::kEnv, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  std::map<std::string, std::string> env = t.rec.env;
+  if (p.contains("envs") && p["envs"].is_object())
+    for (const auto& [k, v] : p["envs"].items())
+      if (v.is_string()) env[k] = v.get<std::string>();
+  for (const auto& [k, v] : env) w.Str(Tag::kEnv, k + "=" + v);
+  w.Str(Tag::kUser, user->name);
+  if (p.contains("cwd") && p["cwd"].is_string() && !p["cwd"].get<std::string>().empty())
+    w.Str(Tag::kCwd, ResolvePath(p["cwd"].get<std::string>(), user->home));
+  bool pty = req.contains("pty") && req["pty"].is_object();
+  if (pty) {
+    const json size = req["pty"].value("size", json::object());
+    w.Int(Tag::kPty, 1)
+        .Int(Tag::kRows, size.value("rows", 24))
+        .Int(Tag::kCols, size.value("cols", 80))
+        .Int(Tag::kStdinOpen, 1);
+  } else {
+    // An absent `stdin` keeps stdin open (what envd does for old SDKs).
+    bool open = !(req.contains("stdin") && req["stdin"].is_boolean() && !req["stdin"].get<bool>());
+    w.Int(Tag::kStdinOpen, open ? 1 : 0);
+  }
+  if (req.contains("tag") && req["tag"].is_string())
+    w.Str(Tag::kTag, req["tag"].get<std::string>());
+  // Connect-Timeout-Ms on Start is the process's lifetime (spec 2.3).
+  if (int64_t timeout = ConnectTimeoutMs(ex); timeout > 0) w.Int(Tag::kTimeoutMs, timeout);
+  auto sub = co_await ch.Open(Type::kSpawn, w);
+  if (!sub.ok())
+    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
+  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+  if (!first.ok() || first->type() != Type::kOk) {
+    (*sub)->Cancel();
+    Status s = ReplyFailure(first);
+    // A missing cwd or program is the caller's mistake, as in envd.
+    std::string code = s.err() == ENOENT ? "invalid_argument" : ConnectCode(s.err());
+    co_return co_await EndRpcStream(ex, code, s.message());
+  }
+  int64_t pid = first->fields.Int(Tag::kPid);
+  ctx.metrics.commands++;
+  json argv = json::array();
+  argv.push_back(cmd);
+  if (p.contains("args")) argv.insert(argv.end(), p["args"].begin(), p["args"].end());
+  ctx.manager.Audit("command.start", t.rec.id, t.key.id,
+                    {{"pid", pid}, {"argv", argv}, {"pty", pty}, {"via", "e2b"}});
+  co_await PumpProcess(ex, ch, **sub, pid, pty);
+}
+
+awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json& req) {
+  auto proc = co_await Select(ch, req, true);
+  if (!proc.ok()) co_return co_await EndRpcStream(ex, "not_found", proc.status().message());
+  // Replays what the agent still buffers, then follows: a late Connect sees the whole output.
+  auto sub = co_await ch.Open(Type::kAttach, protocol::Writer()
+                                                 .Int(Tag::kPid, proc->pid)
+                                                 .Int(Tag::kStdoutOffset, 0)
+                                                 .Int(Tag::kStderrOffset, 0));
+  if (!sub.ok())
+    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
+  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+  if (!first.ok() || first->type() != Type::kOk) {
+    (*sub)->Cancel();
+    Status s = ReplyFailure(first);
+    co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
+  }
+  co_await PumpProcess(ex, ch, **sub, proc->pid, proc->pty);
+}
+
+// Sends `data` to a process's stdin in agent-sized chunks, waiting while its queue is full.
+awaitable<Status> WriteStdin(AgentChannel& ch, int64_t pid, std::string_view data) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  while (!data.empty()) {
+    std::string_view chunk = data.substr(0, protocol::kMaxChunk);
+    for (int waited_ms = 0;; waited_ms += 5) {
+      auto r = co_await ch.Call(Type::kStdin,
+                                protocol::Writer().Int(Tag::kPid, pid).Str(Tag::kData, chunk));
+      if (r.ok()) break;
+      if (r.status().err() != EAGAIN || waited_ms > 60000) co_return r.status();
+      timer.expires_after(std::chrono::milliseconds(5));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    data.remove_prefix(chunk.size());
+  }
+  co_return Status();
+}
+
+int SignalOf(const json& s) {
+  if (s.is_number_integer()) return s.get<int>();
+  if (!s.is_string()) return 0;
+  std::string name = s.get<std::string>();
+  if (name == "SIGNAL_SIGKILL") return SIGKILL;
+  if (name == "SIGNAL_SIGTERM") return SIGTERM;
+  return 0;
+}
+
+// The unary process RPCs. Returns the response message, or a Status to map onto a Connect error.
+awaitable<Result<json>> ProcessUnary(AgentChannel& ch, const std::string& method, const json& req) {
+  if (method == "List") {
+    auto procs = co_await ListProcs(ch);
+    if (!procs.ok()) co_return procs.status();
+    json list = json::array();
+    for (const auto& p : *procs) {
+      if (!p.running) continue;
+      json args = json::array();
+      for (size_t i = 1; i < p.argv.size(); ++i) args.push_back(p.argv[i]);
+      json config = {
+          {"cmd", p.argv.empty() ? "" : p.argv[0]}, {"args", args}, {"envs", json::object()}};
+      if (!p.cwd.empty()) config["cwd"] = p.cwd;
+      json info = {{"config", config}, {"pid", p.pid}};
+      if (!p.tag.empty()) info["tag"] = p.tag;
+      list.push_back(info);
+    }
+    co_return json{{"processes", list}};
+  }
+  auto proc = co_await Select(ch, req, false);
+  if (!proc.ok()) co_return proc.status();
+  int64_t pid = proc->pid;
+  if (method == "SendInput") {
+    const json input = req.value("input", json::object());
+    std::string b64 = input.contains("stdin") ? input.value("stdin", "") : input.value("pty", "");
+    auto data = Unbase64(b64);
+    if (!data.ok()) co_return data.status();
+    Status s = co_await WriteStdin(ch, pid, *data);
+    if (!s.ok()) co_return s;
+    co_return json::object();
+  }
+  protocol::Writer w;
+  w.Int(Tag::kPid, pid);
+  Type type;
+  if (method == "SendSignal") {
+    int sig = SignalOf(req.value("signal", json()));
+    if (sig == 0) co_return Status::Error("signal: SIGNAL_SIGKILL or SIGNAL_SIGTERM", EINVAL);
+    w.Int(Tag::kSignal, sig).Int(Tag::kGroup, 1);
+    type = Type::kSignal;
+  } else if (method == "CloseStdin") {
+    type = Type::kCloseStdin;
+  } else if (method == "Update") {
+    if (!req.contains("pty") || !req["pty"].is_object()) co_return json::object();
+    const json size = req["pty"].value("size", json::object());
+    w.Int(Tag::kRows, size.value("rows", 24)).Int(Tag::kCols, size.value("cols", 80));
+    type = Type::kResize;
+  } else {
+    co_return Status::Error("process." + method + " is not implemented", ENOSYS);
+  }
+  auto r = co_await ch.Call(type, std::move(w));
+  if (!r.ok()) co_return r.status();
+  co_return json::object();
+}
+
+// ---- filesystem.Filesystem ----
+
+awaitable<Result<protocol::Frame>> MakeDir(AgentChannel& ch, const std::string& path,
+                                           const User& u) {
+  auto r = co_await ch.Call(Type::kMkdir, protocol::Writer()
+                                              .Str(Tag::kPath, path)
+                                              .Int(Tag::kUid, u.uid)
+                                              .Int(Tag::kGid, u.gid)
+                                              .Int(Tag::kMode, 0755));
+  if (r.ok() || r.status().err() != ENOENT) co_return r;
+  co_return co_await ch.Call(Type::kMkdir, protocol::Writer()
+                                               .Str(Tag::kPath, path)
+                                               .Int(Tag::kParents, 1)
+                                               .Int(Tag::kUid, u.uid)
+                                               .Int(Tag::kGid, u.gid)
+                                               .Int(Tag::kMode, 0755));
+}
+
+awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& method,
+                                        const json& req, const User& u) {
+  std::string path = ResolvePath(req.value("path", ""), u.home);
+  if (method == "Stat") {
+    auto r = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+    if (!r.ok()) co_return r.status();
+    co_return json{{"entry", EntryInfo(r->fields)}};
+  }
+  if (method == "ListDir") {
+    int64_t depth = req.value("depth", 1);
+    if (depth < 1) depth = 1;
+    auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+    if (!st.ok()) co_return st.status();
+    if (st->fields.Int(Tag::kFileType) != 2)
+      co_return Status::Error("path " + path + " is not a directory", ENOTDIR);
+    std::vector<protocol::Frame> entries;
+    auto r = co_await ch.Call(
+        Type::kList, protocol::Writer().Str(Tag::kPath, path).Int(Tag::kDepth, depth), &entries);
+    if (!r.ok()) co_return r.status();
+    json list = json::array();
+    for (const auto& e : entries)
+      if (e.fields.Str(Tag::kPath) != path) list.push_back(EntryInfo(e.fields));
+    co_return json{{"entries", list}};
+  }
+  if (method == "MakeDir") {
+    auto r = co_await MakeDir(ch, path, u);
+    if (!r.ok()) co_return r.status();
+    co_return json{{"entry", EntryInfo(r->fields)}};
+  }
+  if (method == "Move") {
+    std::string to = ResolvePath(req.value("destination", ""), u.home);
+    std::string from = ResolvePath(req.value("source", ""), u.home);
+    auto r = co_await ch.Call(Type::kMove,
+                              protocol::Writer().Str(Tag::kPath, from).Str(Tag::kNewPath, to));
+    if (!r.ok()) co_return r.status();
+    co_return json{{"entry", EntryInfo(r->fields)}};
+  }
+  if (method == "Remove") {
+    auto r = co_await ch.Call(Type::kRemove,
+                              protocol::Writer().Str(Tag::kPath, path).Int(Tag::kRecursive, 1));
+    // envd removes with os.RemoveAll: a missing path is not an error.
+    if (!r.ok() && r.status().err() != ENOENT) co_return r.status();
+    co_return json::object();
+  }
+  co_return Status::Error("filesystem." + method + " is not implemented", ENOSYS);
+}
+
+awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, const User& u) {
+  std::string path = ResolvePath(req.value("path", ""), u.home);
+  auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+  if (!st.ok())
+    co_return co_await EndRpcStream(ex, ConnectCode(st.status().err()), st.status().message());
+  if (st->fields.Int(Tag::kFileType) != 2)
+    co_return co_await EndRpcStream(ex, "invalid_argument", "path " + path + " is not a directory");
+  bool recursive = req.value("recursive", false);
+  auto sub = co_await ch.Open(
+      Type::kWatch,
+      protocol::Writer().Str(Tag::kPath, path).Int(Tag::kRecursive, recursive ? 1 : 0));
+  if (!sub.ok())
+    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
+  uint32_t watch_id = (*sub)->id();
+  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+  if (!first.ok() || first->type() != Type::kOk) {
+    (*sub)->Cancel();
+    Status s = ReplyFailure(first);
+    co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
+  }
+  static const char* kEvents[] = {"EVENT_TYPE_UNSPECIFIED", "EVENT_TYPE_CREATE",
+                                  "EVENT_TYPE_WRITE",       "EVENT_TYPE_REMOVE",
+                                  "EVENT_TYPE_RENAME",      "EVENT_TYPE_CHMOD"};
+  Status begun = co_await ex.BeginStream(200, "application/connect+json");
+  bool alive = begun.ok();
+  json start = {{"start", json::object()}};
+  if (alive) alive = co_await SendMessage(ex, start);
+  const json keepalive = {{"keepalive", json::object()}};
+  const auto interval = KeepaliveInterval(ex);
+  int64_t timeout_ms = ConnectTimeoutMs(ex);
+  auto deadline = std::chrono::steady_clock::now() +
+                  (timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms)
+                                  : std::chrono::milliseconds(std::chrono::hours(24 * 365)));
+  bool expired = false;
+  while (alive) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      expired = true;
+      break;
+    }
+    auto f = co_await (*sub)->Next(std::min(left, interval));
+    if (!f.ok()) {
+      if (f.status().err() != ETIMEDOUT) break;
+      if (std::chrono::steady_clock::now() < deadline) alive = co_await SendMessage(ex, keepalive);
+      continue;
+    }
+    if (f->type() != Type::kWatchEvent) continue;
+    int64_t e = f->fields.Int(Tag::kEvent);
+    json fs = {{"name", std::string(f->fields.Str(Tag::kName))},
+               {"type", kEvents[(e >= 1 && e <= 5) ? e : 0]}};
+    json msg = {{"filesystem", fs}};
+    alive = co_await SendMessage(ex, msg);
+  }
+  (*sub)->Cancel();
+  (void)co_await ch.CallWithId(Type::kUnwatch, watch_id, protocol::Writer());
+  if (!alive) co_return;
+  if (expired)
+    co_return co_await EndRpcStream(ex, "deadline_exceeded", "context deadline exceeded");
+  co_await EndRpcStream(ex, "unavailable", "the sandbox's agent connection closed");
+}
+
+// ---- dispatch of /process.Process/* and /filesystem.Filesystem/* ----
+
+awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process) {
+  auto t = co_await Resolve(ctx, ex, Auth::kToken);
+  if (!t) co_return;
+  std::string method = ex.Param("method");
+  bool streaming = process ? (method == "Start" || method == "Connect") : method == "WatchDir";
+  if (method == "StreamInput")
+    co_return co_await RpcError(ex, "unimplemented",
+                                "process.StreamInput (client streaming) is not supported; use "
+                                "SendInput");
+  auto body = co_await ex.ReadBody();
+  if (!body.ok()) {
+    if (!ex.responded()) co_await RpcError(ex, "invalid_argument", body.status().message());
+    co_return;
+  }
+  json req;
+  if (streaming) {
+    auto j = ParseEnvelopeJson(*body);
+    if (!j.ok()) co_return co_await EndRpcStream(ex, "invalid_argument", j.status().message());
+    req = *j;
+  } else {
+    req = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+    if (req.is_discarded() || !req.is_object())
+      co_return co_await RpcError(ex, "invalid_argument", "request body: not a JSON object");
+  }
+  auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
+  if (!ch.ok()) {
+    if (streaming) co_return co_await EndRpcStream(ex, "unavailable", ch.status().message());
+    co_return co_await RpcError(ex, "unavailable", ch.status().message());
+  }
+  AgentChannel& channel = **ch;
+  if (process && method == "Start") co_return co_await Start(ctx, ex, *t, channel, req);
+  if (process && method == "Connect") co_return co_await ConnectProcess(ex, channel, req);
+  Result<json> out = Status::Error("unknown method", ENOSYS);
+  if (process) {
+    out = co_await ProcessUnary(channel, method, req);
+  } else {
+    auto user = co_await LookupUser(channel, BasicAuthUser(ex.Header("Authorization")));
+    if (!user.ok()) {
+      if (streaming)
+        co_return co_await EndRpcStream(ex, "unauthenticated", user.status().message());
+      co_return co_await RpcError(ex, "unauthenticated", user.status().message());
+    }
+    if (method == "WatchDir") co_return co_await WatchDir(ex, channel, req, *user);
+    out = co_await FilesystemUnary(channel, method, req, *user);
+  }
+  if (!out.ok()) {
+    int err = out.status().err();
+    std::string code = err == ENOSYS ? "unimplemented" : ConnectCode(err);
+    co_return co_await RpcError(ex, code, out.status().message());
+  }
+  co_await ex.RespondJson(200, *out);
+}
+
+// ---- /files ----
+
+// Writes `data` to `path` in the sandbox (parents created, owned by `u`), atomically.
+awaitable<Status> WriteFile(AgentChannel& ch, const std::string& path, std::string_view data,
+                            const User& u) {
+  uint32_t id = ch.NextId();
+  auto b = co_await ch.CallWithId(Type::kWriteBegin, id,
+                                  protocol::Writer()
+                                      .Str(Tag::kPath, path)
+                                      .Int(Tag::kParents, 1)
+                                      .Int(Tag::kUid, u.uid)
+                                      .Int(Tag::kGid, u.gid));
+  if (!b.ok()) co_return b.status();
+  while (!data.empty()) {
+    std::string_view chunk = data.substr(0, protocol::kMaxChunk);
+    Status s = co_await ch.Send(Type::kWriteData, id, protocol::Writer().Str(Tag::kData, chunk));
+    if (!s.ok()) co_return s;
+    data.remove_prefix(chunk.size());
+  }
+  auto e = co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
+  co_return e.ok() ? Status() : e.status();
+}
+
+// Streams the request body into `path` (octet-stream uploads without gzip).
+awaitable<Status> WriteFileFromBody(http::Exchange& ex, AgentChannel& ch, const std::string& path,
+                                    const User& u) {
+  uint32_t id = ch.NextId();
+  auto b = co_await ch.CallWithId(Type::kWriteBegin, id,
+                                  protocol::Writer()
+                                      .Str(Tag::kPath, path)
+                                      .Int(Tag::kParents, 1)
+                                      .Int(Tag::kUid, u.uid)
+                                      .Int(Tag::kGid, u.gid));
+  if (!b.ok()) co_return b.status();
+  std::string buf(protocol::kMaxChunk, '\0');
+  for (;;) {
+    auto n = co_await ex.ReadSome(buf.data(), buf.size());
+    if (!n.ok()) co_return n.status();  // the agent drops the temporary file
+    if (*n == 0) break;
+    Status s = co_await ch.Send(
+        Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
+    if (!s.ok()) co_return s;
+  }
+  auto e = co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
+  co_return e.ok() ? Status() : e.status();
+}
+
+int FilesStatus(int err) {
+  switch (err) {
+    case ENOENT:
+      return 404;
+    case EINVAL:
+    case EISDIR:
+    case ENOTDIR:
+      return 400;
+    case EACCES:
+    case EPERM:
+      return 401;
+    case ENOSPC:
+    case EDQUOT:
+      return 507;
+    default:
+      return 500;
+  }
+}
+
+json WriteInfo(const std::string& path) {
+  return {{"path", path}, {"name", path.substr(path.rfind('/') + 1)}, {"type", "file"}};
+}
+
+awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
+  auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, "write");
+  if (!t) co_return;
+  auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
+  if (!ch.ok()) co_return co_await NotFound502(ex, t->rec.id);
+  auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
+  if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
+  std::string query_path = ex.query().Get("path").value_or("");
+  std::string content_type(ex.Header("Content-Type"));
+  json written = json::array();
+  if (content_type.rfind("multipart/form-data", 0) == 0) {
+    auto body = co_await ex.ReadBody(kUploadLimit);
+    if (!body.ok()) {
+      if (!ex.responded()) co_await JsonError(ex, 400, body.status().message());
+      co_return;
+    }
+    auto parts = ParseMultipart(content_type, *body);
+    if (!parts.ok()) co_return co_await JsonError(ex, 400, parts.status().message());
+    std::set<std::string> seen;
+    for (const auto& part : *parts) {
+      if (part.name != "file") continue;
+      std::string dest = ResolvePath(query_path.empty() ? part.filename : query_path, user->home);
+      if (!seen.insert(dest).second)
+        co_return co_await JsonError(ex, 400, "cannot upload " + dest + " twice in one request");
+      Status s = co_await WriteFile(**ch, dest, part.data, *user);
+      if (!s.ok()) co_return co_await JsonError(ex, FilesStatus(s.err()), s.message());
+      written.push_back(WriteInfo(dest));
+    }
+  } else {
+    if (query_path.empty()) co_return co_await JsonError(ex, 400, "path: required");
+    std::string dest = ResolvePath(query_path, user->home);
+    Status s;
+    if (ex.Header("Content-Encoding") == "gzip") {
+      auto body = co_await ex.ReadBody(kUploadLimit);
+      if (!body.ok()) {
+        if (!ex.responded()) co_await JsonError(ex, 400, body.status().message());
+        co_return;
+      }
+      auto plain = Gunzip(*body, kUploadLimit);
+      if (!plain.ok()) co_return co_await JsonError(ex, 400, plain.status().message());
+      s = co_await WriteFile(**ch, dest, *plain, *user);
+    } else {
+      s = co_await WriteFileFromBody(ex, **ch, dest, *user);
+    }
+    if (!s.ok()) co_return co_await JsonError(ex, FilesStatus(s.err()), s.message());
+    written.push_back(WriteInfo(dest));
+  }
+  ctx.manager.Audit("file.write", t->rec.id, t->key.id,
+                    {{"files", written.size()}, {"via", "e2b"}});
+  co_await ex.RespondJson(200, written);
+}
+
+awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
+  auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, "read");
+  if (!t) co_return;
+  auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
+  if (!ch.ok()) co_return co_await NotFound502(ex, t->rec.id);
+  auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
+  if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
+  auto qp = ex.query().Get("path");
+  if (!qp || qp->empty()) co_return co_await JsonError(ex, 400, "path: required");
+  std::string path = ResolvePath(*qp, user->home);
+  auto st = co_await (*ch)->Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+  if (!st.ok()) {
+    int status = FilesStatus(st.status().err());
+    std::string msg = status == 404 ? "path '" + path + "' does not exist" : st.status().message();
+    co_return co_await JsonError(ex, status, msg);
+  }
+  if (st->fields.Int(Tag::kFileType) == 2)
+    co_return co_await JsonError(ex, 400, "path '" + path + "' is a directory");
+  std::string name = path.substr(path.rfind('/') + 1);
+  http::Headers headers = {{"Content-Disposition", "inline; filename=\"" + name + "\""},
+                           {"Vary", "Accept-Encoding"}};
+  if (st->fields.Int(Tag::kSize) == 0)
+    co_return co_await ex.Respond(200, "", "application/octet-stream", headers);
+  auto sub = co_await (*ch)->Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
+  if (!sub.ok()) co_return co_await JsonError(ex, 500, sub.status().message());
+  bool started = false;
+  for (;;) {
+    auto f = co_await (*sub)->Next(std::chrono::seconds(60));
+    if (!f.ok() || f->type() == Type::kError) {
+      if (!started) {
+        Status s = ReplyFailure(f);
+        co_await JsonError(ex, FilesStatus(s.err()), s.message());
+      }
+      break;  // after the first byte the transfer is cut short
+    }
+    if (!started) {
+      if (!(co_await ex.BeginStream(200, "application/octet-stream", headers)).ok()) break;
+      started = true;
+    }
+    if (f->type() == Type::kData) {
+      if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
+    } else if (f->type() == Type::kOk) {
+      (void)co_await ex.EndStream();
+      break;
+    }
+  }
+  (*sub)->Cancel();
+}
+
+}  // namespace
+
+void RegisterEnvd(http::Router& r, ApiContext& ctx) {
+  r.Post("/process.Process/{method}", [&ctx](http::Exchange& ex) { return Rpc(ctx, ex, true); });
+  r.Post("/filesystem.Filesystem/{method}",
+         [&ctx](http::Exchange& ex) { return Rpc(ctx, ex, false); });
+  r.Get("/files", [&ctx](http::Exchange& ex) { return Download(ctx, ex); });
+  r.Post(
+      "/files", [&ctx](http::Exchange& ex) { return Upload(ctx, ex); },
+      http::RouteOptions{kUploadLimit});
+  r.Get("/health", [&ctx](http::Exchange& ex) -> awaitable<void> {
+    auto t = co_await Resolve(ctx, ex, Auth::kNone);
+    if (!t) co_return;
+    co_await ex.Respond(204, "");
+  });
+}
+
+}  // namespace sbx::api::e2b
+
+namespace sbx::api {
+
+void RegisterE2b(http::Router& router, ApiContext& ctx) {
+  e2b::RegisterControlPlane(router, ctx);
+  auto envd = std::make_shared<http::Router>();
+  e2b::RegisterEnvd(*envd, ctx);
+  // envd shares the control plane's port: requests addressed to a sandbox go to envd's routes.
+  router.SetBefore([envd](http::Exchange& ex) -> boost::asio::awaitable<bool> {
+    bool presigned = ex.path() == "/files" && ex.query().Has("signature");
+    if (!presigned && !e2b::EnvdAddress(ex)) co_return true;
+    co_await envd->Dispatch(ex);
+    co_return false;
+  });
+}
+
+}  // namespace sbx::api

@@ -1,0 +1,392 @@
+#include "api/e2b/wire.h"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <ctime>
+
+#include "api/http/url.h"
+
+namespace sbx::api::e2b {
+
+using nlohmann::json;
+using protocol::Tag;
+
+std::string Envelope(uint8_t flags, std::string_view payload) {
+  std::string out;
+  out.reserve(5 + payload.size());
+  out.push_back(static_cast<char>(flags));
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  for (int shift = 24; shift >= 0; shift -= 8)
+    out.push_back(static_cast<char>((n >> shift) & 0xff));
+  out.append(payload);
+  return out;
+}
+
+Result<json> ParseEnvelopeJson(std::string_view body) {
+  if (body.size() < 5) return Status::Error("connect: request envelope too short", EINVAL);
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(body[i])); };
+  if (b(0) & 0x01) return Status::Error("connect: compressed messages are not supported", EINVAL);
+  uint32_t n = (b(1) << 24) | (b(2) << 16) | (b(3) << 8) | b(4);
+  if (body.size() < 5 + static_cast<size_t>(n))
+    return Status::Error("connect: request envelope truncated", EINVAL);
+  std::string_view payload = body.substr(5, n);
+  if (payload.empty()) return json::object();
+  json j = json::parse(payload, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::Error("connect: request message is not a JSON object", EINVAL);
+  return j;
+}
+
+const char* ConnectCode(int err) {
+  switch (err) {
+    case ENOENT:
+    case ESRCH:
+      return "not_found";
+    case EINVAL:
+    case ENOTDIR:
+    case EISDIR:
+    case ENAMETOOLONG:
+    case E2BIG:
+    case ENOTTY:
+      return "invalid_argument";
+    case EEXIST:
+    case ENOTEMPTY:
+      return "already_exists";
+    case EACCES:
+    case EPERM:
+      return "permission_denied";
+    case EAGAIN:
+    case ENOSPC:
+    case EDQUOT:
+    case EMFILE:
+      return "resource_exhausted";
+    case ETIMEDOUT:
+      return "deadline_exceeded";
+    case EBUSY:
+    case EPIPE:
+      return "failed_precondition";
+    case ECONNRESET:
+    case ECONNREFUSED:
+      return "unavailable";
+    default:
+      return "internal";
+  }
+}
+
+int ConnectHttpStatus(std::string_view code) {
+  static const std::pair<std::string_view, int> kMap[] = {{"canceled", 499},
+                                                          {"unknown", 500},
+                                                          {"invalid_argument", 400},
+                                                          {"deadline_exceeded", 504},
+                                                          {"not_found", 404},
+                                                          {"already_exists", 409},
+                                                          {"permission_denied", 403},
+                                                          {"resource_exhausted", 429},
+                                                          {"failed_precondition", 400},
+                                                          {"aborted", 409},
+                                                          {"out_of_range", 400},
+                                                          {"unimplemented", 501},
+                                                          {"internal", 500},
+                                                          {"unavailable", 503},
+                                                          {"data_loss", 500},
+                                                          {"unauthenticated", 401}};
+  for (const auto& [c, s] : kMap)
+    if (c == code) return s;
+  return 500;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
+    std::string_view value) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto whole = http::PercentDecode(value, true);
+  if (!whole.ok()) return Status::Error("metadata: malformed encoding", EINVAL);
+  std::string_view rest = *whole;
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    if (eq == std::string_view::npos)
+      return Status::Error("metadata: expected key=value pairs", EINVAL);
+    auto k = http::PercentDecode(pair.substr(0, eq), true);
+    auto v = http::PercentDecode(pair.substr(eq + 1), true);
+    if (!k.ok() || !v.ok() || k->empty())
+      return Status::Error("metadata: malformed key=value pair", EINVAL);
+    out.emplace_back(*k, *v);
+  }
+  return out;
+}
+
+std::string Rfc3339(int64_t ms) {
+  if (ms <= 0) return "";
+  time_t s = static_cast<time_t>(ms / 1000);
+  tm t{};
+  gmtime_r(&s, &t);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900,
+                t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view host) {
+  size_t dot = host.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  std::string_view label = host.substr(0, dot);
+  size_t dash = label.find('-');
+  if (dash == 0 || dash == std::string_view::npos || dash > 5) return std::nullopt;
+  int port = 0;
+  for (char c : label.substr(0, dash)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    port = port * 10 + (c - '0');
+  }
+  std::string_view id = label.substr(dash + 1);
+  if (id.empty() || id.size() > 64) return std::nullopt;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return std::nullopt;
+  if (port <= 0 || port > 65535) return std::nullopt;
+  return std::make_pair(port, std::string(id));
+}
+
+std::string Base64(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+Result<std::string> Unbase64(std::string_view in) {
+  std::string s(in);
+  // Accept URL-safe and unpadded input too: protobuf JSON parsers do.
+  for (char& c : s) {
+    if (c == '-') c = '+';
+    if (c == '_') c = '/';
+  }
+  while (s.size() % 4) s.push_back('=');
+  std::string out(s.size() / 4 * 3, '\0');
+  int n =
+      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
+  if (n < 0) return Status::Error("bytes: not valid base64", EINVAL);
+  size_t pad = 0;
+  if (!s.empty() && s.back() == '=') ++pad;
+  if (s.size() > 1 && s[s.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+std::string FileSignature(std::string_view path, std::string_view op, std::string_view user,
+                          std::string_view token, std::optional<int64_t> expiry) {
+  std::string raw = std::string(path) + ":" + std::string(op) + ":" + std::string(user) + ":" +
+                    std::string(token);
+  if (expiry) raw += ":" + std::to_string(*expiry);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(raw.data(), raw.size(), md, &n, EVP_sha256(), nullptr);
+  std::string b64 = Base64(std::string_view(reinterpret_cast<char*>(md), n));
+  while (!b64.empty() && b64.back() == '=') b64.pop_back();
+  return "v1_" + b64;
+}
+
+std::string BasicAuthUser(std::string_view auth) {
+  if (auth.size() < 6) return "";
+  std::string scheme(auth.substr(0, 6));
+  for (char& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (scheme != "basic ") return "";
+  auto decoded = Unbase64(auth.substr(6));
+  if (!decoded.ok()) return "";
+  return decoded->substr(0, decoded->find(':'));
+}
+
+std::string Permissions(int64_t mode, int64_t file_type) {
+  std::string p = file_type == 2 ? "d" : file_type == 3 ? "l" : "-";
+  const char* rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; ++i) p.push_back((mode & (0400 >> i)) ? rwx[i] : '-');
+  return p;
+}
+
+json EntryInfo(const protocol::Reader& f) {
+  static const char* kTypes[] = {"FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE", "FILE_TYPE_DIRECTORY",
+                                 "FILE_TYPE_SYMLINK"};
+  int64_t t = f.Int(Tag::kFileType);
+  int64_t mode = f.Int(Tag::kMode);
+  int64_t mtime_ns = f.Int(Tag::kMtimeNs);
+  json j = {{"name", std::string(f.Str(Tag::kName))},
+            {"type", kTypes[(t >= 1 && t <= 3) ? t : 0]},
+            {"path", std::string(f.Str(Tag::kPath))},
+            {"size", std::to_string(f.Int(Tag::kSize))},
+            {"mode", mode & 0777},
+            {"permissions", Permissions(mode, t)},
+            {"owner", std::string(f.Str(Tag::kOwner))},
+            {"group", std::string(f.Str(Tag::kGroupName))}};
+  if (mtime_ns > 0) j["modifiedTime"] = Rfc3339(mtime_ns / 1000000);
+  if (f.Has(Tag::kLinkTarget)) j["symlinkTarget"] = std::string(f.Str(Tag::kLinkTarget));
+  return j;
+}
+
+namespace {
+
+// The value of `param` in a header like `form-data; name="file"; filename="/a b"`.
+std::optional<std::string> HeaderParam(std::string_view header, std::string_view param) {
+  size_t pos = 0;
+  while ((pos = header.find(param, pos)) != std::string_view::npos) {
+    bool boundary_ok = pos == 0 || header[pos - 1] == ' ' || header[pos - 1] == ';';
+    size_t after = pos + param.size();
+    if (!boundary_ok || after >= header.size() || header[after] != '=') {
+      pos = after;
+      continue;
+    }
+    std::string_view v = header.substr(after + 1);
+    if (!v.empty() && v[0] == '"') {
+      std::string out;
+      for (size_t i = 1; i < v.size(); ++i) {
+        if (v[i] == '\\' && i + 1 < v.size()) {
+          out.push_back(v[++i]);
+        } else if (v[i] == '"') {
+          break;
+        } else {
+          out.push_back(v[i]);
+        }
+      }
+      return out;
+    }
+    size_t end = v.find(';');
+    std::string out(v.substr(0, end));
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out;
+  }
+  return std::nullopt;
+}
+
+// Browsers and undici escape '"', CR and LF in multipart file names as %22, %0D, %0A.
+std::string UnescapeFilename(std::string s) {
+  static const std::pair<std::string_view, char> kEsc[] = {
+      {"%22", '"'}, {"%0D", '\r'}, {"%0A", '\n'}};
+  for (const auto& [from, to] : kEsc) {
+    size_t p = 0;
+    while ((p = s.find(from, p)) != std::string::npos) {
+      s.replace(p, from.size(), 1, to);
+      ++p;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<std::vector<MultipartFile>> ParseMultipart(std::string_view content_type,
+                                                  std::string_view body) {
+  auto boundary = HeaderParam(content_type, "boundary");
+  if (!boundary || boundary->empty())
+    return Status::Error("multipart: no boundary in Content-Type", EINVAL);
+  std::string delim = "--" + *boundary;
+  std::vector<MultipartFile> out;
+  size_t pos = body.find(delim);
+  if (pos == std::string_view::npos) return Status::Error("multipart: no parts", EINVAL);
+  for (;;) {
+    pos += delim.size();
+    if (body.substr(pos, 2) == "--") break;  // closing delimiter
+    if (body.substr(pos, 2) != "\r\n") return Status::Error("multipart: malformed", EINVAL);
+    pos += 2;
+    size_t hdr_end = body.find("\r\n\r\n", pos);
+    if (hdr_end == std::string_view::npos)
+      return Status::Error("multipart: truncated part header", EINVAL);
+    std::string_view headers = body.substr(pos, hdr_end - pos);
+    size_t data_start = hdr_end + 4;
+    size_t next = body.find("\r\n" + delim, data_start);
+    if (next == std::string_view::npos) return Status::Error("multipart: truncated part", EINVAL);
+    MultipartFile f;
+    size_t line_start = 0;
+    while (line_start <= headers.size()) {
+      size_t eol = headers.find("\r\n", line_start);
+      std::string_view line = headers.substr(line_start, eol - line_start);
+      size_t colon = line.find(':');
+      if (colon != std::string_view::npos) {
+        std::string name(line.substr(0, colon));
+        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (name == "content-disposition") {
+          std::string_view value = line.substr(colon + 1);
+          f.name = HeaderParam(value, "name").value_or("");
+          f.filename = UnescapeFilename(HeaderParam(value, "filename").value_or(""));
+        }
+      }
+      if (eol == std::string_view::npos) break;
+      line_start = eol + 2;
+    }
+    f.data = std::string(body.substr(data_start, next - data_start));
+    out.push_back(std::move(f));
+    pos = next + 2;
+  }
+  return out;
+}
+
+Result<std::string> Gunzip(std::string_view in, size_t limit) {
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 32) != Z_OK) return Status::Error("gzip: init failed", EIO);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  std::string out;
+  char buf[64 * 1024];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      inflateEnd(&z);
+      return Status::Error("gzip: corrupt body", EINVAL);
+    }
+    out.append(buf, sizeof buf - z.avail_out);
+    if (out.size() > limit) {
+      inflateEnd(&z);
+      return Status::Error("gzip: body too large", E2BIG);
+    }
+    if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
+      inflateEnd(&z);
+      return Status::Error("gzip: truncated body", EINVAL);
+    }
+  }
+  inflateEnd(&z);
+  return out;
+}
+
+std::optional<User> FindUser(std::string_view passwd, std::string_view name) {
+  size_t pos = 0;
+  while (pos < passwd.size()) {
+    size_t eol = passwd.find('\n', pos);
+    std::string_view line = passwd.substr(pos, eol - pos);
+    pos = eol == std::string_view::npos ? passwd.size() : eol + 1;
+    std::vector<std::string_view> f;
+    size_t s = 0;
+    for (;;) {
+      size_t c = line.find(':', s);
+      f.push_back(line.substr(s, c - s));
+      if (c == std::string_view::npos) break;
+      s = c + 1;
+    }
+    if (f.size() < 6 || f[0] != name) continue;
+    User u;
+    u.name = std::string(f[0]);
+    u.uid = std::strtoll(std::string(f[2]).c_str(), nullptr, 10);
+    u.gid = std::strtoll(std::string(f[3]).c_str(), nullptr, 10);
+    u.home = std::string(f[5]);
+    return u;
+  }
+  return std::nullopt;
+}
+
+std::string ResolvePath(std::string_view path, const std::string& home) {
+  if (path.empty()) return home;
+  if (path == "~") return home;
+  if (path.substr(0, 2) == "~/") return home + std::string(path.substr(1));
+  if (path[0] == '/') return std::string(path);
+  return (home == "/" ? "" : home) + "/" + std::string(path);
+}
+
+}  // namespace sbx::api::e2b

@@ -1,0 +1,82 @@
+// Pure encoding helpers of the E2B facade (no I/O), shared by the control plane and envd and
+// unit-tested in wire_test.cc: Connect envelopes, the triple-encoded metadata filter, pre-signed
+// URL signatures, envd routing by Host, multipart bodies, JSON shapes of agent entries.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "protocol/wire.h"
+
+namespace sbx::api::e2b {
+
+// The envd version sbx reports. The SDK gates features on it (spec 2.7); 0.6.1 enables
+// everything sbx implements (stdin control, closeStdin, octet-stream and gzip uploads, recursive
+// watch) and keeps the SDK from sending file metadata (xattrs), which the agent cannot store.
+inline constexpr char kEnvdVersion[] = "0.6.1";
+inline constexpr int kEnvdPort = 49983;
+
+// ---- Connect protocol (spec 2.2) ----
+// One envelope: flags (0 message, 2 end of stream), 4-byte big-endian length, payload.
+std::string Envelope(uint8_t flags, std::string_view payload);
+// The JSON payload of the first envelope of a streaming request body.
+Result<nlohmann::json> ParseEnvelopeJson(std::string_view body);
+// A Connect error code ("not_found") for an errno, and the HTTP status of a Connect code.
+const char* ConnectCode(int err);
+int ConnectHttpStatus(std::string_view code);
+
+// ---- control plane ----
+// Decodes the `metadata` query value of GET /v2/sandboxes (already query-decoded once):
+// "user%3Da%2520b" -> {user: "a b"}. EINVAL when malformed.
+Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
+    std::string_view value);
+// RFC 3339 UTC with milliseconds; "" for 0.
+std::string Rfc3339(int64_t ms);
+
+// ---- envd ----
+// The sandbox and port an envd request is for, from the Host header "<port>-<id>.<domain>";
+// nullopt when the host has another form.
+std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view host);
+// "v1_" + base64 (no padding) of SHA-256("<path>:<op>:<user>:<token>[:<expiry>]") (spec 2.6).
+std::string FileSignature(std::string_view path, std::string_view op, std::string_view user,
+                          std::string_view token, std::optional<int64_t> expiry);
+// The user name of `Authorization: Basic base64("<user>:")`, "" when absent or malformed.
+std::string BasicAuthUser(std::string_view authorization);
+std::string Base64(std::string_view in);
+Result<std::string> Unbase64(std::string_view in);
+// "-rw-r--r--" for a st_mode.
+std::string Permissions(int64_t st_mode, int64_t file_type);
+// EntryInfo JSON (filesystem.proto) for an agent ENTRY / STAT reply.
+nlohmann::json EntryInfo(const protocol::Reader& f);
+
+struct MultipartFile {
+  std::string name;      // form field name
+  std::string filename;  // as sent (the SDK puts the destination path here)
+  std::string data;
+};
+// Splits a multipart/form-data body. `content_type` carries the boundary.
+Result<std::vector<MultipartFile>> ParseMultipart(std::string_view content_type,
+                                                  std::string_view body);
+// Inflates a gzip body, at most `limit` bytes out.
+Result<std::string> Gunzip(std::string_view in, size_t limit);
+
+// A passwd entry inside a sandbox.
+struct User {
+  std::string name;
+  int64_t uid = 0;
+  int64_t gid = 0;
+  std::string home;
+};
+// Looks `name` up in the text of an /etc/passwd.
+std::optional<User> FindUser(std::string_view passwd, std::string_view name);
+// envd's path rules: "~" and relative paths resolve against the user's home.
+std::string ResolvePath(std::string_view path, const std::string& home);
+
+}  // namespace sbx::api::e2b

@@ -1,0 +1,72 @@
+// process.Process through the official SDKs: commands.run, background commands, PTY.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { SDKS, withSandbox, sleep } from './helpers.mjs'
+
+for (const [name, sdk] of SDKS) {
+  test(`${name}: commands.run output, exit codes, envs, cwd, user, timeout`, async () => {
+    await withSandbox(sdk, { envs: { BOXVAR: 'box' } }, async (sbx) => {
+      const r = await sbx.commands.run('echo out; echo err >&2; whoami; pwd')
+      assert.equal(r.exitCode, 0)
+      assert.equal(r.stdout, 'out\nuser\n/home/user\n')
+      assert.equal(r.stderr, 'err\n')
+
+      const e = await sbx.commands.run('echo partial; exit 3').catch((x) => x)
+      assert.ok(e instanceof sdk.CommandExitError, `got ${e}`)
+      assert.equal(e.exitCode, 3)
+      assert.equal(e.stdout, 'partial\n')
+
+      const env = await sbx.commands.run('echo $BOXVAR $X', { envs: { X: 'cmd' } })
+      assert.equal(env.stdout, 'box cmd\n')
+      assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
+      assert.equal((await sbx.commands.run('whoami', { user: 'root' })).stdout, 'root\n')
+      await assert.rejects(sbx.commands.run('sleep 20', { timeoutMs: 1_000 }), sdk.TimeoutError)
+
+      const chunks = []
+      await sbx.commands.run('for i in 1 2 3; do echo $i; done', { onStdout: (d) => chunks.push(d) })
+      assert.equal(chunks.join(''), '1\n2\n3\n')
+    })
+  })
+
+  test(`${name}: background commands: stdin, closeStdin, list, kill, connect`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+      assert.ok(cat.pid > 0)
+      assert.ok((await sbx.commands.list()).some((p) => p.pid === cat.pid))
+      await sbx.commands.sendStdin(cat.pid, 'line one\n')
+      await sbx.commands.closeStdin(cat.pid)
+      const done = await cat.wait()
+      assert.equal(done.stdout, 'line one\n')
+
+      const sleeper = await sbx.commands.run('sleep 100', { background: true })
+      assert.equal(await sbx.commands.kill(sleeper.pid), true)
+      await assert.rejects(sleeper.wait(), sdk.CommandExitError)
+      assert.equal(await sbx.commands.kill(sleeper.pid), false)
+      assert.ok(!(await sbx.commands.list()).some((p) => p.pid === sleeper.pid))
+
+      const late = await sbx.commands.run('sleep 1; echo finished', { background: true })
+      const attached = await sbx.commands.connect(late.pid)
+      const r = await attached.wait()
+      assert.equal(r.exitCode, 0)
+      assert.match(r.stdout, /finished\n$/)
+    })
+  })
+
+  test(`${name}: PTY create, input, resize, kill`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      let out = ''
+      const dec = new TextDecoder()
+      const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d) } })
+      const enc = new TextEncoder()
+      await sbx.pty.sendInput(pty.pid, enc.encode('echo $((6*7))\n'))
+      for (let i = 0; i < 50 && !out.includes('42'); i++) await sleep(100)
+      assert.ok(out.includes('42'), out)
+      await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+      await sbx.pty.sendInput(pty.pid, enc.encode('stty size\n'))
+      for (let i = 0; i < 50 && !out.includes('30 100'); i++) await sleep(100)
+      assert.ok(out.includes('30 100'), out)
+      assert.equal(await sbx.pty.kill(pty.pid), true)
+      await assert.rejects(pty.wait())
+    })
+  })
+}

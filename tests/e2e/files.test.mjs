@@ -1,0 +1,92 @@
+// filesystem.Filesystem and /files through the official SDKs.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { SDKS, withSandbox, sleep } from './helpers.mjs'
+
+for (const [name, sdk] of SDKS) {
+  test(`${name}: write, read, list, makeDir, rename, remove, exists, getInfo`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      const info = await sbx.files.write('/home/user/a.txt', 'hello')
+      assert.equal(info.path, '/home/user/a.txt')
+      assert.equal(info.name, 'a.txt')
+      assert.equal(await sbx.files.read('/home/user/a.txt'), 'hello')
+
+      const many = await sbx.files.write([
+        { path: '/home/user/m/one.txt', data: 'one' },
+        { path: 'rel.txt', data: 'relative' },
+      ])
+      assert.deepEqual(many.map((w) => w.path), ['/home/user/m/one.txt', '/home/user/rel.txt'])
+      assert.equal(await sbx.files.read('/home/user/rel.txt'), 'relative')
+
+      const bytes = new Uint8Array([0, 1, 2, 250, 255])
+      await sbx.files.write('/home/user/b.bin', bytes.buffer)
+      assert.deepEqual(await sbx.files.read('/home/user/b.bin', { format: 'bytes' }), bytes)
+      await sbx.files.write('/home/user/o.txt', 'octet', { useOctetStream: true })
+      assert.equal(await sbx.files.read('/home/user/o.txt'), 'octet')
+      await sbx.files.write('/home/user/g.txt', 'zipped '.repeat(1000), { gzip: true })
+      assert.equal(await sbx.files.read('/home/user/g.txt'), 'zipped '.repeat(1000))
+      await sbx.files.write('/home/user/empty.txt', '')
+      assert.equal(await sbx.files.read('/home/user/empty.txt'), '')
+      await assert.rejects(sbx.files.read('/home/user/missing.txt'), sdk.FileNotFoundError)
+
+      assert.equal(await sbx.files.makeDir('/home/user/d/sub'), true)
+      assert.equal(await sbx.files.makeDir('/home/user/d/sub'), false)
+      await sbx.files.write('/home/user/d/sub/f.txt', 'deep')
+      const top = await sbx.files.list('/home/user/d')
+      assert.deepEqual(top.map((e) => [e.name, e.type]), [['sub', 'dir']])
+      const deep = await sbx.files.list('/home/user/d', { depth: 2 })
+      assert.deepEqual(deep.map((e) => e.path).sort(), ['/home/user/d/sub', '/home/user/d/sub/f.txt'])
+
+      const st = await sbx.files.getInfo('/home/user/d/sub/f.txt')
+      assert.equal(st.type, 'file')
+      assert.equal(st.size, 4)
+      assert.equal(st.owner, 'user')
+      assert.equal((await sbx.files.getInfo('/home/user/d')).type, 'dir')
+      assert.equal(await sbx.files.exists('/home/user/d/sub/f.txt'), true)
+      assert.equal(await sbx.files.exists('/home/user/nope'), false)
+
+      const moved = await sbx.files.rename('/home/user/d/sub/f.txt', '/home/user/d/g.txt')
+      assert.equal(moved.path, '/home/user/d/g.txt')
+      assert.equal(await sbx.files.read('/home/user/d/g.txt'), 'deep')
+      await sbx.files.remove('/home/user/d')
+      assert.equal(await sbx.files.exists('/home/user/d'), false)
+      await assert.rejects(sbx.files.list('/home/user/d'), sdk.NotFoundError)
+    })
+  })
+
+  test(`${name}: watchDir reports create, write and remove`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      await sbx.files.makeDir('/home/user/w')
+      const events = []
+      const handle = await sbx.files.watchDir('/home/user/w', (e) => events.push(`${e.type}:${e.name}`))
+      await sbx.files.write('/home/user/w/x.txt', 'x')
+      await sbx.commands.run('echo more >> /home/user/w/x.txt')
+      await sbx.files.remove('/home/user/w/x.txt')
+      for (let i = 0; i < 50 && !events.some((e) => e.startsWith('remove')); i++) await sleep(100)
+      await handle.stop()
+      assert.ok(events.includes('create:x.txt'), events.join(' '))
+      assert.ok(events.includes('write:x.txt'), events.join(' '))
+      assert.ok(events.includes('remove:x.txt'), events.join(' '))
+    })
+  })
+
+  test(`${name}: pre-signed upload and download URLs`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      const up = await sbx.uploadUrl('/home/user/u.txt', { useSignatureExpiration: 60 })
+      const form = new FormData()
+      form.append('file', new Blob(['via url']), '/home/user/u.txt')
+      const res = await fetch(up, { method: 'POST', body: form })
+      assert.equal(res.status, 200)
+      assert.equal(await sbx.files.read('/home/user/u.txt'), 'via url')
+
+      const down = await sbx.downloadUrl('/home/user/u.txt')
+      const got = await fetch(down)
+      assert.equal(got.status, 200)
+      assert.equal(await got.text(), 'via url')
+
+      const forged = new URL(down)
+      forged.searchParams.set('path', '/etc/shadow')
+      assert.equal((await fetch(forged)).status, 401)
+    })
+  })
+}

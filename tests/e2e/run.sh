@@ -1,0 +1,67 @@
+#!/bin/sh
+# Runs the E2B SDK compatibility tests (*.test.mjs here) with the official npm packages against a
+# real `sbx serve`: installs the pinned packages (npm ci, cached in WORK), starts the daemon on
+# 127.0.0.1:0 with a temporary data directory, exports E2B_API_URL / E2B_SANDBOX_URL /
+# E2B_API_KEY (spec 3.5), runs `node --test`, then checks that no sandbox is left and stops it.
+#
+# usage: run.sh SBX_BINARY WORK_DIR
+set -eu
+command -v node >/dev/null && command -v npm >/dev/null || {
+  echo "e2e: node and npm are needed (Node 20+)" >&2
+  exit 1
+}
+SBX=$1
+WORK=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+mkdir -p "$WORK"
+# npm ci only when the lockfile changed since the last install.
+if ! cmp -s "$HERE/package-lock.json" "$WORK/package-lock.json" || [ ! -d "$WORK/node_modules" ]; then
+  cp "$HERE/package.json" "$HERE/package-lock.json" "$WORK/"
+  (cd "$WORK" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+rm -f "$WORK"/*.test.mjs "$WORK"/helpers.mjs
+cp "$HERE"/*.test.mjs "$HERE"/helpers.mjs "$WORK/"
+
+DATA=$(mktemp -d /tmp/sbx-e2e.XXXXXX)
+chmod 711 "$DATA"  # the boxes' root must be able to traverse it
+"$SBX" --data-dir "$DATA" serve --listen 127.0.0.1:0 >"$DATA/serve.log" 2>&1 &
+DAEMON=$!
+stop() {
+  kill -TERM "$DAEMON" 2>/dev/null || true
+  wait "$DAEMON" 2>/dev/null || true
+}
+trap 'stop' EXIT INT TERM
+for _ in $(seq 1 100); do
+  [ -s "$DATA/serve.port" ] && [ -s "$DATA/api-key" ] && break
+  sleep 0.1
+done
+PORT=$(cat "$DATA/serve.port")
+export E2B_API_KEY="$(cat "$DATA/api-key")"
+export E2B_API_URL="http://127.0.0.1:$PORT"
+export E2B_SANDBOX_URL="http://127.0.0.1:$PORT"
+
+rc=0
+(cd "$WORK" && node --test --test-concurrency=2 ${E2E_FILTER:-*.test.mjs}) || rc=$?
+
+# No sandbox may be left: every test kills what it creates. Leftovers fail the run and are killed.
+left=$(node -e '
+  const h = { "X-API-KEY": process.env.E2B_API_KEY }
+  const base = process.env.E2B_API_URL
+  const r = await fetch(base + "/v2/sandboxes?state=running,paused", { headers: h })
+  const boxes = await r.json()
+  for (const b of boxes) await fetch(base + "/sandboxes/" + b.sandboxID, { method: "DELETE", headers: h })
+  console.log(boxes.map((b) => b.sandboxID).join(" "))
+' --input-type=module)
+if [ -n "$left" ]; then
+  echo "e2e: sandboxes left behind: $left" >&2
+  rc=1
+fi
+if [ "$rc" -ne 0 ]; then
+  echo "e2e: daemon log (last 50 lines):" >&2
+  tail -n 50 "$DATA/serve.log" >&2
+fi
+stop
+trap - EXIT INT TERM
+rm -rf "$DATA"
+exit "$rc"
