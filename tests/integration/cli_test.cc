@@ -104,6 +104,7 @@ class CliTest : public ::testing::Test {
     EXPECT_EQ(mounts.find(dir_), std::string::npos);
     EXPECT_EQ(::system(("test -z \"$(ls -A " + dir_ + "/run 2>/dev/null)\"").c_str()), 0)
         << "box directories left";
+    ExpectNoCgroupsAndRemoveParent("sbx-cli-test-" + std::to_string(::getpid()));
     RemoveTree(dir_);
   }
 

@@ -32,28 +32,9 @@ class RunTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     RemoveTree(data_dir_);
-    for (const auto& d : CgroupParents()) ::rmdir(d.c_str());
+    for (const auto& d : CgroupParentDirs(cgroup_parent_)) ::rmdir(d.c_str());
   }
   void TearDown() override { ExpectNoLeaks(); }
-
-  static std::vector<std::string> CgroupParents() {
-    // v1 hierarchies on this kind of host; the parent sits under this process's own cgroup.
-    std::vector<std::string> out;
-    std::istringstream in(ReadText("/proc/self/cgroup"));
-    std::string line;
-    while (std::getline(in, line)) {
-      auto a = line.find(':'), b = line.find(':', a + 1);
-      std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-      if (path == "/") path = "";
-      for (const char* c : {"memory", "pids", "freezer"}) {
-        if (ctrls == c)
-          out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + cgroup_parent_);
-      }
-      if (ctrls.find("cpu") != std::string::npos && ctrls.find("cpuset") == std::string::npos)
-        out.push_back("/sys/fs/cgroup/" + ctrls + path + "/" + cgroup_parent_);
-    }
-    return out;
-  }
 
   void ExpectNoLeaks() {
     // Box directories.
@@ -68,7 +49,7 @@ class RunTest : public ::testing::Test {
     std::string mounts = ReadText("/proc/self/mountinfo");
     EXPECT_EQ(mounts.find(data_dir_), std::string::npos) << "leaked mount under " << data_dir_;
     // Box cgroups.
-    for (const auto& parent : CgroupParents()) {
+    for (const auto& parent : CgroupParentDirs(cgroup_parent_)) {
       if (DIR* d = ::opendir(parent.c_str())) {
         while (dirent* e = ::readdir(d)) {
           if (e->d_type == DT_DIR && e->d_name[0] != '.')

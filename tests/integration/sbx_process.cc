@@ -1,6 +1,8 @@
 #include "sbx_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,6 +11,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 extern char** environ;
 
@@ -96,6 +99,36 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
   ::waitpid(pid, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+std::vector<std::string> CgroupParentDirs(const std::string& parent) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto a = line.find(':'), b = line.find(':', a + 1);
+    std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (path == "/") path = "";
+    for (const char* c : {"memory", "pids", "freezer"}) {
+      if (ctrls == c) out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + parent);
+    }
+    if (ctrls.find("cpu") != std::string::npos && ctrls.find("cpuset") == std::string::npos)
+      out.push_back("/sys/fs/cgroup/" + ctrls + path + "/" + parent);
+  }
+  return out;
+}
+
+void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
+  for (const auto& dir : CgroupParentDirs(parent)) {
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_type == DT_DIR && e->d_name[0] != '.')
+          ADD_FAILURE() << "leaked cgroup " << dir << "/" << e->d_name;
+      }
+      ::closedir(d);
+    }
+    ::rmdir(dir.c_str());
+  }
 }
 
 }  // namespace sbx::test

@@ -24,4 +24,11 @@ struct ProcessOptions {
 
 ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOptions& opts = {});
 
+// The directories a box cgroup parent named `parent` (SBX_CGROUP_PARENT) has in each cgroup v1
+// hierarchy sbx uses, under this process's own cgroup, as sbx lays them out.
+std::vector<std::string> CgroupParentDirs(const std::string& parent);
+// Fails the current test for every box cgroup left under `parent`, then removes the (empty)
+// parent directories.
+void ExpectNoCgroupsAndRemoveParent(const std::string& parent);
+
 }  // namespace sbx::test

@@ -16,6 +16,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/websocket.hpp>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,15 +26,11 @@
 #include <sstream>
 #include <thread>
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/websocket.hpp>
-
 #include "api/http/client.h"
-#include "sbx_process.h"
-#include "store/store.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "sbx_process.h"
+#include "store/store.h"
 
 extern char** environ;
 
@@ -181,7 +180,8 @@ class ServeTest : public ::testing::Test {
   void TearDown() override {
     // Kill what is left through the API, stop the daemon, then check the host. A daemon that
     // died during the test is started again first: it adopts the boxes, which can then be killed.
-    EXPECT_TRUE(d_->Alive()) << "the daemon died during the test: " << *ReadFile(dir_ + "/serve.log");
+    EXPECT_TRUE(d_->Alive()) << "the daemon died during the test: "
+                             << *ReadFile(dir_ + "/serve.log");
     if (!d_->Alive()) d_->Start();
     if (d_->port()) {
       json list = d_->Json("GET", "/v1/sandboxes?state=running&state=paused");
@@ -194,6 +194,7 @@ class ServeTest : public ::testing::Test {
     auto run = dir_ + "/run";
     EXPECT_EQ(::system(("test -z \"$(ls -A " + run + " 2>/dev/null)\"").c_str()), 0)
         << "box directories left";
+    ExpectNoCgroupsAndRemoveParent("sbx-serve-test-" + std::to_string(::getpid()));
     RemoveTree(dir_);
   }
   std::string Create(const json& body = json::object()) {
@@ -237,12 +238,21 @@ TEST_F(ServeTest, SandboxLifecycle) {
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes?metadata.team=b")["sandboxes"].size(), 0u);
 
   // Wrong types are a 400, not a crash or a 500.
-  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["true"],"background":"yes"})").status, 400);
-  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["true"],"pty":{"rows":"x"}})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands",
+                     R"({"argv":["true"],"background":"yes"})")
+                .status,
+            400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands",
+                     R"({"argv":["true"],"pty":{"rows":"x"}})")
+                .status,
+            400);
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":[]})").status, 400);
-  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["no-such-program"]})").status, 404);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["no-such-program"]})")
+                .status,
+            404);
   // The command's env wins over the sandbox's, with one value per variable.
-  auto env = d_->Exec(id, {{"command", "env | grep -c '^GREETING='; echo $GREETING"}, {"env", {{"GREETING", "cmd"}}}});
+  auto env = d_->Exec(id, {{"command", "env | grep -c '^GREETING='; echo $GREETING"},
+                           {"env", {{"GREETING", "cmd"}}}});
   EXPECT_EQ(env.out, "1\ncmd\n");
   EXPECT_FALSE(got["created_at"].get<std::string>().empty());
   auto run = d_->Exec(id, {{"command", "echo $GREETING; echo oops >&2; exit 3"}});
@@ -452,7 +462,8 @@ TEST_F(ServeTest, OneDaemonPerDataDirAndRunBoxesAreLeftAlone) {
   ProcessOptions o;
   o.timeout_ms = 30000;
   std::thread run([&] {
-    auto r = RunProcess({SBX_BIN, "--data-dir", dir_, "run", "--", "sh", "-c", "sleep 2; echo survived"}, o);
+    auto r = RunProcess(
+        {SBX_BIN, "--data-dir", dir_, "run", "--", "sh", "-c", "sleep 2; echo survived"}, o);
     EXPECT_EQ(r.out, "survived\n") << r.err;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
@@ -465,29 +476,35 @@ TEST_F(ServeTest, OneDaemonPerDataDirAndRunBoxesAreLeftAlone) {
 TEST_F(ServeTest, DirectoriesAsTarStreams) {
   std::string id = Create();
   std::string src = dir_ + "/tree";
-  ASSERT_EQ(::system(("mkdir -p " + src + "/sub && printf one > " + src + "/a.txt && head -c 300000 /dev/urandom > " +
-                      src + "/sub/b.bin && tar -C " + src + " -cf " + dir_ + "/up.tar .")
+  ASSERT_EQ(::system(("mkdir -p " + src + "/sub && printf one > " + src +
+                      "/a.txt && head -c 300000 /dev/urandom > " + src + "/sub/b.bin && tar -C " +
+                      src + " -cf " + dir_ + "/up.tar .")
                          .c_str()),
             0);
-  auto up = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/home/user/tree", *ReadFile(dir_ + "/up.tar"));
+  auto up = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/home/user/tree",
+                     *ReadFile(dir_ + "/up.tar"));
   ASSERT_EQ(up.status, 204) << up.body;
-  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/home/user/tree/a.txt").body, "one");
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/home/user/tree/a.txt").body,
+            "one");
   auto down = d_->Call("GET", "/v1/sandboxes/" + id + "/files/archive?path=/home/user/tree");
   ASSERT_EQ(down.status, 200);
   ASSERT_TRUE(WriteFile(dir_ + "/down.tar", down.body).ok());
   std::string out = dir_ + "/out";
-  ASSERT_EQ(::system(("mkdir -p " + out + " && tar -C " + out + " -xf " + dir_ + "/down.tar && cmp " + src +
-                      "/sub/b.bin " + out + "/sub/b.bin")
+  ASSERT_EQ(::system(("mkdir -p " + out + " && tar -C " + out + " -xf " + dir_ +
+                      "/down.tar && cmp " + src + "/sub/b.bin " + out + "/sub/b.bin")
                          .c_str()),
             0);
-  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/archive?path=/no/such/dir").status, 404);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/archive?path=/no/such/dir").status,
+            404);
   // An archive that tries to climb out of its target directory is refused by tar (and could only
   // ever reach the box's own files).
   ASSERT_EQ(::system(("python3 -c \"import tarfile,io\nt=tarfile.open('" + dir_ +
-                      "/evil.tar','w')\ni=tarfile.TarInfo('../escaped')\ni.size=3\nt.addfile(i,io.BytesIO(b'bad'))\nt.close()\"")
+                      "/evil.tar','w')\ni=tarfile.TarInfo('../"
+                      "escaped')\ni.size=3\nt.addfile(i,io.BytesIO(b'bad'))\nt.close()\"")
                          .c_str()),
             0);
-  auto evil = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/tmp/target", *ReadFile(dir_ + "/evil.tar"));
+  auto evil = d_->Call("PUT", "/v1/sandboxes/" + id + "/files/archive?path=/tmp/target",
+                       *ReadFile(dir_ + "/evil.tar"));
   EXPECT_EQ(evil.status, 400) << evil.body;
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files/stat?path=/tmp/escaped").status, 404);
 }
@@ -503,8 +520,8 @@ TEST_F(ServeTest, WatchStreamsEvents) {
   });
   auto r = http::RequestStream(http::Endpoint{"127.0.0.1", d_->port(), ""}, "GET",
                                "/v1/sandboxes/" + id + "/files/watch?path=/tmp/w",
-                               {{"Authorization", "Bearer " + d_->key()}}, "", std::chrono::seconds(10),
-                               [&](std::string_view chunk) {
+                               {{"Authorization", "Bearer " + d_->key()}}, "",
+                               std::chrono::seconds(10), [&](std::string_view chunk) {
                                  events += chunk;
                                  return events.find("\"remove\"") == std::string::npos;
                                });
@@ -562,7 +579,10 @@ TEST_F(ServeTest, QuotasAnswer429WithRetryAfter) {
   // Another tenant's sandbox does not exist for this key.
   std::string other = Create();
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + other, "", limited).status, 404);
-  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + json::parse(first.body)["id"].get<std::string>(), "", limited).status, 204);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + json::parse(first.body)["id"].get<std::string>(),
+                     "", limited)
+                .status,
+            204);
 
   http::ClientHeaders slow = {{"Authorization", "Bearer " + rate->secret}};
   auto a = d_->Call("POST", "/v1/sandboxes", "{}", slow);
@@ -570,7 +590,8 @@ TEST_F(ServeTest, QuotasAnswer429WithRetryAfter) {
   EXPECT_EQ(a.status, 201);
   EXPECT_EQ(b.status, 429);
   EXPECT_GE(std::atoi(std::string(b.Header("Retry-After")).c_str()), 1);
-  if (a.status == 201) d_->Call("DELETE", "/v1/sandboxes/" + json::parse(a.body)["id"].get<std::string>(), "", slow);
+  if (a.status == 201)
+    d_->Call("DELETE", "/v1/sandboxes/" + json::parse(a.body)["id"].get<std::string>(), "", slow);
 }
 
 }  // namespace
