@@ -9,6 +9,7 @@
 
 #include "api/http/url.h"
 #include "cli/serve.h"
+#include "common/encoding.h"
 #include "common/fd.h"
 
 namespace sbx::cli {
@@ -282,32 +283,7 @@ Status Client::ConnectSocket(Socket& socket) const {
   return s.ok() ? s : Unreachable(s);
 }
 
-Result<std::string> DecodeBase64(std::string_view in) {
-  static const auto kTable = [] {
-    std::array<int8_t, 256> t{};
-    t.fill(-1);
-    const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int i = 0; i < 64; ++i)
-      t[static_cast<unsigned char>(alphabet[i])] = static_cast<int8_t>(i);
-    return t;
-  }();
-  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
-  std::string out;
-  out.reserve(in.size() * 3 / 4);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (unsigned char c : in) {
-    int8_t v = kTable[c];
-    if (v < 0) return Status::Error("bad base64 in the output stream");
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return out;
-}
+Result<std::string> DecodeBase64(std::string_view in) { return Base64Decode(in); }
 
 std::string Q(std::string_view value) { return http::PercentEncode(value, true); }
 

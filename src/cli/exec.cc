@@ -27,6 +27,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli/terminal.h"
 #include "cli/units.h"
 #include "cli/verbs.h"
 #include "common/fd.h"
@@ -38,28 +39,6 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace websocket = boost::beast::websocket;
 using nlohmann::json;
-
-// Puts the host terminal in raw mode for -i -t and restores it on destruction. (The same as
-// `sbx run`'s.)
-class RawTerminal {
- public:
-  explicit RawTerminal(int fd) : fd_(fd) {
-    if (!::isatty(fd) || ::tcgetattr(fd, &saved_) != 0) return;
-    termios raw = saved_;
-    ::cfmakeraw(&raw);
-    if (::tcsetattr(fd, TCSANOW, &raw) == 0) active_ = true;
-  }
-  ~RawTerminal() {
-    if (active_) ::tcsetattr(fd_, TCSANOW, &saved_);
-  }
-  RawTerminal(const RawTerminal&) = delete;
-  RawTerminal& operator=(const RawTerminal&) = delete;
-
- private:
-  int fd_;
-  termios saved_{};
-  bool active_ = false;
-};
 
 // The exit status an exit event stands for.
 int ExitStatusOf(const json& e) {

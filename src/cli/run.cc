@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "cli/terminal.h"
 #include "cli/units.h"
 #include "common/fs.h"
 #include "protocol/client.h"
@@ -30,27 +31,6 @@ void Error(const std::string& msg) { std::fprintf(stderr, "sbx: %s\n", msg.c_str
 int64_t Us(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
 }
-
-// Puts the host terminal in raw mode for -t and restores it on destruction.
-class RawTerminal {
- public:
-  explicit RawTerminal(int fd) : fd_(fd) {
-    if (!::isatty(fd) || ::tcgetattr(fd, &saved_) != 0) return;
-    termios raw = saved_;
-    ::cfmakeraw(&raw);
-    if (::tcsetattr(fd, TCSANOW, &raw) == 0) active_ = true;
-  }
-  ~RawTerminal() {
-    if (active_) ::tcsetattr(fd_, TCSANOW, &saved_);
-  }
-  RawTerminal(const RawTerminal&) = delete;
-  RawTerminal& operator=(const RawTerminal&) = delete;
-
- private:
-  int fd_;
-  termios saved_{};
-  bool active_ = false;
-};
 
 // The outcome of the command, as the agent reported it.
 struct Outcome {

@@ -1,8 +1,8 @@
 #include "cli/serve.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "api/http/server.h"
 #include "api/e2b/e2b.h"
+#include "api/http/server.h"
 #include "api/v1/api.h"
 #include "common/fs.h"
 #include "runtime/native/native_runtime.h"
@@ -75,7 +75,8 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   // One daemon per data directory: the lock lives as long as this process.
-  UniqueFd lock(::open((global.data_dir + "/serve.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  UniqueFd lock(
+      ::open((global.data_dir + "/serve.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     std::fprintf(stderr, "sbx: another sbx serve is using %s (%s)\n", global.data_dir.c_str(),
                  std::strerror(errno));
@@ -127,8 +128,8 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
                "sbx: serving on http://%s:%u (data in %s); stop with Ctrl-C or SIGTERM\n"
                "     try:  sbx create            (the CLI finds the daemon and its key by itself)\n"
                "           curl -H \"Authorization: Bearer $(cat %s)\" http://%s:%u/v1/sandboxes\n",
-               so.host.c_str(), server.port(), global.data_dir.c_str(), ApiKeyFile(global.data_dir).c_str(),
-               so.host.c_str(), server.port());
+               so.host.c_str(), server.port(), global.data_dir.c_str(),
+               ApiKeyFile(global.data_dir).c_str(), so.host.c_str(), server.port());
   // The port, for scripts and tests that asked for port 0.
   (void)WriteFileAtomic(global.data_dir + "/serve.port", std::to_string(server.port()) + "\n",
                         0644);

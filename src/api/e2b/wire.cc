@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "api/http/url.h"
+#include "common/encoding.h"
 
 namespace sbx::api::e2b {
 
@@ -121,17 +122,7 @@ Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
   return out;
 }
 
-std::string Rfc3339(int64_t ms) {
-  if (ms <= 0) return "";
-  time_t s = static_cast<time_t>(ms / 1000);
-  tm t{};
-  gmtime_r(&s, &t);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900,
-                t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
-}
+std::string Rfc3339(int64_t ms) { return Rfc3339Millis(ms); }
 
 std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view host) {
   size_t dot = host.find('.');
@@ -152,32 +143,11 @@ std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view hos
   return std::make_pair(port, std::string(id));
 }
 
-std::string Base64(std::string_view in) {
-  std::string out(4 * ((in.size() + 2) / 3), '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
+std::string Base64(std::string_view in) { return Base64Encode(in); }
 
 Result<std::string> Unbase64(std::string_view in) {
-  std::string s(in);
-  // Accept URL-safe and unpadded input too: protobuf JSON parsers do.
-  for (char& c : s) {
-    if (c == '-') c = '+';
-    if (c == '_') c = '/';
-  }
-  while (s.size() % 4) s.push_back('=');
-  std::string out(s.size() / 4 * 3, '\0');
-  int n =
-      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  if (n < 0) return Status::Error("bytes: not valid base64", EINVAL);
-  size_t pad = 0;
-  if (!s.empty() && s.back() == '=') ++pad;
-  if (s.size() > 1 && s[s.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
+  auto out = Base64Decode(in);
+  if (!out.ok()) return Status::Error("bytes: not valid base64", EINVAL);
   return out;
 }
 

@@ -15,6 +15,7 @@
 
 #include "api/http/exchange.h"
 #include "api/http/websocket.h"
+#include "common/encoding.h"
 #include "protocol/wire.h"
 
 namespace sbx::api {
@@ -29,26 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 // ---- encoding helpers ----
 
-std::string Base64(std::string_view in) {
-  std::string out(4 * ((in.size() + 2) / 3), '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-std::string IsoTime(int64_t ms) {
-  if (ms <= 0) return "";
-  time_t s = static_cast<time_t>(ms / 1000);
-  tm t{};
-  gmtime_r(&s, &t);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900,
-                t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
-}
+std::string Base64(std::string_view in) { return Base64Encode(in); }
+std::string IsoTime(int64_t ms) { return Rfc3339Millis(ms); }
 
 json SandboxJson(const store::SandboxRecord& r) {
   json env_keys = json::array();
@@ -273,13 +256,15 @@ std::string Sha256Hex(std::string_view s) {
 
 Result<bool> BoolField(const json& j, const char* field, bool def) {
   if (!j.contains(field) || j[field].is_null()) return def;
-  if (!j[field].is_boolean()) return Status::Error(std::string(field) + ": must be true or false", EINVAL);
+  if (!j[field].is_boolean())
+    return Status::Error(std::string(field) + ": must be true or false", EINVAL);
   return j[field].get<bool>();
 }
 
 Result<int64_t> IntField(const json& j, const char* field, int64_t def) {
   if (!j.contains(field) || j[field].is_null()) return def;
-  if (!j[field].is_number_integer()) return Status::Error(std::string(field) + ": must be an integer", EINVAL);
+  if (!j[field].is_number_integer())
+    return Status::Error(std::string(field) + ": must be an integer", EINVAL);
   return j[field].get<int64_t>();
 }
 
@@ -334,8 +319,10 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
   }
   if (j.contains("pty")) {
     const json& p = j["pty"];
-    auto rows = p.is_object() ? IntField(p, "rows", 24) : Result<int64_t>(Status::Error("", EINVAL));
-    auto cols = p.is_object() ? IntField(p, "cols", 80) : Result<int64_t>(Status::Error("", EINVAL));
+    auto rows =
+        p.is_object() ? IntField(p, "rows", 24) : Result<int64_t>(Status::Error("", EINVAL));
+    auto cols =
+        p.is_object() ? IntField(p, "cols", 80) : Result<int64_t>(Status::Error("", EINVAL));
     if (!rows.ok() || !cols.ok() || *rows < 1 || *cols < 1 || *rows > 1000 || *cols > 1000)
       return Status::Error("pty: an object with rows and cols from 1 to 1000", EINVAL);
     w.Int(Tag::kPty, 1).Int(Tag::kRows, *rows).Int(Tag::kCols, *cols);
@@ -354,7 +341,8 @@ Status FrameFailure(const Result<protocol::Frame>& f) {
 }
 
 std::string UnpackError(const std::string& path, const std::string& tar_stderr) {
-  return "unpack into " + path + ": " + (tar_stderr.empty() ? std::string("tar failed") : tar_stderr);
+  return "unpack into " + path + ": " +
+         (tar_stderr.empty() ? std::string("tar failed") : tar_stderr);
 }
 
 json OutputEvent(const protocol::Frame& f) {
@@ -389,8 +377,7 @@ awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
     else if (f->type() == Type::kExit) {
       line = ExitEvent(*f);
       if (on_exit) on_exit(*f);
-    }
-    else if (f->type() == Type::kError)
+    } else if (f->type() == Type::kError)
       line = {{"type", "error"}, {"message", std::string(f->fields.Str(Tag::kMessage))}};
     else
       continue;  // the OK reply of SPAWN/ATTACH
@@ -480,7 +467,8 @@ awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
 awaitable<Status> WriteStdin(sandbox::AgentChannel& ch, int64_t pid, std::string_view data) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
   for (int waited_ms = 0;; waited_ms += 5) {
-    auto r = co_await ch.Call(Type::kStdin, protocol::Writer().Int(Tag::kPid, pid).Str(Tag::kData, data));
+    auto r = co_await ch.Call(Type::kStdin,
+                              protocol::Writer().Int(Tag::kPid, pid).Str(Tag::kData, data));
     if (r.ok()) co_return Status();
     if (r.status().err() != EAGAIN || waited_ms > 60000) co_return r.status();
     timer.expires_after(std::chrono::milliseconds(5));
@@ -938,10 +926,10 @@ void Files(http::Router& r, ApiContext& ctx) {
            bool parents = *parents_field;
            auto ch = co_await ChannelOrFail(ctx, ex, key);
            if (!ch) co_return;
-           auto r2 = co_await ch->Call(Type::kMkdir,
-                                       protocol::Writer()
-                                           .Str(Tag::kPath, (*j)["path"].get<std::string>())
-                                           .Int(Tag::kParents, parents ? 1 : 0));
+           auto r2 =
+               co_await ch->Call(Type::kMkdir, protocol::Writer()
+                                                   .Str(Tag::kPath, (*j)["path"].get<std::string>())
+                                                   .Int(Tag::kParents, parents ? 1 : 0));
            if (!r2.ok()) co_return co_await Fail(ex, r2.status());
            co_await ex.RespondJson(200, EntryJson(r2->fields));
          }));
@@ -1029,108 +1017,121 @@ void Files(http::Router& r, ApiContext& ctx) {
 // whatever an archive contains (`..`, absolute names, symlink tricks) can only reach what that
 // user can reach inside the box.
 void Archives(http::Router& r, ApiContext& ctx) {
-  r.Get("/v1/sandboxes/{id}/files/archive", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-    auto path = PathQuery(ex);
-    if (!path.ok()) co_return co_await Fail(ex, path.status());
-    auto rec = ctx.manager.Get(key, ex.Param("id"));
-    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-    json spec = {{"argv", {"tar", "-C", *path, "-cf", "-", "."}}};
-    if (auto u = ex.query().Get("user")) spec["user"] = *u;
-    bool bg = false;
-    auto w = SpawnPayload(spec, *rec, &bg);
-    if (!w.ok()) co_return co_await Fail(ex, w.status());
-    auto ch = co_await ChannelOrFail(ctx, ex, key);
-    if (!ch) co_return;
-    auto sub = co_await ch->Open(Type::kSpawn, *w);
-    if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-    bool started = false;
-    std::string err;
-    for (;;) {
-      auto f = co_await (*sub)->Next(std::chrono::seconds(60));
-      if (!f.ok()) break;
-      if (f->type() == Type::kError) {
-        err = std::string(f->fields.Str(Tag::kMessage));
-        break;
-      }
-      if (f->type() == Type::kOutput && f->fields.Int(Tag::kStream) == 2) {
-        if (err.size() < 4096) err += f->fields.Str(Tag::kData);
-      } else if (f->type() == Type::kOutput) {
-        if (!started) {
-          if (!(co_await ex.BeginStream(200, "application/x-tar")).ok()) break;
-          started = true;
-        }
-        if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
-      } else if (f->type() == Type::kExit) {
-        if (f->fields.Int(Tag::kExitCode, -1) == 0 && started) {
-          (void)co_await ex.EndStream();
-          started = false;
-          err.clear();
-        } else if (err.empty()) {
-          err = "tar exited with " + std::to_string(f->fields.Int(Tag::kExitCode, -1));
-        }
-        break;
-      }
-    }
-    (*sub)->Cancel();
-    // A failure before any byte is an error answer; after the first byte the stream is cut short
-    // (no final chunk), which a client sees as a broken transfer.
-    if (!started && !ex.responded()) {
-      int code = err.find("No such file") != std::string::npos ? ENOENT : EINVAL;
-      co_await Fail(ex, Status::Error("archive " + *path + ": " + err, code));
-    }
-  }));
+  r.Get("/v1/sandboxes/{id}/files/archive",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto path = PathQuery(ex);
+          if (!path.ok()) co_return co_await Fail(ex, path.status());
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          json spec = {{"argv", {"tar", "-C", *path, "-cf", "-", "."}}};
+          if (auto u = ex.query().Get("user")) spec["user"] = *u;
+          bool bg = false;
+          auto w = SpawnPayload(spec, *rec, &bg);
+          if (!w.ok()) co_return co_await Fail(ex, w.status());
+          auto ch = co_await ChannelOrFail(ctx, ex, key);
+          if (!ch) co_return;
+          auto sub = co_await ch->Open(Type::kSpawn, *w);
+          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+          bool started = false;
+          std::string err;
+          for (;;) {
+            auto f = co_await (*sub)->Next(std::chrono::seconds(60));
+            if (!f.ok()) break;
+            if (f->type() == Type::kError) {
+              err = std::string(f->fields.Str(Tag::kMessage));
+              break;
+            }
+            if (f->type() == Type::kOutput && f->fields.Int(Tag::kStream) == 2) {
+              if (err.size() < 4096) err += f->fields.Str(Tag::kData);
+            } else if (f->type() == Type::kOutput) {
+              if (!started) {
+                if (!(co_await ex.BeginStream(200, "application/x-tar")).ok()) break;
+                started = true;
+              }
+              if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
+            } else if (f->type() == Type::kExit) {
+              if (f->fields.Int(Tag::kExitCode, -1) == 0 && started) {
+                (void)co_await ex.EndStream();
+                started = false;
+                err.clear();
+              } else if (err.empty()) {
+                err = "tar exited with " + std::to_string(f->fields.Int(Tag::kExitCode, -1));
+              }
+              break;
+            }
+          }
+          (*sub)->Cancel();
+          // A failure before any byte is an error answer; after the first byte the stream is cut
+          // short (no final chunk), which a client sees as a broken transfer.
+          if (!started && !ex.responded()) {
+            int code = err.find("No such file") != std::string::npos ? ENOENT : EINVAL;
+            co_await Fail(ex, Status::Error("archive " + *path + ": " + err, code));
+          }
+        }));
 
-  r.Put("/v1/sandboxes/{id}/files/archive", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-    auto path = PathQuery(ex);
-    if (!path.ok()) co_return co_await Fail(ex, path.status());
-    auto rec = ctx.manager.Get(key, ex.Param("id"));
-    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-    auto ch = co_await ChannelOrFail(ctx, ex, key);
-    if (!ch) co_return;
-    auto made = co_await ch->Call(Type::kMkdir, protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kParents, 1));
-    if (!made.ok()) co_return co_await Fail(ex, made.status());
-    json spec = {{"argv", {"tar", "-C", *path, "-xf", "-", "--no-same-owner", "--no-overwrite-dir"}}, {"stdin", true}};
-    if (auto u = ex.query().Get("user")) spec["user"] = *u;
-    bool bg = false;
-    auto w = SpawnPayload(spec, *rec, &bg);
-    if (!w.ok()) co_return co_await Fail(ex, w.status());
-    auto sub = co_await ch->Open(Type::kSpawn, *w);
-    if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-    auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-    if (!first.ok() || first->type() == Type::kError) {
-      (*sub)->Cancel();
-      co_return co_await Fail(ex, FrameFailure(first));
-    }
-    int64_t pid = first->fields.Int(Tag::kPid);
-    std::string buf(protocol::kMaxChunk, '\0');
-    Status fed;
-    for (;;) {
-      auto n = co_await ex.ReadSome(buf.data(), buf.size());
-      if (!n.ok()) {
-        fed = n.status();
-        break;
-      }
-      if (*n == 0) break;
-      if (!(co_await WriteStdin(*ch, pid, std::string_view(buf.data(), *n))).ok()) break;  // tar stopped reading: its exit status says why
-    }
-    (void)co_await ch->Call(Type::kCloseStdin, protocol::Writer().Int(Tag::kPid, pid));
-    std::string err;
-    int64_t code = -1;
-    for (;;) {
-      auto f = co_await (*sub)->Next(std::chrono::seconds(120));
-      if (!f.ok()) break;
-      if (f->type() == Type::kOutput && err.size() < 4096) err += f->fields.Str(Tag::kData);
-      if (f->type() == Type::kExit) {
-        code = f->fields.Int(Tag::kExitCode, -1);
-        break;
-      }
-    }
-    (*sub)->Cancel();
-    if (!fed.ok()) co_return;  // the client went away mid-upload
-    if (code != 0) co_return co_await ex.RespondError(400, "invalid_argument", UnpackError(*path, err));
-    ctx.manager.Audit("file.write", ex.Param("id"), key.id, {{"path", *path}, {"archive", true}});
-    co_await ex.Respond(204, "");
-  }), http::RouteOptions{size_t{1} << 40});
+  r.Put("/v1/sandboxes/{id}/files/archive",
+        Authed(ctx,
+               [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+                 auto path = PathQuery(ex);
+                 if (!path.ok()) co_return co_await Fail(ex, path.status());
+                 auto rec = ctx.manager.Get(key, ex.Param("id"));
+                 if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+                 auto ch = co_await ChannelOrFail(ctx, ex, key);
+                 if (!ch) co_return;
+                 auto made = co_await ch->Call(
+                     Type::kMkdir, protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kParents, 1));
+                 if (!made.ok()) co_return co_await Fail(ex, made.status());
+                 json spec = {
+                     {"argv",
+                      {"tar", "-C", *path, "-xf", "-", "--no-same-owner", "--no-overwrite-dir"}},
+                     {"stdin", true}};
+                 if (auto u = ex.query().Get("user")) spec["user"] = *u;
+                 bool bg = false;
+                 auto w = SpawnPayload(spec, *rec, &bg);
+                 if (!w.ok()) co_return co_await Fail(ex, w.status());
+                 auto sub = co_await ch->Open(Type::kSpawn, *w);
+                 if (!sub.ok()) co_return co_await Fail(ex, sub.status());
+                 auto first = co_await (*sub)->Next(std::chrono::seconds(30));
+                 if (!first.ok() || first->type() == Type::kError) {
+                   (*sub)->Cancel();
+                   co_return co_await Fail(ex, FrameFailure(first));
+                 }
+                 int64_t pid = first->fields.Int(Tag::kPid);
+                 std::string buf(protocol::kMaxChunk, '\0');
+                 Status fed;
+                 for (;;) {
+                   auto n = co_await ex.ReadSome(buf.data(), buf.size());
+                   if (!n.ok()) {
+                     fed = n.status();
+                     break;
+                   }
+                   if (*n == 0) break;
+                   if (!(co_await WriteStdin(*ch, pid, std::string_view(buf.data(), *n))).ok())
+                     break;  // tar stopped reading: its exit status says why
+                 }
+                 (void)co_await ch->Call(Type::kCloseStdin, protocol::Writer().Int(Tag::kPid, pid));
+                 std::string err;
+                 int64_t code = -1;
+                 for (;;) {
+                   auto f = co_await (*sub)->Next(std::chrono::seconds(120));
+                   if (!f.ok()) break;
+                   if (f->type() == Type::kOutput && err.size() < 4096)
+                     err += f->fields.Str(Tag::kData);
+                   if (f->type() == Type::kExit) {
+                     code = f->fields.Int(Tag::kExitCode, -1);
+                     break;
+                   }
+                 }
+                 (*sub)->Cancel();
+                 if (!fed.ok()) co_return;  // the client went away mid-upload
+                 if (code != 0)
+                   co_return co_await ex.RespondError(400, "invalid_argument",
+                                                      UnpackError(*path, err));
+                 ctx.manager.Audit("file.write", ex.Param("id"), key.id,
+                                   {{"path", *path}, {"archive", true}});
+                 co_await ex.Respond(204, "");
+               }),
+        http::RouteOptions{size_t{1} << 40});
 }
 
 void Audit(http::Router& r, ApiContext& ctx) {

@@ -1,0 +1,19 @@
+// Encodings shared by the API facades and the CLI: base64 (how command output and file bytes
+// travel in JSON) and RFC 3339 timestamps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace sbx {
+
+std::string Base64Encode(std::string_view in);
+// Accepts standard and URL-safe alphabets, with or without padding (as protobuf JSON does).
+Result<std::string> Base64Decode(std::string_view in);
+// "2026-11-29T10:13:45.123Z" for milliseconds since the epoch; "" for 0 or less.
+std::string Rfc3339Millis(int64_t ms);
+
+}  // namespace sbx

@@ -1,0 +1,29 @@
+#include "common/encoding.h"
+
+#include <gtest/gtest.h>
+
+namespace sbx {
+namespace {
+
+TEST(Encoding, Base64RoundTripsEveryByte) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  for (size_t len : {0u, 1u, 2u, 3u, 4u, 255u, 256u}) {
+    std::string in = all.substr(0, len);
+    auto out = Base64Decode(Base64Encode(in));
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(*out, in) << len;
+  }
+  EXPECT_EQ(Base64Encode("hi\n"), "aGkK");
+  EXPECT_EQ(*Base64Decode("aGkK"), "hi\n");
+  EXPECT_EQ(*Base64Decode("_-8"), "\xff\xef");  // URL-safe, unpadded
+  EXPECT_FALSE(Base64Decode("a$b=").ok());
+}
+
+TEST(Encoding, Rfc3339) {
+  EXPECT_EQ(Rfc3339Millis(0), "");
+  EXPECT_EQ(Rfc3339Millis(1795860825123), "2026-11-28T10:13:45.123Z");
+}
+
+}  // namespace
+}  // namespace sbx
