@@ -332,6 +332,9 @@ net::awaitable<void> Server::Impl::AcceptLoop(Acceptor& acceptor) {
     if constexpr (std::is_same_v<Acceptor, tcp::acceptor>) {
       auto ep = socket.remote_endpoint(ec);
       if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
+      // Streams are written as many small writes (a header, then one NDJSON line per event):
+      // with Nagle on, each waits for the client's delayed ACK (~40 ms).
+      socket.set_option(tcp::no_delay(true), ec);
     }
     Adopt(Socket(std::move(socket)), std::move(remote));
   }
