@@ -15,7 +15,8 @@ PIDS = 256
 
 
 class Peer:
-    def __init__(self, key, label, argv, isolation, env=None, cgroup=None, error=None):
+    def __init__(self, key, label, argv, isolation, env=None, cgroup=None, error=None,
+                 api=None, seq_only=False):
         self.key = key              # stable id in results JSON
         self.label = label          # shown in tables and the chart
         self.argv = argv            # "{id}" is replaced by a unique id per run
@@ -23,6 +24,8 @@ class Peer:
         self.env = env              # extra environment for the launcher (and so the command)
         self.cgroup = cgroup        # sbx-bench-launch -g spec, or None
         self.error = error          # why it cannot run on this host (None: it can)
+        self.api = api              # for the REST API rows: extra sbx-bench-api arguments
+        self.seq_only = seq_only    # measured sequentially only (diagnostic rows)
 
 
 def _cgroup_mounts():

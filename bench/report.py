@@ -10,7 +10,7 @@ DEFAULT_INTRO = """# Benchmarks
 
 How fast sbx gets an isolated box, measured against what users would pick instead
 (bubblewrap, runc, crun) and the floor (plain fork+exec), on the same machine in the same run
-(issue 5). `make bench` regenerates everything below the marker: it builds the helpers, runs
+(issue 5), directly (`sbx run`) and through the daemon's REST API (`sbx serve`). `make bench` regenerates everything below the marker: it builds the helpers, runs
 every contender, and writes `bench/results/<timestamp>.json` (raw samples and summaries),
 `bench/results/latest.json`, the chart `bench/results/latency.svg` and this page.
 
@@ -21,7 +21,9 @@ the host is listed with the exact error, never silently dropped.
 The harness: `bench/run.py` (orchestration), `bench/peers.py` (how each contender is set up),
 `bench/launch.c` (the timer: fork, exec, wait, no interpreter in the timed path; with `-g` it
 gives a contender a fresh memory+pids cgroup per run), `bench/density.cc` (idle boxes through
-`runtime::NativeRuntime`), `bench/report.py` (this page and the SVG).
+`runtime::NativeRuntime`), `bench/daemon.py` (the `sbx serve` started for the API rows, and
+those rows), `bench/api.cc` (the API client, `sbx-bench-api`: plain sockets, keep-alive, no
+interpreter in the timed path), `bench/report.py` (this page and the SVG).
 """
 
 PHASE_DOC = {
@@ -80,7 +82,8 @@ def markdown(results, svg_rel, json_rel):
     w(f"| OS, kernel | {m.get('os', '?')}, Linux {m.get('kernel', '?')} |")
     w(f"| cgroups | {m.get('cgroup_mode', '?')} ({m.get('cgroup_detail', '')}) |")
     w(f"| load average (1/5/15 min) | start {results.get('load_at_start')}, after the latency "
-      f"runs {results.get('load_after_latency')}, end {results.get('load_at_end')} |")
+      f"runs {results.get('load_after_latency')}, after the API rows "
+      f"{results.get('load_after_api', '–')}, end {results.get('load_at_end')} |")
     for k, v in results.get("versions", {}).items():
         w(f"| {k} | {v} |")
     cfg = results["config"]
@@ -135,6 +138,7 @@ def markdown(results, svg_rel, json_rel):
             w("Failures:\n")
             out.extend(errs)
             w("")
+    _api_section1(results, w)
     w("¹ `sbx run --timings`: total minus destroy, i.e. from `main()` until the command's exit "
       "is known inside sbx, without the process start and the removal of the box; the figure a "
       "daemon that destroys boxes in the background could reach.\n")
@@ -177,9 +181,7 @@ def markdown(results, svg_rel, json_rel):
           "spawn + run. Phases at the other concurrency levels are in the JSON.\n")
 
     # 3. Exec
-    w("## 3. Exec in a running sandbox\n")
-    w("Not measured: exec latency and stdout throughput are measured through the API, and the "
-      "daemon (`sbx serve`, issue 3) does not exist yet.\n")
+    _exec_section(results, w)
 
     # 4. Density
     w("## 4. Density\n")
@@ -267,6 +269,8 @@ def markdown(results, svg_rel, json_rel):
                 w(f"- sbx/{p['label']}: no ratio, {p['label']} could not run (see section 1).")
         w("")
 
+    _api_ratio_section(results, w)
+
     # Goals
     w("## Goals (issue 5)\n")
     w("| goal | this run | met |")
@@ -277,6 +281,158 @@ def markdown(results, svg_rel, json_rel):
         w(f"| {g['goal']} | {fig} | {met} |")
     w("")
     return "\n".join(out)
+
+
+def _api_section1(results, w):
+    """Where the time goes in the REST API row: the client's phases and the daemon's view."""
+    ph = results.get("api_phases", {})
+    if not ph:
+        return
+    w("**The REST API rows.** Timed by `sbx-bench-api` (bench/api.cc: plain sockets, one "
+      "keep-alive HTTP/1.1 connection per worker, TCP_NODELAY, no JSON library on the timed "
+      "path) from sending `POST /v1/sandboxes` until the command's `exit` event is read from the "
+      "NDJSON stream of `POST /v1/sandboxes/{id}/commands` (`{\"argv\":[\"true\"]}`). The "
+      "`DELETE` that follows every run is outside the timed window and timed on its own below. "
+      "The daemon is one `sbx serve` started for this run (default settings: 2 I/O threads), "
+      "on 127.0.0.1.\n")
+    w("Phases of the API runs, P50 (P95) in ms: the client's view, and the daemon's own "
+      "duration of the same requests from its access log (from the request read to the handler's "
+      "return; for the command stream that is when the last chunk is handed to the kernel).\n")
+    w("| contender | level | runs ok | create (client) | create (daemon) | commands → start "
+      "event | commands → exit event (client) | commands (daemon) | DELETE (client) | "
+      "DELETE (daemon) |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lat = results.get("latency", {})
+    for key, levels in ph.items():
+        for level in sorted(levels, key=int):
+            d = levels[level]
+            c, sv = d["client"], d["server"]
+
+            def pp(x):
+                return f"{_ms(x['p50'], 2)} ({_ms(x['p95'], 2)})"
+            w(f"| {lat.get(key, {}).get('label', key)} | {_level_name(level)} | {d['n']} | "
+              f"{pp(c['create'])} | {pp(sv['create'])} | {pp(c['to_start'])} | {pp(c['exec'])} | "
+              f"{pp(sv['commands'])} | {pp(c['delete'])} | {pp(sv['delete'])} |")
+    w("")
+    w("³ Diagnostic, sequential only: the same client, but it sets `TCP_QUICKACK` before every "
+      "read so that it acknowledges each segment at once. The daemon writes the stream's "
+      "header and its NDJSON lines as separate small writes on a socket without `TCP_NODELAY`; "
+      "with Nagle's algorithm the second write waits for the ACK of the first, which an "
+      "ordinary client delays (Linux: about 40 ms). The difference between the two rows is that "
+      "stall; real clients (SDKs, curl) see the plain row.\n")
+
+
+def _exec_section(results, w):
+    w("## 3. Exec in a running sandbox\n")
+    ex = results.get("exec", {})
+    if ex.get("error") and "api" not in ex:
+        w(f"Not measured: `{_one_line(ex['error'])}`\n")
+    else:
+        w(f"One sandbox created through the API, then `true` run in it {ex.get('runs')} times "
+          f"back to back (`POST /v1/sandboxes/{{id}}/commands` sent → `exit` event read, one "
+          f"keep-alive connection), in blocks of {ex.get('block')} rotated with the floor: "
+          "plain fork+exec+wait of `/bin/true` by `sbx-bench-launch`, and `GET /healthz` on a "
+          "keep-alive connection (one HTTP round trip with this client and this daemon). "
+          "Milliseconds.\n")
+        w("| what | runs | ok | P50 | P95 | P99 | max | P50 / fork+exec | P95 / fork+exec |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        f = ex.get("fork_exec") or {}
+        rows = [("exec `true` via the API", "api"),
+                ("exec `true` via the API, client TCP_QUICKACK³", "api_quickack"),
+                ("plain fork+exec of /bin/true (floor)", "fork_exec"),
+                ("GET /healthz (HTTP round trip)", "healthz")]
+        for label, k in rows:
+            s = ex.get(k) or {}
+            if not s:
+                continue
+            w(f"| {label} | {ex.get(k + '_attempts', '–')} | {s.get('n', 0)} | "
+              f"{_ms(s.get('p50'), 2)} | {_ms(s.get('p95'), 2)} | {_ms(s.get('p99'), 2)} | "
+              f"{_ms(s.get('max'), 2)} | {_ratio(_div(s.get('p50'), f.get('p50')))} | "
+              f"{_ratio(_div(s.get('p95'), f.get('p95')))} |")
+        sc = ex.get("server_commands_ms") or {}
+        if sc.get("n"):
+            w(f"\nThe daemon's own duration of those commands requests (access log): P50 "
+              f"{_ms(sc['p50'], 2)} ms, P95 {_ms(sc['p95'], 2)} ms.\n")
+        errs = [(k, e) for k in ("api", "api_quickack", "fork_exec", "healthz")
+                for e in ex.get(k + "_errors", [])]
+        if errs:
+            w("Failures:\n")
+            for k, e in errs:
+                w(f"- {k}: `{_one_line(e)}`")
+            w("")
+    w("### Stdout throughput via the API\n")
+    st = results.get("stream", {})
+    if st.get("error") and "api" not in st:
+        w(f"Not measured: `{_one_line(st['error'])}`\n")
+        return
+    a = st.get("api", {})
+    n = st.get("bytes", 0)
+    w(f"`head -c {n} /dev/zero` in a sandbox created through the API; `sbx-bench-api` reads the "
+      "NDJSON stream, base64-decodes every `stdout` event and counts the decoded bytes (must be "
+      "exactly the requested count). The daemon's peak RSS is its `VmHWM` "
+      "(/proc/PID/status), reset through `/proc/PID/clear_refs` just before the command; a "
+      "10 ms sampler of `VmRSS` is a cross-check.\n")
+    w("| what | result | MB/s (10^6) | seconds | bytes decoded | wire bytes (HTTP body) | "
+      "stdout events |")
+    w("|---|---|---:|---:|---:|---:|---:|")
+    res = "ok" if a.get("ok") else f"**failed**: `{_one_line(a.get('error', ''))}`"
+    w(f"| via the API | {res} | {_ms(a.get('mb_per_s'), 0)} | {_ms(a.get('seconds'), 2)} | "
+      f"{a.get('decoded_bytes', '–')} | {a.get('wire_bytes', '–')} | {a.get('events', '–')} |")
+    r = st.get("sbx_run", {})
+    if r:
+        res = "ok" if r.get("ok") else f"**failed**: `{_one_line(r.get('error', ''))}`"
+        w(f"| reference: `sbx run` (no daemon), stdout to /dev/null, end to end incl. create | "
+          f"{res} | {_ms(r.get('mb_per_s'), 0)} | {_ms(r.get('seconds'), 2)} | – | – | – |")
+    w("")
+
+    def kb(v):
+        return "–" if v is None or v < 0 else f"{v / 1024:.1f} MiB"
+    w("| the daemon's memory | |")
+    w("|---|---|")
+    w(f"| VmRSS before the stream | {kb(a.get('daemon_vmrss_before_kb'))} |")
+    w(f"| peak RSS during the stream (VmHWM after reset"
+      f"{'' if a.get('daemon_vmhwm_reset') else ', reset FAILED: lifetime peak'}) | "
+      f"{kb(a.get('daemon_vmhwm_kb'))} |")
+    w(f"| highest VmRSS sampled every 10 ms | {kb(a.get('daemon_vmrss_sampled_max_kb'))} |")
+    w(f"| VmRSS after | {kb(a.get('daemon_vmrss_after_kb'))} |")
+    w(f"| lifetime peak RSS before the stream (includes concurrency 100 of section 1) | "
+      f"{kb(a.get('daemon_vmhwm_lifetime_kb'))} |")
+    w("")
+    if results.get("daemon_stop"):
+        w(f"Note: {results['daemon_stop']}.\n")
+
+
+def _api_ratio_section(results, w):
+    ar = results.get("api_ratios", {})
+    w("### REST API / `sbx run` (same run)\n")
+    if not ar:
+        w("No ratios: the REST API row or `sbx run` has no result.\n")
+        return
+    w("Create to first command via the REST API against `sbx run`, end to end (section 1), and "
+      "against `sbx run`'s exit-known-inside-sbx figure¹ (which, like the API row, leaves out "
+      "the removal of the box, and also leaves out the process start). Differences in ms; "
+      "the goal is a difference of at most 2 ms.\n")
+    w("| API row | level | P50 ratio | P50 diff | P95 ratio | P95 diff | P99 ratio | "
+      "P50 ratio vs inside-sbx | P50 diff vs inside-sbx |")
+    w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    lat = results.get("latency", {})
+    for key, levels in ar.items():
+        for level in sorted(levels, key=int):
+            d = levels[level]
+            w(f"| {lat.get(key, {}).get('label', key)} | {_level_name(level)} | "
+              f"{_ratio(d['ratio']['p50'])} | {_diff(d['diff_ms']['p50'])} | "
+              f"{_ratio(d['ratio']['p95'])} | {_diff(d['diff_ms']['p95'])} | "
+              f"{_ratio(d['ratio']['p99'])} | {_ratio(d['ratio_inner']['p50'])} | "
+              f"{_diff(d['diff_inner_ms']['p50'])} |")
+    w("")
+
+
+def _div(a, b):
+    return None if a is None or not b else a / b
+
+
+def _diff(v):
+    return "–" if v is None else f"{v:+.1f}"
 
 
 def _one_line(s):

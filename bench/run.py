@@ -6,12 +6,16 @@ Measures, in one run on one machine:
      10/50/100 for `sbx run` and its peers (bubblewrap, bubblewrap in a cgroup, runc, crun, plain
      fork+exec), timed by bench/launch.c (sbx-bench-launch), no interpreter in the timed path;
   2. where sbx's creation time goes (`sbx run --timings`, per phase);
+  1/3. through a `sbx serve` daemon started for the run (bench/daemon.py, timed by
+     bench/api.cc, sbx-bench-api): create to first command via the REST API (in the same
+     rotation as the contenders above), exec of `true` in a running sandbox beside plain
+     fork+exec, stdout throughput of a 1 GiB stream with the daemon's peak RSS;
   4. density: host memory per idle box at 100 and 1000 boxes, time to create and destroy them
      (bench/density.cc, sbx-bench-density);
   5. every figure as a ratio to the peers of the same run.
 Writes bench/results/<timestamp>.json, bench/results/latest.json, bench/results/latency.svg and
-docs/benchmarks.md (keeping its hand-written intro). Rows that need the daemon (REST API, E2B
-SDK, exec in a running box) are listed as not measured, with the reason.
+docs/benchmarks.md (keeping its hand-written intro). The E2B SDK row is listed as not measured,
+with the reason (the facade does not exist yet).
 
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
 """
@@ -29,6 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon as daemon_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
 import report  # noqa: E402
 from stats import ratio, summarize  # noqa: E402
@@ -43,13 +48,11 @@ PHASES = ["open", "template", "prepare", "cgroup", "clone", "child", "hello", "s
 # (workers, runs per worker). Sequential runs go in blocks rotated across contenders so that
 # drift on a shared machine hits all of them alike.
 FULL = {"seq_runs": 100, "seq_block": 20, "levels": [(10, 10), (50, 3), (100, 2)],
-        "density": [100, 1000], "warmup": 5}
+        "density": [100, 1000], "warmup": 5, "exec_runs": 250}
 QUICK = {"seq_runs": 30, "seq_block": 10, "levels": [(10, 3), (50, 1), (100, 1)],
-         "density": [20, 100], "warmup": 2}
+         "density": [20, 100], "warmup": 2, "exec_runs": 200}
 
 NOT_MEASURED = [
-    {"key": "sbx-rest", "label": "sbx via the REST API",
-     "why": "not measured: the daemon (`sbx serve`) does not exist yet (issue 3)"},
     {"key": "sbx-e2b", "label": "sbx via the E2B JS SDK (Sandbox.create + commands.run)",
      "why": "not measured: the E2B-compatible facade does not exist yet (issue 4)"},
 ]
@@ -64,7 +67,7 @@ def log(msg):
 
 def build_helpers(build_dir):
     """Builds sbx, sbx-agent and the bench helpers; returns an error string or None."""
-    targets = ["sbx", "sbx-agent", "sbx-bench-launch", "sbx-bench-density"]
+    targets = ["sbx", "sbx-agent", "sbx-bench-launch", "sbx-bench-density", "sbx-bench-api"]
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
         r = subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja"],
                            capture_output=True, text=True)
@@ -144,13 +147,23 @@ def parse_timings(text):
     return None
 
 
+DAEMON = None  # the `sbx serve` of this run (bench/daemon.py), for the API contenders
+# Server-side durations (ms) from the daemon's access log, per (contender, level, route).
+SERVER_MS = {}
+
+
 def launch(launcher, peer, workers, runs, tmp, timeout=900):
-    """Runs one batch through sbx-bench-launch; returns a list of sample dicts and an error."""
+    """Runs one batch through sbx-bench-launch (sbx-bench-api for the API contenders); returns
+    a list of sample dicts and an error."""
     errdir = tempfile.mkdtemp(prefix="errs-", dir=tmp)
-    argv = [launcher, "-c", str(workers), "-n", str(runs), "-e", errdir]
-    if peer.cgroup:
-        argv += ["-g", peer.cgroup]
-    argv += ["--", *peer.argv]
+    if peer.api is not None:
+        argv = daemon_mod.api_launch_argv(DAEMON, peer, workers, runs, errdir)
+        log_from = DAEMON.log_offset()
+    else:
+        argv = [launcher, "-c", str(workers), "-n", str(runs), "-e", errdir]
+        if peer.cgroup:
+            argv += ["-g", peer.cgroup]
+        argv += ["--", *peer.argv]
     env = dict(os.environ)
     env.update(peer.env or {})
     samples, error = [], None
@@ -168,12 +181,18 @@ def launch(launcher, peer, workers, runs, tmp, timeout=900):
     except OSError as e:
         shutil.rmtree(errdir, ignore_errors=True)
         return [], f"cannot start the launcher: {e}"
+    if peer.api is not None:
+        for route, _, ms in DAEMON.access_entries(log_from):
+            SERVER_MS.setdefault((peer.key, str(workers), route), []).append(ms)
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) != 5:
+        if len(parts) not in (5, 9):
             continue
-        w, r, start, dur, status = (int(x) for x in parts)
+        w, r, start, dur, status = (int(x) for x in parts[:5])
         s = {"worker": w, "run": r, "start_ns": start, "us": dur // 1000, "status": status}
+        if len(parts) == 9:  # sbx-bench-api: create, to_start, exec, delete (ns, -1: none)
+            s["api_ms"] = {k: int(v) / 1e6 for k, v in
+                           zip(("create", "to_start", "exec", "delete"), parts[5:]) if int(v) >= 0}
         try:
             with open(os.path.join(errdir, f"{w}-{r}.err"), errors="replace") as f:
                 text = f.read()
@@ -231,6 +250,9 @@ def run_latency(cfg, peers, launcher, tmp):
                           "error": p.error, "levels": {}}
         if p.error is None:
             p.error = probe(launcher, p, tmp)
+            if p.error and p.api is not None and DAEMON.proc.poll() is not None:
+                p.error = (f"{p.error.strip()} -- sbx serve exited with status "
+                           f"{DAEMON.proc.returncode}; its log ends: {DAEMON.log_tail(600)}")
             if p.error and p.key == "crun":
                 why = peers_mod.crun_hybrid_explanation()
                 if why and "hybrid" in p.error:
@@ -267,6 +289,8 @@ def run_latency(cfg, peers, launcher, tmp):
 
     for workers, runs in cfg["levels"]:
         for p in live:
+            if p.seq_only:
+                continue
             t0 = time.time()
             samples, err = launch(launcher, p, workers, runs, tmp)
             summ = summarize_batch(samples, workers, runs, err)
@@ -306,7 +330,7 @@ def ratios(latency):
     out = {}
     sbx = latency.get("sbx", {}).get("levels", {})
     for key, peer in latency.items():
-        if key == "sbx":
+        if key == "sbx" or key.startswith("sbx-rest"):
             continue
         for level, data in peer.get("levels", {}).items():
             if level not in sbx:
@@ -314,6 +338,47 @@ def ratios(latency):
             a, b = sbx[level]["summary_ms"], data["summary_ms"]
             out.setdefault(key, {})[level] = {
                 q: ratio(a[q], b[q]) for q in ("p50", "p95", "p99")}
+    return out
+
+
+API_KEYS = ("sbx-rest", "sbx-rest-quickack")
+
+
+def api_phases(latency):
+    """Per API contender and level: the client's phases (create, commands request to the start
+    event, to the exit event, the untimed DELETE) and the daemon's access-log durations."""
+    out = {}
+    for key in API_KEYS:
+        for level, data in latency.get(key, {}).get("levels", {}).items():
+            ok = [s["api_ms"] for s in data.get("samples", []) if s["status"] == 0 and
+                  "api_ms" in s]
+            client = {ph: summarize([a[ph] for a in ok if ph in a])
+                      for ph in ("create", "to_start", "exec", "delete")}
+            server = {route: summarize(SERVER_MS.get((key, level, route), []))
+                      for route in ("create", "commands", "delete")}
+            out.setdefault(key, {})[level] = {"n": len(ok), "client": client, "server": server}
+    return out
+
+
+def api_ratios(latency, phases):
+    """REST API / `sbx run` (end to end, and the exit-known-inside-sbx figure) per level."""
+    out = {}
+    sbx = latency.get("sbx", {}).get("levels", {})
+    for key in API_KEYS:
+        for level, data in latency.get(key, {}).get("levels", {}).items():
+            if level not in sbx:
+                continue
+            a, b = data["summary_ms"], sbx[level]["summary_ms"]
+            inner = phases.get(level, {}).get("exit_known_in_sbx", {})
+            out.setdefault(key, {})[level] = {
+                "ratio": {q: ratio(a[q], b[q]) for q in ("p50", "p95", "p99")},
+                "diff_ms": {q: (a[q] - b[q]) if a[q] is not None and b[q] is not None else None
+                            for q in ("p50", "p95", "p99")},
+                "ratio_inner": {q: ratio(a[q], inner.get(q)) for q in ("p50", "p95", "p99")},
+                "diff_inner_ms": {q: (a[q] - inner[q]) if a[q] is not None and
+                                  inner.get(q) is not None else None
+                                  for q in ("p50", "p95", "p99")},
+            }
     return out
 
 
@@ -458,7 +523,7 @@ def density_ratios(sbx, bw):
     return out
 
 
-def goals(latency, density):
+def goals(latency, density, exec_res=None, stream=None, phases=None):
     """The goals of issue 5, each with its figure and whether it is met (None: not measured)."""
     lv = lambda k: latency.get(k, {}).get("levels", {}).get("1", {}).get("summary_ms", {})  # noqa
     sbx, bw, bwcg, runc = lv("sbx").get("p50"), lv("bwrap").get("p50"), \
@@ -484,10 +549,34 @@ def goals(latency, density):
     else:
         add("create to first command via `sbx run` at most a fifth of runc's", "not measured",
             None, latency.get("runc", {}).get("error") or "no result")
-    add("via the REST API within 2 ms of `sbx run`", "not measured", None,
-        "the daemon (`sbx serve`, issue 3) does not exist yet")
-    add("exec in a running sandbox within 1.5x plain fork+exec", "not measured", None,
-        "exec in a running box is measured through the API, which needs the daemon (issue 3)")
+    rest = lv("sbx-rest").get("p50")
+    inner = ((phases or {}).get("1", {}).get("exit_known_in_sbx") or {}).get("p50")
+    if rest is not None and sbx is not None:
+        note = ""
+        if inner is not None:
+            note = (f"against `sbx run`'s own exit-known-inside-sbx P50 ({inner:.1f} ms, without "
+                    f"process start and box removal): {rest - inner:+.1f} ms")
+        add("create to first command via the REST API within 2 ms of `sbx run`",
+            f"sequential P50 {rest:.1f} ms vs `sbx run` {sbx:.1f} ms end to end "
+            f"({rest - sbx:+.1f} ms, ratio {rest / sbx:.2f})", rest <= sbx + 2.0, note)
+    else:
+        add("create to first command via the REST API within 2 ms of `sbx run`", "not measured",
+            None, latency.get("sbx-rest", {}).get("error") or "no result")
+    ex = exec_res or {}
+    a, f = (ex.get("api") or {}), (ex.get("fork_exec") or {})
+    if a.get("p50") is not None and f.get("p50") is not None:
+        qa = ex.get("api_quickack") or {}
+        note = ""
+        if qa.get("p50") is not None:
+            note = (f"with the client acknowledging at once (TCP_QUICKACK, diagnostic) P50 "
+                    f"{qa['p50']:.2f} ms, {qa['p50'] / f['p50']:.1f}x")
+        add("exec in a running sandbox within 1.5x plain fork+exec",
+            f"P50 {a['p50']:.2f} ms vs fork+exec {f['p50']:.2f} ms ({a['p50'] / f['p50']:.1f}x); "
+            f"P95 {a['p95']:.2f} vs {f['p95']:.2f} ms ({a['p95'] / f['p95']:.1f}x)",
+            a["p50"] <= 1.5 * f["p50"], note)
+    else:
+        add("exec in a running sandbox within 1.5x plain fork+exec", "not measured", None,
+            ex.get("error") or "no result")
     rounds = [r for r in density.get("rounds", []) if r.get("created")]
     if rounds:
         r = max(rounds, key=lambda r: r["created"])
@@ -507,15 +596,33 @@ def goals(latency, density):
 
 
 def cleanup_cgroups(pid):
-    """Removes the per-run cgroup parents this harness (and sbx under it) made, once empty."""
+    """Removes the per-run cgroup trees this harness (and sbx under it) made. Processes still in
+    them (boxes left by a daemon that died) are killed first; returns how many."""
     names = [f"sbx-bench-bwrap-{pid}", f"sbx-bench-{pid}"]
-    for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", ""):
-        own = peers_mod.own_cgroup_dir(controller)
-        for n in names if own else []:
-            try:
-                os.rmdir(os.path.join(own, n))
-            except OSError:
-                pass
+    killed = set()
+    for rnd in range(2):
+        for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", ""):
+            own = peers_mod.own_cgroup_dir(controller)
+            for n in names if own else []:
+                top = os.path.join(own, n)
+                for d, _, _ in os.walk(top, topdown=False):
+                    try:
+                        with open(os.path.join(d, "cgroup.procs")) as f:
+                            for x in f.read().split():
+                                try:
+                                    os.kill(int(x), signal.SIGKILL)
+                                    killed.add(int(x))
+                                except OSError:
+                                    pass
+                    except OSError:
+                        pass
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        pass
+        if rnd == 0 and killed:
+            time.sleep(1)
+    return len(killed)
 
 
 def main():
@@ -556,6 +663,14 @@ def main():
                "quick": args.quick, "not_measured": NOT_MEASURED, "tmp": tmp}
     try:
         peers, versions = peers_mod.make_peers(build, tmp, pid)
+        global DAEMON
+        DAEMON = daemon_mod.Daemon(build, tmp, pid)
+        if not args.only or any(k.startswith("sbx-rest") for k in args.only.split(",")):
+            log("starting sbx serve for the API rows")
+            DAEMON.start()
+            if DAEMON.error:
+                log(f"sbx serve: {DAEMON.error}")
+            peers[1:1] = daemon_mod.api_peers(DAEMON)
         if args.only:
             keep = set(args.only.split(","))
             peers = [p for p in peers if p.key in keep]
@@ -564,6 +679,19 @@ def main():
         results["load_after_latency"] = loadavg()
         results["phases"] = phase_breakdown(results["latency"])
         results["ratios"] = ratios(results["latency"])
+        results["api_phases"] = api_phases(results["latency"])
+        results["api_ratios"] = api_ratios(results["latency"], results["phases"])
+        if DAEMON.proc is not None and not DAEMON.error and DAEMON.proc.poll() is None:
+            results["exec"] = daemon_mod.run_exec(DAEMON, launcher, log, cfg["exec_runs"])
+            results["stream"] = daemon_mod.run_stream(DAEMON, build, log)
+        else:
+            why = DAEMON.error or ("sbx serve exited: " + DAEMON.log_tail()
+                                   if DAEMON.proc is not None else "not selected (--only)")
+            results["exec"] = {"error": why}
+            results["stream"] = {"error": why}
+        results["daemon_stop"] = DAEMON.stop()
+        results["daemon_vmhwm_kb"] = results["stream"].get("daemon_vmhwm_lifetime_kb_at_end")
+        results["load_after_api"] = loadavg()
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -576,9 +704,15 @@ def main():
             results["density_ratios"] = density_ratios(results["density"],
                                                        results["density_bwrap"])
     finally:
+        if DAEMON is not None and DAEMON.proc is not None and DAEMON.proc.poll() is None:
+            DAEMON.stop()
+        killed = cleanup_cgroups(pid)
+        if killed:
+            log(f"cleanup: killed {killed} processes left in the benchmark's cgroups")
+            results["leftover_processes_killed"] = killed
         shutil.rmtree(tmp, ignore_errors=True)
-        cleanup_cgroups(pid)
-    results["goals"] = goals(results["latency"], results["density"])
+    results["goals"] = goals(results["latency"], results["density"], results.get("exec"),
+                             results.get("stream"), results.get("phases"))
     results["load_at_end"] = loadavg()
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
