@@ -182,6 +182,7 @@ def markdown(results, svg_rel, json_rel):
 
     # 3. Exec
     _exec_section(results, w)
+    _e2b_section(results, w)
 
     # 4. Density
     w("## 4. Density\n")
@@ -320,6 +321,34 @@ def _api_section1(results, w):
       "with Nagle's algorithm the second write waits for the ACK of the first, which an "
       "ordinary client delays (Linux: about 40 ms). The difference between the two rows is that "
       "stall; real clients (SDKs, curl) see the plain row.\n")
+
+
+def _e2b_section(results, w):
+    """Create to first command through the official E2B JS SDK, beside the REST API row."""
+    e = results.get("e2b")
+    if not e:
+        return
+    w("### Create to first command via the official E2B JS SDK\n")
+    if e.get("error"):
+        w(f"Not measured: {_one_line(e['error'])}\n")
+        return
+    w("`Sandbox.create()` then `commands.run('true')` with `e2b@2.51.0` (the npm package the "
+      "e2e tests pin) against sbx's E2B facade on the same daemon, timed inside node (module "
+      "loading and one warm-up run excluded); the sandbox is killed after each run, outside the "
+      "timed window.\n")
+    w("| concurrency | runs ok | errors | P50 | P95 | P99 | REST API P50 | SDK / REST API |")
+    w("|---|---|---|---|---|---|---|---|")
+    rest = results.get("latency", {}).get("sbx-rest", {}).get("levels", {})
+    for level, d in e.get("levels", {}).items():
+        if d.get("error"):
+            w(f"| {level} | – | {_one_line(d['error'])} | – | – | – | – | – |")
+            continue
+        s = d["summary_ms"]
+        r = (rest.get(level) or {}).get("summary_ms") or {}
+        errs = sum(d.get("errors", {}).values())
+        w(f"| {level} | {d['ok']} | {errs} | {_ms(s['p50'])} | {_ms(s['p95'])} | {_ms(s['p99'])} | "
+          f"{_ms(r.get('p50'))} | {_ratio(_div(s['p50'], r.get('p50')))} |")
+    w("")
 
 
 def _exec_section(results, w):

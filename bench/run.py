@@ -52,10 +52,7 @@ FULL = {"seq_runs": 100, "seq_block": 20, "levels": [(10, 10), (50, 3), (100, 2)
 QUICK = {"seq_runs": 30, "seq_block": 10, "levels": [(10, 3), (50, 1), (100, 1)],
          "density": [20, 100], "warmup": 2, "exec_runs": 200}
 
-NOT_MEASURED = [
-    {"key": "sbx-e2b", "label": "sbx via the E2B JS SDK (Sandbox.create + commands.run)",
-     "why": "not measured: the E2B-compatible facade does not exist yet (issue 4)"},
-]
+NOT_MEASURED = []
 
 
 T0 = time.time()
@@ -595,6 +592,42 @@ def goals(latency, density, exec_res=None, stream=None, phases=None):
     return g
 
 
+def run_e2b(daemon, build_dir, cfg):
+    """Create to first command through the official E2B JS SDK, sequentially and at concurrency
+    10. Uses the SDK the e2e tests install (build/tests/e2e/work); installs it if missing."""
+    work = os.path.join(build_dir, "tests", "e2e", "work")
+    here = os.path.join(ROOT, "tests", "e2e")
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return {"error": "node and npm are needed for the E2B SDK row"}
+    if not os.path.isdir(os.path.join(work, "node_modules", "e2b-251")):
+        os.makedirs(work, exist_ok=True)
+        for f in ("package.json", "package-lock.json"):
+            shutil.copy(os.path.join(here, f), work)
+        r = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=work,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return {"error": "npm ci: " + r.stderr[-500:]}
+    shutil.copy(os.path.join(ROOT, "bench", "e2b.mjs"), work)
+    with open(daemon.key_file) as f:
+        key = f.read().strip()
+    env = dict(os.environ, E2B_API_KEY=key, E2B_API_URL=f"http://127.0.0.1:{daemon.port}",
+               E2B_SANDBOX_URL=f"http://127.0.0.1:{daemon.port}")
+    out = {"label": "sbx via the E2B JS SDK (Sandbox.create + commands.run)", "levels": {}}
+    for level, runs in (("1", cfg["seq_runs"] // 2), ("10", 30)):
+        log(f"E2B SDK: {runs} runs at concurrency {level}")
+        r = subprocess.run(["node", "e2b.mjs", str(runs), level], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            out["levels"][level] = {"error": (r.stderr or r.stdout)[-500:]}
+            continue
+        data = json.loads(r.stdout.strip().splitlines()[-1])
+        v = data["samples_ms"]
+        summary = summarize(v)
+        out["levels"][level] = {"n": len(v), "ok": len(v), "errors": data["errors"],
+                                "summary_ms": summary}
+    return out
+
+
 def cleanup_cgroups(pid):
     """Removes the per-run cgroup trees this harness (and sbx under it) made. Processes still in
     them (boxes left by a daemon that died) are killed first; returns how many."""
@@ -684,6 +717,7 @@ def main():
         if DAEMON.proc is not None and not DAEMON.error and DAEMON.proc.poll() is None:
             results["exec"] = daemon_mod.run_exec(DAEMON, launcher, log, cfg["exec_runs"])
             results["stream"] = daemon_mod.run_stream(DAEMON, build, log)
+            results["e2b"] = run_e2b(DAEMON, build, cfg)
         else:
             why = DAEMON.error or ("sbx serve exited: " + DAEMON.log_tail()
                                    if DAEMON.proc is not None else "not selected (--only)")
