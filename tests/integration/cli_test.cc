@@ -16,6 +16,7 @@
 #include "api/http/client.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "daemon_process.h"
 #include "sbx_process.h"
 
 extern char** environ;
@@ -25,58 +26,7 @@ namespace {
 
 using nlohmann::json;
 
-// A `sbx serve` process on a free port (as in serve_test.cc).
-class Daemon {
- public:
-  explicit Daemon(std::string data_dir) : data_dir_(std::move(data_dir)) {}
-  ~Daemon() { Stop(); }
-
-  void Start() {
-    ::unlink((data_dir_ + "/serve.port").c_str());
-    std::vector<std::string> args = {SBX_BIN, "--data-dir", data_dir_,
-                                     "serve", "--listen",   "127.0.0.1:0"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::string log = data_dir_ + "/serve.log";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ASSERT_EQ(::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < 200; ++i) {
-      auto port = ReadFile(data_dir_ + "/serve.port");
-      if (port.ok() && !port->empty()) {
-        port_ = static_cast<uint16_t>(std::atoi(port->c_str()));
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_NE(port_, 0) << "daemon did not start: " << *ReadFile(log);
-    auto key = ReadFile(data_dir_ + "/api-key");
-    ASSERT_TRUE(key.ok());
-    key_ = key->substr(0, key->find('\n'));
-  }
-
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    port_ = 0;
-  }
-
-  uint16_t port() const { return port_; }
-  const std::string& key() const { return key_; }
-
- private:
-  std::string data_dir_;
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
-  std::string key_;
-};
+using Daemon = DaemonProcess;
 
 class CliTest : public ::testing::Test {
  protected:

@@ -27,6 +27,7 @@
 
 #include "api/http/client.h"
 #include "common/fs.h"
+#include "daemon_process.h"
 
 extern char** environ;
 
@@ -169,31 +170,12 @@ class OpenApiServeTest : public ::testing::Test {
     ASSERT_EQ(::chmod(tmpl, 0711), 0);
     dir_ = tmpl;
     ::setenv("SBX_CGROUP_PARENT", ("sbx-openapi-test-" + std::to_string(::getpid())).c_str(), 1);
-    std::vector<std::string> args = {SBX_BIN, "--data-dir", dir_,
-                                     "serve", "--listen",   "127.0.0.1:0"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::string log = dir_ + "/serve.log";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ASSERT_EQ(::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < 200 && port_ == 0; ++i) {
-      std::string port = Slurp(dir_ + "/serve.port");
-      if (!port.empty()) port_ = static_cast<uint16_t>(std::atoi(port.c_str()));
-      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_NE(port_, 0) << "daemon did not start: " << Slurp(log);
+    daemon_ = std::make_unique<DaemonProcess>(dir_);
+    daemon_->Start();
+    port_ = daemon_->port();
   }
   void TearDown() override {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int status;
-      ::waitpid(pid_, &status, 0);
-    }
+    daemon_.reset();
     if (!dir_.empty()) (void)RemoveTree(dir_);
   }
 
@@ -205,7 +187,7 @@ class OpenApiServeTest : public ::testing::Test {
   }
 
   std::string dir_;
-  pid_t pid_ = -1;
+  std::unique_ptr<DaemonProcess> daemon_;
   uint16_t port_ = 0;
 };
 

@@ -29,6 +29,7 @@
 #include "api/http/client.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "daemon_process.h"
 #include "sbx_process.h"
 #include "store/store.h"
 
@@ -64,53 +65,15 @@ std::string StdoutOf(const std::string& ndjson) {
   return text;
 }
 
-class Daemon {
+class Daemon : public DaemonProcess {
  public:
-  explicit Daemon(std::string data_dir) : data_dir_(std::move(data_dir)) {}
-  ~Daemon() { Stop(SIGTERM); }
-
-  void Start() {
-    ::unlink((data_dir_ + "/serve.port").c_str());
-    std::vector<std::string> args = {SBX_BIN, "--data-dir", data_dir_,
-                                     "serve", "--listen",   "127.0.0.1:0"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::string log = data_dir_ + "/serve.log";
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ASSERT_EQ(::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    for (int i = 0; i < 200; ++i) {
-      auto port = ReadFile(data_dir_ + "/serve.port");
-      if (port.ok() && !port->empty()) {
-        port_ = static_cast<uint16_t>(std::atoi(port->c_str()));
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_NE(port_, 0) << "daemon did not start: " << *ReadFile(log);
-    auto key = ReadFile(data_dir_ + "/api-key");
-    ASSERT_TRUE(key.ok());
-    key_ = key->substr(0, key->find('\n'));
-  }
-
-  void Stop(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    int status;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    port_ = 0;
-  }
+  using DaemonProcess::DaemonProcess;
 
   http::Response Call(const std::string& method, const std::string& target,
                       const std::string& body = "", http::ClientHeaders headers = {}) {
     if (headers.empty() || headers[0].first != "Authorization")
-      headers.insert(headers.begin(), {"Authorization", "Bearer " + key_});
-    auto r = http::Request(http::Endpoint{"127.0.0.1", port_, ""}, method, target, headers, body,
+      headers.insert(headers.begin(), {"Authorization", "Bearer " + key()});
+    auto r = http::Request(http::Endpoint{"127.0.0.1", port(), ""}, method, target, headers, body,
                            std::chrono::seconds(60));
     EXPECT_TRUE(r.ok()) << method << " " << target << ": " << r.status().message();
     return r.ok() ? *r : http::Response{};
@@ -145,25 +108,6 @@ class Daemon {
     }
     return run;
   }
-
-  // False once the daemon process has exited (crashed, or stopped by the test).
-  bool Alive() {
-    if (pid_ <= 0) return false;
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
-    pid_ = -1;
-    port_ = 0;
-    return false;
-  }
-
-  uint16_t port() const { return port_; }
-  const std::string& key() const { return key_; }
-
- private:
-  std::string data_dir_;
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
-  std::string key_;
 };
 
 class ServeTest : public ::testing::Test {
