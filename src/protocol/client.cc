@@ -27,18 +27,6 @@ int Left(int64_t deadline_ms) {
   return left < 0 ? 0 : static_cast<int>(left);
 }
 
-Status ErrorFromFrame(const Frame& f) {
-  int64_t err = f.fields.Int(Tag::kErrno, 0);
-  if (err <= 0 || err > 4095) err = EPROTO;
-  std::string msg(f.fields.Str(Tag::kMessage));
-  if (msg.empty()) msg = "agent error";
-  return Status::Error("agent: " + msg, static_cast<int>(err));
-}
-
-bool IsStreamFrame(Type t) {
-  return t == Type::kEntry || t == Type::kData || t == Type::kProcEntry;
-}
-
 }  // namespace
 
 Result<AgentConnection> AgentConnection::Connect(const std::string& socket_path, int timeout_ms) {
@@ -158,6 +146,18 @@ Result<Frame> AgentConnection::CallWithId(Type type, uint32_t id, const Writer& 
       return Status::Error("receive from agent: too many unread events", ENOBUFS);
     queued_.push_back(std::move(f.value()));
   }
+}
+
+Status ErrorFromFrame(const Frame& f) {
+  int64_t err = f.fields.Int(Tag::kErrno, 0);
+  if (err <= 0 || err > 4095) err = EPROTO;
+  std::string msg(f.fields.Str(Tag::kMessage));
+  if (msg.empty()) msg = "agent error";
+  return Status::Error("agent: " + msg, static_cast<int>(err));
+}
+
+bool IsStreamFrame(Type t) {
+  return t == Type::kEntry || t == Type::kData || t == Type::kProcEntry;
 }
 
 }  // namespace sbx::protocol

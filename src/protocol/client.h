@@ -39,6 +39,12 @@ struct Frame {
   uint32_t id() const { return header.id; }
 };
 
+// The Status an agent ERROR frame stands for. The agent is untrusted: an errno outside 1..4095
+// becomes EPROTO.
+Status ErrorFromFrame(const Frame& f);
+// Frames that belong to a request's stream (LIST entries, READ data, LIST_PROCS entries).
+bool IsStreamFrame(Type t);
+
 class AgentConnection {
  public:
   // Bound on frames queued for later Receive() calls while Call() waits for its reply.

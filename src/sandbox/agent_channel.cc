@@ -16,7 +16,9 @@
 namespace sbx::sandbox {
 
 namespace asio = boost::asio;
+using protocol::ErrorFromFrame;
 using protocol::Frame;
+using protocol::IsStreamFrame;
 using protocol::Tag;
 using protocol::Type;
 using Clock = std::chrono::steady_clock;
@@ -75,19 +77,6 @@ asio::awaitable<void> WaitOn(asio::steady_timer& timer, Clock::time_point deadli
 std::string RequestName(Type type, uint32_t id) {
   return "agent request type " + std::to_string(static_cast<unsigned>(type)) + " id " +
          std::to_string(id);
-}
-
-// Same mapping as protocol::AgentConnection: the agent's errno must look like one.
-Status ErrorFromFrame(const Frame& f) {
-  int64_t err = f.fields.Int(Tag::kErrno, 0);
-  if (err <= 0 || err > 4095) err = EPROTO;
-  std::string msg(f.fields.Str(Tag::kMessage));
-  if (msg.empty()) msg = "agent error";
-  return Status::Error("agent: " + msg, static_cast<int>(err));
-}
-
-bool IsStreamFrame(Type t) {
-  return t == Type::kEntry || t == Type::kData || t == Type::kProcEntry;
 }
 
 size_t FrameBytes(const Frame& f) { return protocol::kHeaderSize + f.payload.size(); }
