@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,8 +41,34 @@ std::string ReadLinkAt(int dirfd, const char* name) {
   return n < 0 ? std::string() : std::string(buf, static_cast<size_t>(n));
 }
 
+// xattr fields for `path`'s attributes named `prefix`…, within kMaxXattrBytes. Only regular files
+// and directories can have user xattrs, so nothing else is asked.
+void XattrFields(const std::string& path, const struct stat& st, const std::string& prefix,
+                 Writer* w) {
+  if (prefix.empty() || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return;
+  std::string names(64 << 10, '\0');  // XATTR_LIST_MAX
+  ssize_t n = ::llistxattr(path.c_str(), names.data(), names.size());
+  if (n <= 0) return;  // none, unsupported, or gone
+  names.resize(static_cast<size_t>(n));
+  size_t budget = kMaxXattrBytes;
+  std::string value(kMaxXattrBytes, '\0');
+  for (size_t pos = 0; pos < names.size();) {
+    size_t end = names.find('\0', pos);
+    if (end == std::string::npos) end = names.size();
+    std::string name = names.substr(pos, end - pos);
+    pos = end + 1;
+    if (name.compare(0, prefix.size(), prefix) != 0 || name.size() >= budget) continue;
+    ssize_t v = ::lgetxattr(path.c_str(), name.c_str(), value.data(), budget - name.size());
+    if (v < 0) continue;  // removed meanwhile, or larger than what is left (ERANGE)
+    Writer x;
+    x.Str(Tag::kName, name).Str(Tag::kData, std::string_view(value.data(), static_cast<size_t>(v)));
+    w->Nested(Tag::kXattr, x);
+    budget -= name.size() + static_cast<size_t>(v);
+  }
+}
+
 void EntryFields(const std::string& path, const struct stat& st, const std::string& link,
-                 const UserDb& users, Writer* w) {
+                 const UserDb& users, const std::string& xattr_prefix, Writer* w) {
   w->Str(Tag::kName, BaseName(path))
       .Str(Tag::kPath, path)
       .Int(Tag::kFileType, static_cast<int64_t>(TypeOf(st.st_mode)))
@@ -53,6 +80,7 @@ void EntryFields(const std::string& path, const struct stat& st, const std::stri
       .Str(Tag::kGroupName, users.GroupName(st.st_gid))
       .Int(Tag::kMtimeNs, TimeNs(st.st_mtim));
   if (S_ISLNK(st.st_mode)) w->Str(Tag::kLinkTarget, link);
+  XattrFields(path, st, xattr_prefix, w);
 }
 
 // Sorted names of a directory's entries (without . and ..); takes ownership of `fd`.
@@ -77,7 +105,8 @@ Status ReadNames(int fd, const std::string& path, std::vector<std::string>* name
 
 class ListStream : public Stream {
  public:
-  ListStream(uint32_t id, int depth, const UserDb& users) : id_(id), depth_(depth), users_(users) {}
+  ListStream(uint32_t id, int depth, const UserDb& users, std::string xattr_prefix)
+      : id_(id), depth_(depth), users_(users), xattr_prefix_(std::move(xattr_prefix)) {}
 
   Status Enter(UniqueFd fd, std::string path) {
     Level l;
@@ -107,7 +136,7 @@ class ListStream : public Stream {
       std::string path = JoinPath(top.path, name);
       Writer w;
       EntryFields(path, st, S_ISLNK(st.st_mode) ? ReadLinkAt(top.fd.get(), name.c_str()) : "",
-                  users_, &w);
+                  users_, xattr_prefix_, &w);
       sink.Send(Type::kEntry, id_, w);
       if (S_ISDIR(st.st_mode) && static_cast<int>(stack_.size()) < depth_) {
         UniqueFd sub(
@@ -129,6 +158,7 @@ class ListStream : public Stream {
   uint32_t id_;
   int depth_;
   const UserDb& users_;
+  std::string xattr_prefix_;
   std::vector<Level> stack_;
 };
 
@@ -232,21 +262,36 @@ void SendError(FrameSink& sink, uint32_t id, int err, const std::string& message
   sink.Send(Type::kError, id, w);
 }
 
-Status StatEntry(const std::string& path, const UserDb& users, Writer* w) {
+Status CheckXattrs(const Xattrs& xattrs) {
+  size_t total = 0;
+  for (const auto& [name, value] : xattrs) {
+    if (name.rfind("user.", 0) != 0 || name.size() <= 5 || name.size() > kMaxXattrName ||
+        name.find('\0') != std::string::npos)
+      return Status::Error("xattr name '" + name + "': not a user.* name of at most 255 bytes",
+                           EINVAL);
+    total += name.size() + value.size();
+  }
+  if (total > kMaxXattrBytes)
+    return Status::Error("xattrs: " + std::to_string(total) + " bytes, more than 16384", EINVAL);
+  return {};
+}
+
+Status StatEntry(const std::string& path, const UserDb& users, const std::string& xattr_prefix,
+                 Writer* w) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return Status::Errno("stat " + path);
   std::string link;
   if (S_ISLNK(st.st_mode)) link = ReadLinkAt(AT_FDCWD, path.c_str());
-  EntryFields(path, st, link, users, w);
+  EntryFields(path, st, link, users, xattr_prefix, w);
   return {};
 }
 
 Result<std::unique_ptr<Stream>> StartList(const std::string& path, int64_t depth, uint32_t id,
-                                          const UserDb& users) {
+                                          const UserDb& users, std::string xattr_prefix) {
   int d = depth <= 0 ? 1 : depth > kMaxListDepth ? kMaxListDepth : static_cast<int>(depth);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return Status::Errno("list " + path);
-  auto s = std::make_unique<ListStream>(id, d, users);
+  auto s = std::make_unique<ListStream>(id, d, users, std::move(xattr_prefix));
   SBX_RETURN_IF_ERROR(s->Enter(std::move(fd), path));
   return std::unique_ptr<Stream>(std::move(s));
 }
@@ -333,12 +378,16 @@ Status RemovePath(const std::string& path, bool recursive) {
 }
 
 Result<std::unique_ptr<PendingWrite>> PendingWrite::Begin(const std::string& path, mode_t mode,
-                                                          uid_t uid, gid_t gid, bool parents) {
+                                                          uid_t uid, gid_t gid, bool parents,
+                                                          Xattrs xattrs) {
   if (path == "/") return Status::Error("write /", EISDIR);
+  if (Status s = CheckXattrs(xattrs); !s.ok())
+    return Status::Error("write " + path + ": " + s.what(), EINVAL);
   std::string dir = DirName(path);
   if (parents) SBX_RETURN_IF_ERROR(EnsureParents(dir, uid, gid));
   std::unique_ptr<PendingWrite> w(new PendingWrite());
   w->path_ = path;
+  w->xattrs_ = std::move(xattrs);
   w->temp_ = JoinPath(dir, "." + BaseName(path) + ".sbx-XXXXXX");
   int fd = ::mkostemp(w->temp_.data(), O_CLOEXEC);
   if (fd < 0) {
@@ -373,6 +422,11 @@ Status PendingWrite::Finish() {
   if (::fsync(fd_.get()) != 0) return Status::Errno(what + ": fsync");
   if (::fchmod(fd_.get(), mode_) != 0) return Status::Errno(what + ": chmod");
   if (int e = ChownIfNeeded(fd_.get(), uid_, gid_)) return Status::Error(what + ": chown", e);
+  for (const auto& [name, value] : xattrs_) {
+    if (::fsetxattr(fd_.get(), name.c_str(), value.data(), value.size(), 0) == 0) continue;
+    if (errno == ENOTSUP) break;  // the filesystem keeps no xattrs: the entry shows none
+    return Status::Errno(what + ": set " + name);
+  }
   if (::rename(temp_.c_str(), path_.c_str()) != 0) return Status::Errno(what + ": rename");
   done_ = true;
   fd_.reset();

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "agent/stream.h"
 #include "agent/users.h"
@@ -17,14 +19,27 @@
 
 namespace sbx::agent {
 
+// Extended attributes as (full name, value), e.g. {"user.e2b.owner", "alice"}.
+using Xattrs = std::vector<std::pair<std::string, std::string>>;
+
+// Bounds on the xattrs a write sets and an entry reports.
+inline constexpr size_t kMaxXattrName = 255;        // XATTR_NAME_MAX
+inline constexpr size_t kMaxXattrBytes = 16 << 10;  // names + values, per file
+
+// Checks xattrs a client asks to set: "user." names of at most kMaxXattrName bytes, all names and
+// values within kMaxXattrBytes.
+Status CheckXattrs(const Xattrs& xattrs);
+
 // Appends the entry fields (name, path, file_type, size, mode, uid, gid, owner, group_name,
-// mtime_ns, link_target) of `path` without following a final symlink.
-Status StatEntry(const std::string& path, const UserDb& users, protocol::Writer* w);
+// mtime_ns, link_target, and xattr* for the names starting with `xattr_prefix` when it is not
+// empty) of `path` without following a final symlink. Xattrs beyond kMaxXattrBytes are left out.
+Status StatEntry(const std::string& path, const UserDb& users, const std::string& xattr_prefix,
+                 protocol::Writer* w);
 
 // LIST: ENTRY frames for `path`'s content down to `depth` levels (clamped to 1..16), directories
 // before their content, sorted by name within a directory, then OK.
 Result<std::unique_ptr<Stream>> StartList(const std::string& path, int64_t depth, uint32_t id,
-                                          const UserDb& users);
+                                          const UserDb& users, std::string xattr_prefix);
 
 // READ: DATA frames from `offset` for `length` bytes (0 = to the end), then OK {size}. Regular
 // files only (EISDIR for a directory, EINVAL for devices, FIFOs and sockets).
@@ -39,21 +54,26 @@ Status MovePath(const std::string& from, const std::string& to);
 Status RemovePath(const std::string& path, bool recursive);
 
 // One WRITE_BEGIN..WRITE_END transfer: a temporary file beside the target, renamed over it on
-// Finish(). Destroying an unfinished write removes the temporary file.
+// Finish(). Destroying an unfinished write removes the temporary file. The new file has exactly
+// `xattrs` (checked with CheckXattrs); a filesystem without xattr support skips them.
 class PendingWrite {
  public:
   static Result<std::unique_ptr<PendingWrite>> Begin(const std::string& path, mode_t mode,
-                                                     uid_t uid, gid_t gid, bool parents);
+                                                     uid_t uid, gid_t gid, bool parents,
+                                                     Xattrs xattrs);
   ~PendingWrite();
   // Appends; the first failure is kept and reported by Finish().
   void Append(std::string_view data);
-  // fsync, chmod, chown, rename over the target.
+  // fsync, chmod, chown, set xattrs, rename over the target.
   Status Finish();
   const std::string& path() const { return path_; }
+  // The prefix of the xattrs WRITE_END's entry reports.
+  std::string xattr_prefix;
 
  private:
   PendingWrite() = default;
   std::string path_, temp_;
+  Xattrs xattrs_;
   UniqueFd fd_;
   mode_t mode_ = 0644;
   uid_t uid_ = 0;

@@ -127,13 +127,20 @@ void Agent::OnEvent(uint64_t key, uint32_t events) {
       OnSignals();
       break;
     case kInotify:
-      watcher_.OnReadable([this](uint64_t conn, uint32_t id, protocol::WatchEvent ev,
-                                 const std::string& path, const std::string& name) {
+      watcher_.OnReadable([this](uint64_t conn, uint32_t id, const WatchOptions& options,
+                                 protocol::WatchEvent ev, const std::string& path,
+                                 const std::string& name) {
         Connection* c = FindConnection(conn);
         // A client that does not read its events loses them rather than growing the queue.
         if (!c || c->Full()) return;
         Writer w;
         w.Int(Tag::kEvent, static_cast<int64_t>(ev)).Str(Tag::kPath, path).Str(Tag::kName, name);
+        if (options.with_entry) {
+          Writer entry;
+          // An entry that is gone (removed, renamed away) is reported without one.
+          if (StatEntry(path, users_, options.xattr_prefix, &entry).ok())
+            w.Nested(Tag::kEntry, entry);
+        }
         c->Send(Type::kWatchEvent, id, w);
       });
       break;
@@ -325,19 +332,23 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
     return;
   }
   auto fail = [&](const Status& s) { SendError(c, id, s.err() ? s.err() : EIO, s.what()); };
-  auto reply_entry = [&](const std::string& p) {
+  // Entries carry the xattrs under this prefix; only user.* attributes may be asked for.
+  std::string xattr_prefix(r.Str(Tag::kXattrPrefix));
+  if (!xattr_prefix.empty() && xattr_prefix.rfind("user.", 0) != 0)
+    return SendError(c, id, EINVAL, "xattr_prefix: must start with \"user.\"");
+  auto reply_entry = [&](const std::string& p, const std::string& prefix) {
     users_.Reload();
     Writer w;
-    if (Status s = StatEntry(p, users_, &w); !s.ok()) return fail(s);
+    if (Status s = StatEntry(p, users_, prefix, &w); !s.ok()) return fail(s);
     c.Send(Type::kOk, id, w);
   };
   auto ids_ok = [&](int64_t v) { return v >= 0 && v <= 0xfffffffeLL; };
   switch (h.type) {
     case Type::kStat:
-      return reply_entry(path);
+      return reply_entry(path, xattr_prefix);
     case Type::kList: {
       users_.Reload();
-      auto s = StartList(path, r.Int(Tag::kDepth, 1), id, users_);
+      auto s = StartList(path, r.Int(Tag::kDepth, 1), id, users_, xattr_prefix);
       if (!s.ok()) return fail(s.status());
       c.streams().push_back(std::move(s.value()));
       return;
@@ -355,9 +366,18 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       int64_t mode = r.Int(Tag::kMode, 0644), uid = r.Int(Tag::kUid, 0), gid = r.Int(Tag::kGid, 0);
       if (!ids_ok(uid) || !ids_ok(gid) || mode < 0 || mode > 07777)
         return SendError(c, id, EINVAL, "write " + path + ": bad mode or owner");
+      Xattrs xattrs;
+      for (std::string_view x : r.All(Tag::kXattr)) {
+        Reader xr;
+        if (!xr.Parse(x) || !xr.Has(Tag::kName))
+          return SendError(c, id, EINVAL, "write " + path + ": malformed xattr");
+        xattrs.emplace_back(xr.Str(Tag::kName), xr.Str(Tag::kData));
+      }
       auto w = PendingWrite::Begin(path, static_cast<mode_t>(mode), static_cast<uid_t>(uid),
-                                   static_cast<gid_t>(gid), r.Int(Tag::kParents, 0) != 0);
+                                   static_cast<gid_t>(gid), r.Int(Tag::kParents, 0) != 0,
+                                   std::move(xattrs));
       if (!w.ok()) return fail(w.status());
+      w.value()->xattr_prefix = xattr_prefix;
       c.writes()[id] = std::move(w.value());
       c.Send(Type::kOk, id, Writer());
       return;
@@ -373,7 +393,7 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       std::unique_ptr<PendingWrite> w = std::move(it->second);
       c.writes().erase(it);
       if (Status s = w->Finish(); !s.ok()) return fail(s);
-      return reply_entry(w->path());
+      return reply_entry(w->path(), w->xattr_prefix);
     }
     case Type::kMkdir: {
       int64_t mode = r.Int(Tag::kMode, 0755), uid = r.Int(Tag::kUid, 0), gid = r.Int(Tag::kGid, 0);
@@ -382,14 +402,14 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       Status s = MakeDir(path, static_cast<mode_t>(mode), static_cast<uid_t>(uid),
                          static_cast<gid_t>(gid), r.Int(Tag::kParents, 0) != 0);
       if (!s.ok()) return fail(s);
-      return reply_entry(path);
+      return reply_entry(path, xattr_prefix);
     }
     case Type::kMove: {
       std::string to;
       if (!CleanPath(r.Str(Tag::kNewPath), &to))
         return SendError(c, id, EINVAL, "move " + path + ": missing or invalid new_path");
       if (Status s = MovePath(path, to); !s.ok()) return fail(s);
-      return reply_entry(to);
+      return reply_entry(to, xattr_prefix);
     }
     case Type::kRemove: {
       if (Status s = RemovePath(path, r.Int(Tag::kRecursive, 0) != 0); !s.ok()) return fail(s);
@@ -397,7 +417,11 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       return;
     }
     case Type::kWatch: {
-      Status s = watcher_.Add(c.id(), id, path, r.Int(Tag::kRecursive, 0) != 0);
+      WatchOptions options;
+      options.recursive = r.Int(Tag::kRecursive, 0) != 0;
+      options.with_entry = r.Int(Tag::kWithEntry, 0) != 0;
+      options.xattr_prefix = xattr_prefix;
+      Status s = watcher_.Add(c.id(), id, path, options);
       if (!s.ok()) return fail(s);
       c.Send(Type::kOk, id, Writer());
       return;

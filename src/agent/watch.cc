@@ -36,7 +36,8 @@ Status Watcher::Init() {
   return {};
 }
 
-Status Watcher::Add(uint64_t conn, uint32_t id, const std::string& path, bool recursive) {
+Status Watcher::Add(uint64_t conn, uint32_t id, const std::string& path,
+                    const WatchOptions& options) {
   if (!fd_) return Status::Error("watch " + path + ": inotify unavailable", ENOSYS);
   uint64_t key = Key(conn, id);
   if (watches_.count(key)) return Status::Error("watch " + path + ": id in use", EEXIST);
@@ -44,7 +45,7 @@ Status Watcher::Add(uint64_t conn, uint32_t id, const std::string& path, bool re
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return Status::Errno("watch " + path);
   if (!S_ISDIR(st.st_mode)) return Status::Error("watch " + path, ENOTDIR);
-  watches_[key] = Watch{conn, id, path, recursive};
+  watches_[key] = Watch{conn, id, path, options};
   int wd = ::inotify_add_watch(fd_.get(), path.c_str(), kMask);
   if (wd < 0) {
     int e = errno;
@@ -52,7 +53,7 @@ Status Watcher::Add(uint64_t conn, uint32_t id, const std::string& path, bool re
     return Status::Error("watch " + path, e);
   }
   uses_[wd].push_back({key, path});
-  if (recursive) AddTree(key, path, 0, nullptr);
+  if (options.recursive) AddTree(key, path, 0, nullptr);
   return {};
 }
 
@@ -92,7 +93,7 @@ void Watcher::AddTree(uint64_t key, const std::string& dir, int depth, const Eve
     }
     if (report) {
       const Watch& w = watches_[key];
-      (*report)(w.conn, w.id, WatchEvent::kCreate, child, Relative(w.root, child));
+      (*report)(w.conn, w.id, w.options, WatchEvent::kCreate, child, Relative(w.root, child));
     }
     if (is_dir) subdirs.push_back(std::move(child));
   }
@@ -170,8 +171,9 @@ void Watcher::OnReadable(const EventFn& fn) {
         auto w = watches_.find(u.key);
         if (w == watches_.end()) continue;
         std::string path = JoinPath(u.dir, name);
-        fn(w->second.conn, w->second.id, kind, path, Relative(w->second.root, path));
-        if (kind == WatchEvent::kCreate && (ev->mask & IN_ISDIR) && w->second.recursive) {
+        fn(w->second.conn, w->second.id, w->second.options, kind, path,
+           Relative(w->second.root, path));
+        if (kind == WatchEvent::kCreate && (ev->mask & IN_ISDIR) && w->second.options.recursive) {
           if (AddOne(u.key, path)) AddTree(u.key, path, 0, &fn);
         }
       }

@@ -16,20 +16,28 @@
 
 namespace sbx::agent {
 
+// What a WATCH asked for besides its directory.
+struct WatchOptions {
+  bool recursive = false;
+  bool with_entry = false;   // events carry the entry's fields (when it still exists)
+  std::string xattr_prefix;  // for those fields
+};
+
 class Watcher {
  public:
   static constexpr size_t kMaxWatches = 64;
 
-  // Called for each event: the owning connection and WATCH id, the event, the entry's absolute
-  // path and its path relative to the watched directory.
-  using EventFn = std::function<void(uint64_t conn, uint32_t id, protocol::WatchEvent event,
-                                     const std::string& path, const std::string& name)>;
+  // Called for each event: the owning connection and WATCH id with its options, the event, the
+  // entry's absolute path and its path relative to the watched directory.
+  using EventFn = std::function<void(uint64_t conn, uint32_t id, const WatchOptions& options,
+                                     protocol::WatchEvent event, const std::string& path,
+                                     const std::string& name)>;
 
   Status Init();
   int fd() const { return fd_.get(); }
 
   // ENOTDIR unless `path` is a directory, ENOSPC past kMaxWatches, EEXIST for a reused id.
-  Status Add(uint64_t conn, uint32_t id, const std::string& path, bool recursive);
+  Status Add(uint64_t conn, uint32_t id, const std::string& path, const WatchOptions& options);
   // False when there is no such watch.
   bool Remove(uint64_t conn, uint32_t id);
   void RemoveConnection(uint64_t conn);
@@ -42,7 +50,7 @@ class Watcher {
     uint64_t conn;
     uint32_t id;
     std::string root;
-    bool recursive;
+    WatchOptions options;
   };
   struct Use {
     uint64_t key;  // watches_ key

@@ -97,22 +97,26 @@ enum class Tag : uint16_t {
   kTimeoutMs = 41,     // int: kill the process group this long after start (0 = none)
   kTimedOut = 42,      // int 0/1
   // files
-  kPath = 48,        // string
-  kDepth = 49,       // int
-  kLength = 50,      // int
-  kMode = 51,        // int: permission bits, or st_mode in kEntry
-  kFileType = 52,    // int: FileType
-  kSize = 53,        // int
-  kMtimeNs = 54,     // int
-  kOwner = 55,       // string: user name (or number when unknown)
-  kGroupName = 56,   // string
-  kLinkTarget = 57,  // string
-  kName = 58,        // string
-  kNewPath = 59,     // string
-  kParents = 60,     // int 0/1: mkdir -p, or create missing parents on write
-  kRecursive = 61,   // int 0/1
-  kEvent = 62,       // int: WatchEvent
-  kEof = 63,         // int 0/1
+  kPath = 48,         // string
+  kDepth = 49,        // int
+  kLength = 50,       // int
+  kMode = 51,         // int: permission bits, or st_mode in kEntry
+  kFileType = 52,     // int: FileType
+  kSize = 53,         // int
+  kMtimeNs = 54,      // int
+  kOwner = 55,        // string: user name (or number when unknown)
+  kGroupName = 56,    // string
+  kLinkTarget = 57,   // string
+  kName = 58,         // string
+  kNewPath = 59,      // string
+  kParents = 60,      // int 0/1: mkdir -p, or create missing parents on write
+  kRecursive = 61,    // int 0/1
+  kEvent = 62,        // int: WatchEvent
+  kEof = 63,          // int 0/1
+  kXattr = 64,        // record {name, data}: an extended attribute, repeated
+  kXattrPrefix = 65,  // string: entries carry the xattrs whose names start with this ("user.…")
+  kWithEntry = 66,    // int 0/1: WATCH events carry the entry's fields
+  kEntry = 67,        // record: entry fields, nested in a WATCH_EVENT
 };
 
 enum class FileType : int64_t { kFile = 1, kDir = 2, kSymlink = 3, kOther = 4 };

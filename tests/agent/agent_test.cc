@@ -4,14 +4,17 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "protocol/client.h"
@@ -527,6 +530,134 @@ TEST_F(AgentTest, WatchReportsEvents) {
   std::ofstream(d + "/after.txt") << "z";
   auto none = c.Receive(300);
   EXPECT_FALSE(none.ok());
+}
+
+// The xattr records of an entry, by name.
+std::map<std::string, std::string> XattrsOf(const Reader& fields) {
+  std::map<std::string, std::string> out;
+  for (std::string_view x : fields.All(Tag::kXattr)) {
+    Reader r;
+    EXPECT_TRUE(r.Parse(x));
+    out[std::string(r.Str(Tag::kName))] = std::string(r.Str(Tag::kData));
+  }
+  return out;
+}
+
+Writer Xattr(std::string_view name, std::string_view value) {
+  return Writer().Str(Tag::kName, name).Str(Tag::kData, value);
+}
+
+TEST_F(AgentTest, WriteSetsXattrsThatEntriesReport) {
+  auto c = Connect();
+  std::string path = dir_ + "/x/meta.txt";
+  uint32_t id = c.NextId();
+  ASSERT_TRUE(c.CallWithId(Type::kWriteBegin, id,
+                           Writer()
+                               .Str(Tag::kPath, path)
+                               .Int(Tag::kParents, 1)
+                               .Str(Tag::kXattrPrefix, "user.e2b.")
+                               .Nested(Tag::kXattr, Xattr("user.e2b.owner", "alice"))
+                               .Nested(Tag::kXattr, Xattr("user.e2b.empty", ""))
+                               .Nested(Tag::kXattr, Xattr("user.other", "x")))
+                  .ok());
+  ASSERT_TRUE(c.Send(Type::kWriteData, id, Writer().Str(Tag::kData, "body")).ok());
+  auto end = c.CallWithId(Type::kWriteEnd, id, Writer());
+  ASSERT_TRUE(end.ok()) << end.status().message();
+  std::map<std::string, std::string> want = {{"user.e2b.empty", ""}, {"user.e2b.owner", "alice"}};
+  EXPECT_EQ(XattrsOf(end->fields), want);  // the reply reads back what was stored
+  char value[64];
+  ssize_t n = ::getxattr(path.c_str(), "user.other", value, sizeof value);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(value[0], 'x');
+
+  auto st = c.Call(Type::kStat, Writer().Str(Tag::kPath, path).Str(Tag::kXattrPrefix, "user."));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(XattrsOf(st->fields).size(), 3u);
+  auto plain = c.Call(Type::kStat, Writer().Str(Tag::kPath, path));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->fields.Has(Tag::kXattr));  // only asked-for attributes cost a syscall
+  std::vector<Frame> entries;
+  ASSERT_TRUE(c.Call(Type::kList,
+                     Writer().Str(Tag::kPath, dir_ + "/x").Str(Tag::kXattrPrefix, "user.e2b."),
+                     &entries)
+                  .ok());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(XattrsOf(entries[0].fields), want);
+
+  // An overwrite replaces the file, and with it every attribute.
+  ASSERT_TRUE(WriteFile(c, path, "new").ok());
+  EXPECT_EQ(::listxattr(path.c_str(), value, sizeof value), 0);
+
+  // Only user.* names may be set or asked for, within the size bounds; nothing is created.
+  for (const Writer& bad : {Xattr("trusted.x", "1"), Xattr("security.capability", "1"),
+                            Xattr("user.", "1"), Xattr("user.big", std::string(20000, 'v')),
+                            Xattr(std::string("user.") + std::string(251, 'k'), "1")}) {
+    auto b = c.Call(Type::kWriteBegin,
+                    Writer().Str(Tag::kPath, dir_ + "/x/bad").Nested(Tag::kXattr, bad));
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().err(), EINVAL);
+  }
+  EXPECT_EQ(::access((dir_ + "/x/bad").c_str(), F_OK), -1);
+  auto prefix =
+      c.Call(Type::kStat, Writer().Str(Tag::kPath, path).Str(Tag::kXattrPrefix, "trusted."));
+  ASSERT_FALSE(prefix.ok());
+  EXPECT_EQ(prefix.status().err(), EINVAL);
+}
+
+TEST_F(AgentTest, EntriesReportAtMost16KiBOfXattrs) {
+  // ext4 keeps a file's xattrs in one 4 KiB block; tmpfs takes more.
+  std::string mnt = dir_ + "/tmpfs";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  auto c = Connect();
+  std::string path = mnt + "/fat";
+  std::ofstream(path) << "x";
+  // As a process in a box could set them: nothing bounded them.
+  std::string big(3000, 'b');
+  for (int i = 0; i < 8; ++i) {
+    std::string name = "user.k" + std::to_string(i);
+    ASSERT_EQ(::setxattr(path.c_str(), name.c_str(), big.data(), big.size(), 0), 0)
+        << std::strerror(errno);
+  }
+  auto st = c.Call(Type::kStat, Writer().Str(Tag::kPath, path).Str(Tag::kXattrPrefix, "user."));
+  ASSERT_TRUE(st.ok());
+  auto got = XattrsOf(st->fields);
+  EXPECT_EQ(got.size(), 5u);  // 5 × 3007 bytes fit in 16384, a sixth does not
+  for (const auto& [name, value] : got) EXPECT_EQ(value, big) << name;
+}
+
+TEST_F(AgentTest, WatchEventsCarryTheEntryWhenAsked) {
+  auto c = Connect();
+  std::string d = dir_ + "/we";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  auto w = c.Call(
+      Type::kWatch,
+      Writer().Str(Tag::kPath, d).Int(Tag::kWithEntry, 1).Str(Tag::kXattrPrefix, "user.e2b."));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  std::ofstream(d + "/a.txt") << "hello";
+  ASSERT_EQ(::setxattr((d + "/a.txt").c_str(), "user.e2b.k", "v", 1, 0), 0);
+  // Setting an xattr is an attribute change (event 5): its entry shows the attribute.
+  for (;;) {
+    auto f = c.Receive(5000);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    ASSERT_EQ(f->type(), Type::kWatchEvent);
+    ASSERT_TRUE(f->fields.Has(Tag::kEntry));  // the file is still there
+    Reader e;
+    ASSERT_TRUE(e.Parse(f->fields.Str(Tag::kEntry)));
+    EXPECT_EQ(e.Str(Tag::kPath), d + "/a.txt");
+    EXPECT_EQ(e.Int(Tag::kFileType), static_cast<int64_t>(FileType::kFile));
+    if (f->fields.Int(Tag::kEvent) == 5 && XattrsOf(e).count("user.e2b.k")) break;
+  }
+  ::unlink((d + "/a.txt").c_str());
+  auto f = c.Receive(5000);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->fields.Int(Tag::kEvent), 3);
+  EXPECT_FALSE(f->fields.Has(Tag::kEntry));  // gone: no entry
 }
 
 int RawConnect(const std::string& path) {

@@ -70,6 +70,57 @@ for (const [name, sdk] of SDKS) {
     })
   })
 
+  test(`${name}: file metadata on write, getInfo, list, rename and watch entries`, async () => {
+    await withSandbox(sdk, {}, async (sbx) => {
+      // Header names are case-insensitive: keys come back lower-cased, as from envd.
+      const w = await sbx.files.write('/home/user/m.txt', 'meta', { metadata: { Owner: 'alice', stage: 'draft 1' } })
+      assert.deepEqual(w.metadata, { owner: 'alice', stage: 'draft 1' })
+      assert.deepEqual((await sbx.files.getInfo('/home/user/m.txt')).metadata, { owner: 'alice', stage: 'draft 1' })
+      // Stored as user.e2b.* xattrs on the file itself.
+      const xattr = await sbx.commands.run(
+        `python3 -c 'import os; print(os.getxattr("/home/user/m.txt", "user.e2b.owner").decode())'`)
+      assert.equal(xattr.stdout.trim(), 'alice')
+
+      const many = await sbx.files.write(
+        [{ path: '/home/user/mm/a.txt', data: 'a' }, { path: '/home/user/mm/b.txt', data: 'b' }],
+        { metadata: { batch: '7' } })
+      assert.deepEqual(many.map((f) => f.metadata), [{ batch: '7' }, { batch: '7' }])
+      const listed = await sbx.files.list('/home/user/mm')
+      assert.deepEqual(listed.map((e) => [e.name, e.metadata]), [['a.txt', { batch: '7' }], ['b.txt', { batch: '7' }]])
+      const octet = await sbx.files.write('/home/user/o.txt', 'o', { metadata: { via: 'octet' }, useOctetStream: true })
+      assert.deepEqual(octet.metadata, { via: 'octet' })
+
+      // An overwrite replaces the whole set; one without metadata clears it.
+      await sbx.files.write('/home/user/m.txt', 'v2', { metadata: { stage: 'final' } })
+      assert.deepEqual((await sbx.files.getInfo('/home/user/m.txt')).metadata, { stage: 'final' })
+      const moved = await sbx.files.rename('/home/user/m.txt', '/home/user/n.txt')
+      assert.deepEqual(moved.metadata, { stage: 'final' })
+      await sbx.files.write('/home/user/n.txt', 'v3')
+      assert.equal((await sbx.files.getInfo('/home/user/n.txt')).metadata, undefined)
+
+      // Set inside the sandbox, out of band: reported too.
+      await sbx.commands.run(`python3 -c 'import os; os.setxattr("/home/user/n.txt", "user.e2b.tool", b"cli")'`)
+      assert.deepEqual((await sbx.files.getInfo('/home/user/n.txt')).metadata, { tool: 'cli' })
+
+      // Over envd's 4096-byte budget: refused, and nothing is written.
+      await assert.rejects(
+        sbx.files.write('/home/user/big.txt', 'x', { metadata: { k: 'v'.repeat(5000) } }),
+        sdk.InvalidArgumentError)
+      assert.equal(await sbx.files.exists('/home/user/big.txt'), false)
+
+      await sbx.files.makeDir('/home/user/we')
+      const entries = []
+      const handle = await sbx.files.watchDir('/home/user/we', (e) => { if (e.entry) entries.push(e) }, { includeEntry: true })
+      await sbx.files.write('/home/user/we/f.txt', 'watched', { metadata: { seen: 'yes' } })
+      for (let i = 0; i < 50 && !entries.some((e) => e.entry.metadata); i++) await sleep(100)
+      await handle.stop()
+      const withMeta = entries.find((e) => e.entry.metadata)
+      assert.ok(withMeta, JSON.stringify(entries))
+      assert.equal(withMeta.entry.path, '/home/user/we/f.txt')
+      assert.deepEqual(withMeta.entry.metadata, { seen: 'yes' })
+    })
+  })
+
   test(`${name}: pre-signed upload and download URLs`, async () => {
     await withSandbox(sdk, {}, async (sbx) => {
       const up = await sbx.uploadUrl('/home/user/u.txt', { useSignatureExpiration: 60 })

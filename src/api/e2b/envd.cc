@@ -140,7 +140,7 @@ awaitable<void> RpcError(http::Exchange& ex, const std::string& code, const std:
 }
 
 awaitable<bool> SendMessage(http::Exchange& ex, const json& msg) {
-  std::string env = Envelope(0, msg.dump());
+  std::string env = Envelope(0, http::JsonText(msg));
   Status s = co_await ex.WriteChunk(env);
   co_return s.ok();
 }
@@ -155,7 +155,7 @@ awaitable<void> EndRpcStream(http::Exchange& ex, const std::string& code = "",
   }
   json end = json::object();
   if (!code.empty()) end["error"] = {{"code", code}, {"message", message}};
-  std::string env = Envelope(2, end.dump());
+  std::string env = Envelope(2, http::JsonText(end));
   (void)co_await ex.WriteChunk(env);
   (void)co_await ex.EndStream();
 }
@@ -504,7 +504,9 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
                                         const json& req, const User& u) {
   std::string path = ResolvePath(req.value("path", ""), u.home);
   if (method == "Stat") {
-    auto r = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+    auto r = co_await ch.Call(
+        Type::kStat,
+        protocol::Writer().Str(Tag::kPath, path).Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
     if (!r.ok()) co_return r.status();
     co_return json{{"entry", EntryInfo(r->fields)}};
   }
@@ -516,8 +518,12 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
     if (st->fields.Int(Tag::kFileType) != 2)
       co_return Status::Error("path " + path + " is not a directory", ENOTDIR);
     std::vector<protocol::Frame> entries;
-    auto r = co_await ch.Call(
-        Type::kList, protocol::Writer().Str(Tag::kPath, path).Int(Tag::kDepth, depth), &entries);
+    auto r = co_await ch.Call(Type::kList,
+                              protocol::Writer()
+                                  .Str(Tag::kPath, path)
+                                  .Int(Tag::kDepth, depth)
+                                  .Str(Tag::kXattrPrefix, kMetadataXattrPrefix),
+                              &entries);
     if (!r.ok()) co_return r.status();
     json list = json::array();
     for (const auto& e : entries)
@@ -532,8 +538,10 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
   if (method == "Move") {
     std::string to = ResolvePath(req.value("destination", ""), u.home);
     std::string from = ResolvePath(req.value("source", ""), u.home);
-    auto r = co_await ch.Call(Type::kMove,
-                              protocol::Writer().Str(Tag::kPath, from).Str(Tag::kNewPath, to));
+    auto r = co_await ch.Call(Type::kMove, protocol::Writer()
+                                               .Str(Tag::kPath, from)
+                                               .Str(Tag::kNewPath, to)
+                                               .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
     if (!r.ok()) co_return r.status();
     co_return json{{"entry", EntryInfo(r->fields)}};
   }
@@ -555,9 +563,14 @@ awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, 
   if (st->fields.Int(Tag::kFileType) != 2)
     co_return co_await EndRpcStream(ex, "invalid_argument", "path " + path + " is not a directory");
   bool recursive = req.value("recursive", false);
-  auto sub = co_await ch.Open(
-      Type::kWatch,
-      protocol::Writer().Str(Tag::kPath, path).Int(Tag::kRecursive, recursive ? 1 : 0));
+  // includeEntry (envd 0.6.3): events carry the entry as it is when the agent sees the event.
+  // allowNetworkMounts (0.6.4) permits watching NFS and the like; a sandbox has no such mounts.
+  bool include_entry = req.value("includeEntry", false);
+  auto sub = co_await ch.Open(Type::kWatch, protocol::Writer()
+                                                .Str(Tag::kPath, path)
+                                                .Int(Tag::kRecursive, recursive ? 1 : 0)
+                                                .Int(Tag::kWithEntry, include_entry ? 1 : 0)
+                                                .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
   if (!sub.ok())
     co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
   uint32_t watch_id = (*sub)->id();
@@ -598,6 +611,9 @@ awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, 
     int64_t e = f->fields.Int(Tag::kEvent);
     json fs = {{"name", std::string(f->fields.Str(Tag::kName))},
                {"type", kEvents[(e >= 1 && e <= 5) ? e : 0]}};
+    protocol::Reader entry;
+    if (include_entry && f->fields.Has(Tag::kEntry) && entry.Parse(f->fields.Str(Tag::kEntry)))
+      fs["entry"] = EntryInfo(entry);
     json msg = {{"filesystem", fs}};
     alive = co_await SendMessage(ex, msg);
   }
@@ -666,16 +682,26 @@ awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process) {
 
 // ---- /files ----
 
-// Writes `data` to `path` in the sandbox (parents created, owned by `u`), atomically.
-awaitable<Status> WriteFile(AgentChannel& ch, const std::string& path, std::string_view data,
-                            const User& u) {
+// WRITE_BEGIN of an upload to `path`: parents created, owned by `u`, with exactly `metadata`.
+protocol::Writer WriteBegin(const std::string& path, const User& u, const FileMetadata& metadata) {
+  protocol::Writer w;
+  w.Str(Tag::kPath, path)
+      .Int(Tag::kParents, 1)
+      .Int(Tag::kUid, u.uid)
+      .Int(Tag::kGid, u.gid)
+      .Str(Tag::kXattrPrefix, kMetadataXattrPrefix);
+  for (const auto& [key, value] : metadata)
+    w.Nested(Tag::kXattr,
+             protocol::Writer().Str(Tag::kName, kMetadataXattrPrefix + key).Str(Tag::kData, value));
+  return w;
+}
+
+// Writes `data` to `path` in the sandbox atomically; the result is WRITE_END's entry.
+awaitable<Result<protocol::Frame>> WriteFile(AgentChannel& ch, const std::string& path,
+                                             std::string_view data, const User& u,
+                                             const FileMetadata& metadata) {
   uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id,
-                                  protocol::Writer()
-                                      .Str(Tag::kPath, path)
-                                      .Int(Tag::kParents, 1)
-                                      .Int(Tag::kUid, u.uid)
-                                      .Int(Tag::kGid, u.gid));
+  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, WriteBegin(path, u, metadata));
   if (!b.ok()) co_return b.status();
   while (!data.empty()) {
     std::string_view chunk = data.substr(0, protocol::kMaxChunk);
@@ -683,20 +709,15 @@ awaitable<Status> WriteFile(AgentChannel& ch, const std::string& path, std::stri
     if (!s.ok()) co_return s;
     data.remove_prefix(chunk.size());
   }
-  auto e = co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
-  co_return e.ok() ? Status() : e.status();
+  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
 }
 
 // Streams the request body into `path` (octet-stream uploads without gzip).
-awaitable<Status> WriteFileFromBody(http::Exchange& ex, AgentChannel& ch, const std::string& path,
-                                    const User& u) {
+awaitable<Result<protocol::Frame>> WriteFileFromBody(http::Exchange& ex, AgentChannel& ch,
+                                                     const std::string& path, const User& u,
+                                                     const FileMetadata& metadata) {
   uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id,
-                                  protocol::Writer()
-                                      .Str(Tag::kPath, path)
-                                      .Int(Tag::kParents, 1)
-                                      .Int(Tag::kUid, u.uid)
-                                      .Int(Tag::kGid, u.gid));
+  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, WriteBegin(path, u, metadata));
   if (!b.ok()) co_return b.status();
   std::string buf(protocol::kMaxChunk, '\0');
   for (;;) {
@@ -707,8 +728,7 @@ awaitable<Status> WriteFileFromBody(http::Exchange& ex, AgentChannel& ch, const 
         Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
     if (!s.ok()) co_return s;
   }
-  auto e = co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
-  co_return e.ok() ? Status() : e.status();
+  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
 }
 
 int FilesStatus(int err) {
@@ -730,8 +750,17 @@ int FilesStatus(int err) {
   }
 }
 
-json WriteInfo(const std::string& path) {
-  return {{"path", path}, {"name", path.substr(path.rfind('/') + 1)}, {"type", "file"}};
+// An upload's answer for one file; its metadata is what the file has now (read back, as envd
+// does: a filesystem without xattrs shows none).
+json WriteInfo(const std::string& path, const protocol::Frame& entry) {
+  json j = {{"path", path}, {"name", path.substr(path.rfind('/') + 1)}, {"type", "file"}};
+  if (FileMetadata m = EntryMetadata(entry.fields); !m.empty()) j["metadata"] = m;
+  return j;
+}
+
+awaitable<void> UploadError(http::Exchange& ex, const Status& s) {
+  if (ex.responded()) co_return;  // the body read already answered (413, 408)
+  co_await JsonError(ex, FilesStatus(s.err()), s.message());
 }
 
 awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
@@ -741,6 +770,8 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   if (!ch.ok()) co_return co_await NotFound502(ex, t->rec.id);
   auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
   if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
+  auto metadata = UploadMetadata(ex.HeadersWithPrefix("X-Metadata-"));
+  if (!metadata.ok()) co_return co_await JsonError(ex, 400, metadata.status().message());
   std::string query_path = ex.query().Get("path").value_or("");
   std::string content_type(ex.Header("Content-Type"));
   json written = json::array();
@@ -758,14 +789,14 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
       std::string dest = ResolvePath(query_path.empty() ? part.filename : query_path, user->home);
       if (!seen.insert(dest).second)
         co_return co_await JsonError(ex, 400, "cannot upload " + dest + " twice in one request");
-      Status s = co_await WriteFile(**ch, dest, part.data, *user);
-      if (!s.ok()) co_return co_await JsonError(ex, FilesStatus(s.err()), s.message());
-      written.push_back(WriteInfo(dest));
+      auto entry = co_await WriteFile(**ch, dest, part.data, *user, *metadata);
+      if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
+      written.push_back(WriteInfo(dest, *entry));
     }
   } else {
     if (query_path.empty()) co_return co_await JsonError(ex, 400, "path: required");
     std::string dest = ResolvePath(query_path, user->home);
-    Status s;
+    Result<protocol::Frame> entry = Status::Error("no body", EINVAL);
     if (ex.Header("Content-Encoding") == "gzip") {
       auto body = co_await ex.ReadBody(kUploadLimit);
       if (!body.ok()) {
@@ -774,12 +805,12 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
       }
       auto plain = Gunzip(*body, kUploadLimit);
       if (!plain.ok()) co_return co_await JsonError(ex, 400, plain.status().message());
-      s = co_await WriteFile(**ch, dest, *plain, *user);
+      entry = co_await WriteFile(**ch, dest, *plain, *user, *metadata);
     } else {
-      s = co_await WriteFileFromBody(ex, **ch, dest, *user);
+      entry = co_await WriteFileFromBody(ex, **ch, dest, *user, *metadata);
     }
-    if (!s.ok()) co_return co_await JsonError(ex, FilesStatus(s.err()), s.message());
-    written.push_back(WriteInfo(dest));
+    if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
+    written.push_back(WriteInfo(dest, *entry));
   }
   ctx.manager.Audit("file.write", t->rec.id, t->key.id,
                     {{"files", written.size()}, {"via", "e2b"}});

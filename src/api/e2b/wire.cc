@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <ctime>
 
@@ -181,6 +183,76 @@ std::string Permissions(int64_t mode, int64_t file_type) {
   return p;
 }
 
+namespace {
+
+bool IsUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return false;
+    i += n;
+  }
+  return true;
+}
+
+bool PrintableAscii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+}
+
+}  // namespace
+
+FileMetadata EntryMetadata(const protocol::Reader& f) {
+  FileMetadata out;
+  const std::string_view prefix = kMetadataXattrPrefix;
+  for (std::string_view x : f.All(Tag::kXattr)) {
+    protocol::Reader r;
+    if (!r.Parse(x)) continue;
+    std::string_view name = r.Str(Tag::kName), value = r.Str(Tag::kData);
+    if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) continue;
+    name.remove_prefix(prefix.size());
+    if (IsUtf8(name) && IsUtf8(value)) out.emplace(name, value);
+  }
+  return out;
+}
+
+Result<FileMetadata> UploadMetadata(
+    const std::vector<std::pair<std::string, std::string>>& headers) {
+  constexpr size_t kPrefixLen = sizeof("X-Metadata-") - 1;
+  constexpr size_t kMaxKey = 255 - (sizeof(kMetadataXattrPrefix) - 1);
+  constexpr size_t kMaxTotal = 4096;
+  FileMetadata out;
+  for (const auto& [header, value] : headers) {
+    std::string key = header.substr(std::min(kPrefixLen, header.size()));
+    if (key.empty()) continue;
+    std::transform(key.begin(), key.end(), key.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    out.emplace(key, value);
+  }
+  size_t total = 0;
+  for (const auto& [key, value] : out) {
+    if (key.size() > kMaxKey)
+      return Status::Error("invalid metadata: key \"" + key + "\" exceeds 246 bytes", EINVAL);
+    if (!PrintableAscii(key) || !PrintableAscii(value))
+      return Status::Error(
+          "invalid metadata: the key or value of \"" + key + "\" is not printable ASCII", EINVAL);
+    total += sizeof(kMetadataXattrPrefix) - 1 + key.size() + value.size();
+  }
+  if (total > kMaxTotal)
+    return Status::Error(
+        "invalid metadata: total metadata size " + std::to_string(total) + " exceeds 4096 bytes",
+        EINVAL);
+  return out;
+}
+
 json EntryInfo(const protocol::Reader& f) {
   static const char* kTypes[] = {"FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE", "FILE_TYPE_DIRECTORY",
                                  "FILE_TYPE_SYMLINK"};
@@ -197,6 +269,7 @@ json EntryInfo(const protocol::Reader& f) {
             {"group", std::string(f.Str(Tag::kGroupName))}};
   if (mtime_ns > 0) j["modifiedTime"] = Rfc3339(mtime_ns / 1000000);
   if (f.Has(Tag::kLinkTarget)) j["symlinkTarget"] = std::string(f.Str(Tag::kLinkTarget));
+  if (FileMetadata m = EntryMetadata(f); !m.empty()) j["metadata"] = m;
   return j;
 }
 

@@ -17,10 +17,11 @@
 
 namespace sbx::api::e2b {
 
-// The envd version sbx reports. The SDK gates features on it (spec 2.7); 0.6.1 enables
-// everything sbx implements (stdin control, closeStdin, octet-stream and gzip uploads, recursive
-// watch) and keeps the SDK from sending file metadata (xattrs), which the agent cannot store.
-inline constexpr char kEnvdVersion[] = "0.6.1";
+// The envd version sbx reports. The SDK gates features on it (spec 2.7); 0.6.4 enables all of
+// them, and sbx implements each: stdin control, closeStdin, octet-stream and gzip uploads,
+// recursive watch, file metadata (0.6.2), watch events with entries (0.6.3) and watching network
+// mounts (0.6.4; a sandbox has none, so the flag changes nothing).
+inline constexpr char kEnvdVersion[] = "0.6.4";
 inline constexpr int kEnvdPort = 49983;
 
 // ---- Connect protocol (spec 2.2) ----
@@ -53,8 +54,21 @@ std::string Base64(std::string_view in);
 Result<std::string> Unbase64(std::string_view in);
 // "-rw-r--r--" for a st_mode.
 std::string Permissions(int64_t st_mode, int64_t file_type);
-// EntryInfo JSON (filesystem.proto) for an agent ENTRY / STAT reply.
+// EntryInfo JSON (filesystem.proto) for an agent ENTRY / STAT reply, with `metadata` from the
+// entry's kMetadataXattrPrefix xattrs (prefix stripped; values that are not UTF-8 left out).
 nlohmann::json EntryInfo(const protocol::Reader& f);
+
+// File metadata lives in xattrs under this prefix (spec 2.4, 2.5).
+inline constexpr char kMetadataXattrPrefix[] = "user.e2b.";
+using FileMetadata = std::map<std::string, std::string>;
+// The metadata of an upload from its `X-Metadata-<key>: <value>` headers, as envd takes them:
+// keys lower-cased (the first of repeated keys wins), keys and values printable ASCII, a key at
+// most 246 bytes, all of "user.e2b." + key + value together at most 4096 bytes. EINVAL with a
+// message for the client otherwise.
+Result<FileMetadata> UploadMetadata(
+    const std::vector<std::pair<std::string, std::string>>& headers);
+// The metadata part of an entry (see EntryInfo); empty when there is none.
+FileMetadata EntryMetadata(const protocol::Reader& f);
 
 struct MultipartFile {
   std::string name;      // form field name

@@ -110,5 +110,45 @@ TEST(E2bWire, UsersAndPaths) {
   EXPECT_EQ(Permissions(040755, 2), "drwxr-xr-x");
 }
 
+TEST(E2bWire, UploadMetadataHeaders) {
+  auto m = UploadMetadata({{"X-Metadata-Owner", "alice"},
+                           {"x-metadata-Stage", "draft v2"},
+                           {"X-METADATA-owner", "bob"},  // same key again: the first wins
+                           {"X-Metadata-", "ignored"}});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(*m, (FileMetadata{{"owner", "alice"}, {"stage", "draft v2"}}));
+  EXPECT_TRUE(UploadMetadata({})->empty());
+  EXPECT_FALSE(UploadMetadata({{"X-Metadata-k", "tab\there"}}).ok());
+  EXPECT_FALSE(UploadMetadata({{"X-Metadata-k", "caf\xc3\xa9"}}).ok());
+  EXPECT_TRUE(UploadMetadata({{"X-Metadata-" + std::string(246, 'k'), "v"}}).ok());
+  EXPECT_FALSE(UploadMetadata({{"X-Metadata-" + std::string(247, 'k'), "v"}}).ok());
+  // 9 ("user.e2b.") + 1 + 4086 = 4096 fits; one more byte does not.
+  EXPECT_TRUE(UploadMetadata({{"X-Metadata-k", std::string(4086, 'v')}}).ok());
+  auto big = UploadMetadata({{"X-Metadata-k", std::string(4087, 'v')}});
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().err(), EINVAL);
+}
+
+TEST(E2bWire, EntryMetadataFromXattrs) {
+  auto xattr = [](std::string_view name, std::string_view value) {
+    return protocol::Writer().Str(protocol::Tag::kName, name).Str(protocol::Tag::kData, value);
+  };
+  protocol::Writer w;
+  w.Str(protocol::Tag::kName, "a.txt")
+      .Int(protocol::Tag::kFileType, 1)
+      .Nested(protocol::Tag::kXattr, xattr("user.e2b.owner", "alice"))
+      .Nested(protocol::Tag::kXattr, xattr("user.other", "x"))
+      .Nested(protocol::Tag::kXattr, xattr("user.e2b.bad", "\xff\xfe"))
+      .Nested(protocol::Tag::kXattr, xattr("user.e2b.", "no key"));
+  protocol::Reader r;
+  ASSERT_TRUE(r.Parse(w.payload()));
+  EXPECT_EQ(EntryMetadata(r), (FileMetadata{{"owner", "alice"}}));
+  auto j = EntryInfo(r);
+  EXPECT_EQ(j["metadata"], (nlohmann::json{{"owner", "alice"}}));
+  protocol::Reader none;
+  ASSERT_TRUE(none.Parse(protocol::Writer().Str(protocol::Tag::kName, "b").payload()));
+  EXPECT_FALSE(EntryInfo(none).contains("metadata"));
+}
+
 }  // namespace
 }  // namespace sbx::api::e2b

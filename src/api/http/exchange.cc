@@ -22,6 +22,10 @@ nlohmann::json ErrorJson(std::string_view code, std::string_view message) {
   return {{"error", {{"code", code}, {"message", message}}}};
 }
 
+std::string JsonText(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 Exchange::Exchange(Connection& conn) : conn_(conn), body_limit_(RouteOptions().body_limit) {}
 Exchange::~Exchange() = default;
 
@@ -51,6 +55,22 @@ std::string_view Exchange::Header(std::string_view name) const {
 bool Exchange::HasHeader(std::string_view name) const {
   const auto& fields = conn_.parser_->get();
   return fields.find(beast::string_view(name.data(), name.size())) != fields.end();
+}
+
+std::vector<std::pair<std::string, std::string>> Exchange::HeadersWithPrefix(
+    std::string_view prefix) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& field : conn_.parser_->get()) {
+    auto name = field.name_string();
+    if (name.size() < prefix.size() ||
+        !beast::iequals(name.substr(0, prefix.size()),
+                        beast::string_view(prefix.data(), prefix.size())))
+      continue;
+    auto value = field.value();
+    out.emplace_back(std::string(name.data(), name.size()),
+                     std::string(value.data(), value.size()));
+  }
+  return out;
 }
 
 std::optional<uint64_t> Exchange::content_length() const {
@@ -176,12 +196,12 @@ net::awaitable<void> Exchange::Respond(int status, std::string body, std::string
 
 net::awaitable<void> Exchange::RespondJson(int status, const nlohmann::json& body,
                                            const Headers& headers) {
-  co_await Respond(status, body.dump(), kJson, headers);
+  co_await Respond(status, JsonText(body), kJson, headers);
 }
 
 net::awaitable<void> Exchange::RespondError(int status, std::string_view code,
                                             std::string_view message, const Headers& headers) {
-  co_await Respond(status, ErrorJson(code, message).dump(), kJson, headers);
+  co_await Respond(status, JsonText(ErrorJson(code, message)), kJson, headers);
 }
 
 // ---- Streamed response ----

@@ -44,6 +44,10 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 // {"error":{"code":code,"message":message}}
 nlohmann::json ErrorJson(std::string_view code, std::string_view message);
 
+// Compact JSON text. Strings that are not valid UTF-8 (a file name made inside a sandbox can be
+// any bytes) get U+FFFD for their bad bytes instead of failing the whole response.
+std::string JsonText(const nlohmann::json& j);
+
 class Exchange {
  public:
   Exchange(const Exchange&) = delete;
@@ -57,6 +61,9 @@ class Exchange {
   // First value of header `name` (case-insensitive), "" when absent.
   std::string_view Header(std::string_view name) const;
   bool HasHeader(std::string_view name) const;
+  // Every header whose name starts with `prefix` (case-insensitive), as (name, value) in request
+  // order; names as the client spelled them.
+  std::vector<std::pair<std::string, std::string>> HeadersWithPrefix(std::string_view prefix) const;
   const PathParams& params() const { return params_; }
   const std::string& Param(std::string_view name) const { return params_.Get(name); }
   const Query& query() const { return query_; }

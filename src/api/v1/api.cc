@@ -367,7 +367,8 @@ awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
   for (;;) {
     auto f = co_await sub.Next();
     if (!f.ok()) {
-      std::string line = json{{"type", "error"}, {"message", f.status().message()}}.dump() + "\n";
+      std::string line =
+          http::JsonText(json{{"type", "error"}, {"message", f.status().message()}}) + "\n";
       (void)co_await ex.WriteChunk(line);
       break;
     }
@@ -381,7 +382,8 @@ awaitable<void> StreamProcess(http::Exchange& ex, sandbox::AgentChannel& ch,
       line = {{"type", "error"}, {"message", std::string(f->fields.Str(Tag::kMessage))}};
     else
       continue;  // the OK reply of SPAWN/ATTACH
-    if (!(co_await ex.WriteChunk(line.dump() + "\n")).ok()) {
+    std::string text = http::JsonText(line) + "\n";
+    if (!(co_await ex.WriteChunk(text)).ok()) {
       // The client went away: stop following; the process goes on.
       (void)co_await ch.Call(Type::kDetach, protocol::Writer().Int(Tag::kPid, pid));
       sub.Cancel();
@@ -998,11 +1000,10 @@ void Files(http::Router& r, ApiContext& ctx) {
               break;
             } else if (f->type() == Type::kWatchEvent) {
               int64_t e = f->fields.Int(Tag::kEvent);
-              line = json{{"type", kEvents[(e >= 1 && e <= 5) ? e : 0]},
-                          {"path", std::string(f->fields.Str(Tag::kPath))},
-                          {"name", std::string(f->fields.Str(Tag::kName))}}
-                         .dump() +
-                     "\n";
+              json event = {{"type", kEvents[(e >= 1 && e <= 5) ? e : 0]},
+                            {"path", std::string(f->fields.Str(Tag::kPath))},
+                            {"name", std::string(f->fields.Str(Tag::kName))}};
+              line = http::JsonText(event) + "\n";
             } else {
               continue;
             }
