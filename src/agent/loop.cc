@@ -5,6 +5,7 @@
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -363,9 +364,14 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       if (c.writes().size() >= Connection::kMaxOpenWrites)
         return SendError(c, id, EMFILE, "write " + path + ": too many open writes");
       if (c.writes().count(id)) return SendError(c, id, EBUSY, "write " + path + ": id in use");
-      int64_t mode = r.Int(Tag::kMode, 0644), uid = r.Int(Tag::kUid, 0), gid = r.Int(Tag::kGid, 0);
-      if (!ids_ok(uid) || !ids_ok(gid) || mode < 0 || mode > 07777)
+      // Without a mode, an overwrite keeps the file's permissions (a script stays executable).
+      int64_t mode = r.Int(Tag::kMode, -1), uid = r.Int(Tag::kUid, 0), gid = r.Int(Tag::kGid, 0);
+      if (!ids_ok(uid) || !ids_ok(gid) || (r.Has(Tag::kMode) && (mode < 0 || mode > 07777)))
         return SendError(c, id, EINVAL, "write " + path + ": bad mode or owner");
+      if (!r.Has(Tag::kMode)) {
+        struct stat st;
+        mode = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? st.st_mode & 07777 : 0644;
+      }
       Xattrs xattrs;
       for (std::string_view x : r.All(Tag::kXattr)) {
         Reader xr;

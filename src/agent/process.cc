@@ -276,6 +276,9 @@ void Agent::Attach(Connection& c, uint32_t id, const Reader& r) {
   Process* p = FindProcess(pid);
   if (!p) return SendError(c, id, ESRCH, "attach pid " + std::to_string(pid) + ": no such process");
   int64_t so = r.Int(Tag::kStdoutOffset, 0), se = r.Int(Tag::kStderrOffset, 0);
+  // -1: from the current end, only what is written from now on.
+  if (so == -1) so = static_cast<int64_t>(p->ring[0].end());
+  if (se == -1) se = static_cast<int64_t>(p->ring[1].end());
   if (so < 0 || se < 0) return SendError(c, id, EINVAL, "attach: bad offset");
   Unsubscribe(*p, c.id());
   p->subs.push_back({c.id(), id, {static_cast<uint64_t>(so), static_cast<uint64_t>(se)}});

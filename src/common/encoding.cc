@@ -35,6 +35,69 @@ Result<std::string> Base64Decode(std::string_view in) {
   return out;
 }
 
+Result<int64_t> ParseRfc3339Millis(std::string_view text) {
+  auto bad = [&] {
+    return Status::Error("not an RFC 3339 time: '" + std::string(text) + "'", EINVAL);
+  };
+  size_t pos = 0;
+  auto digits = [&](size_t n, int* out) {
+    if (pos + n > text.size()) return false;
+    int v = 0;
+    for (size_t i = 0; i < n; ++i) {
+      char c = text[pos + i];
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    pos += n;
+    *out = v;
+    return true;
+  };
+  auto expect = [&](std::string_view chars) {
+    if (pos >= text.size() || chars.find(text[pos]) == std::string_view::npos) return false;
+    ++pos;
+    return true;
+  };
+  tm t{};
+  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+  if (!digits(4, &year) || !expect("-") || !digits(2, &month) || !expect("-") || !digits(2, &day) ||
+      !expect("Tt ") || !digits(2, &hour) || !expect(":") || !digits(2, &minute) || !expect(":") ||
+      !digits(2, &second))
+    return bad();
+  if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60)
+    return bad();
+  int64_t millis = 0;
+  if (pos < text.size() && text[pos] == '.') {
+    ++pos;
+    int64_t scale = 100;
+    size_t start = pos;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+      millis += (text[pos] - '0') * scale;
+      scale /= 10;
+      ++pos;
+    }
+    if (pos == start) return bad();
+  }
+  int64_t offset_s = 0;
+  if (expect("Zz")) {
+  } else if (pos < text.size() && (text[pos] == '+' || text[pos] == '-')) {
+    int sign = text[pos++] == '-' ? -1 : 1;
+    int oh = 0, om = 0;
+    if (!digits(2, &oh) || !expect(":") || !digits(2, &om) || oh > 23 || om > 59) return bad();
+    offset_s = sign * (oh * 3600 + om * 60);
+  } else {
+    return bad();
+  }
+  if (pos != text.size()) return bad();
+  t.tm_year = year - 1900;
+  t.tm_mon = month - 1;
+  t.tm_mday = day;
+  t.tm_hour = hour;
+  t.tm_min = minute;
+  t.tm_sec = second;
+  int64_t s = static_cast<int64_t>(timegm(&t)) - offset_s;
+  return s * 1000 + millis;
+}
+
 std::string Rfc3339Millis(int64_t ms) {
   if (ms <= 0) return "";
   time_t s = static_cast<time_t>(ms / 1000);

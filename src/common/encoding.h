@@ -15,5 +15,8 @@ std::string Base64Encode(std::string_view in);
 Result<std::string> Base64Decode(std::string_view in);
 // "2026-11-29T10:13:45.123Z" for milliseconds since the epoch; "" for 0 or less.
 std::string Rfc3339Millis(int64_t ms);
+// Milliseconds since the epoch of an RFC 3339 time: "2026-11-29T10:13:45Z", with optional
+// fractional seconds and a "Z" or "+hh:mm"/"-hh:mm" offset. EINVAL otherwise.
+Result<int64_t> ParseRfc3339Millis(std::string_view text);
 
 }  // namespace sbx

@@ -23,6 +23,13 @@ TEST(Encoding, Base64RoundTripsEveryByte) {
 TEST(Encoding, Rfc3339) {
   EXPECT_EQ(Rfc3339Millis(0), "");
   EXPECT_EQ(Rfc3339Millis(1795860825123), "2026-11-28T10:13:45.123Z");
+  EXPECT_EQ(*ParseRfc3339Millis("2026-11-28T10:13:45.123Z"), 1795860825123);
+  EXPECT_EQ(*ParseRfc3339Millis("2026-11-28T10:13:45Z"), 1795860825000);
+  EXPECT_EQ(*ParseRfc3339Millis("2026-11-28T11:13:45.1234+01:00"), 1795860825123);
+  EXPECT_EQ(*ParseRfc3339Millis("2026-11-28T09:43:45.123-00:30"), 1795860825123);
+  for (const char* bad : {"", "2026-11-28", "2026-11-28T10:13:45", "2026-13-28T10:13:45Z",
+                          "2026-11-28T10:13:45.Z", "2026-11-28T10:13:45Zjunk", "yesterday"})
+    EXPECT_FALSE(ParseRfc3339Millis(bad).ok()) << bad;
 }
 
 }  // namespace

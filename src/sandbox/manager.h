@@ -83,6 +83,8 @@ class Manager {
   // The sandbox if `key` owns it (ENOENT otherwise: other tenants' ids do not exist).
   Result<store::SandboxRecord> Get(const store::ApiKeyRecord& key, const std::string& id);
   Result<store::SandboxPage> List(const store::ApiKeyRecord& key, store::SandboxFilter filter);
+  // The template of a create that names none.
+  const std::string& default_template() const { return config_.default_template; }
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
   Status Pause(const store::ApiKeyRecord& key, const std::string& id);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);

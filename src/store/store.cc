@@ -360,8 +360,12 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
         " AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"
         " WHERE m.key = ? AND m.type = 'text' AND m.value = ?)";
   }
-  if (!f.after.empty()) sql += " AND (created_at, id) < (?, ?)";
-  sql += " ORDER BY created_at DESC, id DESC LIMIT ?";
+  if (f.created_after > 0) sql += " AND created_at > ?";
+  if (f.template_name) sql += " AND template = ?";
+  if (!f.after.empty())
+    sql += f.oldest_first ? " AND (created_at, id) > (?, ?)" : " AND (created_at, id) < (?, ?)";
+  sql += f.oldest_first ? " ORDER BY created_at, id LIMIT ?"
+                        : " ORDER BY created_at DESC, id DESC LIMIT ?";
 
   std::lock_guard<std::mutex> lock(mu_);
   Result<Statement> st = db_->Prepare(sql);
@@ -373,6 +377,8 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
     st->BindText(i++, k);
     st->BindText(i++, v);
   }
+  if (f.created_after > 0) st->BindInt(i++, f.created_after);
+  if (f.template_name) st->BindText(i++, *f.template_name);
   if (!f.after.empty()) {
     st->BindInt(i++, cursor_created);
     st->BindText(i++, cursor_id);

@@ -79,11 +79,14 @@ struct SandboxFilter {
   std::string owner_key_id;                                   // empty = every owner
   std::vector<std::pair<std::string, std::string>> metadata;  // all must match exactly
   size_t limit = 100;                                         // clamped to 1..1000
-  std::string after;  // the `next` token of the previous page; empty = first page
+  std::string after;          // the `next` token of the previous page; empty = first page
+  bool oldest_first = false;  // order by created_at ascending
+  int64_t created_after = 0;  // only records created later (ms); 0 = any
+  std::optional<std::string> template_name;  // only records of this template ("" = host)
 };
 
 struct SandboxPage {
-  std::vector<SandboxRecord> items;  // newest first (created_at, then id, descending)
+  std::vector<SandboxRecord> items;  // newest first (created_at, then id), or oldest first
   std::string next;                  // opaque; empty when this is the last page
 };
 

@@ -371,6 +371,35 @@ TEST_F(StoreTest, PaginationIsStableWhileRowsArrive) {
   EXPECT_EQ(store->ListSandboxes(bad).status().err(), EINVAL);
 }
 
+TEST_F(StoreTest, ListOldestFirstSinceATimeAndByTemplate) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  for (int i = 0; i < 6; ++i) {
+    SandboxRecord r = Sandbox("o" + std::to_string(i), 100 + i);
+    if (i % 2) r.template_name = "py";
+    ASSERT_TRUE(store->PutSandbox(r).ok());
+  }
+  SandboxFilter f;
+  f.oldest_first = true;
+  f.limit = 2;
+  std::vector<std::string> seen;
+  for (;;) {
+    auto page = store->ListSandboxes(f);
+    ASSERT_TRUE(page.ok()) << page.status().message();
+    for (const auto& r : page->items) seen.push_back(r.id);
+    if (page->next.empty()) break;
+    f.after = page->next;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"o0", "o1", "o2", "o3", "o4", "o5"}));
+  SandboxFilter since;
+  since.created_after = 103;  // strictly later
+  EXPECT_EQ(Ids(store->ListSandboxes(since)->items), (std::vector<std::string>{"o5", "o4"}));
+  since.template_name = "py";
+  EXPECT_EQ(Ids(store->ListSandboxes(since)->items), std::vector<std::string>{"o5"});
+  since.template_name = "";
+  EXPECT_TRUE(store->ListSandboxes(since)->items.empty());
+}
+
 TEST_F(StoreTest, PageOfExactlyLimitHasNoNext) {
   auto store = OpenStore();
   ASSERT_TRUE(store);

@@ -289,6 +289,18 @@ TEST_F(AgentTest, ReattachReplaysOutputAndExit) {
   EXPECT_EQ(mid.err, "");
   EXPECT_EQ(mid.exit_code, 0);
 
+  // From the end (-1): nothing written before, just the exit.
+  auto end =
+      c.Call(Type::kAttach,
+             Writer().Int(Tag::kPid, pid).Int(Tag::kStdoutOffset, -1).Int(Tag::kStderrOffset, -1));
+  ASSERT_TRUE(end.ok());
+  Run tail;
+  tail.id = end->id();
+  Collect(c, &tail);
+  EXPECT_EQ(tail.out, "");
+  EXPECT_EQ(tail.err, "");
+  EXPECT_EQ(tail.exit_code, 0);
+
   // LIST_PROCS shows it as finished.
   std::vector<Frame> procs;
   ASSERT_TRUE(c.Call(Type::kListProcs, Writer(), &procs).ok());
@@ -421,6 +433,15 @@ TEST_F(AgentTest, WriteThenReadBack) {
   EXPECT_EQ(st->fields.Int(Tag::kMode) & 07777, 0600);
   EXPECT_EQ(st->fields.Str(Tag::kOwner), "root");
   EXPECT_EQ(st->fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kFile));
+  // Without a mode, an overwrite keeps the file's permissions; a new file gets 0644.
+  ASSERT_EQ(::chmod(path.c_str(), 0750), 0);
+  ASSERT_TRUE(WriteFile(c, path, "#!/bin/sh\n").ok());
+  struct stat after;
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_mode & 07777, 0750);
+  ASSERT_TRUE(WriteFile(c, dir_ + "/fresh", "x").ok());
+  ASSERT_EQ(::stat((dir_ + "/fresh").c_str(), &after), 0);
+  EXPECT_EQ(after.st_mode & 07777, 0644);
   auto dir = ReadFile(c, dir_);
   ASSERT_FALSE(dir.ok());
   EXPECT_EQ(dir.status().err(), EISDIR);

@@ -44,11 +44,16 @@ for (const [name, sdk] of SDKS) {
       assert.equal(await sbx.commands.kill(sleeper.pid), false)
       assert.ok(!(await sbx.commands.list()).some((p) => p.pid === sleeper.pid))
 
-      const late = await sbx.commands.run('sleep 1; echo finished', { background: true })
+      // As with envd, connect follows from now on: what was written before is not replayed.
+      const late = await sbx.commands.run(
+        'echo before; touch /tmp/ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo finished',
+        { background: true })
+      for (let i = 0; i < 100 && !(await sbx.files.exists('/tmp/ready')); i++) await sleep(50)
       const attached = await sbx.commands.connect(late.pid)
+      await sbx.files.write('/tmp/go', '')
       const r = await attached.wait()
       assert.equal(r.exitCode, 0)
-      assert.match(r.stdout, /finished\n$/)
+      assert.equal(r.stdout, 'finished\n')
     })
   })
 

@@ -46,6 +46,20 @@ for (const [name, sdk] of SDKS) {
       const none = await Sandbox.list({ query: { metadata: { suite, 'k&': 'other' } } }).nextItems()
       assert.equal(none.length, 0)
 
+      // Newest first by default; `order: 'asc'` is creation order, across pages too.
+      const created = boxes.map((b) => b.sandboxId)
+      const desc = await Sandbox.list({ query: { metadata: { suite } } }).nextItems()
+      assert.deepEqual(desc.map((s) => s.sandboxId), [...created].reverse())
+      const asc = Sandbox.list({ query: { metadata: { suite } }, order: 'asc', limit: 2 })
+      const ascIds = [...(await asc.nextItems()), ...(await asc.nextItems())].map((s) => s.sandboxId)
+      assert.deepEqual(ascIds, created)
+      const since = desc.find((s) => s.sandboxId === created[0]).startedAt
+      const later = await Sandbox.list({ query: { metadata: { suite }, startedAfter: since }, order: 'asc' }).nextItems()
+      assert.deepEqual(later.map((s) => s.sandboxId), created.slice(1))
+      // E2B template names that are not sbx templates mean sbx's host template, in list as in create.
+      const base = await Sandbox.list({ query: { metadata: { suite }, template: 'base' } }).nextItems()
+      assert.equal(base.length, 3)
+
       assert.equal(await boxes[0].pause(), true)
       const paused = await Sandbox.list({ query: { metadata: { suite }, state: ['paused'] } }).nextItems()
       assert.deepEqual(paused.map((s) => [s.sandboxId, s.state]), [[boxes[0].sandboxId, 'paused']])

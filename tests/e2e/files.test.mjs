@@ -50,6 +50,10 @@ for (const [name, sdk] of SDKS) {
       assert.equal(await sbx.files.read('/home/user/d/g.txt'), 'deep')
       await sbx.files.remove('/home/user/d')
       assert.equal(await sbx.files.exists('/home/user/d'), false)
+      // A name that is not UTF-8 does not break the listing; its bad byte reads as U+FFFD.
+      await sbx.commands.run("touch $'/home/user/bad\\xff'")
+      const names = (await sbx.files.list('/home/user')).map((e) => e.name)
+      assert.ok(names.includes('bad\ufffd'), names.join(' '))
       await assert.rejects(sbx.files.list('/home/user/d'), sdk.NotFoundError)
     })
   })

@@ -7,6 +7,7 @@
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
+#include "common/encoding.h"
 
 namespace sbx::api::e2b {
 namespace {
@@ -153,6 +154,14 @@ Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRec
   return rec;
 }
 
+// The sbx template an E2B template ID stands for. E2B's names ("base", "code-interpreter-v1",
+// ...) mean nothing here: anything that is not a registered sbx template is the default (host)
+// template, "". Create and the list filter resolve names alike.
+std::string SbxTemplate(ApiContext& ctx, const std::string& e2b_template) {
+  auto known = ctx.store.GetTemplate(e2b_template);
+  return (known.ok() && *known) ? e2b_template : "";
+}
+
 awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key,
                        bool v2) {
   auto j = co_await BodyObject(ex);
@@ -160,11 +169,7 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   if (!j->contains("templateID") || !(*j)["templateID"].is_string())
     co_return co_await Error(ex, 400, "templateID: required string");
   sandbox::CreateRequest req;
-  // E2B's template names ("base", "code-interpreter-v1", ...) mean nothing here: anything that
-  // is not a registered sbx template runs on the default (host) template.
-  std::string tmpl = (*j)["templateID"].get<std::string>();
-  auto known = ctx.store.GetTemplate(tmpl);
-  req.template_name = (known.ok() && *known) ? tmpl : "";
+  req.template_name = SbxTemplate(ctx, (*j)["templateID"].get<std::string>());
   auto md = StringMap(*j, "metadata");
   if (!md.ok()) co_return co_await Fail(ex, md.status());
   auto env = StringMap(*j, "envVars");
@@ -254,6 +259,20 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
   }
   f.limit = v2 ? static_cast<size_t>(limit) : 1000;
   f.after = ex.query().Get("nextToken").value_or("");
+  if (auto order = ex.query().Get("order"); v2 && order && !order->empty()) {
+    if (*order != "asc" && *order != "desc")
+      co_return co_await Error(ex, 400, "order: 'asc' or 'desc', got '" + *order + "'");
+    f.oldest_first = *order == "asc";
+  }
+  if (auto since = ex.query().Get("startedAfter"); v2 && since && !since->empty()) {
+    auto ms = ParseRfc3339Millis(*since);
+    if (!ms.ok()) co_return co_await Error(ex, 400, "startedAfter: " + ms.status().message());
+    f.created_after = *ms;
+  }
+  if (auto tmpl = ex.query().Get("template"); v2 && tmpl && !tmpl->empty()) {
+    std::string name = SbxTemplate(ctx, *tmpl);
+    f.template_name = name.empty() ? ctx.manager.default_template() : name;
+  }
   auto page = ctx.manager.List(key, f);
   if (!page.ok()) co_return co_await Fail(ex, page.status());
   json items = json::array();

@@ -385,11 +385,11 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
 awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json& req) {
   auto proc = co_await Select(ch, req, true);
   if (!proc.ok()) co_return co_await EndRpcStream(ex, "not_found", proc.status().message());
-  // Replays what the agent still buffers, then follows: a late Connect sees the whole output.
+  // As in envd, Connect follows from now on: output written before it is not replayed.
   auto sub = co_await ch.Open(Type::kAttach, protocol::Writer()
                                                  .Int(Tag::kPid, proc->pid)
-                                                 .Int(Tag::kStdoutOffset, 0)
-                                                 .Int(Tag::kStderrOffset, 0));
+                                                 .Int(Tag::kStdoutOffset, -1)
+                                                 .Int(Tag::kStderrOffset, -1));
   if (!sub.ok())
     co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));
