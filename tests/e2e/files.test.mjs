@@ -3,6 +3,22 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { SDKS, withSandbox, sleep } from './helpers.mjs'
 
+// A unary envd call in Connect's JSON codec, as an SDK without its own client for it would make.
+async function envdRpc(sbx, method, body) {
+  const res = await fetch(`${process.env.E2B_SANDBOX_URL}/filesystem.Filesystem/${method}`, {
+    method: 'POST',
+    headers: {
+      'Content-Type': 'application/json',
+      'Connect-Protocol-Version': '1',
+      'E2b-Sandbox-Id': sbx.sandboxId,
+      'E2b-Sandbox-Port': '49983',
+      'X-Access-Token': sbx.envdAccessToken,
+    },
+    body: JSON.stringify(body),
+  })
+  return { status: res.status, body: await res.json() }
+}
+
 for (const [name, sdk] of SDKS) {
   test(`${name}: write, read, list, makeDir, rename, remove, exists, getInfo`, async () => {
     await withSandbox(sdk, {}, async (sbx) => {
@@ -122,6 +138,38 @@ for (const [name, sdk] of SDKS) {
       assert.ok(withMeta, JSON.stringify(entries))
       assert.equal(withMeta.entry.path, '/home/user/we/f.txt')
       assert.deepEqual(withMeta.entry.metadata, { seen: 'yes' })
+    })
+  })
+
+  test(`${name}: polled watchers (CreateWatcher, GetWatcherEvents, RemoveWatcher)`, async () => {
+    // The JS SDK streams WatchDir; Python's synchronous SDK polls with these three RPCs.
+    await withSandbox(sdk, {}, async (sbx) => {
+      await sbx.files.makeDir('/home/user/pw/sub')
+      const created = await envdRpc(sbx, 'CreateWatcher', { path: '/home/user/pw', recursive: true, includeEntry: true })
+      assert.equal(created.status, 200, JSON.stringify(created.body))
+      const watcherId = created.body.watcherId
+      assert.ok(watcherId)
+      await sbx.files.write('/home/user/pw/sub/f.txt', 'polled')
+      await sbx.commands.run('rm /home/user/pw/sub/f.txt')
+      let events = []
+      for (let i = 0; i < 50 && !events.some((e) => e.type === 'EVENT_TYPE_REMOVE'); i++) {
+        const got = await envdRpc(sbx, 'GetWatcherEvents', { watcherId })
+        assert.equal(got.status, 200, JSON.stringify(got.body))
+        events = events.concat(got.body.events)
+        await sleep(100)
+      }
+      const kinds = events.map((e) => `${e.type}:${e.name}`)
+      assert.ok(kinds.includes('EVENT_TYPE_CREATE:sub/f.txt'), kinds.join(' '))
+      assert.ok(kinds.includes('EVENT_TYPE_REMOVE:sub/f.txt'), kinds.join(' '))
+      assert.ok(events.some((e) => e.entry && e.entry.path === '/home/user/pw/sub/f.txt'))
+      // Taken events are gone; a removed watcher is unknown.
+      assert.deepEqual((await envdRpc(sbx, 'GetWatcherEvents', { watcherId })).body.events ?? [], [])
+      assert.equal((await envdRpc(sbx, 'RemoveWatcher', { watcherId })).status, 200)
+      const gone = await envdRpc(sbx, 'GetWatcherEvents', { watcherId })
+      assert.equal(gone.status, 404)
+      assert.equal(gone.body.code, 'not_found')
+      const notDir = await envdRpc(sbx, 'CreateWatcher', { path: '/home/user/pw/none' })
+      assert.equal(notDir.body.code, 'not_found')
     })
   })
 

@@ -5,17 +5,22 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <chrono>
 #include <csignal>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <set>
 
 #include "api/e2b/e2b.h"
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
+#include "common/fs.h"
 #include "protocol/wire.h"
 
 namespace sbx::api::e2b {
@@ -555,34 +560,56 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
   co_return Status::Error("filesystem." + method + " is not implemented", ENOSYS);
 }
 
-awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, const User& u) {
+// Starts an agent watch for a WatchDir or CreateWatcher request: the subscription, after the
+// agent's OK.
+awaitable<Result<std::shared_ptr<Subscription>>> StartWatch(AgentChannel& ch, const json& req,
+                                                            const User& u) {
   std::string path = ResolvePath(req.value("path", ""), u.home);
   auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
-  if (!st.ok())
-    co_return co_await EndRpcStream(ex, ConnectCode(st.status().err()), st.status().message());
+  if (!st.ok()) co_return st.status();
   if (st->fields.Int(Tag::kFileType) != 2)
-    co_return co_await EndRpcStream(ex, "invalid_argument", "path " + path + " is not a directory");
-  bool recursive = req.value("recursive", false);
+    co_return Status::Error("path " + path + " is not a directory", EINVAL);
   // includeEntry (envd 0.6.3): events carry the entry as it is when the agent sees the event.
   // allowNetworkMounts (0.6.4) permits watching NFS and the like; a sandbox has no such mounts.
-  bool include_entry = req.value("includeEntry", false);
-  auto sub = co_await ch.Open(Type::kWatch, protocol::Writer()
-                                                .Str(Tag::kPath, path)
-                                                .Int(Tag::kRecursive, recursive ? 1 : 0)
-                                                .Int(Tag::kWithEntry, include_entry ? 1 : 0)
-                                                .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
-  if (!sub.ok())
-    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
-  uint32_t watch_id = (*sub)->id();
+  auto sub = co_await ch.Open(Type::kWatch,
+                              protocol::Writer()
+                                  .Str(Tag::kPath, path)
+                                  .Int(Tag::kRecursive, req.value("recursive", false) ? 1 : 0)
+                                  .Int(Tag::kWithEntry, req.value("includeEntry", false) ? 1 : 0)
+                                  .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
+  if (!sub.ok()) co_return sub.status();
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));
   if (!first.ok() || first->type() != Type::kOk) {
     (*sub)->Cancel();
-    Status s = ReplyFailure(first);
-    co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
+    co_return ReplyFailure(first);
   }
+  co_return *sub;
+}
+
+// Ends an agent watch whose subscription was cancelled.
+awaitable<void> StopWatch(AgentChannel& ch, Subscription& sub) {
+  sub.Cancel();
+  (void)co_await ch.CallWithId(Type::kUnwatch, sub.id(), protocol::Writer());
+}
+
+// A FilesystemEvent for an agent WATCH_EVENT.
+json FsEvent(const protocol::Frame& f) {
   static const char* kEvents[] = {"EVENT_TYPE_UNSPECIFIED", "EVENT_TYPE_CREATE",
                                   "EVENT_TYPE_WRITE",       "EVENT_TYPE_REMOVE",
                                   "EVENT_TYPE_RENAME",      "EVENT_TYPE_CHMOD"};
+  int64_t e = f.fields.Int(Tag::kEvent);
+  json fs = {{"name", std::string(f.fields.Str(Tag::kName))},
+             {"type", kEvents[(e >= 1 && e <= 5) ? e : 0]}};
+  protocol::Reader entry;
+  if (f.fields.Has(Tag::kEntry) && entry.Parse(f.fields.Str(Tag::kEntry)))
+    fs["entry"] = EntryInfo(entry);
+  return fs;
+}
+
+awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, const User& u) {
+  auto sub = co_await StartWatch(ch, req, u);
+  if (!sub.ok())
+    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
   Status begun = co_await ex.BeginStream(200, "application/connect+json");
   bool alive = begun.ok();
   json start = {{"start", json::object()}};
@@ -608,26 +635,111 @@ awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, 
       continue;
     }
     if (f->type() != Type::kWatchEvent) continue;
-    int64_t e = f->fields.Int(Tag::kEvent);
-    json fs = {{"name", std::string(f->fields.Str(Tag::kName))},
-               {"type", kEvents[(e >= 1 && e <= 5) ? e : 0]}};
-    protocol::Reader entry;
-    if (include_entry && f->fields.Has(Tag::kEntry) && entry.Parse(f->fields.Str(Tag::kEntry)))
-      fs["entry"] = EntryInfo(entry);
-    json msg = {{"filesystem", fs}};
+    json msg = {{"filesystem", FsEvent(*f)}};
     alive = co_await SendMessage(ex, msg);
   }
-  (*sub)->Cancel();
-  (void)co_await ch.CallWithId(Type::kUnwatch, watch_id, protocol::Writer());
+  co_await StopWatch(ch, **sub);
   if (!alive) co_return;
   if (expired)
     co_return co_await EndRpcStream(ex, "deadline_exceeded", "context deadline exceeded");
   co_await EndRpcStream(ex, "unavailable", "the sandbox's agent connection closed");
 }
 
+// ---- CreateWatcher / GetWatcherEvents / RemoveWatcher (the polled watch of Python's sync SDK)
+// ----
+
+// A polled watch: a coroutine drains its agent subscription into `events` (so an unpolled
+// watcher never stalls the sandbox's agent channel), GetWatcherEvents takes them.
+struct PolledWatch {
+  static constexpr size_t kMaxEvents = 10000;  // past it the oldest are dropped
+  std::string sandbox_id;
+  std::shared_ptr<AgentChannel> channel;
+  std::shared_ptr<Subscription> sub;
+  std::mutex mu;
+  std::deque<json> events;  // guarded by mu
+};
+
+class PolledWatches {
+ public:
+  void Add(const std::string& id, std::shared_ptr<PolledWatch> w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    watches_[id] = std::move(w);
+  }
+  // The watch `id` of `sandbox_id`; with `remove`, also forgets it.
+  std::shared_ptr<PolledWatch> Find(const std::string& id, const std::string& sandbox_id,
+                                    bool remove) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = watches_.find(id);
+    if (it == watches_.end() || it->second->sandbox_id != sandbox_id) return nullptr;
+    auto w = it->second;
+    if (remove) watches_.erase(it);
+    return w;
+  }
+  void Forget(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    watches_.erase(id);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<PolledWatch>> watches_;
+};
+
+// Drains a polled watch until it is removed or its sandbox's agent connection ends (then the
+// watch is forgotten: GetWatcherEvents answers not_found, as envd does once the sandbox is gone).
+awaitable<void> DrainWatch(std::shared_ptr<PolledWatches> all, std::string id,
+                           std::shared_ptr<PolledWatch> w) {
+  for (;;) {
+    auto f = co_await w->sub->Next();
+    if (!f.ok()) break;
+    if (f->type() != Type::kWatchEvent) continue;
+    json event = FsEvent(*f);
+    std::lock_guard<std::mutex> lock(w->mu);
+    if (w->events.size() >= PolledWatch::kMaxEvents) w->events.pop_front();
+    w->events.push_back(std::move(event));
+  }
+  all->Forget(id);
+}
+
+awaitable<Result<json>> PolledWatchRpc(PolledWatches& all,
+                                       const std::shared_ptr<PolledWatches>& own,
+                                       const std::shared_ptr<AgentChannel>& ch,
+                                       const std::string& sandbox_id, const std::string& method,
+                                       const json& req, const User& u) {
+  if (method == "CreateWatcher") {
+    auto sub = co_await StartWatch(*ch, req, u);
+    if (!sub.ok()) co_return sub.status();
+    auto w = std::make_shared<PolledWatch>();
+    w->sandbox_id = sandbox_id;
+    w->channel = ch;
+    w->sub = *sub;
+    std::string id = RandomId(16);
+    all.Add(id, w);
+    // No co_await in this statement: GCC 12 mishandles temporaries beside one.
+    auto executor = co_await asio::this_coro::executor;
+    asio::co_spawn(executor, DrainWatch(own, id, w), asio::detached);
+    co_return json{{"watcherId", id}};
+  }
+  std::string id = req.value("watcherId", "");
+  auto w = all.Find(id, sandbox_id, method == "RemoveWatcher");
+  if (!w) co_return Status::Error("watcher '" + id + "' not found", ENOENT);
+  if (method == "RemoveWatcher") {
+    co_await StopWatch(*w->channel, *w->sub);
+    co_return json::object();
+  }
+  json events = json::array();
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    for (auto& e : w->events) events.push_back(std::move(e));
+    w->events.clear();
+  }
+  co_return json{{"events", events}};
+}
+
 // ---- dispatch of /process.Process/* and /filesystem.Filesystem/* ----
 
-awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process) {
+awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process,
+                    std::shared_ptr<PolledWatches> watches) {
   auto t = co_await Resolve(ctx, ex, Auth::kToken);
   if (!t) co_return;
   std::string method = ex.Param("method");
@@ -670,7 +782,10 @@ awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process) {
       co_return co_await RpcError(ex, "unauthenticated", user.status().message());
     }
     if (method == "WatchDir") co_return co_await WatchDir(ex, channel, req, *user);
-    out = co_await FilesystemUnary(channel, method, req, *user);
+    if (method == "CreateWatcher" || method == "GetWatcherEvents" || method == "RemoveWatcher")
+      out = co_await PolledWatchRpc(*watches, watches, *ch, t->rec.id, method, req, *user);
+    else
+      out = co_await FilesystemUnary(channel, method, req, *user);
   }
   if (!out.ok()) {
     int err = out.status().err();
@@ -869,9 +984,11 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
 }  // namespace
 
 void RegisterEnvd(http::Router& r, ApiContext& ctx) {
-  r.Post("/process.Process/{method}", [&ctx](http::Exchange& ex) { return Rpc(ctx, ex, true); });
+  auto watches = std::make_shared<PolledWatches>();
+  r.Post("/process.Process/{method}",
+         [&ctx, watches](http::Exchange& ex) { return Rpc(ctx, ex, true, watches); });
   r.Post("/filesystem.Filesystem/{method}",
-         [&ctx](http::Exchange& ex) { return Rpc(ctx, ex, false); });
+         [&ctx, watches](http::Exchange& ex) { return Rpc(ctx, ex, false, watches); });
   r.Get("/files", [&ctx](http::Exchange& ex) { return Download(ctx, ex); });
   r.Post(
       "/files", [&ctx](http::Exchange& ex) { return Upload(ctx, ex); },
