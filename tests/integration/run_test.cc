@@ -120,6 +120,18 @@ TEST_F(RunTest, EnvWorkdirAndUser) {
   EXPECT_EQ(r.out, "hi there\n/tmp\nuser\n/home/user\n");
 }
 
+TEST_F(RunTest, LoopbackIsUpAndTheOnlyInterface) {
+  // A test suite that starts a server on 127.0.0.1 and talks to it must work in a box.
+  auto r = Sbx({"--", "python3", "-c",
+                "import socket, os\n"
+                "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                "c = socket.create_connection(s.getsockname()); a, _ = s.accept()\n"
+                "c.sendall(b'over loopback'); print(a.recv(64).decode())\n"
+                "print(sorted(os.listdir('/sys/class/net')))\n"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "over loopback\n['lo']\n");
+}
+
 TEST_F(RunTest, HostSecretsAreNotVisible) {
   auto r = Sbx(
       {"--", "sh", "-c", "ls /etc/shadow /root/.ssh /home 2>&1; cat /etc/passwd | cut -d: -f1"});

@@ -1,15 +1,19 @@
 #include "runtime/native/child.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 
 #include "runtime/native/capabilities.h"
 #include "runtime/native/seccomp_policy.h"
@@ -42,6 +46,8 @@ const char* ChildStepName(int32_t step) {
       return "arrange file descriptors";
     case kStepExec:
       return "exec sbx-agent";
+    case kStepLoopback:
+      return "bring up the loopback interface";
     default:
       return "unknown step";
   }
@@ -141,6 +147,25 @@ int Place(int fd, int target, bool cloexec) {
   return dup3(fd, target, cloexec ? O_CLOEXEC : 0) >= 0 ? 0 : errno;
 }
 
+// A new network namespace starts with its loopback down: nothing in the box could reach a server
+// it started on 127.0.0.1.
+int LoopbackUp() {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  memcpy(ifr.ifr_name, "lo", 3);
+  int err = 0;
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {
+    err = errno;
+  } else {
+    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) err = errno;
+  }
+  close(s);
+  return err;
+}
+
 }  // namespace
 
 void RunChild(const ChildPlan& plan) {
@@ -192,6 +217,7 @@ void RunChild(const ChildPlan& plan) {
   if (chdir("/") != 0) Fail(p, kStepPivot, errno);
 
   if (sethostname(p.hostname, Len(p.hostname)) != 0) Fail(p, kStepHostname, errno);
+  if (int err = LoopbackUp()) Fail(p, kStepLoopback, err);
   for (size_t i = 0; i < p.rlimit_count; ++i) {
     if (setrlimit(static_cast<__rlimit_resource>(p.rlimits[i].resource), &p.rlimits[i].value) != 0)
       Fail(p, kStepRlimits, errno);

@@ -38,6 +38,7 @@ enum ChildStep : int32_t {
   kStepSeccomp = -10,
   kStepFds = -11,
   kStepExec = -12,
+  kStepLoopback = -13,
 };
 
 const char* ChildStepName(int32_t step);
