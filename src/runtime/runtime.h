@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
 #include "common/status.h"
 
 namespace sbx::runtime {
@@ -82,6 +83,9 @@ class Runtime {
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;
+  // A new, unconnected socket (socket(2) arguments; close-on-exec) in the box's network
+  // namespace, to reach what listens on the box's loopback. ESRCH when the box's agent is gone.
+  virtual Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) = 0;
   // Kills every process of the box and removes everything Create made. Idempotent.
   virtual Status Destroy(const Box& box) = 0;
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.

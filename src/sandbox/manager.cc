@@ -1,6 +1,7 @@
 #include "sandbox/manager.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <boost/asio/this_coro.hpp>
@@ -112,7 +113,10 @@ Status Manager::Reconcile() {
       spdlog::info("reconcile: sandbox {} ({}) kept running across the restart", rec.id, rec.state);
       continue;
     } else if (box.status().err() == EBUSY) {
-      return Status::Error("sandbox " + rec.id + " is held by another live process: is another sbx serve using this data directory?", EBUSY);
+      return Status::Error(
+          "sandbox " + rec.id +
+              " is held by another live process: is another sbx serve using this data directory?",
+          EBUSY);
     } else {
       why = "lost while the daemon was down: " + box.status().message();
     }
@@ -132,7 +136,8 @@ Status Manager::Reconcile() {
   for (const char* owner : {"serve", "run"}) {
     auto reaped = runtime_.ReapOrphans(owner);
     if (!reaped.ok()) return reaped.status().Wrap("reconcile");
-    if (*reaped > 0) spdlog::warn("reconcile: removed {} box(es) no record owns ({})", *reaped, owner);
+    if (*reaped > 0)
+      spdlog::warn("reconcile: removed {} box(es) no record owns ({})", *reaped, owner);
   }
   return {};
 }
@@ -406,6 +411,16 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
   SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
   Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
   return *rec;
+}
+
+Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id);
+  if (!rec.ok()) return rec.status();
+  if (rec->state != store::kStateRunning)
+    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
+  auto box = BoxOf(id);
+  if (!box.ok()) return box.status();
+  return runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
 }
 
 Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {

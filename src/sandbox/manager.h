@@ -92,6 +92,9 @@ class Manager {
   Result<store::SandboxRecord> SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
                                           int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
+  // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
+  // reach a port on its loopback. EBUSY when the sandbox is paused.
+  Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);
 
   // The agent connection of a running sandbox (EBUSY when paused), shared by every caller and
   // re-established after the agent connection drops. A new connection runs on the calling

@@ -2,6 +2,8 @@
 // process.Process and filesystem.Filesystem over Connect (JSON codec, unary and server-streaming),
 // GET/POST /files and /health. Requests reach it through the router's before hook when they
 // carry `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`) or a Host `<port>-<id>.<domain>`.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -981,6 +983,35 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
   (*sub)->Cancel();
 }
 
+// ---- other ports ----
+
+// A request for another port of a sandbox (`E2b-Sandbox-Port`, or a Host `<port>-<id>.<domain>`):
+// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. Like E2B's default
+// (allowPublicTraffic), it needs no credential: the sandbox id is the address.
+awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::string id) {
+  auto rec = ctx.store.GetSandbox(id);
+  if (port < 1 || port > 65535 || !rec.ok() || !*rec || (*rec)->state != store::kStateRunning)
+    co_return co_await NotFound502(ex, id);
+  auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
+  if (!key.ok() || !*key || !(*key)->active()) co_return co_await NotFound502(ex, id);
+  const store::ApiKeyRecord& owner = **key;
+  auto socket = co_await OnPool(ctx.blocking, [&] { return ctx.manager.TcpSocket(owner, id); });
+  if (!socket.ok()) co_return co_await NotFound502(ex, id);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string head = ex.ForwardHead();
+  Status s = co_await ex.Relay(std::move(*socket), to, std::move(head));
+  if (!s.ok() && !ex.responded()) {
+    json body = {{"sandboxId", id},
+                 {"message", "The sandbox is running but port is not open"},
+                 {"port", port},
+                 {"code", 502}};
+    co_await ex.RespondJson(502, body);
+  }
+}
+
 }  // namespace
 
 void RegisterEnvd(http::Router& r, ApiContext& ctx) {
@@ -1008,10 +1039,16 @@ void RegisterE2b(http::Router& router, ApiContext& ctx) {
   e2b::RegisterControlPlane(router, ctx);
   auto envd = std::make_shared<http::Router>();
   e2b::RegisterEnvd(*envd, ctx);
-  // envd shares the control plane's port: requests addressed to a sandbox go to envd's routes.
-  router.SetBefore([envd](http::Exchange& ex) -> boost::asio::awaitable<bool> {
+  // envd shares the control plane's port: requests addressed to a sandbox go to envd's routes,
+  // or, for another port of the sandbox, through to that port.
+  router.SetBefore([envd, &ctx](http::Exchange& ex) -> boost::asio::awaitable<bool> {
     bool presigned = ex.path() == "/files" && ex.query().Has("signature");
-    if (!presigned && !e2b::EnvdAddress(ex)) co_return true;
+    auto address = e2b::EnvdAddress(ex);
+    if (!presigned && !address) co_return true;
+    if (address && address->first != e2b::kEnvdPort) {
+      co_await e2b::ProxyPort(ctx, ex, address->first, address->second);
+      co_return false;
+    }
     co_await envd->Dispatch(ex);
     co_return false;
   });

@@ -31,7 +31,10 @@
 
 #include "api/http/router.h"
 #include "api/http/url.h"
+#include "common/fd.h"
 #include "common/status.h"
+
+struct sockaddr_in;
 
 namespace sbx::http {
 
@@ -110,6 +113,17 @@ class Exchange {
   // Terminates the body. A stream the handler never ends is treated as aborted: the connection
   // is closed so the client sees a truncated transfer rather than a clean end.
   boost::asio::awaitable<Status> EndStream();
+
+  // ---- Relay (reverse proxy) ----
+  // The request header as it should reach another server: request line and fields without the
+  // hop-by-hop ones, plus `extra`, and "Connection: close" (or the upgrade it asked for).
+  std::string ForwardHead(const Headers& extra = {}) const;
+  // Connects `socket` (a non-blocking TCP socket) to `address`; an error then means nothing was
+  // sent to the client, so the caller still answers. Once connected, sends `head` and then the
+  // client's raw bytes upstream and the upstream's bytes back unchanged, until the upstream
+  // closes (a WebSocket upgrade passes through too); the connection closes after.
+  boost::asio::awaitable<Status> Relay(UniqueFd socket, const sockaddr_in& address,
+                                       std::string head);
 
   // ---- WebSocket ----
   bool WantsWebSocket() const;

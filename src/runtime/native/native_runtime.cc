@@ -328,6 +328,30 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
 
 Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Freeze(); }
 Status NativeRuntime::Thaw(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Thaw(); }
+Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type) {
+  std::string what = "socket in box " + box.id;
+  // A pidfd pins the process; the cgroup check then tells it is still this box's agent and not
+  // a process that got its pid (pids are reused).
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, box.init_pid, 0)));
+  if (!pidfd) return Status::Errno(what + ": agent pid " + std::to_string(box.init_pid));
+  auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
+  if (!cg.ok() || cg->find("/" + box.id + "\n") == std::string::npos)
+    return Status::Error(what + ": its agent is gone", ESRCH);
+  // setns() changes only the calling thread's namespace: do it on a thread of its own.
+  int fd = -1, err = 0;
+  std::thread t([&] {
+    if (::setns(pidfd.get(), CLONE_NEWNET) != 0) {
+      err = errno;
+      return;
+    }
+    fd = ::socket(domain, type | SOCK_CLOEXEC, 0);
+    if (fd < 0) err = errno;
+  });
+  t.join();
+  if (err != 0) return Status::Error(what, err);
+  return UniqueFd(fd);
+}
+
 Result<BoxStats> NativeRuntime::Stats(const Box& box) {
   return Cgroup::Open(cgroups_, box.id)->Stats();
 }

@@ -40,6 +40,7 @@ class NativeRuntime : public Runtime {
   Status Freeze(const Box& box) override;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
+  Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   Status Destroy(const Box& box) override;
   Result<int> ReapOrphans(const std::string& owner) override;
   Result<Box> Adopt(const std::string& id) override;
