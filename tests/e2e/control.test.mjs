@@ -135,6 +135,8 @@ test('envd routing by Host <port>-<id>.<domain> on the control-plane port', asyn
   await withSandbox(sdk, {}, async (sbx) => {
     assert.equal(await get(`49983-${sbx.sandboxId}.e2b.local`), 204)
     assert.equal(await get('49983-doesnotexist00000000.e2b.local'), 502)
-    assert.equal(await get(`8080-${sbx.sandboxId}.e2b.local`), 502)
+    // Another port: relayed with the traffic token (nothing listens on 8080: 502), 403 without.
+    assert.equal(await get(`8080-${sbx.sandboxId}.e2b.local`), 403)
+    assert.equal(await get(`8080-${sbx.sandboxId}.e2b.local`, { 'E2B-Traffic-Access-Token': sbx.trafficAccessToken }), 502)
   })
 })

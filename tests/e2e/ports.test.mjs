@@ -1,6 +1,7 @@
 // Other ports of a sandbox through the daemon, as E2B's edge proxy relays them: addressed by the
 // E2b-Sandbox-Id/E2b-Sandbox-Port headers (what @e2b/code-interpreter sends on E2B_SANDBOX_URL) or
-// by a Host `<port>-<id>.<domain>` (what sandbox.getHost(port) names).
+// by a Host `<port>-<id>.<domain>` (what sandbox.getHost(port) names), and only with the
+// sandbox's traffic token (threats.md row 37).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { request } from 'node:http'
@@ -79,7 +80,8 @@ test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgr
   await withSandbox(sdk, {}, async (sbx) => {
     await sbx.files.write('/home/user/server.py', SERVER)
     await sbx.commands.run('python3 /home/user/server.py', { background: true })
-    const to = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' }
+    assert.ok(sbx.trafficAccessToken)
+    const to = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000', 'E2B-Traffic-Access-Token': sbx.trafficAccessToken }
     let up
     for (let i = 0; i < 100; i++) {
       up = await call({ path: '/ping', headers: to })
@@ -100,7 +102,7 @@ test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgr
     // sandbox.getHost(port) names `<port>-<id>.<domain>`; with a DNS entry for it, a plain Host works.
     const host = sbx.getHost(8000)
     assert.equal(host, `8000-${sbx.sandboxId}.${sbx.sandboxDomain ?? 'e2b.app'}`)
-    const byHost = await call({ path: '/by-host', headers: { Host: `8000-${sbx.sandboxId}.sbx.test` } })
+    const byHost = await call({ path: '/by-host', headers: { Host: `8000-${sbx.sandboxId}.sbx.test`, 'E2B-Traffic-Access-Token': sbx.trafficAccessToken } })
     assert.equal(byHost.status, 201)
     assert.equal(JSON.parse(byHost.body).host, `8000-${sbx.sandboxId}.sbx.test`)
 
@@ -121,6 +123,17 @@ test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgr
       req.end()
     })
     assert.equal(echoed, 'ping-pong!')
+
+    // Knowing the id is not enough: no token, a wrong one or another sandbox's is refused; the
+    // envd access token works too.
+    const id = { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' }
+    assert.equal((await call({ headers: id })).status, 403)
+    assert.equal((await call({ headers: { ...id, 'E2B-Traffic-Access-Token': 'x'.repeat(64) } })).status, 403)
+    assert.equal((await call({ headers: { Host: `8000-${sbx.sandboxId}.sbx.test` } })).status, 403)
+    await withSandbox(sdk, {}, async (other) => {
+      assert.equal((await call({ headers: { ...id, 'E2B-Traffic-Access-Token': other.trafficAccessToken } })).status, 403)
+    })
+    assert.equal((await call({ path: '/envd-token', headers: { ...id, 'X-Access-Token': sbx.envdAccessToken } })).status, 201)
 
     const closed = await call({ headers: { ...to, 'E2b-Sandbox-Port': '8001' } })
     assert.equal(closed.status, 502)

@@ -1,8 +1,8 @@
 // The security battery: every case of /work/shared/specs/threats.md (rows 1-31 that apply to a
-// box without network or API) run inside a real sandbox made by `sbx run` in its default
-// configuration, plus the host-side half of the cases that need one (21, 26-31) and, after every
-// case, a count of what the box left behind on the host (mounts, loop devices, cgroups, processes
-// in foreign user or network namespaces, files under <data dir>/run).
+// box without network or API, and row 34 for network `none`) run inside a real sandbox made by `sbx
+// run` in its default configuration, plus the host-side half of the cases that need one (21, 26-31)
+// and, after every case, a count of what the box left behind on the host (mounts, loop devices,
+// cgroups, processes in foreign user or network namespaces, files under <data dir>/run).
 //
 // The inside half is probe.c: a static program fed to the box on stdin, so nothing about the box
 // has to change for the test:
@@ -11,10 +11,12 @@
 // directory and to stdout.
 //
 // Not covered here: rows 24 (the file API part) and 25 need the agent's file API and archive
-// upload; rows 32-40 need networking, the daemon or its API.
+// upload; row 37 (ports) is tests/e2e/ports.test.mjs; rows 32, 33, 35, 36, 38-40 need egress
+// policies, secrets, the daemon or its API.
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -619,7 +621,8 @@ class Battery {
       if (o.word == "FAIL") ++failed;
       if (o.word == "SKIP") ++skipped;
     }
-    os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API)\n"
+    os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API, "
+          "row 34 for network none)\n"
        << "sbx: " << SBX_BIN << "\n"
        << "probes run: " << run << "\npassed: " << passed << "\nfailed: " << failed
        << "\nskipped: " << skipped << "\nhost leaks: " << leaks_ << "\n";
@@ -628,7 +631,9 @@ class Battery {
     os << "configurations run: runtime native, " << CgroupVersionsNote() << "\n";
     os << "covered elsewhere: row 24 file-API part (tests/integration/runtime_test "
           "FileApiStaysInsideTheBox), row 25 for template tarballs (src/storage/template_test); "
-          "not yet applicable: row 25 archive upload and rows 32-40 (network, daemon, API)\n";
+          "row 37 (another sandbox's ports need its token: tests/e2e/ports.test.mjs); "
+          "not yet applicable: row 25 archive upload, rows 32, 33, 35, 36 and 38-40 (egress "
+          "policies, secrets, daemon, API)\n";
     if (!host_.foreign().empty()) {
       os << "processes in new namespaces not ours (other activity on this machine, not counted):";
       for (const auto& f : host_.foreign()) os << " " << f;
@@ -745,7 +750,18 @@ TEST(SecurityBattery, AllCases) {
   std::string canary = "sbx-battery-canary-" + std::to_string(getpid());
   Canaries canaries(canary);
   Sentinel root_sentinel(0);
+  // Row 34: a service on the host's loopback that no box may reach.
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT_GE(listener, 0);
+  struct sockaddr_in lo {};
+  lo.sin_family = AF_INET;
+  lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t lo_len = sizeof lo;
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&lo), sizeof lo), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&lo), &lo_len), 0);
   std::vector<std::string> ctx = {
+      "hostport=" + std::to_string(ntohs(lo.sin_port)),
       "hostpids=" + std::to_string(getpid()) + "," + std::to_string(root_sentinel.pid),
       "hostpidns=" + std::to_string(InodeOf("/proc/self/ns/pid")),
       "hostuserns=" + std::to_string(InodeOf("/proc/self/ns/user")),
@@ -834,7 +850,7 @@ TEST(SecurityBattery, AllCases) {
       WaitNewBoxCgroup(host, "pids", none, 5);
       usleep(300000);
       std::vector<std::string> args = ctx;
-      args[0] += "," + std::to_string(same_uid.pid) + "," + std::to_string(neighbour.pid());
+      args[1] += "," + std::to_string(same_uid.pid) + "," + std::to_string(neighbour.pid());
       Parsed v = b.RunProbe(id, args);
       std::vector<std::string> failures;
       if (v.word != "PASS") failures.push_back("probe: " + v.word + " " + v.detail);
@@ -852,8 +868,21 @@ TEST(SecurityBattery, AllCases) {
       continue;
     }
     Parsed v = b.RunProbe(id, ctx);
+    if (id == "34a-host-network") {
+      // The host side: the loopback service saw no connection.
+      int conn = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      std::vector<std::string> failures;
+      if (v.word != "PASS") failures.push_back("probe: " + v.word + " " + v.detail);
+      if (conn >= 0) {
+        failures.push_back("the host's loopback service accepted a connection from the box");
+        close(conn);
+      }
+      b.RecordChecks(id, row, failures, v.detail + "; host service saw no connection");
+      continue;
+    }
     b.Record(id, row, v.word, v.detail);
   }
+  close(listener);
 
   // Row 15 on the terminal sbx gives the command with -t (its controlling tty), from Python as a
   // user would (the probe cannot come in on stdin when stdin is a terminal).

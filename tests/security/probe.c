@@ -12,7 +12,7 @@
 // Context the host passes (ignored by cases that do not need it): hostpids=P,P,... (host pids
 // that must be out of reach), hostpidns=INODE and hostuserns=INODE (the host's namespaces),
 // canary=NAME (a file the host planted in its own /root and /etc), shadow=HEX (FNV-1a of the
-// host's /etc/shadow).
+// host's /etc/shadow), hostport=PORT (a TCP port listening on the host's 127.0.0.1).
 //
 // The probe is static (no library can be assumed inside a box) and uses raw syscall() where glibc
 // has no wrapper. It never writes to a file it managed to open for writing where it should not
@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <ifaddrs.h>
 #include <linux/bpf.h>
 #include <linux/capability.h>
 #include <linux/io_uring.h>
@@ -36,6 +37,7 @@
 #include <linux/sched.h>
 #include <linux/userfaultfd.h>
 #include <linux/vm_sockets.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1044,6 +1046,79 @@ static void c_af_packet(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Row 34 (and rows 32/35 for network `none`): the box's loopback is its own.
+
+// Connects to addr:port (IPv4) without blocking for more than 2 s; 0 on success, else the errno
+// (ETIMEDOUT when nothing answered: a route existed).
+static int tcp_connect(const char* addr, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return errno;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, addr, &a.sin_addr);
+  int err = 0;
+  if (connect(fd, (struct sockaddr*)&a, sizeof a) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      if (poll(&p, 1, 2000) == 1) {
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      } else {
+        err = ETIMEDOUT;
+      }
+    }
+  }
+  close(fd);
+  return err;
+}
+
+static void c_host_network(void) {
+  const char* port = ctx("hostport");
+  if (!port) fail("expected hostport=PORT from the runner, got none");
+  int p = atoi(port);
+  // A service on the host's 127.0.0.1 is not there: the box's own loopback answers.
+  int e = tcp_connect("127.0.0.1", p);
+  if (e != ECONNREFUSED)
+    fail(
+        "expected 127.0.0.1:%d (a host loopback service) to be refused by the box's own "
+        "loopback, got %s",
+        p, e ? ename(e) : "a connection");
+  note("127.0.0.1:%d: ECONNREFUSED", p);
+  // Metadata, private ranges, the outside: no route at all.
+  const char* far[] = {"169.254.169.254", "10.0.0.1", "172.17.0.1", "192.168.1.1", "1.1.1.1"};
+  for (size_t i = 0; i < sizeof far / sizeof *far; ++i) {
+    e = tcp_connect(far[i], i == 4 ? 443 : 80);
+    if (e != ENETUNREACH && e != EHOSTUNREACH)
+      fail("expected %s to be unreachable (ENETUNREACH), got %s", far[i],
+           e ? ename(e) : "a connection");
+    note("%s: %s", far[i], ename(e));
+  }
+  // DNS over UDP and IPv6 fare no better.
+  int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in dns = {.sin_family = AF_INET, .sin_port = htons(53)};
+  inet_pton(AF_INET, "8.8.8.8", &dns.sin_addr);
+  EXPECT_ERR("udp sendto 8.8.8.8:53", sendto(u, "q", 1, 0, (struct sockaddr*)&dns, sizeof dns),
+             ERRS(ENETUNREACH));
+  close(u);
+  int s6 = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s6 >= 0) {
+    struct sockaddr_in6 g = {.sin6_family = AF_INET6, .sin6_port = htons(443)};
+    inet_pton(AF_INET6, "2606:4700:4700::1111", &g.sin6_addr);
+    EXPECT_ERR("tcp connect [2606:4700:4700::1111]:443",
+               connect(s6, (struct sockaddr*)&g, sizeof g), ERRS(ENETUNREACH, EHOSTUNREACH));
+    close(s6);
+  }
+  struct ifaddrs* ifs = NULL;
+  if (getifaddrs(&ifs) == 0) {
+    for (struct ifaddrs* i = ifs; i; i = i->ifa_next)
+      if (strcmp(i->ifa_name, "lo") != 0)
+        fail("expected lo as the only interface, got %s", i->ifa_name);
+    freeifaddrs(ifs);
+  }
+  pass("%s; lo is the only interface", g_detail);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Row 15: TIOCSTI.
 
 static const unsigned long kHighBits = 0xffffffff00000000UL;
@@ -1748,6 +1823,8 @@ static const probe_case kCases[] = {
     {"14a-af-alg", "14", c_af_alg, 1, "socket(AF_ALG): EAFNOSUPPORT/EPERM"},
     {"14b-af-vsock", "14", c_af_vsock, 1, "socket(AF_VSOCK): EAFNOSUPPORT/EPERM"},
     {"14c-af-packet", "14", c_af_packet, 1, "socket(AF_PACKET): EAFNOSUPPORT/EPERM"},
+    {"34a-host-network", "34", c_host_network, 1,
+     "host loopback service refused (own lo); metadata, private, outside, DNS, IPv6 unreachable"},
     {"15a-tiocsti-pty", "15", c_tiocsti_pty, 1, "TIOCSTI on a pty it opened: EPERM/EIO"},
     {"15b-tiocsti-pty-high", "15", c_tiocsti_pty_high, 1, "same, high bits of cmd set"},
     {"15c-tiocsti-ctty", "15", c_tiocsti_ctty, 1,

@@ -61,7 +61,7 @@ json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) 
           {"envdVersion", kEnvdVersion},
           {"envdAccessToken", EnvdToken(key, r.id)},
           {"domain", nullptr},
-          {"trafficAccessToken", nullptr}};
+          {"trafficAccessToken", TrafficToken(key, r.id)}};
 }
 
 json ListedJson(const store::SandboxRecord& r) {

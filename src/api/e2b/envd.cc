@@ -986,8 +986,9 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
 // ---- other ports ----
 
 // A request for another port of a sandbox (`E2b-Sandbox-Port`, or a Host `<port>-<id>.<domain>`):
-// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. Like E2B's default
-// (allowPublicTraffic), it needs no credential: the sandbox id is the address.
+// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. It must carry the
+// sandbox's traffic token (E2B-Traffic-Access-Token, as for a sandbox made with
+// allowPublicTraffic: false) or its envd token (X-Access-Token): knowing an id is not enough.
 awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::string id) {
   auto rec = ctx.store.GetSandbox(id);
   if (port < 1 || port > 65535 || !rec.ok() || !*rec || (*rec)->state != store::kStateRunning)
@@ -995,6 +996,14 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
   auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
   if (!key.ok() || !*key || !(*key)->active()) co_return co_await NotFound502(ex, id);
   const store::ApiKeyRecord& owner = **key;
+  if (ex.Header("E2B-Traffic-Access-Token") != TrafficToken(owner, id) &&
+      ex.Header("X-Access-Token") != EnvdToken(owner, id)) {
+    json body = {{"sandboxId", id},
+                 {"message", "a valid E2B-Traffic-Access-Token (the sandbox's trafficAccessToken) "
+                             "is required to reach its ports"},
+                 {"code", 403}};
+    co_return co_await ex.RespondJson(403, body);
+  }
   auto socket = co_await OnPool(ctx.blocking, [&] { return ctx.manager.TcpSocket(owner, id); });
   if (!socket.ok()) co_return co_await NotFound502(ex, id);
   sockaddr_in to{};
