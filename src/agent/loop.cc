@@ -314,8 +314,8 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
   if (t >= static_cast<uint16_t>(Type::kSpawn) && t <= static_cast<uint16_t>(Type::kListProcs)) {
     HandleProcessRequest(c, h, r);
   } else if (t >= static_cast<uint16_t>(Type::kStat) &&
-             t <= static_cast<uint16_t>(Type::kUnwatch) && h.type != Type::kEntry &&
-             h.type != Type::kData) {
+             t <= static_cast<uint16_t>(Type::kWriteAbort) && h.type != Type::kEntry &&
+             h.type != Type::kData && h.type != Type::kWatchEvent) {
     HandleFileRequest(c, h, r);
   } else {
     SendError(c, h.id, EINVAL, "unexpected frame type " + std::to_string(t));
@@ -326,8 +326,8 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
 void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
   const uint32_t id = h.id;
   std::string path;
-  bool needs_path =
-      h.type != Type::kWriteData && h.type != Type::kWriteEnd && h.type != Type::kUnwatch;
+  bool needs_path = h.type != Type::kWriteData && h.type != Type::kWriteEnd &&
+                    h.type != Type::kWriteAbort && h.type != Type::kUnwatch;
   if (needs_path && !CleanPath(r.Str(Tag::kPath), &path)) {
     SendError(c, id, EINVAL, "missing or invalid path");
     return;
@@ -400,6 +400,12 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
       c.writes().erase(it);
       if (Status s = w->Finish(); !s.ok()) return fail(s);
       return reply_entry(w->path(), w->xattr_prefix);
+    }
+    case Type::kWriteAbort: {
+      // The client gave up (its upload failed): the temporary file goes now, not at disconnect.
+      if (c.writes().erase(id) == 0) return SendError(c, id, EBADF, "write: no open write");
+      c.Send(Type::kOk, id, Writer());
+      return;
     }
     case Type::kMkdir: {
       int64_t mode = r.Int(Tag::kMode, 0755), uid = r.Int(Tag::kUid, 0), gid = r.Int(Tag::kGid, 0);

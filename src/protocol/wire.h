@@ -59,6 +59,7 @@ enum class Type : uint16_t {
   kWatch = 59,
   kUnwatch = 60,
   kWatchEvent = 61,  // event
+  kWriteAbort = 62,
 };
 
 // Field tags. One namespace for all messages; docs/agent-protocol.md lists which message uses

@@ -517,6 +517,19 @@ TEST_F(AgentTest, AbortedWriteLeavesNoTemporaryFile) {
   EXPECT_TRUE(entries.empty());
   auto end = c.CallWithId(Type::kWriteEnd, 12345, Writer());
   EXPECT_FALSE(end.ok());
+
+  // WRITE_ABORT drops an open write at once, on a connection that stays open.
+  uint32_t id = c.NextId();
+  ASSERT_TRUE(c.CallWithId(Type::kWriteBegin, id, Writer().Str(Tag::kPath, d + "/g")).ok());
+  ASSERT_TRUE(c.Send(Type::kWriteData, id, Writer().Str(Tag::kData, "partial")).ok());
+  ASSERT_TRUE(c.CallWithId(Type::kWriteAbort, id, Writer()).ok());
+  entries.clear();
+  ASSERT_TRUE(c.Call(Type::kList, Writer().Str(Tag::kPath, d), &entries).ok());
+  EXPECT_TRUE(entries.empty());
+  auto again = c.CallWithId(Type::kWriteAbort, id, Writer());
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().err(), EBADF);
+  EXPECT_EQ(c.CallWithId(Type::kWriteEnd, id, Writer()).status().err(), EBADF);
 }
 
 TEST_F(AgentTest, WatchReportsEvents) {

@@ -309,6 +309,35 @@ TEST_F(ServeTest, Files) {
   EXPECT_EQ(audit["events"].size(), 1u) << audit.dump();
 }
 
+TEST_F(ServeTest, UploadCutShortKeepsTheOldFileAndLeavesNoTemporaryFile) {
+  std::string id = Create();
+  ASSERT_EQ(d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/u.txt", "old").status, 200);
+  {
+    // A client announces 1 MB, sends 1000 bytes and goes away.
+    namespace asio = boost::asio;
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+    std::string req = "PUT /v1/sandboxes/" + id +
+                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
+    asio::write(s, asio::buffer(req));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  // The sandbox's agent connection stays open (it is shared), so only WRITE_ABORT removes the
+  // temporary file, and promptly.
+  std::string names;
+  for (int i = 0; i < 50; ++i) {
+    json ls = d_->Json("GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp");
+    names.clear();
+    for (const auto& e : ls["entries"]) names += e["name"].get<std::string>() + " ";
+    if (names.find(".sbx-") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(names.find(".sbx-"), std::string::npos) << names;
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/tmp/u.txt").body, "old");
+}
+
 TEST_F(ServeTest, TimeoutKillsAndSettingItResets) {
   std::string id = Create({{"timeout", 1}});
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));

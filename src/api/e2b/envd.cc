@@ -22,6 +22,7 @@
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
+#include "api/v1/box_files.h"
 #include "common/fs.h"
 #include "protocol/wire.h"
 
@@ -813,41 +814,6 @@ protocol::Writer WriteBegin(const std::string& path, const User& u, const FileMe
   return w;
 }
 
-// Writes `data` to `path` in the sandbox atomically; the result is WRITE_END's entry.
-awaitable<Result<protocol::Frame>> WriteFile(AgentChannel& ch, const std::string& path,
-                                             std::string_view data, const User& u,
-                                             const FileMetadata& metadata) {
-  uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, WriteBegin(path, u, metadata));
-  if (!b.ok()) co_return b.status();
-  while (!data.empty()) {
-    std::string_view chunk = data.substr(0, protocol::kMaxChunk);
-    Status s = co_await ch.Send(Type::kWriteData, id, protocol::Writer().Str(Tag::kData, chunk));
-    if (!s.ok()) co_return s;
-    data.remove_prefix(chunk.size());
-  }
-  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
-}
-
-// Streams the request body into `path` (octet-stream uploads without gzip).
-awaitable<Result<protocol::Frame>> WriteFileFromBody(http::Exchange& ex, AgentChannel& ch,
-                                                     const std::string& path, const User& u,
-                                                     const FileMetadata& metadata) {
-  uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, WriteBegin(path, u, metadata));
-  if (!b.ok()) co_return b.status();
-  std::string buf(protocol::kMaxChunk, '\0');
-  for (;;) {
-    auto n = co_await ex.ReadSome(buf.data(), buf.size());
-    if (!n.ok()) co_return n.status();  // the agent drops the temporary file
-    if (*n == 0) break;
-    Status s = co_await ch.Send(
-        Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
-    if (!s.ok()) co_return s;
-  }
-  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
-}
-
 int FilesStatus(int err) {
   switch (err) {
     case ENOENT:
@@ -906,7 +872,7 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
       std::string dest = ResolvePath(query_path.empty() ? part.filename : query_path, user->home);
       if (!seen.insert(dest).second)
         co_return co_await JsonError(ex, 400, "cannot upload " + dest + " twice in one request");
-      auto entry = co_await WriteFile(**ch, dest, part.data, *user, *metadata);
+      auto entry = co_await WriteBoxFile(**ch, WriteBegin(dest, *user, *metadata), part.data);
       if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
       written.push_back(WriteInfo(dest, *entry));
     }
@@ -922,9 +888,9 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
       }
       auto plain = Gunzip(*body, kUploadLimit);
       if (!plain.ok()) co_return co_await JsonError(ex, 400, plain.status().message());
-      entry = co_await WriteFile(**ch, dest, *plain, *user, *metadata);
+      entry = co_await WriteBoxFile(**ch, WriteBegin(dest, *user, *metadata), *plain);
     } else {
-      entry = co_await WriteFileFromBody(ex, **ch, dest, *user, *metadata);
+      entry = co_await WriteBoxFileFromBody(ex, **ch, WriteBegin(dest, *user, *metadata));
     }
     if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
     written.push_back(WriteInfo(dest, *entry));
@@ -999,8 +965,9 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
   if (ex.Header("E2B-Traffic-Access-Token") != TrafficToken(owner, id) &&
       ex.Header("X-Access-Token") != EnvdToken(owner, id)) {
     json body = {{"sandboxId", id},
-                 {"message", "a valid E2B-Traffic-Access-Token (the sandbox's trafficAccessToken) "
-                             "is required to reach its ports"},
+                 {"message",
+                  "a valid E2B-Traffic-Access-Token (the sandbox's trafficAccessToken) "
+                  "is required to reach its ports"},
                  {"code", 403}};
     co_return co_await ex.RespondJson(403, body);
   }

@@ -15,6 +15,7 @@
 
 #include "api/http/exchange.h"
 #include "api/http/websocket.h"
+#include "api/v1/box_files.h"
 #include "common/encoding.h"
 #include "protocol/wire.h"
 
@@ -478,29 +479,6 @@ awaitable<Status> WriteStdin(sandbox::AgentChannel& ch, int64_t pid, std::string
   }
 }
 
-// Writes a request body into a file in the box: WRITE_BEGIN, WRITE_DATA per chunk, WRITE_END.
-awaitable<Result<protocol::Frame>> WriteFileFromBody(http::Exchange& ex, sandbox::AgentChannel& ch,
-                                                     const std::string& path, int64_t mode,
-                                                     int64_t uid, int64_t gid) {
-  uint32_t id = ch.NextId();
-  protocol::Writer begin;
-  begin.Str(Tag::kPath, path).Int(Tag::kParents, 1).Int(Tag::kUid, uid).Int(Tag::kGid, gid);
-  if (mode > 0) begin.Int(Tag::kMode, mode);
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, std::move(begin));
-  if (!b.ok()) co_return b.status();
-  std::string buf(protocol::kMaxChunk, '\0');
-  for (;;) {
-    auto n = co_await ex.ReadSome(buf.data(), buf.size());
-    if (!n.ok())
-      co_return n.status();  // the agent removes the temporary file when the write is not ended
-    if (*n == 0) break;
-    Status s = co_await ch.Send(
-        Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
-    if (!s.ok()) co_return s;
-  }
-  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
-}
-
 // ---- routes ----
 
 void Sandboxes(http::Router& r, ApiContext& ctx) {
@@ -877,7 +855,13 @@ void Files(http::Router& r, ApiContext& ctx) {
                                                       "mode (octal), uid and gid (0..65535)");
                  auto ch = co_await ChannelOrFail(ctx, ex, key);
                  if (!ch) co_return;
-                 auto r2 = co_await WriteFileFromBody(ex, *ch, *path, mode, *uid, *gid);
+                 protocol::Writer begin;
+                 begin.Str(Tag::kPath, *path)
+                     .Int(Tag::kParents, 1)
+                     .Int(Tag::kUid, *uid)
+                     .Int(Tag::kGid, *gid);
+                 if (mode > 0) begin.Int(Tag::kMode, mode);
+                 auto r2 = co_await WriteBoxFileFromBody(ex, *ch, std::move(begin));
                  if (!r2.ok()) co_return co_await Fail(ex, r2.status());
                  ctx.manager.Audit("file.write", ex.Param("id"), key.id,
                                    {{"path", *path}, {"size", r2->fields.Int(Tag::kSize)}});
