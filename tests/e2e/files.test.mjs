@@ -1,6 +1,7 @@
 // filesystem.Filesystem and /files through the official SDKs.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
 import { SDKS, withSandbox, sleep } from './helpers.mjs'
 
 // A unary envd call in Connect's JSON codec, as an SDK without its own client for it would make.
@@ -170,6 +171,25 @@ for (const [name, sdk] of SDKS) {
       assert.equal(gone.body.code, 'not_found')
       const notDir = await envdRpc(sbx, 'CreateWatcher', { path: '/home/user/pw/none' })
       assert.equal(notDir.body.code, 'not_found')
+    })
+  })
+
+  test(`${name}: a 256 MiB upload streams through the daemon`, async () => {
+    // VmHWM is the daemon's peak resident memory: a buffered upload would raise it by 256 MiB.
+    const peakKiB = () => {
+      const status = readFileSync(`/proc/${process.env.SBX_DAEMON_PID}/status`, 'utf8')
+      return Number(/VmHWM:\s+(\d+)/.exec(status)[1])
+    }
+    await withSandbox(sdk, {}, async (sbx) => {
+      const size = 256 << 20
+      const data = new Uint8Array(size)
+      for (let i = 0; i < size; i += 4096) data[i] = i % 251
+      const before = peakKiB()
+      await sbx.files.write('/home/user/big.bin', data.buffer)
+      const grew = peakKiB() - before
+      assert.ok(grew < 64 * 1024, `daemon peak RSS grew by ${grew} KiB`)
+      const sum = await sbx.commands.run('stat -c %s /home/user/big.bin && od -An -tu1 -j 8192 -N1 /home/user/big.bin')
+      assert.deepEqual(sum.stdout.trim().split(/\s+/), [String(size), String(8192 % 251)])
     })
   })
 

@@ -40,6 +40,7 @@ PORT=$(cat "$DATA/serve.port")
 export E2B_API_KEY="$(cat "$DATA/api-key")"
 export E2B_API_URL="http://127.0.0.1:$PORT"
 export E2B_SANDBOX_URL="http://127.0.0.1:$PORT"
+export SBX_DAEMON_PID="$DAEMON"  # for tests that watch the daemon's memory
 
 rc=0
 (cd "$WORK" && node --test --test-concurrency=2 ${E2E_FILTER:-*.test.mjs}) || rc=$?

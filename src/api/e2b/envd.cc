@@ -37,7 +37,8 @@ using protocol::Type;
 using sandbox::AgentChannel;
 using sandbox::Subscription;
 
-constexpr size_t kUploadLimit = size_t{1} << 30;
+// Uploads stream into the box (bounded by its disk, not by the daemon's memory).
+constexpr size_t kUploadLimit = size_t{1} << 40;
 
 // The sandbox and port a request is addressed to, if it is an envd request at all.
 std::optional<std::pair<int, std::string>> EnvdAddress(const http::Exchange& ex) {
@@ -846,6 +847,78 @@ awaitable<void> UploadError(http::Exchange& ex, const Status& s) {
   co_await JsonError(ex, FilesStatus(s.err()), s.message());
 }
 
+// The request body of an upload in pieces, inflated when it is gzip-encoded. Nothing is held
+// beyond one piece: an upload of any size streams into the box.
+class UploadBody {
+ public:
+  UploadBody(http::Exchange& ex, bool gzip)
+      : ex_(ex),
+        gzip_(gzip ? std::make_unique<GzipInflater>() : nullptr),
+        // One piece of deflate data inflates to at most ~1000 times its size.
+        buf_(gzip ? size_t{16} << 10 : protocol::kMaxChunk, '\0') {}
+
+  // The next piece; empty at the end of the body.
+  awaitable<Result<std::string>> Next() {
+    for (;;) {
+      auto n = co_await ex_.ReadSome(buf_.data(), buf_.size());
+      if (!n.ok()) co_return n.status();
+      if (*n == 0) {
+        if (gzip_) {
+          Status s = gzip_->Finish();
+          if (!s.ok()) co_return s;
+        }
+        co_return std::string();
+      }
+      if (!gzip_) co_return std::string(buf_.data(), *n);
+      std::string out;
+      Status s = gzip_->Feed(std::string_view(buf_.data(), *n), &out);
+      if (!s.ok()) co_return s;
+      if (!out.empty()) co_return out;
+    }
+  }
+
+ private:
+  http::Exchange& ex_;
+  std::unique_ptr<GzipInflater> gzip_;
+  std::string buf_;
+};
+
+// A multipart upload: each `file` part streams into its own BoxWrite as it arrives.
+awaitable<Status> UploadParts(UploadBody& body, BoxWrite& w, const std::string& boundary,
+                              const std::string& query_path, const User& user,
+                              const FileMetadata& metadata, json* written) {
+  MultipartParser parser(boundary);
+  std::set<std::string> seen;
+  bool in_file = false;
+  std::string dest;
+  for (;;) {
+    auto piece = co_await body.Next();
+    if (!piece.ok()) co_return piece.status();
+    if (piece->empty()) co_return parser.Finish();
+    std::vector<MultipartParser::Event> events;
+    Status s = parser.Feed(*piece, &events);
+    if (!s.ok()) co_return s;
+    for (auto& e : events) {
+      if (e.kind == MultipartParser::Event::kPartBegin) {
+        in_file = e.name == "file";  // other form fields are ignored, as by envd
+        if (!in_file) continue;
+        dest = ResolvePath(query_path.empty() ? e.filename : query_path, user.home);
+        if (!seen.insert(dest).second)
+          co_return Status::Error("cannot upload " + dest + " twice in one request", EINVAL);
+        s = co_await w.Begin(WriteBegin(dest, user, metadata));
+      } else if (e.kind == MultipartParser::Event::kData) {
+        if (in_file) s = co_await w.Append(e.data);
+      } else if (in_file) {
+        auto entry = co_await w.End();
+        if (!entry.ok()) co_return entry.status();
+        written->push_back(WriteInfo(dest, *entry));
+        in_file = false;
+      }
+      if (!s.ok()) co_return s;
+    }
+  }
+}
+
 awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, "write");
   if (!t) co_return;
@@ -855,45 +928,40 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
   auto metadata = UploadMetadata(ex.HeadersWithPrefix("X-Metadata-"));
   if (!metadata.ok()) co_return co_await JsonError(ex, 400, metadata.status().message());
+  std::string encoding(ex.Header("Content-Encoding"));
+  if (!encoding.empty() && encoding != "gzip" && encoding != "identity")
+    co_return co_await JsonError(ex, 400, "unsupported Content-Encoding: " + encoding);
   std::string query_path = ex.query().Get("path").value_or("");
   std::string content_type(ex.Header("Content-Type"));
+  UploadBody body(ex, encoding == "gzip");
+  BoxWrite w(**ch);
   json written = json::array();
-  if (content_type.rfind("multipart/form-data", 0) == 0) {
-    auto body = co_await ex.ReadBody(kUploadLimit);
-    if (!body.ok()) {
-      if (!ex.responded()) co_await JsonError(ex, 400, body.status().message());
-      co_return;
-    }
-    auto parts = ParseMultipart(content_type, *body);
-    if (!parts.ok()) co_return co_await JsonError(ex, 400, parts.status().message());
-    std::set<std::string> seen;
-    for (const auto& part : *parts) {
-      if (part.name != "file") continue;
-      std::string dest = ResolvePath(query_path.empty() ? part.filename : query_path, user->home);
-      if (!seen.insert(dest).second)
-        co_return co_await JsonError(ex, 400, "cannot upload " + dest + " twice in one request");
-      auto entry = co_await WriteBoxFile(**ch, WriteBegin(dest, *user, *metadata), part.data);
-      if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
-      written.push_back(WriteInfo(dest, *entry));
-    }
+  Status s;
+  if (content_type.rfind("multipart/", 0) == 0) {
+    auto boundary = MultipartParser::Boundary(content_type);
+    if (!boundary.ok()) co_return co_await JsonError(ex, 400, boundary.status().message());
+    s = co_await UploadParts(body, w, *boundary, query_path, *user, *metadata, &written);
   } else {
     if (query_path.empty()) co_return co_await JsonError(ex, 400, "path: required");
     std::string dest = ResolvePath(query_path, user->home);
-    Result<protocol::Frame> entry = Status::Error("no body", EINVAL);
-    if (ex.Header("Content-Encoding") == "gzip") {
-      auto body = co_await ex.ReadBody(kUploadLimit);
-      if (!body.ok()) {
-        if (!ex.responded()) co_await JsonError(ex, 400, body.status().message());
-        co_return;
-      }
-      auto plain = Gunzip(*body, kUploadLimit);
-      if (!plain.ok()) co_return co_await JsonError(ex, 400, plain.status().message());
-      entry = co_await WriteBoxFile(**ch, WriteBegin(dest, *user, *metadata), *plain);
-    } else {
-      entry = co_await WriteBoxFileFromBody(ex, **ch, WriteBegin(dest, *user, *metadata));
+    s = co_await w.Begin(WriteBegin(dest, *user, *metadata));
+    while (s.ok()) {
+      auto piece = co_await body.Next();
+      if (!piece.ok()) s = piece.status();
+      if (!s.ok() || piece->empty()) break;
+      s = co_await w.Append(*piece);
     }
-    if (!entry.ok()) co_return co_await UploadError(ex, entry.status());
-    written.push_back(WriteInfo(dest, *entry));
+    if (s.ok()) {
+      auto entry = co_await w.End();
+      if (entry.ok())
+        written.push_back(WriteInfo(dest, *entry));
+      else
+        s = entry.status();
+    }
+  }
+  if (!s.ok()) {
+    co_await w.Abort();  // the file being written keeps its old content
+    co_return co_await UploadError(ex, s);
   }
   ctx.manager.Audit("file.write", t->rec.id, t->key.id,
                     {{"files", written.size()}, {"via", "e2b"}});

@@ -323,80 +323,145 @@ std::string UnescapeFilename(std::string s) {
 
 }  // namespace
 
-Result<std::vector<MultipartFile>> ParseMultipart(std::string_view content_type,
-                                                  std::string_view body) {
+Result<std::string> MultipartParser::Boundary(std::string_view content_type) {
   auto boundary = HeaderParam(content_type, "boundary");
-  if (!boundary || boundary->empty())
+  if (!boundary || boundary->empty() || boundary->size() > 200)
     return Status::Error("multipart: no boundary in Content-Type", EINVAL);
-  std::string delim = "--" + *boundary;
-  std::vector<MultipartFile> out;
-  size_t pos = body.find(delim);
-  if (pos == std::string_view::npos) return Status::Error("multipart: no parts", EINVAL);
-  for (;;) {
-    pos += delim.size();
-    if (body.substr(pos, 2) == "--") break;  // closing delimiter
-    if (body.substr(pos, 2) != "\r\n") return Status::Error("multipart: malformed", EINVAL);
-    pos += 2;
-    size_t hdr_end = body.find("\r\n\r\n", pos);
-    if (hdr_end == std::string_view::npos)
-      return Status::Error("multipart: truncated part header", EINVAL);
-    std::string_view headers = body.substr(pos, hdr_end - pos);
-    size_t data_start = hdr_end + 4;
-    size_t next = body.find("\r\n" + delim, data_start);
-    if (next == std::string_view::npos) return Status::Error("multipart: truncated part", EINVAL);
-    MultipartFile f;
-    size_t line_start = 0;
-    while (line_start <= headers.size()) {
-      size_t eol = headers.find("\r\n", line_start);
-      std::string_view line = headers.substr(line_start, eol - line_start);
-      size_t colon = line.find(':');
-      if (colon != std::string_view::npos) {
-        std::string name(line.substr(0, colon));
-        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        if (name == "content-disposition") {
-          std::string_view value = line.substr(colon + 1);
-          f.name = HeaderParam(value, "name").value_or("");
-          f.filename = UnescapeFilename(HeaderParam(value, "filename").value_or(""));
-        }
-      }
-      if (eol == std::string_view::npos) break;
-      line_start = eol + 2;
-    }
-    f.data = std::string(body.substr(data_start, next - data_start));
-    out.push_back(std::move(f));
-    pos = next + 2;
-  }
-  return out;
+  return *boundary;
 }
 
-Result<std::string> Gunzip(std::string_view in, size_t limit) {
-  z_stream z{};
-  if (inflateInit2(&z, 15 + 32) != Z_OK) return Status::Error("gzip: init failed", EIO);
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.avail_in = static_cast<uInt>(in.size());
-  std::string out;
-  char buf[64 * 1024];
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    z.next_out = reinterpret_cast<Bytef*>(buf);
-    z.avail_out = sizeof buf;
-    rc = inflate(&z, Z_NO_FLUSH);
-    if (rc != Z_OK && rc != Z_STREAM_END) {
-      inflateEnd(&z);
-      return Status::Error("gzip: corrupt body", EINVAL);
-    }
-    out.append(buf, sizeof buf - z.avail_out);
-    if (out.size() > limit) {
-      inflateEnd(&z);
-      return Status::Error("gzip: body too large", E2BIG);
-    }
-    if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
-      inflateEnd(&z);
-      return Status::Error("gzip: truncated body", EINVAL);
+MultipartParser::MultipartParser(const std::string& boundary) : delimiter_("\r\n--" + boundary) {
+  // The first delimiter may open the body without the CRLF before it.
+  buf_ = "\r\n";
+}
+
+Status MultipartParser::Feed(std::string_view in, std::vector<Event>* events) {
+  constexpr size_t kMaxPartHeader = 16 << 10;
+  buf_.append(in);
+  size_t pos = 0;
+  for (;;) {
+    if (state_ == State::kPreamble) {
+      size_t d = buf_.find(delimiter_, pos);
+      if (d == std::string::npos) {
+        // Keep what could be the start of a delimiter.
+        pos = buf_.size() > delimiter_.size() ? buf_.size() - delimiter_.size() : pos;
+        break;
+      }
+      pos = d + delimiter_.size();
+      state_ = State::kAfterDelimiter;
+    } else if (state_ == State::kAfterDelimiter) {
+      if (buf_.size() - pos < 2) break;
+      if (buf_.compare(pos, 2, "--") == 0) {
+        state_ = State::kDone;
+        pos = buf_.size();  // the epilogue is ignored
+        break;
+      }
+      // Transport padding (spaces, tabs) may sit before the CRLF.
+      size_t eol = buf_.find("\r\n", pos);
+      if (eol == std::string::npos) {
+        if (buf_.size() - pos > 256) return Status::Error("multipart: malformed delimiter", EINVAL);
+        break;
+      }
+      if (buf_.find_first_not_of(" \t", pos) != eol)
+        return Status::Error("multipart: malformed delimiter", EINVAL);
+      pos = eol + 2;
+      state_ = State::kHeaders;
+    } else if (state_ == State::kHeaders) {
+      size_t end = buf_.find("\r\n\r\n", pos);
+      bool empty_headers = buf_.compare(pos, 2, "\r\n") == 0;
+      if (end == std::string::npos && !empty_headers) {
+        if (buf_.size() - pos > kMaxPartHeader)
+          return Status::Error("multipart: part header too large", EINVAL);
+        break;
+      }
+      std::string_view headers =
+          empty_headers ? std::string_view() : std::string_view(buf_).substr(pos, end - pos);
+      Event e{Event::kPartBegin, "", "", ""};
+      size_t line_start = 0;
+      while (line_start <= headers.size() && !headers.empty()) {
+        size_t eol = headers.find("\r\n", line_start);
+        std::string_view line = headers.substr(line_start, eol - line_start);
+        size_t colon = line.find(':');
+        if (colon != std::string_view::npos) {
+          std::string name(line.substr(0, colon));
+          for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          if (name == "content-disposition") {
+            std::string_view value = line.substr(colon + 1);
+            e.name = HeaderParam(value, "name").value_or("");
+            e.filename = UnescapeFilename(HeaderParam(value, "filename").value_or(""));
+          }
+        }
+        if (eol == std::string_view::npos) break;
+        line_start = eol + 2;
+      }
+      events->push_back(std::move(e));
+      pos = empty_headers ? pos + 2 : end + 4;
+      state_ = State::kBody;
+    } else if (state_ == State::kBody) {
+      size_t d = buf_.find(delimiter_, pos);
+      // Data up to the delimiter, or all but what could be its start.
+      size_t until = d != std::string::npos                  ? d
+                     : buf_.size() - pos > delimiter_.size() ? buf_.size() - delimiter_.size()
+                                                             : pos;
+      if (until > pos)
+        events->push_back(Event{Event::kData, "", "", buf_.substr(pos, until - pos)});
+      pos = until;
+      if (d == std::string::npos) break;
+      events->push_back(Event{Event::kPartEnd, "", "", ""});
+      pos = d + delimiter_.size();
+      state_ = State::kAfterDelimiter;
+    } else {  // kDone
+      pos = buf_.size();
+      break;
     }
   }
-  inflateEnd(&z);
-  return out;
+  buf_.erase(0, pos);
+  return {};
+}
+
+Status MultipartParser::Finish() const {
+  if (state_ == State::kDone) return {};
+  return Status::Error(
+      state_ == State::kPreamble ? "multipart: no parts" : "multipart: truncated body", EINVAL);
+}
+
+struct GzipInflater::Impl {
+  z_stream z{};
+  bool ok = false;
+  bool ended = false;
+};
+
+GzipInflater::GzipInflater() : impl_(std::make_unique<Impl>()) {
+  impl_->ok = inflateInit2(&impl_->z, 15 + 16) == Z_OK;  // gzip only
+}
+
+GzipInflater::~GzipInflater() {
+  if (impl_->ok) inflateEnd(&impl_->z);
+}
+
+Status GzipInflater::Feed(std::string_view in, std::string* out) {
+  if (!impl_->ok) return Status::Error("gzip: init failed", EIO);
+  z_stream& z = impl_->z;
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  char buf[64 * 1024];
+  while (z.avail_in > 0 && !impl_->ended) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    int rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR)
+      return Status::Error("gzip: corrupt body", EINVAL);
+    size_t n = sizeof buf - z.avail_out;
+    out->append(buf, n);
+    if (rc == Z_STREAM_END) impl_->ended = true;
+    if (rc == Z_BUF_ERROR && n == 0) break;
+  }
+  return {};
+}
+
+Status GzipInflater::Finish() const {
+  if (!impl_->ended) return Status::Error("gzip: truncated body", EINVAL);
+  return {};
 }
 
 std::optional<User> FindUser(std::string_view passwd, std::string_view name) {

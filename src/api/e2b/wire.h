@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -70,16 +71,49 @@ Result<FileMetadata> UploadMetadata(
 // The metadata part of an entry (see EntryInfo); empty when there is none.
 FileMetadata EntryMetadata(const protocol::Reader& f);
 
-struct MultipartFile {
-  std::string name;      // form field name
-  std::string filename;  // as sent (the SDK puts the destination path here)
-  std::string data;
+// Splits a multipart/form-data body as it arrives, in pieces of any size, so that an upload
+// never has to be held whole: Feed() reports each part's start (with its form name and filename),
+// its data in pieces, and its end.
+class MultipartParser {
+ public:
+  struct Event {
+    enum Kind { kPartBegin, kData, kPartEnd } kind;
+    std::string name;      // kPartBegin: form field name
+    std::string filename;  // kPartBegin: as sent (the SDK puts the destination path here)
+    std::string data;      // kData
+  };
+  // The boundary of a multipart Content-Type; EINVAL without one.
+  static Result<std::string> Boundary(std::string_view content_type);
+  explicit MultipartParser(const std::string& boundary);
+  // Appends the events `in` completes to *events. EINVAL for a malformed body (part headers over
+  // 16 KiB included).
+  Status Feed(std::string_view in, std::vector<Event>* events);
+  // At the end of the body: EINVAL unless the closing delimiter came.
+  Status Finish() const;
+
+ private:
+  enum class State { kPreamble, kAfterDelimiter, kHeaders, kBody, kDone };
+  std::string delimiter_;  // "\r\n--" + boundary
+  std::string buf_;
+  State state_ = State::kPreamble;
 };
-// Splits a multipart/form-data body. `content_type` carries the boundary.
-Result<std::vector<MultipartFile>> ParseMultipart(std::string_view content_type,
-                                                  std::string_view body);
-// Inflates a gzip body, at most `limit` bytes out.
-Result<std::string> Gunzip(std::string_view in, size_t limit);
+
+// Inflates a gzip stream piece by piece.
+class GzipInflater {
+ public:
+  GzipInflater();
+  ~GzipInflater();
+  GzipInflater(const GzipInflater&) = delete;
+  GzipInflater& operator=(const GzipInflater&) = delete;
+  // Appends what `in` inflates to *out. EINVAL for a corrupt stream.
+  Status Feed(std::string_view in, std::string* out);
+  // At the end of the input: EINVAL unless the stream was complete.
+  Status Finish() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // A passwd entry inside a sandbox.
 struct User {

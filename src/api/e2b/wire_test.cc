@@ -60,39 +60,95 @@ TEST(E2bWire, SignatureAndBasicAuth) {
   EXPECT_EQ(BasicAuthUser("Bearer x"), "");
 }
 
-TEST(E2bWire, Multipart) {
-  std::string body =
-      "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/a%22b.txt\"\r\n"
-      "Content-Type: application/octet-stream\r\n\r\nhello\r\n"
-      "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"rel.txt\"\r\n\r\n"
-      "two\r\nlines\r\n--XX--\r\n";
-  auto parts = ParseMultipart("multipart/form-data; boundary=XX", body);
-  ASSERT_TRUE(parts.ok()) << parts.status().message();
-  ASSERT_EQ(parts->size(), 2u);
-  EXPECT_EQ((*parts)[0].filename, "/a\"b.txt");
-  EXPECT_EQ((*parts)[0].data, "hello");
-  EXPECT_EQ((*parts)[1].data, "two\r\nlines");
-  EXPECT_FALSE(ParseMultipart("multipart/form-data", body).ok());
+struct Part {
+  std::string name, filename, data;
+  bool operator==(const Part&) const = default;
+};
+
+// Parses `body` fed in pieces of `step` bytes; the parts, or the first error.
+Result<std::vector<Part>> ParseInPieces(const std::string& body, size_t step) {
+  MultipartParser p("XX");
+  std::vector<Part> parts;
+  bool open = false;
+  for (size_t off = 0; off < body.size(); off += step) {
+    std::vector<MultipartParser::Event> events;
+    SBX_RETURN_IF_ERROR(p.Feed(std::string_view(body).substr(off, step), &events));
+    for (auto& e : events) {
+      if (e.kind == MultipartParser::Event::kPartBegin) {
+        EXPECT_FALSE(open);
+        parts.push_back({e.name, e.filename, ""});
+        open = true;
+      } else if (e.kind == MultipartParser::Event::kData) {
+        EXPECT_TRUE(open);
+        parts.back().data += e.data;
+      } else {
+        EXPECT_TRUE(open);
+        open = false;
+      }
+    }
+  }
+  SBX_RETURN_IF_ERROR(p.Finish());
+  return parts;
 }
 
-TEST(E2bWire, Gunzip) {
-  std::string plain(100000, 'x');
+TEST(E2bWire, MultipartInAnyPieces) {
+  std::string body =
+      "preamble\r\n--XX\r\nContent-Disposition: form-data; name=\"file\"; "
+      "filename=\"/a%22b.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhello\r\n"
+      "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"rel.txt\"\r\n\r\n"
+      "two\r\nlines\r\n--X not yet\r\n--XX  \r\ncontent-disposition: form-data; name=\"other\"\r\n"
+      "\r\n\r\n--XX--\r\nepilogue";
+  std::vector<Part> want = {{"file", "/a\"b.txt", "hello"},
+                            {"file", "rel.txt", "two\r\nlines\r\n--X not yet"},
+                            {"other", "", ""}};
+  for (size_t step : std::vector<size_t>{1, 2, 3, 5, 7, 13, 64, 100000}) {
+    auto parts = ParseInPieces(body, step);
+    ASSERT_TRUE(parts.ok()) << step << ": " << parts.status().message();
+    EXPECT_EQ(*parts, want) << step;
+  }
+  EXPECT_EQ(*MultipartParser::Boundary("multipart/form-data; boundary=XX"), "XX");
+  EXPECT_FALSE(MultipartParser::Boundary("multipart/form-data").ok());
+  // Truncated, missing, malformed.
+  EXPECT_FALSE(ParseInPieces(body.substr(0, body.find("--XX--")), 7).ok());
+  EXPECT_FALSE(ParseInPieces("no delimiter at all", 4).ok());
+  EXPECT_FALSE(ParseInPieces("--XXjunk\r\n\r\n--XX--", 4).ok());
+  EXPECT_FALSE(ParseInPieces("--XX\r\n" + std::string(20000, 'h'), 1000).ok());
+}
+
+std::string GzipOf(const std::string& plain) {
   uLongf n = compressBound(plain.size()) + 32;
   std::string gz(n, '\0');
   z_stream z{};
-  ASSERT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  z.next_in = reinterpret_cast<Bytef*>(plain.data());
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(plain.data()));
   z.avail_in = plain.size();
   z.next_out = reinterpret_cast<Bytef*>(gz.data());
   z.avail_out = n;
-  ASSERT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
   gz.resize(n - z.avail_out);
   deflateEnd(&z);
-  auto out = Gunzip(gz, 1 << 20);
-  ASSERT_TRUE(out.ok());
-  EXPECT_EQ(*out, plain);
-  EXPECT_FALSE(Gunzip(gz, 10).ok());
-  EXPECT_FALSE(Gunzip("not gzip", 100).ok());
+  return gz;
+}
+
+TEST(E2bWire, GzipInflaterInPieces) {
+  std::string plain;
+  for (int i = 0; i < 300000; ++i) plain += static_cast<char>('a' + (i * 31 + i / 7) % 26);
+  std::string gz = GzipOf(plain);
+  for (size_t step : {size_t{1}, size_t{7}, size_t{4096}, size_t{1} << 20}) {
+    GzipInflater g;
+    std::string out;
+    for (size_t off = 0; off < gz.size(); off += step)
+      ASSERT_TRUE(g.Feed(std::string_view(gz).substr(off, step), &out).ok()) << step;
+    EXPECT_TRUE(g.Finish().ok());
+    EXPECT_EQ(out, plain) << step;
+  }
+  std::string out;
+  GzipInflater bad;
+  EXPECT_EQ(bad.Feed("not gzip at all", &out).err(), EINVAL);
+  GzipInflater cut;
+  out.clear();
+  ASSERT_TRUE(cut.Feed(std::string_view(gz).substr(0, gz.size() / 2), &out).ok());
+  EXPECT_FALSE(cut.Finish().ok());
 }
 
 TEST(E2bWire, UsersAndPaths) {

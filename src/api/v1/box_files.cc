@@ -3,51 +3,58 @@
 #include <string>
 
 namespace sbx::api {
-namespace {
 
 using boost::asio::awaitable;
 using protocol::Tag;
 using protocol::Type;
 
-// Ends an open write that will not be finished. The agent also drops it when the connection
-// closes; telling it now matters because the connection is shared and long-lived.
-awaitable<Status> Abort(sandbox::AgentChannel& ch, uint32_t id, Status why) {
-  (void)co_await ch.CallWithId(Type::kWriteAbort, id, protocol::Writer());
-  co_return why;
+awaitable<Status> BoxWrite::Begin(protocol::Writer begin) {
+  id_ = ch_.NextId();
+  auto b = co_await ch_.CallWithId(Type::kWriteBegin, id_, std::move(begin));
+  if (!b.ok()) co_return b.status();
+  open_ = true;
+  co_return Status();
 }
 
-}  // namespace
-
-awaitable<Result<protocol::Frame>> WriteBoxFile(sandbox::AgentChannel& ch, protocol::Writer begin,
-                                                std::string_view data) {
-  uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, std::move(begin));
-  if (!b.ok()) co_return b.status();
+awaitable<Status> BoxWrite::Append(std::string_view data) {
   while (!data.empty()) {
     std::string_view chunk = data.substr(0, protocol::kMaxChunk);
-    Status s = co_await ch.Send(Type::kWriteData, id, protocol::Writer().Str(Tag::kData, chunk));
-    if (!s.ok()) co_return co_await Abort(ch, id, s);
+    Status s = co_await ch_.Send(Type::kWriteData, id_, protocol::Writer().Str(Tag::kData, chunk));
+    if (!s.ok()) co_return s;
     data.remove_prefix(chunk.size());
   }
-  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
+  co_return Status();
+}
+
+awaitable<Result<protocol::Frame>> BoxWrite::End() {
+  open_ = false;
+  co_return co_await ch_.CallWithId(Type::kWriteEnd, id_, protocol::Writer());
+}
+
+awaitable<void> BoxWrite::Abort() {
+  if (!open_) co_return;
+  open_ = false;
+  (void)co_await ch_.CallWithId(Type::kWriteAbort, id_, protocol::Writer());
 }
 
 awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
                                                         sandbox::AgentChannel& ch,
                                                         protocol::Writer begin) {
-  uint32_t id = ch.NextId();
-  auto b = co_await ch.CallWithId(Type::kWriteBegin, id, std::move(begin));
-  if (!b.ok()) co_return b.status();
+  BoxWrite w(ch);
+  Status s = co_await w.Begin(std::move(begin));
+  if (!s.ok()) co_return s;
   std::string buf(protocol::kMaxChunk, '\0');
   for (;;) {
     auto n = co_await ex.ReadSome(buf.data(), buf.size());
-    if (!n.ok()) co_return co_await Abort(ch, id, n.status());
-    if (*n == 0) break;
-    Status s = co_await ch.Send(
-        Type::kWriteData, id, protocol::Writer().Str(Tag::kData, std::string_view(buf.data(), *n)));
-    if (!s.ok()) co_return co_await Abort(ch, id, s);
+    if (!n.ok()) s = n.status();
+    if (!s.ok() || *n == 0) break;
+    s = co_await w.Append(std::string_view(buf.data(), *n));
   }
-  co_return co_await ch.CallWithId(Type::kWriteEnd, id, protocol::Writer());
+  if (!s.ok()) {
+    co_await w.Abort();
+    co_return s;
+  }
+  co_return co_await w.End();
 }
 
 }  // namespace sbx::api

@@ -8,6 +8,7 @@
 // clang-format on
 
 #include <boost/asio/awaitable.hpp>
+#include <cstdint>
 #include <string_view>
 
 #include "api/http/exchange.h"
@@ -17,14 +18,31 @@
 
 namespace sbx::api {
 
-// Writes `data` with the WRITE_BEGIN payload `begin` (path, mode, owner, xattrs...). The result
-// is WRITE_END's entry. A failure after WRITE_BEGIN aborts the write (WRITE_ABORT), so no
-// temporary file stays in the box.
-boost::asio::awaitable<Result<protocol::Frame>> WriteBoxFile(sandbox::AgentChannel& ch,
-                                                             protocol::Writer begin,
-                                                             std::string_view data);
-// The same with the request body as the data, streamed: a body that fails midway (client gone,
-// stalled, over the limit) aborts the write and leaves the old file as it was.
+// One write into the box, fed in pieces. Every write that began must end with End() or Abort():
+// an abandoned one would keep its temporary file in the box until the agent connection closes,
+// and that connection is shared and long-lived.
+class BoxWrite {
+ public:
+  explicit BoxWrite(sandbox::AgentChannel& ch) : ch_(ch) {}
+  // WRITE_BEGIN with `begin` (path, mode, owner, xattrs...).
+  boost::asio::awaitable<Status> Begin(protocol::Writer begin);
+  // WRITE_DATA in agent-sized pieces; completes when the agent took them (so the caller is
+  // paced by the agent).
+  boost::asio::awaitable<Status> Append(std::string_view data);
+  // WRITE_END: the new file replaces the old; the result is its entry.
+  boost::asio::awaitable<Result<protocol::Frame>> End();
+  // WRITE_ABORT when a write is open; the old file stays as it was.
+  boost::asio::awaitable<void> Abort();
+  bool open() const { return open_; }
+
+ private:
+  sandbox::AgentChannel& ch_;
+  uint32_t id_ = 0;
+  bool open_ = false;
+};
+
+// The request body, streamed into a file: BoxWrite with the body as the data. A body that fails
+// midway (client gone, stalled, over the limit) aborts the write.
 boost::asio::awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
                                                                      sandbox::AgentChannel& ch,
                                                                      protocol::Writer begin);
