@@ -75,3 +75,52 @@ for (const [name, sdk] of SDKS) {
     })
   })
 }
+
+// StreamInput is client streaming, which fetch cannot send, so no SDK calls it; a Connect client
+// with a streaming HTTP body (Go, curl) can. Sent here by hand: envelopes in a chunked body.
+test('process.StreamInput: start, data and keepalive envelopes feed a process', async () => {
+  const { request } = await import('node:http')
+  const envelope = (msg) => {
+    const payload = Buffer.from(JSON.stringify(msg))
+    const head = Buffer.alloc(5)
+    head.writeUInt32BE(payload.length, 1)
+    return Buffer.concat([head, payload])
+  }
+  const [, sdk] = SDKS[0]
+  await withSandbox(sdk, {}, async (sbx) => {
+    const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+    const base = new URL(process.env.E2B_SANDBOX_URL)
+    const b64 = (s) => Buffer.from(s).toString('base64')
+    const res = await new Promise((resolve, reject) => {
+      const req = request({
+        host: base.hostname, port: base.port, method: 'POST', path: '/process.Process/StreamInput',
+        headers: {
+          'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1',
+          'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': sbx.envdAccessToken,
+        },
+      }, (r) => {
+        const parts = []
+        r.on('data', (d) => parts.push(d))
+        r.on('end', () => resolve({ status: r.statusCode, body: Buffer.concat(parts) }))
+      })
+      req.on('error', reject)
+      req.write(envelope({ start: { process: { pid: cat.pid } } }))
+      req.write(envelope({ data: { input: { stdin: b64('abc\n') } } }))
+      setTimeout(() => {
+        req.write(envelope({ keepalive: {} }))
+        // One envelope split across two writes.
+        const last = envelope({ data: { input: { stdin: b64('def\n') } } })
+        req.write(last.subarray(0, 3))
+        req.end(last.subarray(3))
+      }, 100)
+    })
+    assert.equal(res.status, 200)
+    // A response message, then the end-stream envelope (flag 2) without an error.
+    assert.equal(res.body[0], 0)
+    const n = res.body.readUInt32BE(1)
+    assert.equal(res.body[5 + n], 2)
+    assert.deepEqual(JSON.parse(res.body.subarray(10 + n).toString()), {})
+    await sbx.commands.closeStdin(cat.pid)
+    assert.equal((await cat.wait()).stdout, 'abc\ndef\n')
+  })
+})

@@ -491,6 +491,59 @@ awaitable<Result<json>> ProcessUnary(AgentChannel& ch, const std::string& method
   co_return json::object();
 }
 
+// Input from a client stream (envelopes as they arrive in the request body): a `start` naming the
+// process, then `data` (stdin or pty bytes) and `keepalive`s. Answers once the stream ends.
+awaitable<void> StreamInput(http::Exchange& ex, AgentChannel& ch) {
+  EnvelopeReader reader;
+  std::optional<int64_t> pid;
+  std::string buf(64 << 10, '\0');
+  Status failed;
+  for (bool end = false; !end && failed.ok();) {
+    auto n = co_await ex.ReadSome(buf.data(), buf.size());
+    if (!n.ok()) co_return;  // the client is gone
+    end = *n == 0;
+    reader.Feed(std::string_view(buf.data(), *n));
+    for (;;) {
+      auto msg = reader.Next();
+      if (!msg.ok()) failed = msg.status();
+      if (!failed.ok() || !*msg) break;
+      const json& m = **msg;
+      if (m.contains("start")) {
+        auto proc = co_await Select(ch, m["start"], false);
+        if (!proc.ok()) {
+          failed = proc.status();
+          break;
+        }
+        pid = proc->pid;
+      } else if (m.contains("data")) {
+        if (!pid) {
+          failed = Status::Error("stream input: data before start", EINVAL);
+          break;
+        }
+        const json input = m["data"].value("input", json::object());
+        auto data =
+            Unbase64(input.contains("stdin") ? input.value("stdin", "") : input.value("pty", ""));
+        if (!data.ok()) {
+          failed = data.status();
+          break;
+        }
+        failed = co_await WriteStdin(ch, *pid, *data);
+      }  // keepalive: nothing to do
+    }
+    if (end && failed.ok() && !reader.empty())
+      failed = Status::Error("stream input: truncated envelope", EINVAL);
+  }
+  if (!failed.ok()) {
+    int err = failed.err();
+    co_return co_await EndRpcStream(ex, err == ESRCH ? "not_found" : ConnectCode(err),
+                                    failed.message());
+  }
+  Status begun = co_await ex.BeginStream(200, "application/connect+json");
+  if (!begun.ok()) co_return;
+  json empty = json::object();
+  if (co_await SendMessage(ex, empty)) co_await EndRpcStream(ex);
+}
+
 // ---- filesystem.Filesystem ----
 
 awaitable<Result<protocol::Frame>> MakeDir(AgentChannel& ch, const std::string& path,
@@ -748,10 +801,11 @@ awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process,
   if (!t) co_return;
   std::string method = ex.Param("method");
   bool streaming = process ? (method == "Start" || method == "Connect") : method == "WatchDir";
-  if (method == "StreamInput")
-    co_return co_await RpcError(ex, "unimplemented",
-                                "process.StreamInput (client streaming) is not supported; use "
-                                "SendInput");
+  if (process && method == "StreamInput") {
+    auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
+    if (!ch.ok()) co_return co_await EndRpcStream(ex, "unavailable", ch.status().message());
+    co_return co_await StreamInput(ex, **ch);
+  }
   auto body = co_await ex.ReadBody();
   if (!body.ok()) {
     if (!ex.responded()) co_await RpcError(ex, "invalid_argument", body.status().message());

@@ -29,18 +29,27 @@ std::string Envelope(uint8_t flags, std::string_view payload) {
 }
 
 Result<json> ParseEnvelopeJson(std::string_view body) {
-  if (body.size() < 5) return Status::Error("connect: request envelope too short", EINVAL);
-  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(body[i])); };
+  EnvelopeReader r;
+  r.Feed(body);
+  auto j = r.Next();
+  if (!j.ok()) return j.status();
+  if (!*j) return Status::Error("connect: request envelope truncated", EINVAL);
+  return std::move(**j);
+}
+
+Result<std::optional<json>> EnvelopeReader::Next() {
+  if (buf_.size() < 5) return std::optional<json>();
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(buf_[i])); };
   if (b(0) & 0x01) return Status::Error("connect: compressed messages are not supported", EINVAL);
   uint32_t n = (b(1) << 24) | (b(2) << 16) | (b(3) << 8) | b(4);
-  if (body.size() < 5 + static_cast<size_t>(n))
-    return Status::Error("connect: request envelope truncated", EINVAL);
-  std::string_view payload = body.substr(5, n);
-  if (payload.empty()) return json::object();
-  json j = json::parse(payload, nullptr, false);
+  if (n > kMaxMessage) return Status::Error("connect: request message too large", EINVAL);
+  if (buf_.size() < 5 + static_cast<size_t>(n)) return std::optional<json>();
+  std::string_view payload = std::string_view(buf_).substr(5, n);
+  json j = payload.empty() ? json::object() : json::parse(payload, nullptr, false);
+  buf_.erase(0, 5 + static_cast<size_t>(n));
   if (j.is_discarded() || !j.is_object())
     return Status::Error("connect: request message is not a JSON object", EINVAL);
-  return j;
+  return std::optional<json>(std::move(j));
 }
 
 const char* ConnectCode(int err) {

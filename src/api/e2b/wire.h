@@ -30,6 +30,20 @@ inline constexpr int kEnvdPort = 49983;
 std::string Envelope(uint8_t flags, std::string_view payload);
 // The JSON payload of the first envelope of a streaming request body.
 Result<nlohmann::json> ParseEnvelopeJson(std::string_view body);
+// Splits a client stream of envelopes (StreamInput's request body) as it arrives.
+class EnvelopeReader {
+ public:
+  static constexpr size_t kMaxMessage = 4u << 20;
+  void Feed(std::string_view in) { buf_.append(in); }
+  // The next complete message (a JSON object); nullopt until one is complete. EINVAL for a
+  // compressed, oversized or non-object message.
+  Result<std::optional<nlohmann::json>> Next();
+  // True when no partial envelope is pending (a clean end of the stream).
+  bool empty() const { return buf_.empty(); }
+
+ private:
+  std::string buf_;
+};
 // A Connect error code ("not_found") for an errno, and the HTTP status of a Connect code.
 const char* ConnectCode(int err);
 int ConnectHttpStatus(std::string_view code);
