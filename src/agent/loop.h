@@ -34,7 +34,7 @@ class Agent {
  public:
   static constexpr size_t kMaxConnections = 64;
   static constexpr size_t kMaxFinished = 256;
-  static constexpr int64_t kFinishedTtlMs = 10 * 60 * 1000;
+  static constexpr int64_t kFinishedTtlMs = int64_t{10} * 60 * 1000;
   static constexpr size_t kStdinQueueLimit = 4u << 20;
 
   explicit Agent(AgentOptions options);

@@ -83,7 +83,7 @@ Result<int64_t> ParseRfc3339Millis(std::string_view text) {
     int sign = text[pos++] == '-' ? -1 : 1;
     int oh = 0, om = 0;
     if (!digits(2, &oh) || !expect(":") || !digits(2, &om) || oh > 23 || om > 59) return bad();
-    offset_s = sign * (oh * 3600 + om * 60);
+    offset_s = int64_t{sign} * (oh * 3600 + om * 60);
   } else {
     return bad();
   }

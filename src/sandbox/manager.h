@@ -34,8 +34,8 @@
 namespace sbx::sandbox {
 
 struct ManagerConfig {
-  int64_t default_timeout_ms = 5 * 60 * 1000;  // as E2B: 5 minutes
-  int64_t max_timeout_ms = 24 * 60 * 60 * 1000;
+  int64_t default_timeout_ms = int64_t{5} * 60 * 1000;  // as E2B: 5 minutes
+  int64_t max_timeout_ms = int64_t{24} * 60 * 60 * 1000;
   store::SandboxLimits default_limits{1LL << 30, 1.0, 0, 1024, 0};
   std::string default_template = "host";
 };

@@ -277,29 +277,23 @@ TEST_F(AgentTest, ReattachReplaysOutputAndExit) {
   EXPECT_EQ(r.err, "e\n");
   EXPECT_EQ(r.exit_code, 0);
 
-  // From a mid offset: only the tail.
-  auto m =
-      c.Call(Type::kAttach,
-             Writer().Int(Tag::kPid, pid).Int(Tag::kStdoutOffset, 7).Int(Tag::kStderrOffset, 2));
-  ASSERT_TRUE(m.ok());
-  Run mid;
-  mid.id = m->id();
-  Collect(c, &mid);
-  EXPECT_EQ(mid.out, "789abc");
-  EXPECT_EQ(mid.err, "");
-  EXPECT_EQ(mid.exit_code, 0);
-
-  // From the end (-1): nothing written before, just the exit.
-  auto end =
-      c.Call(Type::kAttach,
-             Writer().Int(Tag::kPid, pid).Int(Tag::kStdoutOffset, -1).Int(Tag::kStderrOffset, -1));
-  ASSERT_TRUE(end.ok());
-  Run tail;
-  tail.id = end->id();
-  Collect(c, &tail);
-  EXPECT_EQ(tail.out, "");
-  EXPECT_EQ(tail.err, "");
-  EXPECT_EQ(tail.exit_code, 0);
+  // From a mid offset, only the tail; from the end (-1), nothing written before, just the exit.
+  struct From {
+    int64_t out, err;
+    const char *want_out, *want_err;
+  };
+  for (const From& f : {From{7, 2, "789abc", ""}, From{-1, -1, "", ""}}) {
+    auto m = c.Call(
+        Type::kAttach,
+        Writer().Int(Tag::kPid, pid).Int(Tag::kStdoutOffset, f.out).Int(Tag::kStderrOffset, f.err));
+    ASSERT_TRUE(m.ok());
+    Run from;
+    from.id = m->id();
+    Collect(c, &from);
+    EXPECT_EQ(from.out, f.want_out) << f.out;
+    EXPECT_EQ(from.err, f.want_err) << f.err;
+    EXPECT_EQ(from.exit_code, 0);
+  }
 
   // LIST_PROCS shows it as finished.
   std::vector<Frame> procs;
