@@ -157,9 +157,11 @@ TEST_F(RunTest, OutOfMemoryIsReported) {
 }
 
 TEST_F(RunTest, ForkBombIsHeldByThePidsLimit) {
-  // The bomb runs until the timeout kills it; the host keeps working and nothing is left.
-  auto r = Sbx(
-      {"--pids", "64", "--timeout", "3s", "--", "sh", "-c", "b() { b | b & }; b; exec sleep 60"});
+  // The bomb runs until the timeout kills it; the host keeps working and nothing is left. It
+  // starts in a subshell: a shell whose fork fails exits 2, and the bomb may use up the pids
+  // before the outer shell forks its second pipeline member.
+  auto r = Sbx({"--pids", "64", "--timeout", "3s", "--", "sh", "-c",
+                "(b() { b | b & }; b); exec sleep 60"});
   EXPECT_EQ(r.exit_code, 124) << r.err;
   EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
   auto host = RunProcess({"/bin/sh", "-c", "echo alive"});

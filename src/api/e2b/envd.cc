@@ -702,13 +702,13 @@ awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, 
   co_await EndRpcStream(ex, "unavailable", "the sandbox's agent connection closed");
 }
 
-// ---- CreateWatcher / GetWatcherEvents / RemoveWatcher (the polled watch of Python's sync SDK)
-// ----
+// ---- polled watchers (CreateWatcher, GetWatcherEvents, RemoveWatcher: Python's sync SDK) ----
 
 // A polled watch: a coroutine drains its agent subscription into `events` (so an unpolled
 // watcher never stalls the sandbox's agent channel), GetWatcherEvents takes them.
 struct PolledWatch {
-  static constexpr size_t kMaxEvents = 10000;  // past it the oldest are dropped
+  // Past it the oldest are dropped: a sandbox has at most 64 watches, so a few MiB at most.
+  static constexpr size_t kMaxEvents = 1024;
   std::string sandbox_id;
   std::shared_ptr<AgentChannel> channel;
   std::shared_ptr<Subscription> sub;
@@ -758,8 +758,7 @@ awaitable<void> DrainWatch(std::shared_ptr<PolledWatches> all, std::string id,
   all->Forget(id);
 }
 
-awaitable<Result<json>> PolledWatchRpc(PolledWatches& all,
-                                       const std::shared_ptr<PolledWatches>& own,
+awaitable<Result<json>> PolledWatchRpc(const std::shared_ptr<PolledWatches>& all,
                                        const std::shared_ptr<AgentChannel>& ch,
                                        const std::string& sandbox_id, const std::string& method,
                                        const json& req, const User& u) {
@@ -771,14 +770,14 @@ awaitable<Result<json>> PolledWatchRpc(PolledWatches& all,
     w->channel = ch;
     w->sub = *sub;
     std::string id = RandomId(16);
-    all.Add(id, w);
+    all->Add(id, w);
     // No co_await in this statement: GCC 12 mishandles temporaries beside one.
     auto executor = co_await asio::this_coro::executor;
-    asio::co_spawn(executor, DrainWatch(own, id, w), asio::detached);
+    asio::co_spawn(executor, DrainWatch(all, id, w), asio::detached);
     co_return json{{"watcherId", id}};
   }
   std::string id = req.value("watcherId", "");
-  auto w = all.Find(id, sandbox_id, method == "RemoveWatcher");
+  auto w = all->Find(id, sandbox_id, method == "RemoveWatcher");
   if (!w) co_return Status::Error("watcher '" + id + "' not found", ENOENT);
   if (method == "RemoveWatcher") {
     co_await StopWatch(*w->channel, *w->sub);
@@ -841,7 +840,7 @@ awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process,
     }
     if (method == "WatchDir") co_return co_await WatchDir(ex, channel, req, *user);
     if (method == "CreateWatcher" || method == "GetWatcherEvents" || method == "RemoveWatcher")
-      out = co_await PolledWatchRpc(*watches, watches, *ch, t->rec.id, method, req, *user);
+      out = co_await PolledWatchRpc(watches, *ch, t->rec.id, method, req, *user);
     else
       out = co_await FilesystemUnary(channel, method, req, *user);
   }

@@ -116,8 +116,8 @@ class Exchange {
 
   // ---- Relay (reverse proxy) ----
   // The request header as it should reach another server: request line and fields without the
-  // hop-by-hop ones, plus `extra`, and "Connection: close" (or the upgrade it asked for).
-  std::string ForwardHead(const Headers& extra = {}) const;
+  // hop-by-hop ones, and "Connection: close" (or the upgrade it asked for).
+  std::string ForwardHead() const;
   // Connects `socket` (a non-blocking TCP socket) to `address`; an error then means nothing was
   // sent to the client, so the caller still answers. Once connected, sends `head` and then the
   // client's raw bytes upstream and the upstream's bytes back unchanged, until the upstream

@@ -92,7 +92,7 @@ std::string CloseAfter(const std::string& header, int* status) {
 
 }  // namespace
 
-std::string Exchange::ForwardHead(const Headers& extra) const {
+std::string Exchange::ForwardHead() const {
   const auto& req = conn_.parser_->get();
   const bool upgrade = req.find(bhttp::field::upgrade) != req.end();
   std::string head;
@@ -107,7 +107,6 @@ std::string Exchange::ForwardHead(const Headers& extra) const {
     head.append(f.value().data(), f.value().size());
     head += "\r\n";
   }
-  for (const auto& [name, value] : extra) head += name + ": " + value + "\r\n";
   if (upgrade) {
     // A WebSocket (or other) upgrade goes through as is; the relay carries the new protocol.
     auto up = req[bhttp::field::upgrade];
