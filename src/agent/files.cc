@@ -119,6 +119,7 @@ class ListStream : public Stream {
     return {};
   }
 
+  uint32_t id() const override { return id_; }
   bool Pump(FrameSink& sink) override {
     while (!sink.Full()) {
       if (stack_.empty()) {
@@ -174,6 +175,7 @@ class ReadStream : public Stream {
         remaining_(length),
         size_(size) {}
 
+  uint32_t id() const override { return id_; }
   bool Pump(FrameSink& sink) override {
     std::string buf;
     while (!sink.Full()) {

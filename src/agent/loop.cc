@@ -311,7 +311,10 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
     return true;
   }
   auto t = static_cast<uint16_t>(h.type);
-  if (t >= static_cast<uint16_t>(Type::kSpawn) && t <= static_cast<uint16_t>(Type::kListProcs)) {
+  if (h.type == Type::kPause || h.type == Type::kResume) {
+    SetPaused(c, h.id, h.type == Type::kPause);  // no reply: it would land in the paused stream
+  } else if (t >= static_cast<uint16_t>(Type::kSpawn) &&
+             t <= static_cast<uint16_t>(Type::kListProcs)) {
     HandleProcessRequest(c, h, r);
   } else if (t >= static_cast<uint16_t>(Type::kStat) &&
              t <= static_cast<uint16_t>(Type::kWriteAbort) && h.type != Type::kEntry &&
@@ -475,13 +478,36 @@ void Agent::FlushConnection(Connection& c) {
   UpdateConnectionEvents(c);
 }
 
+void Agent::SetPaused(Connection& c, uint32_t id, bool paused) {
+  for (auto& s : c.streams())
+    if (s->id() == id) s->paused = paused;
+  watcher_.SetPaused(c.id(), id, paused);
+  std::vector<pid_t> pids;
+  for (const auto& [pid, p] : procs_) {
+    for (auto& s : p->subs) {
+      if (s.conn != c.id() || s.id != id || s.paused == paused) continue;
+      s.paused = paused;
+      pids.push_back(pid);
+    }
+  }
+  if (paused) return;
+  for (pid_t pid : pids) {
+    if (Process* p = FindProcess(pid)) Resume(*p);
+  }
+  OnRoom(c);  // a resumed stream may be all there is to send
+}
+
 void Agent::OnRoom(Connection& c) {
+  // Every stream that is not paused gets its turn; a paused one holds up no other.
   auto& streams = c.streams();
-  while (!streams.empty() && !c.Full()) {
-    if (streams.front()->Pump(c))
-      streams.pop_front();
-    else
-      break;
+  for (auto it = streams.begin(); it != streams.end() && !c.Full();) {
+    if ((*it)->paused) {
+      ++it;
+    } else if ((*it)->Pump(c)) {
+      it = streams.erase(it);
+    } else {
+      break;  // the queue is full again
+    }
   }
   if (c.subscriptions > 0 && !c.Full()) {
     std::vector<pid_t> pids;

@@ -59,6 +59,8 @@ class Agent {
   void FlushAll();
   void FlushConnection(Connection& c);
   void OnRoom(Connection& c);
+  // PAUSE / RESUME: flow control of one subscription (a process's events, a stream, a watch).
+  void SetPaused(Connection& c, uint32_t id, bool paused);
   void UpdateConnectionEvents(Connection& c);
   void CloseConnection(uint64_t id);
   Connection* FindConnection(uint64_t id);

@@ -60,6 +60,7 @@ bool IsDir(const std::string& p) {
 class ProcListStream : public Stream {
  public:
   ProcListStream(Agent& agent, uint32_t id) : agent_(agent), id_(id) {}
+  uint32_t id() const override { return id_; }
   bool Pump(FrameSink& sink) override {
     while (!sink.Full()) {
       auto it = agent_.procs_.upper_bound(last_);
@@ -261,7 +262,7 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
   p->out[0] = std::move(child->stdout_fd);
   p->out[1] = std::move(child->stderr_fd);
   p->in = std::move(child->stdin_fd);
-  p->subs.push_back({c.id(), id, {0, 0}});
+  p->subs.push_back({c.id(), id, {0, 0}, false});
   c.subscriptions++;
   Process& ref = *p;
   procs_[pid] = std::move(p);
@@ -281,7 +282,7 @@ void Agent::Attach(Connection& c, uint32_t id, const Reader& r) {
   if (se == -1) se = static_cast<int64_t>(p->ring[1].end());
   if (so < 0 || se < 0) return SendError(c, id, EINVAL, "attach: bad offset");
   Unsubscribe(*p, c.id());
-  p->subs.push_back({c.id(), id, {static_cast<uint64_t>(so), static_cast<uint64_t>(se)}});
+  p->subs.push_back({c.id(), id, {static_cast<uint64_t>(so), static_cast<uint64_t>(se)}, false});
   c.subscriptions++;
   Writer w;
   w.Int(Tag::kPid, pid).Int(Tag::kRunning, !p->exited);
@@ -417,6 +418,10 @@ void Agent::PumpProcess(Process& p) {
     Connection* c = FindConnection(s.conn);
     if (!c) {
       p.subs.erase(p.subs.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    if (s.paused) {
+      ++i;
       continue;
     }
     for (int st = 0; st < 2; ++st) {

@@ -17,8 +17,9 @@ namespace sbx::agent {
 
 struct Subscriber {
   uint64_t conn;
-  uint32_t id;         // request id the events carry
-  uint64_t cursor[2];  // next offset to deliver, per stream
+  uint32_t id;          // request id the events carry
+  uint64_t cursor[2];   // next offset to deliver, per stream
+  bool paused = false;  // PAUSE: nothing is sent; the process waits for it like for a full queue
 };
 
 struct Process {

@@ -22,6 +22,11 @@ class Stream {
   virtual ~Stream() = default;
   // Queues frames while !sink.Full(). Returns true once the final frame (OK or ERROR) is queued.
   virtual bool Pump(FrameSink& sink) = 0;
+  // The request the stream answers.
+  virtual uint32_t id() const = 0;
+  // Set by PAUSE, cleared by RESUME: a paused stream is not pumped; the others on its connection
+  // go on.
+  bool paused = false;
 };
 
 // Queues ERROR {errno, message} for request `id`.

@@ -93,7 +93,8 @@ void Watcher::AddTree(uint64_t key, const std::string& dir, int depth, const Eve
     }
     if (report) {
       const Watch& w = watches_[key];
-      (*report)(w.conn, w.id, w.options, WatchEvent::kCreate, child, Relative(w.root, child));
+      if (!w.paused)
+        (*report)(w.conn, w.id, w.options, WatchEvent::kCreate, child, Relative(w.root, child));
     }
     if (is_dir) subdirs.push_back(std::move(child));
   }
@@ -122,6 +123,11 @@ bool Watcher::Remove(uint64_t conn, uint32_t id) {
   if (!watches_.count(key)) return false;
   Drop(key);
   return true;
+}
+
+void Watcher::SetPaused(uint64_t conn, uint32_t id, bool paused) {
+  auto it = watches_.find(Key(conn, id));
+  if (it != watches_.end()) it->second.paused = paused;
 }
 
 void Watcher::RemoveConnection(uint64_t conn) {
@@ -171,8 +177,9 @@ void Watcher::OnReadable(const EventFn& fn) {
         auto w = watches_.find(u.key);
         if (w == watches_.end()) continue;
         std::string path = JoinPath(u.dir, name);
-        fn(w->second.conn, w->second.id, w->second.options, kind, path,
-           Relative(w->second.root, path));
+        if (!w->second.paused)
+          fn(w->second.conn, w->second.id, w->second.options, kind, path,
+             Relative(w->second.root, path));
         if (kind == WatchEvent::kCreate && (ev->mask & IN_ISDIR) && w->second.options.recursive) {
           if (AddOne(u.key, path)) AddTree(u.key, path, 0, &fn);
         }

@@ -40,6 +40,8 @@ class Watcher {
   Status Add(uint64_t conn, uint32_t id, const std::string& path, const WatchOptions& options);
   // False when there is no such watch.
   bool Remove(uint64_t conn, uint32_t id);
+  // A paused watch's events are dropped (as for a connection whose queue is full).
+  void SetPaused(uint64_t conn, uint32_t id, bool paused);
   void RemoveConnection(uint64_t conn);
 
   // Reads pending inotify events and reports them through `fn`.
@@ -51,6 +53,7 @@ class Watcher {
     uint32_t id;
     std::string root;
     WatchOptions options;
+    bool paused = false;
   };
   struct Use {
     uint64_t key;  // watches_ key

@@ -60,6 +60,9 @@ enum class Type : uint16_t {
   kUnwatch = 60,
   kWatchEvent = 61,  // event
   kWriteAbort = 62,
+  // flow control (client -> agent, no reply), for the subscription named by the header's id
+  kPause = 63,
+  kResume = 64,
 };
 
 // Field tags. One namespace for all messages; docs/agent-protocol.md lists which message uses

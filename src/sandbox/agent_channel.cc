@@ -37,8 +37,9 @@ struct AgentChannel::Sink {
   bool registered = false;  // in sinks_: the reader delivers to it
   bool waiting = false;     // a Next() waits on `wake`
   std::deque<Frame> frames;
-  size_t bytes = 0;  // of `frames`, headers included
-  Status failed;     // why the channel closed, once it has
+  size_t bytes = 0;     // of `frames`, headers included
+  bool paused = false;  // PAUSE sent to the agent, RESUME not yet
+  Status failed;        // why the channel closed, once it has
   asio::steady_timer wake;
 };
 
@@ -234,6 +235,13 @@ asio::awaitable<Status> AgentChannel::StartOnStrand(std::shared_ptr<Sink> sink, 
   co_return sent;
 }
 
+void AgentChannel::QueueControl(protocol::Type type, uint32_t id) {
+  if (closed_) return;
+  auto op = std::make_shared<WriteOp>(strand_, protocol::EncodeFrame(type, id, protocol::Writer()));
+  write_queue_.push_back(std::move(op));
+  writer_wake_.cancel();
+}
+
 asio::awaitable<Status> AgentChannel::WriteOnStrand(std::string frame, Clock::time_point deadline) {
   if (closed_) co_return close_status_;
   auto op = std::make_shared<WriteOp>(strand_, std::move(frame));
@@ -258,6 +266,10 @@ asio::awaitable<Status> AgentChannel::NextOnStrand(std::shared_ptr<Sink> sink,
       size_t n = FrameBytes(*out);
       sink->bytes -= n;
       buffered_bytes_ -= n;
+      if (sink->paused && sink->bytes <= kResumeBytes) {
+        sink->paused = false;
+        QueueControl(protocol::Type::kResume, sink->id);
+      }
       if (reader_blocked_on_ == sink.get()) reader_wake_.cancel();
       co_return Status();
     }
@@ -281,6 +293,12 @@ void AgentChannel::CancelOnStrand(const std::shared_ptr<Sink>& sink) {
   sink->frames.clear();
   sink->wake.cancel();
   if (reader_blocked_on_ == sink.get()) reader_wake_.cancel();
+  // A paused stream or process would wait for a RESUME forever: let it run out (what it sends
+  // now is discarded, as for any id nobody subscribes to).
+  if (sink->paused) {
+    sink->paused = false;
+    QueueControl(protocol::Type::kResume, sink->id);
+  }
 }
 
 asio::awaitable<void> AgentChannel::ReadLoop() {
@@ -326,6 +344,13 @@ asio::awaitable<void> AgentChannel::Deliver(Frame f) {
   if (it == sinks_.end()) co_return;  // nobody (any longer) wants this id
   std::shared_ptr<Sink> sink = it->second;
   size_t n = FrameBytes(f);
+  // Flow control: past kPauseBytes the agent is asked to stop sending to this subscription
+  // while the reader goes on for the others. Frames already on their way still come; only if
+  // they pile up to kSubscriptionBufferBytes does the reader stop for everyone.
+  if (!sink->paused && sink->registered && sink->bytes + n > kPauseBytes) {
+    sink->paused = true;
+    QueueControl(protocol::Type::kPause, sink->id);
+  }
   // Backpressure: stop reading until the consumer makes room. An empty sink takes any frame.
   reader_blocked_on_ = sink.get();
   while (!closed_ && sink->registered && !sink->frames.empty() &&

@@ -5,11 +5,13 @@
 // and every public method may be called from any thread or coroutine.
 //
 // Everything the agent sends is untrusted: frames are size-checked by protocol::FrameBuffer and
-// their payloads must parse, else the channel closes and every waiter fails. Memory is bounded:
-// a Subscription buffers at most kSubscriptionBufferBytes; when one is full the reader stops
-// reading the socket until its consumer catches up (the agent then stops reading the process's
-// pipes), so frames are never dropped or reordered. The price is head-of-line blocking: while one
-// subscription is full, nothing else on the channel advances. Consume promptly or Cancel().
+// their payloads must parse, else the channel closes and every waiter fails. Memory is bounded
+// and frames are never dropped or reordered. Flow control is per subscription: when one holds
+// more than kPauseBytes the channel sends the agent PAUSE for it (the agent stops that process's
+// output, stream or watch, and nothing else) and RESUME once its consumer has taken it down to
+// kResumeBytes, so a slow consumer does not stall the others. Only if a subscription still
+// reaches kSubscriptionBufferBytes (the frames the agent had already queued) does the reader stop
+// for everyone until that consumer catches up. Consume promptly or Cancel().
 //
 // The blocking counterpart, used by `sbx run`, is protocol::AgentConnection.
 #pragma once
@@ -47,8 +49,13 @@ class AgentChannel : public std::enable_shared_from_this<AgentChannel> {
   template <typename T>
   using Awaitable = boost::asio::awaitable<T>;
 
-  // Bytes (headers included) one Subscription buffers before the reader stops reading.
-  static constexpr size_t kSubscriptionBufferBytes = 4u << 20;
+  // Bytes (headers included) one Subscription buffers before the agent is asked to pause it, and
+  // below which it is resumed.
+  static constexpr size_t kPauseBytes = 1u << 20;
+  static constexpr size_t kResumeBytes = 256u << 10;
+  // Bytes one Subscription buffers before the reader stops reading: above kPauseBytes plus what
+  // the agent may have queued for the connection already (4 MiB).
+  static constexpr size_t kSubscriptionBufferBytes = 8u << 20;
   // Bytes of stream frames (ENTRY, DATA, PROC_ENTRY) one Call() collects before it fails ENOBUFS.
   static constexpr size_t kMaxCallStreamBytes = 16u << 20;
   static constexpr std::chrono::milliseconds kDefaultTimeout{30000};
@@ -128,6 +135,8 @@ class AgentChannel : public std::enable_shared_from_this<AgentChannel> {
   Awaitable<Status> StartOnStrand(std::shared_ptr<Sink> sink, std::string frame,
                                   Clock::time_point deadline);
   Awaitable<Status> WriteOnStrand(std::string frame, Clock::time_point deadline);
+  // Queues a PAUSE or RESUME for subscription `id` without waiting for it (on the strand).
+  void QueueControl(protocol::Type type, uint32_t id);
   Awaitable<Status> NextOnStrand(std::shared_ptr<Sink> sink, Clock::time_point deadline,
                                  protocol::Frame* out);
   void CancelOnStrand(const std::shared_ptr<Sink>& sink);

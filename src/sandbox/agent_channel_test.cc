@@ -267,7 +267,7 @@ TEST_F(AgentChannelTest, CallReturnsOkOrTheAgentsError) {
   });
 }
 
-TEST_F(AgentChannelTest, SlowConsumerGetsEveryByteWithBoundedMemory) {
+TEST_F(AgentChannelTest, SlowConsumerGetsEveryByteWithBoundedMemoryAndStallsNoOne) {
   constexpr size_t kBytes = 20000000;
   Run([&]() -> asio::awaitable<void> {
     auto ch = co_await Connect();
@@ -275,7 +275,14 @@ TEST_F(AgentChannelTest, SlowConsumerGetsEveryByteWithBoundedMemory) {
     auto sub = co_await (*ch)->Open(Type::kSpawn,
                                     SpawnArgs("head", "-c", std::to_string(kBytes), "/dev/zero"));
     CO_ASSERT_OK(sub);
-    // Slow at first, long enough for the agent to fill the subscription, then at full speed.
+    // Nobody reads the output for a while: the subscription fills and is paused, and the rest of
+    // the channel goes on (before flow control, this call waited for the consumer).
+    co_await Sleep(500ms);
+    auto st = co_await (*ch)->Call(Type::kStat, Writer().Str(Tag::kPath, "/"), nullptr, 5s);
+    CO_ASSERT_OK(st);
+    EXPECT_GE((*ch)->buffered_bytes(), AgentChannel::kPauseBytes);
+    EXPECT_LE((*ch)->buffered_bytes(), AgentChannel::kSubscriptionBufferBytes);
+    // Then slowly, then at full speed.
     ProcessResult r;
     size_t frames = 0;
     for (;;) {
@@ -297,8 +304,8 @@ TEST_F(AgentChannelTest, SlowConsumerGetsEveryByteWithBoundedMemory) {
     EXPECT_EQ(r.out.size(), kBytes);
     EXPECT_EQ(r.exit_code, 0);
     std::printf("%zu frames, peak %zu bytes buffered\n", frames, (*ch)->peak_buffered_bytes());
-    // The consumer was slow enough for backpressure to engage, and the bound held.
-    EXPECT_GT((*ch)->peak_buffered_bytes(), AgentChannel::kSubscriptionBufferBytes / 2);
+    // The consumer was slow enough for flow control to engage, and the bound held.
+    EXPECT_GE((*ch)->peak_buffered_bytes(), AgentChannel::kPauseBytes);
     EXPECT_LE((*ch)->peak_buffered_bytes(), AgentChannel::kSubscriptionBufferBytes);
   });
 }
@@ -433,7 +440,7 @@ TEST_F(AgentChannelTest, CancelMidStreamLeavesOthersAlone) {
     auto ch = co_await Connect();
     CO_ASSERT_OK(ch);
     auto channel = *ch;
-    // A big stream nobody reads fills its subscription and stalls the reader...
+    // A big stream nobody reads fills its subscription (and is paused)...
     auto big =
         co_await channel->Open(Type::kSpawn, SpawnArgs("head", "-c", "50000000", "/dev/zero"));
     CO_ASSERT_OK(big);
@@ -446,8 +453,7 @@ TEST_F(AgentChannelTest, CancelMidStreamLeavesOthersAlone) {
     auto woken = std::make_shared<Outcome>();
     auto ex = co_await asio::this_coro::executor;
     auto waiter = *big;
-    while (channel->buffered_bytes() < AgentChannel::kSubscriptionBufferBytes / 2)
-      co_await Sleep(5ms);
+    while (channel->buffered_bytes() < AgentChannel::kPauseBytes) co_await Sleep(5ms);
     // Take frames until the buffer is empty, so that the next Next() really waits.
     for (;;) {
       auto f = co_await waiter->Next(200ms);

@@ -688,6 +688,63 @@ TEST_F(AgentTest, WatchEventsCarryTheEntryWhenAsked) {
   EXPECT_FALSE(f->fields.Has(Tag::kEntry));  // gone: no entry
 }
 
+TEST_F(AgentTest, PauseHoldsOneSubscriptionAndNoOther) {
+  auto c = Connect();
+  constexpr int64_t kBig = 20000000;
+  auto a = Spawn(c, Argv({"head", "-c", "20000000", "/dev/zero"}));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(c.Send(Type::kPause, a->id, Writer()).ok());
+  auto b = Spawn(c, Argv({"sh", "-c", "for i in 1 2 3; do echo b$i; sleep 0.05; done"}));
+  ASSERT_TRUE(b.ok());
+  // B runs to its end while A is held; what A had sent before the PAUSE arrived still comes.
+  int64_t a_bytes = 0;
+  std::string b_out;
+  bool b_done = false, a_done = false;
+  auto take = [&](const Frame& f) {
+    if (f.type() == Type::kOutput && f.id() == a->id) a_bytes += f.fields.Str(Tag::kData).size();
+    if (f.type() == Type::kOutput && f.id() == b->id) b_out += f.fields.Str(Tag::kData);
+    if (f.type() == Type::kExit) (f.id() == a->id ? a_done : b_done) = true;
+  };
+  while (!b_done) {
+    auto f = c.Receive(5000);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    take(*f);
+  }
+  EXPECT_EQ(b_out, "b1\nb2\nb3\n");
+  for (auto f = c.Receive(300); f.ok(); f = c.Receive(300)) take(*f);
+  int64_t held = a_bytes;
+  // Meanwhile requests are answered, and a READ can be paused just the same.
+  std::string file = dir_ + "/big.bin";
+  std::ofstream(file) << std::string(3 << 20, 'r');
+  uint32_t rid = c.NextId();
+  ASSERT_TRUE(c.Send(Type::kRead, rid, Writer().Str(Tag::kPath, file)).ok());
+  ASSERT_TRUE(c.Send(Type::kPause, rid, Writer()).ok());
+  auto st = c.Call(Type::kStat, Writer().Str(Tag::kPath, file));
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  int64_t read_bytes = 0;
+  bool read_done = false;
+  auto take_read = [&](const Frame& f) {
+    if (f.id() == rid && f.type() == Type::kData) read_bytes += f.fields.Str(Tag::kData).size();
+    if (f.id() == rid && f.type() == Type::kOk) read_done = true;
+    take(f);
+  };
+  for (auto f = c.Receive(300); f.ok(); f = c.Receive(300)) take_read(*f);
+  EXPECT_EQ(a_bytes, held) << "A sent output while paused";
+  EXPECT_LT(a_bytes, kBig);
+  EXPECT_FALSE(a_done);
+  EXPECT_FALSE(read_done);
+  // RESUME: everything comes, nothing lost.
+  ASSERT_TRUE(c.Send(Type::kResume, a->id, Writer()).ok());
+  ASSERT_TRUE(c.Send(Type::kResume, rid, Writer()).ok());
+  while (!a_done || !read_done) {
+    auto f = c.Receive(10000);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    take_read(*f);
+  }
+  EXPECT_EQ(a_bytes, kBig);
+  EXPECT_EQ(read_bytes, 3 << 20);
+}
+
 int RawConnect(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un a {};
