@@ -42,6 +42,11 @@ for (const [name, sdk] of SDKS) {
       assert.equal(await sbx.files.read('/home/user/o.txt'), 'octet')
       await sbx.files.write('/home/user/g.txt', 'zipped '.repeat(1000), { gzip: true })
       assert.equal(await sbx.files.read('/home/user/g.txt'), 'zipped '.repeat(1000))
+      // Downloads honour Accept-Encoding: gzip (the SDK asks with `gzip: true`).
+      assert.equal(await sbx.files.read('/home/user/g.txt', { gzip: true }), 'zipped '.repeat(1000))
+      const down = await fetch(await sbx.downloadUrl('/home/user/g.txt'), { headers: { 'Accept-Encoding': 'gzip' } })
+      assert.equal(down.headers.get('content-encoding'), 'gzip')
+      assert.equal(await down.text(), 'zipped '.repeat(1000))
       await sbx.files.write('/home/user/empty.txt', '')
       assert.equal(await sbx.files.read('/home/user/empty.txt'), '')
       await assert.rejects(sbx.files.read('/home/user/missing.txt'), sdk.FileNotFoundError)

@@ -1042,8 +1042,18 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
   std::string name = path.substr(path.rfind('/') + 1);
   http::Headers headers = {{"Content-Disposition", "inline; filename=\"" + name + "\""},
                            {"Vary", "Accept-Encoding"}};
-  if (st->fields.Int(Tag::kSize) == 0)
-    co_return co_await ex.Respond(200, "", "application/octet-stream", headers);
+  auto encoding = DownloadEncoding(ex.Header("Accept-Encoding"));
+  if (!encoding) co_return co_await JsonError(ex, 406, "no acceptable content encoding");
+  std::unique_ptr<GzipDeflater> gzip;
+  if (*encoding == "gzip") {
+    headers.emplace_back("Content-Encoding", "gzip");
+    gzip = std::make_unique<GzipDeflater>();
+  }
+  std::string out;
+  if (st->fields.Int(Tag::kSize) == 0) {
+    if (gzip) (void)gzip->Finish(&out);
+    co_return co_await ex.Respond(200, out, "application/octet-stream", headers);
+  }
   auto sub = co_await (*ch)->Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
   if (!sub.ok()) co_return co_await JsonError(ex, 500, sub.status().message());
   bool started = false;
@@ -1061,9 +1071,18 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
       started = true;
     }
     if (f->type() == Type::kData) {
-      if (!(co_await ex.WriteChunk(f->fields.Str(Tag::kData))).ok()) break;
+      std::string_view data = f->fields.Str(Tag::kData);
+      if (gzip) {
+        out.clear();
+        if (!gzip->Feed(data, &out).ok()) break;
+        data = out;
+      }
+      if (!(co_await ex.WriteChunk(data)).ok()) break;
     } else if (f->type() == Type::kOk) {
-      (void)co_await ex.EndStream();
+      out.clear();
+      if (gzip && !gzip->Finish(&out).ok()) break;
+      Status last = co_await ex.WriteChunk(out);  // empty: a no-op
+      if (last.ok()) (void)co_await ex.EndStream();
       break;
     }
   }

@@ -434,6 +434,69 @@ Status MultipartParser::Finish() const {
       state_ == State::kPreamble ? "multipart: no parts" : "multipart: truncated body", EINVAL);
 }
 
+struct GzipDeflater::Impl {
+  z_stream z{};
+  bool ok = false;
+};
+
+GzipDeflater::GzipDeflater() : impl_(std::make_unique<Impl>()) {
+  impl_->ok = deflateInit2(&impl_->z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8,
+                           Z_DEFAULT_STRATEGY) == Z_OK;
+}
+
+GzipDeflater::~GzipDeflater() {
+  if (impl_->ok) deflateEnd(&impl_->z);
+}
+
+Status GzipDeflater::Run(std::string_view in, int flush, std::string* out) {
+  if (!impl_->ok) return Status::Error("gzip: init failed", EIO);
+  z_stream& z = impl_->z;
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(in.size());
+  char buf[64 * 1024];
+  for (;;) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    int rc = deflate(&z, flush);
+    if (rc == Z_STREAM_ERROR) return Status::Error("gzip: deflate failed", EIO);
+    out->append(buf, sizeof buf - z.avail_out);
+    if (flush == Z_FINISH ? rc == Z_STREAM_END : (z.avail_in == 0 && z.avail_out != 0)) break;
+  }
+  return {};
+}
+
+Status GzipDeflater::Feed(std::string_view in, std::string* out) {
+  return Run(in, Z_NO_FLUSH, out);
+}
+Status GzipDeflater::Finish(std::string* out) { return Run({}, Z_FINISH, out); }
+
+std::optional<std::string> DownloadEncoding(std::string_view accept_encoding) {
+  // RFC 9110 12.5.3: "coding;q=x" items; identity is acceptable unless refused.
+  std::optional<double> gzip, identity, any;
+  size_t pos = 0;
+  while (pos <= accept_encoding.size()) {
+    size_t comma = accept_encoding.find(',', pos);
+    std::string_view item = accept_encoding.substr(pos, comma - pos);
+    pos = comma == std::string_view::npos ? accept_encoding.size() + 1 : comma + 1;
+    size_t semi = item.find(';');
+    std::string coding(item.substr(0, semi));
+    coding.erase(0, coding.find_first_not_of(" \t"));
+    coding.erase(coding.find_last_not_of(" \t") + 1);
+    for (char& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    double q = 1;
+    if (semi != std::string_view::npos) {
+      size_t qpos = item.find("q=", semi);
+      if (qpos != std::string_view::npos) q = std::atof(std::string(item.substr(qpos + 2)).c_str());
+    }
+    if (coding == "gzip" || coding == "x-gzip") gzip = q;
+    if (coding == "identity") identity = q;
+    if (coding == "*") any = q;
+  }
+  if (gzip.value_or(any.value_or(0)) > 0) return std::string("gzip");
+  if (identity.value_or(any.value_or(1)) > 0) return std::string();
+  return std::nullopt;
+}
+
 struct GzipInflater::Impl {
   z_stream z{};
   bool ok = false;

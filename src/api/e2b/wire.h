@@ -112,6 +112,28 @@ class MultipartParser {
   State state_ = State::kPreamble;
 };
 
+// Deflates into a gzip stream piece by piece (downloads with Accept-Encoding: gzip).
+class GzipDeflater {
+ public:
+  GzipDeflater();
+  ~GzipDeflater();
+  GzipDeflater(const GzipDeflater&) = delete;
+  GzipDeflater& operator=(const GzipDeflater&) = delete;
+  // Appends the compressed form of `in` (as far as the compressor has it ready) to *out.
+  Status Feed(std::string_view in, std::string* out);
+  // Appends the rest and the gzip trailer to *out.
+  Status Finish(std::string* out);
+
+ private:
+  Status Run(std::string_view in, int flush, std::string* out);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The content coding of a download for an Accept-Encoding header: "gzip" when the client takes
+// it, "" for the file as it is, nullopt when it takes neither (406).
+std::optional<std::string> DownloadEncoding(std::string_view accept_encoding);
+
 // Inflates a gzip stream piece by piece.
 class GzipInflater {
  public:

@@ -151,6 +151,31 @@ TEST(E2bWire, GzipInflaterInPieces) {
   EXPECT_FALSE(cut.Finish().ok());
 }
 
+TEST(E2bWire, GzipDeflaterRoundTripAndDownloadEncoding) {
+  std::string plain;
+  for (int i = 0; i < 200000; ++i) plain += static_cast<char>('a' + (i * 13 + i / 5) % 26);
+  GzipDeflater d;
+  std::string gz;
+  for (size_t off = 0; off < plain.size(); off += 65536)
+    ASSERT_TRUE(d.Feed(std::string_view(plain).substr(off, 65536), &gz).ok());
+  ASSERT_TRUE(d.Finish(&gz).ok());
+  EXPECT_LT(gz.size(), plain.size());
+  GzipInflater i;
+  std::string back;
+  ASSERT_TRUE(i.Feed(gz, &back).ok());
+  EXPECT_TRUE(i.Finish().ok());
+  EXPECT_EQ(back, plain);
+
+  EXPECT_EQ(DownloadEncoding(""), "");
+  EXPECT_EQ(DownloadEncoding("gzip"), "gzip");
+  EXPECT_EQ(DownloadEncoding("br, GZIP;q=0.5"), "gzip");
+  EXPECT_EQ(DownloadEncoding("gzip;q=0, identity"), "");
+  EXPECT_EQ(DownloadEncoding("br"), "");
+  EXPECT_EQ(DownloadEncoding("*"), "gzip");
+  EXPECT_EQ(DownloadEncoding("br, identity;q=0"), std::nullopt);
+  EXPECT_EQ(DownloadEncoding("*;q=0"), std::nullopt);
+}
+
 TEST(E2bWire, UsersAndPaths) {
   std::string passwd =
       "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n";
