@@ -46,6 +46,7 @@ for (const [name, sdk] of SDKS) {
       assert.equal(await sbx.files.read('/home/user/g.txt', { gzip: true }), 'zipped '.repeat(1000))
       const down = await fetch(await sbx.downloadUrl('/home/user/g.txt'), { headers: { 'Accept-Encoding': 'gzip' } })
       assert.equal(down.headers.get('content-encoding'), 'gzip')
+      assert.equal(down.headers.get('content-type'), 'text/plain; charset=utf-8')
       assert.equal(await down.text(), 'zipped '.repeat(1000))
       await sbx.files.write('/home/user/empty.txt', '')
       assert.equal(await sbx.files.read('/home/user/empty.txt'), '')

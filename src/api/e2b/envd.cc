@@ -1049,10 +1049,11 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
     headers.emplace_back("Content-Encoding", "gzip");
     gzip = std::make_unique<GzipDeflater>();
   }
+  const std::string content_type = ContentTypeFor(name);
   std::string out;
   if (st->fields.Int(Tag::kSize) == 0) {
     if (gzip) (void)gzip->Finish(&out);
-    co_return co_await ex.Respond(200, out, "application/octet-stream", headers);
+    co_return co_await ex.Respond(200, out, content_type, headers);
   }
   auto sub = co_await (*ch)->Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
   if (!sub.ok()) co_return co_await JsonError(ex, 500, sub.status().message());
@@ -1067,7 +1068,7 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
       break;  // after the first byte the transfer is cut short
     }
     if (!started) {
-      if (!(co_await ex.BeginStream(200, "application/octet-stream", headers)).ok()) break;
+      if (!(co_await ex.BeginStream(200, content_type, headers)).ok()) break;
       started = true;
     }
     if (f->type() == Type::kData) {

@@ -470,6 +470,38 @@ Status GzipDeflater::Feed(std::string_view in, std::string* out) {
 }
 Status GzipDeflater::Finish(std::string* out) { return Run({}, Z_FINISH, out); }
 
+std::string ContentTypeFor(std::string_view name) {
+  static const std::map<std::string, std::string, std::less<>> kTypes = {
+      {".avif", "image/avif"},
+      {".css", "text/css; charset=utf-8"},
+      {".csv", "text/csv; charset=utf-8"},
+      {".gif", "image/gif"},
+      {".htm", "text/html; charset=utf-8"},
+      {".html", "text/html; charset=utf-8"},
+      {".jpeg", "image/jpeg"},
+      {".jpg", "image/jpeg"},
+      {".js", "text/javascript; charset=utf-8"},
+      {".json", "application/json"},
+      {".md", "text/markdown; charset=utf-8"},
+      {".mjs", "text/javascript; charset=utf-8"},
+      {".pdf", "application/pdf"},
+      {".png", "image/png"},
+      {".svg", "image/svg+xml"},
+      {".txt", "text/plain; charset=utf-8"},
+      {".wasm", "application/wasm"},
+      {".webp", "image/webp"},
+      {".xml", "text/xml; charset=utf-8"},
+      {".zip", "application/zip"},
+  };
+  size_t dot = name.rfind('.');
+  if (dot != std::string_view::npos && name.find('/', dot) == std::string_view::npos) {
+    std::string ext(name.substr(dot));
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (auto it = kTypes.find(ext); it != kTypes.end()) return it->second;
+  }
+  return "application/octet-stream";
+}
+
 std::optional<std::string> DownloadEncoding(std::string_view accept_encoding) {
   // RFC 9110 12.5.3: "coding;q=x" items; identity is acceptable unless refused.
   std::optional<double> gzip, identity, any;

@@ -130,6 +130,10 @@ class GzipDeflater {
   std::unique_ptr<Impl> impl_;
 };
 
+// The Content-Type of a download by its file name's extension, as envd's (Go's mime table for
+// common types); application/octet-stream when unknown.
+std::string ContentTypeFor(std::string_view name);
+
 // The content coding of a download for an Accept-Encoding header: "gzip" when the client takes
 // it, "" for the file as it is, nullopt when it takes neither (406).
 std::optional<std::string> DownloadEncoding(std::string_view accept_encoding);

@@ -166,6 +166,10 @@ TEST(E2bWire, GzipDeflaterRoundTripAndDownloadEncoding) {
   EXPECT_TRUE(i.Finish().ok());
   EXPECT_EQ(back, plain);
 
+  EXPECT_EQ(ContentTypeFor("a.JSON"), "application/json");
+  EXPECT_EQ(ContentTypeFor("index.html"), "text/html; charset=utf-8");
+  EXPECT_EQ(ContentTypeFor("data.bin"), "application/octet-stream");
+  EXPECT_EQ(ContentTypeFor("noext"), "application/octet-stream");
   EXPECT_EQ(DownloadEncoding(""), "");
   EXPECT_EQ(DownloadEncoding("gzip"), "gzip");
   EXPECT_EQ(DownloadEncoding("br, GZIP;q=0.5"), "gzip");

@@ -146,6 +146,17 @@ Router TestRouter(Probe& probe) {
       if (!(co_await (*ws)->Write(msg->data, msg->binary)).ok()) co_return;
     }
   });
+  // Relays the request to 127.0.0.1:{port}: what the E2B facade does for a sandbox's ports.
+  r.Get("/relay/{port}", [](Exchange& ex) -> net::awaitable<void> {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(ex.Param("port"))));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string head = ex.ForwardHead();
+    Status s = co_await ex.Relay(std::move(fd), to, std::move(head));
+    if (!s.ok() && !ex.responded()) co_await ex.RespondError(502, "bad_gateway", s.message());
+  });
   return r;
 }
 
@@ -624,6 +635,113 @@ TEST_F(HttpTest, AccessLogHasNoHeaderValues) {
   std::lock_guard lock(log_mu_);
   ASSERT_FALSE(log_.empty());
   EXPECT_EQ(log_.back(), "GET /items/9 200");
+}
+
+// A one-connection upstream on 127.0.0.1: hands what it reads (up to the end of the request
+// header) to the test, then answers with `reply` unless it is empty, then waits for the peer to
+// close.
+class Upstream {
+ public:
+  explicit Upstream(std::string reply) : reply_(std::move(reply)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd_, 4), 0);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string got;
+      char buf[4096];
+      while (got.find("\r\n\r\n") == std::string::npos) {
+        ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        got.append(buf, static_cast<size_t>(n));
+      }
+      request_.set_value(got);
+      if (!reply_.empty()) SendAll(c, reply_);
+      while (::read(c, buf, sizeof buf) > 0) {
+      }
+      ::close(c);
+    });
+  }
+  ~Upstream() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+  std::future<std::string> request() { return request_.get_future(); }
+
+ private:
+  std::string reply_;
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::promise<std::string> request_;
+  std::thread thread_;
+};
+
+TEST_F(HttpTest, RelayForwardsTheRequestAndAnswersWithConnectionClose) {
+  StartServer();
+  // The upstream answers keep-alive: the client must still learn that this connection ends.
+  Upstream up(
+      "HTTP/1.1 201 Created\r\nContent-Length: 5\r\nConnection: keep-alive\r\n"
+      "Keep-Alive: timeout=5\r\n\r\nhello");
+  auto request = up.request();
+  int fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /relay/" + std::to_string(up.port()) +
+                              "?q=1 HTTP/1.1\r\nHost: box\r\nConnection: keep-alive\r\n"
+                              "X-Test: yes\r\n\r\n"));
+  // A client reads the response, sees Connection: close, and closes; that ends the relay (and the
+  // upstream, which waits for it).
+  std::string pending;
+  std::string reply = ReadOneResponse(fd, pending);
+  ::close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 201 Created\r\n", 0), 0u) << reply;
+  EXPECT_NE(reply.find("Connection: close\r\n"), std::string::npos) << reply;
+  EXPECT_EQ(reply.find("keep-alive"), std::string::npos) << reply;
+  EXPECT_EQ(reply.substr(reply.size() - 5), "hello");
+  std::string got = request.get();
+  EXPECT_EQ(got.rfind("GET /relay/" + std::to_string(up.port()) + "?q=1 HTTP/1.1\r\n", 0), 0u);
+  EXPECT_NE(got.find("X-Test: yes\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.find("keep-alive"), std::string::npos) << got;
+}
+
+TEST_F(HttpTest, RelayToAClosedPortLetsTheHandlerAnswer) {
+  StartServer();
+  uint16_t port;
+  {
+    Upstream gone("x");
+    port = gone.port();
+  }  // listened, now closed
+  auto r =
+      Request(Endpoint{"127.0.0.1", server_->port(), ""}, "GET", "/relay/" + std::to_string(port));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 502);
+}
+
+TEST_F(HttpTest, IdleRelayIsClosed) {
+  ServerOptions options;
+  options.relay_idle_timeout = 300ms;
+  StartServer(options);
+  Upstream silent("");  // takes the request, never answers
+  int fd = Connect();
+  ASSERT_GE(fd, 0);
+  auto start = Clock::now();
+  ASSERT_TRUE(
+      SendAll(fd, "GET /relay/" + std::to_string(silent.port()) + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+  bool closed = false;
+  std::string reply = ReadUntilClose(fd, 5s, &closed);
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(reply.empty()) << reply;
+  EXPECT_GE(Clock::now() - start, 300ms);
 }
 
 }  // namespace

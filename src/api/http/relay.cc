@@ -35,8 +35,9 @@ bool HopByHop(bhttp::field f) {
 // upstream. A client that half-closes (EOF) has its end passed on; one that fails or is shut
 // down by Server::Stop() ends the upstream's side too. Clears *running and wakes `done` at the
 // end.
-net::awaitable<void> ClientToUpstream(Stream& client, Stream& upstream, uint64_t* bytes,
+net::awaitable<void> ClientToUpstream(Connection& conn, Stream& upstream, uint64_t* bytes,
                                       bool* running, net::steady_timer* done) {
+  Stream& client = conn.socket_;
   std::vector<char> buf(64 << 10);
   boost::system::error_code ec, ignored;
   for (;;) {
@@ -47,6 +48,7 @@ net::awaitable<void> ClientToUpstream(Stream& client, Stream& upstream, uint64_t
                               net::redirect_error(net::use_awaitable, ec));
     if (ec) break;
     *bytes += n;
+    conn.SetDeadline(conn.state_.options.relay_idle_timeout);
   }
   if (ec == net::error::eof)
     upstream.shutdown(net::socket_base::shutdown_send, ignored);
@@ -148,11 +150,13 @@ net::awaitable<Status> Exchange::Relay(UniqueFd socket, const sockaddr_in& addre
     co_return StatusFrom("relay: write upstream", ec);
   }
 
+  // Idle (no bytes either way) for relay_idle_timeout: the watchdog cancels the client's socket,
+  // which ends both directions.
+  conn_.SetDeadline(conn_.state_.options.relay_idle_timeout);
   uint64_t to_upstream = 0, to_client = 0;
   bool running = true;
   net::steady_timer done(conn_.executor(), std::chrono::steady_clock::time_point::max());
-  net::co_spawn(conn_.executor(),
-                ClientToUpstream(conn_.socket_, upstream, &to_upstream, &running, &done),
+  net::co_spawn(conn_.executor(), ClientToUpstream(conn_, upstream, &to_upstream, &running, &done),
                 net::detached);
   // The upstream's answer until it closes: its header with "Connection: close" (the client must
   // not send another request on this connection), then every byte unchanged.
@@ -179,6 +183,7 @@ net::awaitable<Status> Exchange::Relay(UniqueFd socket, const sockaddr_in& addre
                               net::redirect_error(net::use_awaitable, ec));
     if (ec) break;
     to_client += out.size();
+    conn_.SetDeadline(conn_.state_.options.relay_idle_timeout);
   }
   if (in_header && !header.empty()) {  // the upstream closed inside its header
     co_await net::async_write(conn_.socket_, net::buffer(header),
@@ -190,6 +195,7 @@ net::awaitable<Status> Exchange::Relay(UniqueFd socket, const sockaddr_in& addre
   upstream.close(ec);
   conn_.socket_.cancel(ec);
   if (running) co_await done.async_wait(net::redirect_error(net::use_awaitable, ec));
+  conn_.ClearDeadline();
   conn_.bytes_in_ += to_upstream;
   conn_.bytes_out_ += to_client;
   conn_.broken_ = true;

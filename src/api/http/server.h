@@ -44,12 +44,13 @@ struct ServerOptions {
   int threads = 2;
   size_t max_connections = 1024;
   size_t max_header_bytes = 16 * 1024;
-  std::chrono::milliseconds header_timeout{10'000};     // first byte to end of header
-  std::chrono::milliseconds idle_timeout{60'000};       // between keep-alive requests
-  std::chrono::milliseconds body_read_timeout{30'000};  // one stalled body read
-  std::chrono::milliseconds write_timeout{30'000};      // one stalled write
-  std::chrono::milliseconds shutdown_grace{10'000};     // Stop(): in-flight requests get this long
-  AccessLog access_log;  // may be empty; called on connection threads
+  std::chrono::milliseconds header_timeout{10'000};       // first byte to end of header
+  std::chrono::milliseconds idle_timeout{60'000};         // between keep-alive requests
+  std::chrono::milliseconds body_read_timeout{30'000};    // one stalled body read
+  std::chrono::milliseconds write_timeout{30'000};        // one stalled write
+  std::chrono::milliseconds relay_idle_timeout{600'000};  // Exchange::Relay with no bytes moving
+  std::chrono::milliseconds shutdown_grace{10'000};  // Stop(): in-flight requests get this long
+  AccessLog access_log;                              // may be empty; called on connection threads
 };
 
 class Server {
