@@ -43,7 +43,8 @@ class H(BaseHTTPRequestHandler):
             out = b'0123456789abcdef' * (5 * 65536)
         else:
             out = json.dumps({'method': self.command, 'path': self.path, 'body': body.decode(),
-                              'host': self.headers.get('Host'), 'x': self.headers.get('X-Test')}).encode()
+                              'host': self.headers.get('Host'), 'x': self.headers.get('X-Test'),
+                              'key': self.headers.get('X-API-KEY')}).encode()
         self.send_response(201)
         self.send_header('Content-Length', str(len(out)))
         self.end_headers()
@@ -91,8 +92,9 @@ test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgr
     assert.equal(up.status, 201, up.body.toString())
     assert.equal(JSON.parse(up.body).path, '/ping')
 
-    const post = await call({ path: '/p?q=1', method: 'POST', headers: { ...to, 'X-Test': 'yes', 'Content-Type': 'text/plain' }, body: 'hello body' })
-    assert.deepEqual(JSON.parse(post.body), { method: 'POST', path: '/p?q=1', body: 'hello body', host: `${base.hostname}:${base.port}`, x: 'yes' })
+    // The tenant's API key, if a client sends it along, does not reach the sandbox.
+    const post = await call({ path: '/p?q=1', method: 'POST', headers: { ...to, 'X-Test': 'yes', 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'text/plain' }, body: 'hello body' })
+    assert.deepEqual(JSON.parse(post.body), { method: 'POST', path: '/p?q=1', body: 'hello body', host: `${base.hostname}:${base.port}`, x: 'yes', key: null })
     const chunked = await call({ path: '/c', method: 'PUT', headers: to, body: ['one ', 'two ', 'three'], chunked: true })
     assert.equal(JSON.parse(chunked.body).body, 'one two three')
     const big = await call({ path: '/big', headers: to })

@@ -1118,7 +1118,9 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
   to.sin_family = AF_INET;
   to.sin_port = htons(static_cast<uint16_t>(port));
   to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string head = ex.ForwardHead();
+  // The tenant's API key is never handed to a sandbox (a client may send it out of habit); the
+  // sandbox-scoped tokens go through, since a server in the box may check them (envd does).
+  std::string head = ex.ForwardHead({"X-API-KEY"});
   Status s = co_await ex.Relay(std::move(*socket), to, std::move(head));
   if (!s.ok() && !ex.responded()) {
     json body = {{"sandboxId", id},

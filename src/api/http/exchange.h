@@ -21,6 +21,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -116,8 +117,9 @@ class Exchange {
 
   // ---- Relay (reverse proxy) ----
   // The request header as it should reach another server: request line and fields without the
-  // hop-by-hop ones, and "Connection: close" (or the upgrade it asked for).
-  std::string ForwardHead() const;
+  // hop-by-hop ones and those named in `drop` (case-insensitive), and "Connection: close" (or the
+  // upgrade it asked for).
+  std::string ForwardHead(std::initializer_list<std::string_view> drop = {}) const;
   // Connects `socket` (a non-blocking TCP socket) to `address`; an error then means nothing was
   // sent to the client, so the caller still answers. Once connected, sends `head` and then the
   // client's raw bytes upstream and the upstream's bytes back unchanged, until the upstream

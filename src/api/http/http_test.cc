@@ -153,7 +153,7 @@ Router TestRouter(Probe& probe) {
     to.sin_family = AF_INET;
     to.sin_port = htons(static_cast<uint16_t>(std::stoi(ex.Param("port"))));
     to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    std::string head = ex.ForwardHead();
+    std::string head = ex.ForwardHead({"x-secret"});
     Status s = co_await ex.Relay(std::move(fd), to, std::move(head));
     if (!s.ok() && !ex.responded()) co_await ex.RespondError(502, "bad_gateway", s.message());
   });
@@ -696,7 +696,7 @@ TEST_F(HttpTest, RelayForwardsTheRequestAndAnswersWithConnectionClose) {
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, "GET /relay/" + std::to_string(up.port()) +
                               "?q=1 HTTP/1.1\r\nHost: box\r\nConnection: keep-alive\r\n"
-                              "X-Test: yes\r\n\r\n"));
+                              "X-Test: yes\r\nX-Secret: s3cret\r\n\r\n"));
   // A client reads the response, sees Connection: close, and closes; that ends the relay (and the
   // upstream, which waits for it).
   std::string pending;
@@ -709,6 +709,7 @@ TEST_F(HttpTest, RelayForwardsTheRequestAndAnswersWithConnectionClose) {
   std::string got = request.get();
   EXPECT_EQ(got.rfind("GET /relay/" + std::to_string(up.port()) + "?q=1 HTTP/1.1\r\n", 0), 0u);
   EXPECT_NE(got.find("X-Test: yes\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.find("s3cret"), std::string::npos) << got;  // a dropped field
   EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << got;
   EXPECT_EQ(got.find("keep-alive"), std::string::npos) << got;
 }

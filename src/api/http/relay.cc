@@ -94,7 +94,7 @@ std::string CloseAfter(const std::string& header, int* status) {
 
 }  // namespace
 
-std::string Exchange::ForwardHead() const {
+std::string Exchange::ForwardHead(std::initializer_list<std::string_view> drop) const {
   const auto& req = conn_.parser_->get();
   const bool upgrade = req.find(bhttp::field::upgrade) != req.end();
   std::string head;
@@ -104,6 +104,11 @@ std::string Exchange::ForwardHead() const {
   head += " HTTP/1.1\r\n";
   for (const auto& f : req) {
     if (HopByHop(f.name())) continue;
+    auto name = f.name_string();
+    bool dropped = false;
+    for (std::string_view d : drop)
+      dropped |= beast::iequals(name, beast::string_view(d.data(), d.size()));
+    if (dropped) continue;
     head.append(f.name_string().data(), f.name_string().size());
     head += ": ";
     head.append(f.value().data(), f.value().size());
