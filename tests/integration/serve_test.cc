@@ -338,6 +338,34 @@ TEST_F(ServeTest, UploadCutShortKeepsTheOldFileAndLeavesNoTemporaryFile) {
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/tmp/u.txt").body, "old");
 }
 
+TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"], token = s["traffic_token"];
+  ASSERT_EQ(token.size(), 64u);
+  d_->Json("PUT", "/v1/sandboxes/" + id + "/files?path=/srv/hello.txt", nullptr, 200);
+  d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
+           {{"argv", {"python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "-d", "/srv"}},
+            {"background", true}},
+           201);
+  http::ClientHeaders to = {{"E2b-Sandbox-Id", id}, {"E2b-Sandbox-Port", "8000"}};
+  http::ClientHeaders with = to;
+  with.emplace_back("E2B-Traffic-Access-Token", token);
+  int status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    auto r = http::Request("127.0.0.1", d_->port(), "GET", "/hello.txt", with);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    status = r->status;
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(status, 200);
+  auto without = http::Request("127.0.0.1", d_->port(), "GET", "/hello.txt", to);
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(without->status, 403);
+  // The same token from a second GET, and for another sandbox it is different.
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["traffic_token"], token);
+  EXPECT_NE(d_->Json("POST", "/v1/sandboxes", json::object(), 201)["traffic_token"], token);
+}
+
 TEST_F(ServeTest, TimeoutKillsAndSettingItResets) {
   std::string id = Create({{"timeout", 1}});
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));

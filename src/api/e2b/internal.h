@@ -36,11 +36,9 @@ boost::asio::awaitable<decltype(std::declval<F>()())> OnPool(boost::asio::thread
 inline std::string EnvdToken(const store::ApiKeyRecord& key, const std::string& sandbox_id) {
   return store::Sha256Hex("sbx-e2b-envd-token\n" + key.hash + "\n" + sandbox_id);
 }
-// The trafficAccessToken, derived the same way: what a request for another port of the sandbox
-// must carry (E2B-Traffic-Access-Token). sbx never serves ports publicly (threats.md row 37).
-inline std::string TrafficToken(const store::ApiKeyRecord& key, const std::string& sandbox_id) {
-  return store::Sha256Hex("sbx-e2b-traffic-token\n" + key.hash + "\n" + sandbox_id);
-}
+// The trafficAccessToken is api::TrafficToken (shared with the native API): sbx never serves
+// ports publicly (threats.md row 37).
+using api::TrafficToken;
 
 void RegisterControlPlane(http::Router& router, ApiContext& ctx);
 void RegisterEnvd(http::Router& router, ApiContext& ctx);

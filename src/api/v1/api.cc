@@ -34,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 std::string Base64(std::string_view in) { return Base64Encode(in); }
 std::string IsoTime(int64_t ms) { return Rfc3339Millis(ms); }
 
-json SandboxJson(const store::SandboxRecord& r) {
+json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
   json env_keys = json::array();
   for (const auto& [k, v] : r.env) env_keys.push_back(k);  // values may be secrets: never echoed
   json j = {{"id", r.id},
@@ -52,7 +52,8 @@ json SandboxJson(const store::SandboxRecord& r) {
             {"on_timeout", r.on_timeout},
             {"created_at", IsoTime(r.created_at)},
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
-            {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)}};
+            {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
+            {"traffic_token", TrafficToken(key, r.id)}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;
 }
@@ -506,7 +507,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
            }
            ctx.metrics.create_seconds.Observe(
                std::chrono::duration<double>(Clock::now() - started).count());
-           co_await ex.RespondJson(201, SandboxJson(*rec));
+           co_await ex.RespondJson(201, SandboxJson(key, *rec));
          }));
 
   r.Get("/v1/sandboxes",
@@ -523,7 +524,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
           auto page = ctx.manager.List(key, f);
           if (!page.ok()) co_return co_await Fail(ex, page.status());
           json items = json::array();
-          for (const auto& rec : page->items) items.push_back(SandboxJson(rec));
+          for (const auto& rec : page->items) items.push_back(SandboxJson(key, rec));
           json body = {{"sandboxes", items},
                        {"next_cursor", page->next.empty() ? json(nullptr) : json(page->next)}};
           co_await ex.RespondJson(200, body);
@@ -533,7 +534,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
           auto rec = ctx.manager.Get(key, ex.Param("id"));
           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          json j = SandboxJson(*rec);
+          json j = SandboxJson(key, *rec);
           if (rec->state == store::kStateRunning || rec->state == store::kStatePaused) {
             auto st = ctx.manager.Stats(key, rec->id);
             if (st.ok())
@@ -565,7 +566,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
                                                 "timeout: a positive number of seconds");
            auto rec = ctx.manager.SetTimeout(key, ex.Param("id"), *t);
            if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           co_await ex.RespondJson(200, SandboxJson(*rec));
+           co_await ex.RespondJson(200, SandboxJson(key, *rec));
          }));
 
   for (const char* action : {"pause", "resume"}) {
@@ -581,7 +582,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
                     if (!s.ok()) co_return co_await Fail(ex, s);
                     auto rec = ctx.manager.Get(key, id);
                     if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-                    co_await ex.RespondJson(200, SandboxJson(*rec));
+                    co_await ex.RespondJson(200, SandboxJson(key, *rec));
                   }));
   }
 }

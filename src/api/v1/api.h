@@ -27,4 +27,11 @@ struct ApiContext {
 // Adds every route. `ctx` must outlive the server.
 void RegisterV1(http::Router& router, ApiContext& ctx);
 
+// A sandbox's traffic token: what a request relayed to one of its ports must carry
+// (E2B-Traffic-Access-Token). Derived from the owner key's stored hash, so it needs no storage,
+// survives restarts and dies with the key.
+inline std::string TrafficToken(const store::ApiKeyRecord& key, const std::string& sandbox_id) {
+  return store::Sha256Hex("sbx-e2b-traffic-token\n" + key.hash + "\n" + sandbox_id);
+}
+
 }  // namespace sbx::api
