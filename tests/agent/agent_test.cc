@@ -713,9 +713,11 @@ TEST_F(AgentTest, PauseHoldsOneSubscriptionAndNoOther) {
   EXPECT_EQ(b_out, "b1\nb2\nb3\n");
   for (auto f = c.Receive(300); f.ok(); f = c.Receive(300)) take(*f);
   int64_t held = a_bytes;
-  // Meanwhile requests are answered, and a READ can be paused just the same.
+  // Meanwhile requests are answered, and a READ can be paused just the same. The file is larger
+  // than what the agent may queue (4 MiB) before it reads the PAUSE that follows the READ.
+  constexpr int64_t kFile = 32 << 20;
   std::string file = dir_ + "/big.bin";
-  std::ofstream(file) << std::string(3 << 20, 'r');
+  std::ofstream(file) << std::string(kFile, 'r');
   uint32_t rid = c.NextId();
   ASSERT_TRUE(c.Send(Type::kRead, rid, Writer().Str(Tag::kPath, file)).ok());
   ASSERT_TRUE(c.Send(Type::kPause, rid, Writer()).ok());
@@ -742,7 +744,7 @@ TEST_F(AgentTest, PauseHoldsOneSubscriptionAndNoOther) {
     take_read(*f);
   }
   EXPECT_EQ(a_bytes, kBig);
-  EXPECT_EQ(read_bytes, 3 << 20);
+  EXPECT_EQ(read_bytes, kFile);
 }
 
 int RawConnect(const std::string& path) {
