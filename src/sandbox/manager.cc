@@ -239,6 +239,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.limits = WithDefaults(req.limits, config_.default_limits);
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
+  rec.public_ports = req.public_ports;
   rec.created_at = NowMs();
   SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
 

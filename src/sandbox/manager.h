@@ -47,6 +47,7 @@ struct CreateRequest {
   store::SandboxLimits limits;  // zero fields take the defaults
   int64_t timeout_ms = 0;       // 0: the default
   std::string on_timeout = store::kOnTimeoutKill;
+  bool public_ports = false;    // serve its ports without the traffic token
   std::string idempotency_key;  // optional
   std::string request_hash;     // of the request, to tell a retry from a different request
 };

@@ -75,11 +75,17 @@ CREATE TABLE templates (
 );
 )sql";
 
+// Version 2: a sandbox may serve its ports without a traffic token (opt-in).
+constexpr char kV2[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration> kAll = {
       {1, "sandboxes, api_keys, audit_events, idempotency_keys, templates", kV1},
+      {2, "sandboxes.public_ports", kV2},
   };
   return kAll;
 }

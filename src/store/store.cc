@@ -20,7 +20,8 @@ namespace {
 
 constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
-    "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error";
+    "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
+    "public_ports";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
@@ -158,6 +159,7 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.agent_socket = st.ColumnText(14);
   r.box_dir = st.ColumnText(15);
   r.error = st.ColumnText(16);
+  r.public_ports = st.ColumnInt(17) != 0;
   return r;
 }
 
@@ -277,14 +279,15 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
 
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
-      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
       " on_timeout = excluded.on_timeout, created_at = excluded.created_at,"
       " updated_at = excluded.updated_at, expires_at = excluded.expires_at,"
       " ended_at = excluded.ended_at, init_pid = excluded.init_pid,"
-      " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error");
+      " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error,"
+      " public_ports = excluded.public_ports");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -302,7 +305,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindInt(14, r.init_pid)
       .BindText(15, r.agent_socket)
       .BindText(16, r.box_dir)
-      .BindText(17, r.error);
+      .BindText(17, r.error)
+      .BindInt(18, r.public_ports ? 1 : 0);
   return st->Run().Wrap(what);
 }
 

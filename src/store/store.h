@@ -71,7 +71,8 @@ struct SandboxRecord {
   int64_t init_pid = 0;                     // host pid of the box's sbx-agent
   std::string agent_socket;
   std::string box_dir;
-  std::string error;  // why it failed, for state = failed
+  std::string error;          // why it failed, for state = failed
+  bool public_ports = false;  // its ports answer without the traffic token
 };
 
 struct SandboxFilter {

@@ -127,6 +127,31 @@ TEST_F(StoreTest, MigrationsAreOrderedAndComplete) {
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].version, static_cast<int>(i) + 1);
 }
 
+TEST_F(StoreTest, AVersionOneFileIsMigratedAndKeepsItsRows) {
+  {
+    // A file as the first release wrote it: version 1 only, one sandbox.
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec(Migrations()[0].sql).ok());
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 1").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
+                           "('old', 'running', 1, 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  EXPECT_EQ(store->schema_version(), LatestSchemaVersion());
+  auto old = store->GetSandbox("old");
+  ASSERT_TRUE(old.ok() && old->has_value());
+  EXPECT_FALSE((*old)->public_ports);  // the default of a column added later
+  SandboxRecord r = Sandbox("pub");
+  r.public_ports = true;
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  EXPECT_TRUE((*store->GetSandbox("pub"))->public_ports);
+}
+
 TEST_F(StoreTest, RefusesNewerSchema) {
   { ASSERT_TRUE(OpenStore()); }
   {

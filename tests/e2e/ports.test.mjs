@@ -144,6 +144,20 @@ test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgr
     assert.equal(unknown.status, 502)
     assert.equal(JSON.parse(unknown.body).message, 'The sandbox was not found')
 
+    // A sandbox made with allowPublicTraffic: true has no traffic token and open ports.
+    await withSandbox(sdk, { network: { allowPublicTraffic: true } }, async (pub) => {
+      assert.equal(pub.trafficAccessToken, undefined)
+      assert.equal((await sdk.Sandbox.getInfo(pub.sandboxId)).sandboxId, pub.sandboxId)
+      await pub.commands.run('python3 -m http.server 8000 --bind 127.0.0.1', { background: true })
+      const open = { 'E2b-Sandbox-Id': pub.sandboxId, 'E2b-Sandbox-Port': '8000' }
+      let status = 0
+      for (let i = 0; i < 100 && status !== 200; i++) {
+        status = (await call({ headers: open })).status
+        if (status !== 200) await sleep(100)
+      }
+      assert.equal(status, 200)
+    })
+
     // A paused sandbox's ports are not reachable.
     await sbx.pause()
     assert.equal((await call({ path: '/ping', headers: to })).status, 502)

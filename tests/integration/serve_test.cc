@@ -362,8 +362,13 @@ TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {
   ASSERT_TRUE(without.ok());
   EXPECT_EQ(without->status, 403);
   // The same token from a second GET, and for another sandbox it is different.
-  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["traffic_token"], token);
+  json again = d_->Json("GET", "/v1/sandboxes/" + id);
+  EXPECT_EQ(again["traffic_token"], token);
+  EXPECT_EQ(again["public_ports"], false);
   EXPECT_NE(d_->Json("POST", "/v1/sandboxes", json::object(), 201)["traffic_token"], token);
+  // Public ports are asked for at create, and only with a boolean.
+  EXPECT_EQ(d_->Json("POST", "/v1/sandboxes", {{"public_ports", true}}, 201)["public_ports"], true);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", json{{"public_ports", "yes"}}.dump()).status, 400);
 }
 
 TEST_F(ServeTest, TimeoutKillsAndSettingItResets) {

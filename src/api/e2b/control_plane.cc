@@ -61,7 +61,8 @@ json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) 
           {"envdVersion", kEnvdVersion},
           {"envdAccessToken", EnvdToken(key, r.id)},
           {"domain", nullptr},
-          {"trafficAccessToken", TrafficToken(key, r.id)}};
+          // As E2B: a token only for a sandbox whose ports are not public.
+          {"trafficAccessToken", r.public_ports ? json(nullptr) : json(TrafficToken(key, r.id))}};
 }
 
 json ListedJson(const store::SandboxRecord& r) {
@@ -86,6 +87,7 @@ json DetailJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
   j["envdAccessToken"] = EnvdToken(key, r.id);
   j["domain"] = nullptr;
   j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
+  j["network"] = {{"allowPublicTraffic", r.public_ports}};
   return j;
 }
 
@@ -180,6 +182,11 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   req.env = *env;
   req.timeout_ms = *timeout * 1000;
   if (j->value("autoPause", false)) req.on_timeout = store::kOnTimeoutPause;
+  // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
+  if (j->contains("network") && (*j)["network"].is_object()) {
+    const json& network = (*j)["network"];
+    req.public_ports = network.value("allowPublicTraffic", false) == true;
+  }
   sandbox::QuotaExceeded quota;
   auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
   if (!rec.ok()) {

@@ -1093,9 +1093,9 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
 // ---- other ports ----
 
 // A request for another port of a sandbox (`E2b-Sandbox-Port`, or a Host `<port>-<id>.<domain>`):
-// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. It must carry the
-// sandbox's traffic token (E2B-Traffic-Access-Token, as for a sandbox made with
-// allowPublicTraffic: false) or its envd token (X-Access-Token): knowing an id is not enough.
+// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. Unless the sandbox
+// was made with public ports, it must carry the sandbox's traffic token (E2B-Traffic-Access-Token)
+// or its envd token (X-Access-Token): knowing an id is not enough.
 awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::string id) {
   auto rec = ctx.store.GetSandbox(id);
   if (port < 1 || port > 65535 || !rec.ok() || !*rec || (*rec)->state != store::kStateRunning)
@@ -1103,7 +1103,7 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
   auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
   if (!key.ok() || !*key || !(*key)->active()) co_return co_await NotFound502(ex, id);
   const store::ApiKeyRecord& owner = **key;
-  if (ex.Header("E2B-Traffic-Access-Token") != TrafficToken(owner, id) &&
+  if (!(*rec)->public_ports && ex.Header("E2B-Traffic-Access-Token") != TrafficToken(owner, id) &&
       ex.Header("X-Access-Token") != EnvdToken(owner, id)) {
     json body = {{"sandboxId", id},
                  {"message",

@@ -53,6 +53,7 @@ json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) 
             {"created_at", IsoTime(r.created_at)},
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
+            {"public_ports", r.public_ports},
             {"traffic_token", TrafficToken(key, r.id)}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;
@@ -198,8 +199,8 @@ Result<int64_t> SecondsField(const json& j, const char* field) {
 
 Result<sandbox::CreateRequest> ParseCreate(const json& j) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
-  static const std::set<std::string> kKnown = {"template", "env",     "metadata",
-                                               "limits",   "timeout", "on_timeout"};
+  static const std::set<std::string> kKnown = {"template", "env",        "metadata",    "limits",
+                                               "timeout",  "on_timeout", "public_ports"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
   sandbox::CreateRequest r;
@@ -239,6 +240,11 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j) {
   if (j.contains("on_timeout")) {
     if (!j["on_timeout"].is_string()) return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
     r.on_timeout = j["on_timeout"].get<std::string>();
+  }
+  if (j.contains("public_ports")) {
+    if (!j["public_ports"].is_boolean())
+      return Status::Error("public_ports: must be true or false", EINVAL);
+    r.public_ports = j["public_ports"].get<bool>();
   }
   return r;
 }
