@@ -181,12 +181,10 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   req.metadata = *md;
   req.env = *env;
   req.timeout_ms = *timeout * 1000;
-  if (j->value("autoPause", false)) req.on_timeout = store::kOnTimeoutPause;
+  if (BoolField(*j, "autoPause")) req.on_timeout = store::kOnTimeoutPause;
   // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
-  if (j->contains("network") && (*j)["network"].is_object()) {
-    const json& network = (*j)["network"];
-    req.public_ports = network.value("allowPublicTraffic", false) == true;
-  }
+  if (j->contains("network") && (*j)["network"].is_object())
+    req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
   sandbox::QuotaExceeded quota;
   auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
   if (!rec.ok()) {

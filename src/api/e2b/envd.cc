@@ -631,8 +631,8 @@ awaitable<Result<std::shared_ptr<Subscription>>> StartWatch(AgentChannel& ch, co
   auto sub = co_await ch.Open(Type::kWatch,
                               protocol::Writer()
                                   .Str(Tag::kPath, path)
-                                  .Int(Tag::kRecursive, req.value("recursive", false) ? 1 : 0)
-                                  .Int(Tag::kWithEntry, req.value("includeEntry", false) ? 1 : 0)
+                                  .Int(Tag::kRecursive, BoolField(req, "recursive") ? 1 : 0)
+                                  .Int(Tag::kWithEntry, BoolField(req, "includeEntry") ? 1 : 0)
                                   .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
   if (!sub.ok()) co_return sub.status();
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));

@@ -48,6 +48,12 @@ class EnvelopeReader {
 const char* ConnectCode(int err);
 int ConnectHttpStatus(std::string_view code);
 
+// `j[key]` when it is a boolean, else false (json::value() throws on a wrong type).
+inline bool BoolField(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
 // ---- control plane ----
 // Decodes the `metadata` query value of GET /v2/sandboxes (already query-decoded once):
 // "user%3Da%2520b" -> {user: "a b"}. EINVAL when malformed.
