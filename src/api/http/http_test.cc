@@ -73,6 +73,13 @@ Router TestRouter(Probe& probe) {
            co_await ex.RespondJson(200, out);
          },
          {.body_limit = 1024});
+  // Reads "n" as a number the careless way: a string there throws json::type_error.
+  r.Post("/typed", [](Exchange& ex) -> net::awaitable<void> {
+    auto body = co_await ex.ReadJson();
+    if (!body.ok()) co_return;
+    nlohmann::json out = {{"n", body->value("n", 0) + 1}};
+    co_await ex.RespondJson(200, out);
+  });
   r.Put("/upload",
         [&probe](Exchange& ex) -> net::awaitable<void> {
           char buf[64 * 1024];  // the only body storage the handler has
@@ -743,6 +750,18 @@ TEST_F(HttpTest, IdleRelayIsClosed) {
   EXPECT_TRUE(closed);
   EXPECT_TRUE(reply.empty()) << reply;
   EXPECT_GE(Clock::now() - start, 300ms);
+}
+
+TEST_F(HttpTest, AFieldOfTheWrongTypeIsABadRequest) {
+  StartServer();
+  Endpoint ep{"127.0.0.1", server_->port(), ""};
+  auto good = Request(ep, "POST", "/typed", {{"Content-Type", "application/json"}}, R"({"n": 1})");
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(good->status, 200);
+  auto bad = Request(ep, "POST", "/typed", {{"Content-Type", "application/json"}}, R"({"n": "1"})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_NE(bad->body.find("invalid_argument"), std::string::npos) << bad->body;
 }
 
 }  // namespace

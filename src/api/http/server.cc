@@ -186,11 +186,14 @@ net::awaitable<void> Connection::ServeRequest() {
   }
 
   std::string error;
+  std::string bad_json;  // a JSON field of the wrong type in the request: the client's mistake
   if (bad_query) {
     co_await ex.RespondError(400, "bad_request", "malformed query string");
   } else {
     try {
       co_await state_.router.Dispatch(ex);
+    } catch (const nlohmann::json::type_error& e) {
+      bad_json = e.what();
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "exception";
@@ -202,6 +205,10 @@ net::awaitable<void> Connection::ServeRequest() {
     spdlog::error("http handler for {} {} threw: {}", ex.method(), ex.path(), error);
   }
 
+  if (!bad_json.empty() && ex.state_ == Exchange::State::kNone) {
+    spdlog::info("http {} {}: bad request body: {}", ex.method(), ex.path(), bad_json);
+    co_await ex.RespondError(400, "invalid_argument", "a field of the request has the wrong type");
+  }
   switch (ex.state_) {
     case Exchange::State::kNone:
       if (error.empty()) {
