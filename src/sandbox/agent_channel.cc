@@ -437,6 +437,16 @@ void AgentChannel::Shutdown(Status why) {
 
 // --- Subscription ---------------------------------------------------------------------------
 
+Status FrameError(const Frame& f) {
+  return Status::Error(std::string(f.fields.Str(protocol::Tag::kMessage)),
+                       static_cast<int>(f.fields.Int(protocol::Tag::kErrno, EIO)));
+}
+
+Status FrameError(const Result<Frame>& f) {
+  if (!f.ok()) return f.status();
+  return FrameError(*f);
+}
+
 Subscription::Subscription(std::shared_ptr<AgentChannel> channel,
                            std::shared_ptr<AgentChannel::Sink> sink, uint32_t id)
     : channel_(std::move(channel)), sink_(std::move(sink)), id_(id) {}

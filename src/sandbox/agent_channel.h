@@ -166,6 +166,11 @@ class AgentChannel : public std::enable_shared_from_this<AgentChannel> {
 
 // The frames the agent sends under one request id, pulled in order by one consumer at a time.
 // Destroying it cancels it.
+// The Status an ERROR frame a Subscription delivered stands for: the agent's message ("stat /x")
+// and errno (EIO when it names none). For a failed Next(), its own Status.
+Status FrameError(const protocol::Frame& f);
+Status FrameError(const Result<protocol::Frame>& f);
+
 class Subscription {
  public:
   using Frame = protocol::Frame;

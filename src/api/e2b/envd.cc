@@ -35,6 +35,7 @@ using nlohmann::json;
 using protocol::Tag;
 using protocol::Type;
 using sandbox::AgentChannel;
+using sandbox::FrameError;
 using sandbox::Subscription;
 
 // Uploads stream into the box (bounded by its disk, not by the daemon's memory).
@@ -181,15 +182,6 @@ int64_t ConnectTimeoutMs(const http::Exchange& ex) {
   return std::max<int64_t>(0, std::strtoll(std::string(v).c_str(), nullptr, 10));
 }
 
-Status ReplyFailure(const protocol::Frame& f) {
-  return Status::Error(std::string(f.fields.Str(Tag::kMessage)),
-                       static_cast<int>(f.fields.Int(Tag::kErrno, EIO)));
-}
-Status ReplyFailure(const Result<protocol::Frame>& f) {
-  if (!f.ok()) return f.status();
-  return ReplyFailure(*f);
-}
-
 // ---- users ----
 
 // The passwd entry of `name` inside the sandbox ("" = envd's default user: `user` when the
@@ -318,7 +310,7 @@ awaitable<void> PumpProcess(http::Exchange& ex, AgentChannel& ch, Subscription& 
       }
       break;
     } else if (f->type() == Type::kError) {
-      Status s = ReplyFailure(*f);
+      Status s = FrameError(*f);
       end_code = ConnectCode(s.err());
       end_message = s.message();
       break;
@@ -376,7 +368,7 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));
   if (!first.ok() || first->type() != Type::kOk) {
     (*sub)->Cancel();
-    Status s = ReplyFailure(first);
+    Status s = FrameError(first);
     // A missing cwd or program is the caller's mistake, as in envd.
     std::string code = s.err() == ENOENT ? "invalid_argument" : ConnectCode(s.err());
     co_return co_await EndRpcStream(ex, code, s.message());
@@ -404,7 +396,7 @@ awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json&
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));
   if (!first.ok() || first->type() != Type::kOk) {
     (*sub)->Cancel();
-    Status s = ReplyFailure(first);
+    Status s = FrameError(first);
     co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
   }
   co_await PumpProcess(ex, ch, **sub, proc->pid, proc->pty);
@@ -638,7 +630,7 @@ awaitable<Result<std::shared_ptr<Subscription>>> StartWatch(AgentChannel& ch, co
   auto first = co_await (*sub)->Next(std::chrono::seconds(30));
   if (!first.ok() || first->type() != Type::kOk) {
     (*sub)->Cancel();
-    co_return ReplyFailure(first);
+    co_return FrameError(first);
   }
   co_return *sub;
 }
@@ -972,13 +964,37 @@ awaitable<Status> UploadParts(UploadBody& body, BoxWrite& w, const std::string& 
   }
 }
 
-awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
-  auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, "write");
-  if (!t) co_return;
+// What a /files request works on: its sandbox, the agent channel, and the user it acts as
+// (`username`). Answers 502/401 itself and returns nullopt when the request cannot go on.
+struct FilesTarget {
+  Target t;
+  std::shared_ptr<AgentChannel> ch;
+  User user;
+};
+awaitable<std::optional<FilesTarget>> ResolveFiles(ApiContext& ctx, http::Exchange& ex,
+                                                   std::string_view op) {
+  auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, op);
+  if (!t) co_return std::nullopt;
   auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
-  if (!ch.ok()) co_return co_await NotFound502(ex, t->rec.id);
+  if (!ch.ok()) {
+    co_await NotFound502(ex, t->rec.id);
+    co_return std::nullopt;
+  }
   auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
-  if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
+  if (!user.ok()) {
+    co_await JsonError(ex, 401, user.status().message());
+    co_return std::nullopt;
+  }
+  FilesTarget target{std::move(*t), *ch, std::move(*user)};
+  co_return target;
+}
+
+awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
+  auto target = co_await ResolveFiles(ctx, ex, "write");
+  if (!target) co_return;
+  const Target& t = target->t;
+  AgentChannel& ch = *target->ch;
+  const User& user = target->user;
   auto metadata = UploadMetadata(ex.HeadersWithPrefix("X-Metadata-"));
   if (!metadata.ok()) co_return co_await JsonError(ex, 400, metadata.status().message());
   std::string encoding(ex.Header("Content-Encoding"));
@@ -987,17 +1003,17 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   std::string query_path = ex.query().Get("path").value_or("");
   std::string content_type(ex.Header("Content-Type"));
   UploadBody body(ex, encoding == "gzip");
-  BoxWrite w(**ch);
+  BoxWrite w(ch);
   json written = json::array();
   Status s;
   if (content_type.rfind("multipart/", 0) == 0) {
     auto boundary = MultipartParser::Boundary(content_type);
     if (!boundary.ok()) co_return co_await JsonError(ex, 400, boundary.status().message());
-    s = co_await UploadParts(body, w, *boundary, query_path, *user, *metadata, &written);
+    s = co_await UploadParts(body, w, *boundary, query_path, user, *metadata, &written);
   } else {
     if (query_path.empty()) co_return co_await JsonError(ex, 400, "path: required");
-    std::string dest = ResolvePath(query_path, user->home);
-    s = co_await w.Begin(WriteBegin(dest, *user, *metadata));
+    std::string dest = ResolvePath(query_path, user.home);
+    s = co_await w.Begin(WriteBegin(dest, user, *metadata));
     while (s.ok()) {
       auto piece = co_await body.Next();
       if (!piece.ok()) s = piece.status();
@@ -1016,22 +1032,18 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
     co_await w.Abort();  // the file being written keeps its old content
     co_return co_await UploadError(ex, s);
   }
-  ctx.manager.Audit("file.write", t->rec.id, t->key.id,
-                    {{"files", written.size()}, {"via", "e2b"}});
+  ctx.manager.Audit("file.write", t.rec.id, t.key.id, {{"files", written.size()}, {"via", "e2b"}});
   co_await ex.RespondJson(200, written);
 }
 
 awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
-  auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, "read");
-  if (!t) co_return;
-  auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
-  if (!ch.ok()) co_return co_await NotFound502(ex, t->rec.id);
-  auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
-  if (!user.ok()) co_return co_await JsonError(ex, 401, user.status().message());
+  auto target = co_await ResolveFiles(ctx, ex, "read");
+  if (!target) co_return;
+  AgentChannel& ch = *target->ch;
   auto qp = ex.query().Get("path");
   if (!qp || qp->empty()) co_return co_await JsonError(ex, 400, "path: required");
-  std::string path = ResolvePath(*qp, user->home);
-  auto st = co_await (*ch)->Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+  std::string path = ResolvePath(*qp, target->user.home);
+  auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
   if (!st.ok()) {
     int status = FilesStatus(st.status().err());
     std::string msg = status == 404 ? "path '" + path + "' does not exist" : st.status().message();
@@ -1055,14 +1067,14 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
     if (gzip) (void)gzip->Finish(&out);
     co_return co_await ex.Respond(200, out, content_type, headers);
   }
-  auto sub = co_await (*ch)->Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
+  auto sub = co_await ch.Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
   if (!sub.ok()) co_return co_await JsonError(ex, 500, sub.status().message());
   bool started = false;
   for (;;) {
     auto f = co_await (*sub)->Next(std::chrono::seconds(60));
     if (!f.ok() || f->type() == Type::kError) {
       if (!started) {
-        Status s = ReplyFailure(f);
+        Status s = FrameError(f);
         co_await JsonError(ex, FilesStatus(s.err()), s.message());
       }
       break;  // after the first byte the transfer is cut short

@@ -342,12 +342,6 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
 // The Status of a reply that should have been OK: the agent's ERROR, or the channel's failure.
 // Computed outside co_await expressions: GCC 12 destroys the class temporaries of a ?: inside a
 // co_await expression twice.
-Status FrameFailure(const Result<protocol::Frame>& f) {
-  if (!f.ok()) return f.status();
-  return Status::Error(std::string(f->fields.Str(Tag::kMessage)),
-                       static_cast<int>(f->fields.Int(Tag::kErrno, EIO)));
-}
-
 std::string UnpackError(const std::string& path, const std::string& tar_stderr) {
   return "unpack into " + path + ": " +
          (tar_stderr.empty() ? std::string("tar failed") : tar_stderr);
@@ -428,6 +422,12 @@ Result<int64_t> IntQuery(const http::Exchange& ex, const char* name, int64_t def
   if (v->empty() || *end != '\0')
     return Status::Error(std::string(name) + ": must be an integer", EINVAL);
   return static_cast<int64_t>(n);
+}
+
+// A flag in the query: "true" or "1" set it.
+bool FlagQuery(const http::Exchange& ex, const char* name) {
+  auto v = ex.query().Get(name).value_or("");
+  return v == "true" || v == "1";
 }
 
 int SignalNumber(const json& j) {
@@ -779,7 +779,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
           if (!first.ok() || first->type() == Type::kError) {
             (*sub)->Cancel();
-            co_return co_await Fail(ex, FrameFailure(first));
+            co_return co_await Fail(ex, sandbox::FrameError(first));
           }
           int64_t pid = first->fields.Int(Tag::kPid);
           ctx.manager.Audit("command.start", rec->id, key.id, {{"pid", pid}, {"pty", true}});
@@ -950,8 +950,7 @@ void Files(http::Router& r, ApiContext& ctx) {
       Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
         auto path = PathQuery(ex);
         if (!path.ok()) co_return co_await Fail(ex, path.status());
-        bool recursive = ex.query().Get("recursive").value_or("") == "true" ||
-                         ex.query().Get("recursive").value_or("") == "1";
+        bool recursive = FlagQuery(ex, "recursive");
         auto ch = co_await ChannelOrFail(ctx, ex, key);
         if (!ch) co_return;
         auto r2 = co_await ch->Call(
@@ -965,8 +964,7 @@ void Files(http::Router& r, ApiContext& ctx) {
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
           auto path = PathQuery(ex);
           if (!path.ok()) co_return co_await Fail(ex, path.status());
-          bool recursive = ex.query().Get("recursive").value_or("") == "true" ||
-                           ex.query().Get("recursive").value_or("") == "1";
+          bool recursive = FlagQuery(ex, "recursive");
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
           auto sub = co_await ch->Open(
@@ -976,7 +974,7 @@ void Files(http::Router& r, ApiContext& ctx) {
           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
           if (!first.ok() || first->type() == Type::kError) {
             (*sub)->Cancel();
-            co_return co_await Fail(ex, FrameFailure(first));
+            co_return co_await Fail(ex, sandbox::FrameError(first));
           }
           if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
           static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
@@ -1086,7 +1084,7 @@ void Archives(http::Router& r, ApiContext& ctx) {
                  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
                  if (!first.ok() || first->type() == Type::kError) {
                    (*sub)->Cancel();
-                   co_return co_await Fail(ex, FrameFailure(first));
+                   co_return co_await Fail(ex, sandbox::FrameError(first));
                  }
                  int64_t pid = first->fields.Int(Tag::kPid);
                  std::string buf(protocol::kMaxChunk, '\0');
