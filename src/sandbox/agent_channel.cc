@@ -435,6 +435,21 @@ void AgentChannel::Shutdown(Status why) {
   write_queue_.clear();
 }
 
+asio::awaitable<Result<AgentChannel::Opened>> AgentChannel::OpenConfirmed(
+    Type type, protocol::Writer payload) {
+  auto sub = co_await Open(type, std::move(payload));
+  if (!sub.ok()) co_return sub.status();
+  auto reply = co_await (*sub)->Next(kDefaultTimeout);
+  if (!reply.ok() || reply->type() != Type::kOk) {
+    (*sub)->Cancel();
+    co_return FrameError(reply);
+  }
+  Opened opened;
+  opened.sub = std::move(*sub);
+  opened.reply = std::move(*reply);
+  co_return opened;
+}
+
 // --- Subscription ---------------------------------------------------------------------------
 
 Status FrameError(const Frame& f) {

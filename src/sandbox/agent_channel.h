@@ -96,6 +96,15 @@ class AgentChannel : public std::enable_shared_from_this<AgentChannel> {
       protocol::Type type, protocol::Writer payload,
       std::chrono::milliseconds timeout = kDefaultTimeout);
 
+  // Open(), then the request's reply within kDefaultTimeout: the subscription and the OK (with
+  // its fields, e.g. SPAWN's pid), events to follow on the subscription. An ERROR reply, or none,
+  // is the failure (FrameError) and the subscription is cancelled.
+  struct Opened {
+    std::shared_ptr<Subscription> sub;
+    protocol::Frame reply;
+  };
+  Awaitable<Result<Opened>> OpenConfirmed(protocol::Type type, protocol::Writer payload);
+
   // Sends one frame and expects nothing back (WRITE_DATA with its WRITE_BEGIN's id). Completes
   // when the frame is written to the socket, so a sender of many frames is paced by the agent.
   Awaitable<Status> Send(protocol::Type type, uint32_t id, protocol::Writer payload,

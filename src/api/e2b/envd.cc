@@ -362,44 +362,36 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
     w.Str(Tag::kTag, req["tag"].get<std::string>());
   // Connect-Timeout-Ms on Start is the process's lifetime (spec 2.3).
   if (int64_t timeout = ConnectTimeoutMs(ex); timeout > 0) w.Int(Tag::kTimeoutMs, timeout);
-  auto sub = co_await ch.Open(Type::kSpawn, w);
-  if (!sub.ok())
-    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
-  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-  if (!first.ok() || first->type() != Type::kOk) {
-    (*sub)->Cancel();
-    Status s = FrameError(first);
+  auto opened = co_await ch.OpenConfirmed(Type::kSpawn, w);
+  if (!opened.ok()) {
+    Status s = opened.status();
     // A missing cwd or program is the caller's mistake, as in envd.
     std::string code = s.err() == ENOENT ? "invalid_argument" : ConnectCode(s.err());
     co_return co_await EndRpcStream(ex, code, s.message());
   }
-  int64_t pid = first->fields.Int(Tag::kPid);
+  int64_t pid = opened->reply.fields.Int(Tag::kPid);
   ctx.metrics.commands++;
   json argv = json::array();
   argv.push_back(cmd);
   if (p.contains("args")) argv.insert(argv.end(), p["args"].begin(), p["args"].end());
   ctx.manager.Audit("command.start", t.rec.id, t.key.id,
                     {{"pid", pid}, {"argv", argv}, {"pty", pty}, {"via", "e2b"}});
-  co_await PumpProcess(ex, ch, **sub, pid, pty);
+  co_await PumpProcess(ex, ch, *opened->sub, pid, pty);
 }
 
 awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json& req) {
   auto proc = co_await Select(ch, req, true);
   if (!proc.ok()) co_return co_await EndRpcStream(ex, "not_found", proc.status().message());
   // As in envd, Connect follows from now on: output written before it is not replayed.
-  auto sub = co_await ch.Open(Type::kAttach, protocol::Writer()
-                                                 .Int(Tag::kPid, proc->pid)
-                                                 .Int(Tag::kStdoutOffset, -1)
-                                                 .Int(Tag::kStderrOffset, -1));
-  if (!sub.ok())
-    co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
-  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-  if (!first.ok() || first->type() != Type::kOk) {
-    (*sub)->Cancel();
-    Status s = FrameError(first);
+  auto opened = co_await ch.OpenConfirmed(Type::kAttach, protocol::Writer()
+                                                             .Int(Tag::kPid, proc->pid)
+                                                             .Int(Tag::kStdoutOffset, -1)
+                                                             .Int(Tag::kStderrOffset, -1));
+  if (!opened.ok()) {
+    Status s = opened.status();
     co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
   }
-  co_await PumpProcess(ex, ch, **sub, proc->pid, proc->pty);
+  co_await PumpProcess(ex, ch, *opened->sub, proc->pid, proc->pty);
 }
 
 // Sends `data` to a process's stdin in agent-sized chunks, waiting while its queue is full.
@@ -620,19 +612,14 @@ awaitable<Result<std::shared_ptr<Subscription>>> StartWatch(AgentChannel& ch, co
     co_return Status::Error("path " + path + " is not a directory", EINVAL);
   // includeEntry (envd 0.6.3): events carry the entry as it is when the agent sees the event.
   // allowNetworkMounts (0.6.4) permits watching NFS and the like; a sandbox has no such mounts.
-  auto sub = co_await ch.Open(Type::kWatch,
-                              protocol::Writer()
-                                  .Str(Tag::kPath, path)
-                                  .Int(Tag::kRecursive, BoolField(req, "recursive") ? 1 : 0)
-                                  .Int(Tag::kWithEntry, BoolField(req, "includeEntry") ? 1 : 0)
-                                  .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
-  if (!sub.ok()) co_return sub.status();
-  auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-  if (!first.ok() || first->type() != Type::kOk) {
-    (*sub)->Cancel();
-    co_return FrameError(first);
-  }
-  co_return *sub;
+  auto opened = co_await ch.OpenConfirmed(
+      Type::kWatch, protocol::Writer()
+                        .Str(Tag::kPath, path)
+                        .Int(Tag::kRecursive, BoolField(req, "recursive") ? 1 : 0)
+                        .Int(Tag::kWithEntry, BoolField(req, "includeEntry") ? 1 : 0)
+                        .Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
+  if (!opened.ok()) co_return opened.status();
+  co_return opened->sub;
 }
 
 // Ends an agent watch whose subscription was cancelled.

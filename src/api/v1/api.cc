@@ -606,17 +606,10 @@ void Commands(http::Router& r, ApiContext& ctx) {
            if (!w.ok()) co_return co_await Fail(ex, w.status());
            auto ch = co_await ChannelOrFail(ctx, ex, key);
            if (!ch) co_return;
-           auto sub = co_await ch->Open(Type::kSpawn, *w);
-           if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-           auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-           if (!first.ok()) co_return co_await Fail(ex, first.status());
-           if (first->type() == Type::kError) {
-             (*sub)->Cancel();
-             co_return co_await Fail(
-                 ex, Status::Error(std::string(first->fields.Str(Tag::kMessage)),
-                                   static_cast<int>(first->fields.Int(Tag::kErrno, EIO))));
-           }
-           int64_t pid = first->fields.Int(Tag::kPid);
+           auto opened = co_await ch->OpenConfirmed(Type::kSpawn, *w);
+           if (!opened.ok()) co_return co_await Fail(ex, opened.status());
+           auto sub = opened->sub;
+           int64_t pid = opened->reply.fields.Int(Tag::kPid);
            ctx.metrics.commands++;
            ctx.metrics.exec_seconds.Observe(
                std::chrono::duration<double>(Clock::now() - started).count());
@@ -625,7 +618,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
                              {{"pid", pid}, {"argv", argv}, {"background", background}});
            if (background) {
              (void)co_await ch->Call(Type::kDetach, protocol::Writer().Int(Tag::kPid, pid));
-             (*sub)->Cancel();
+             sub->Cancel();
              json body = {{"pid", pid}};
              co_return co_await ex.RespondJson(201, body);
            }
@@ -642,7 +635,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
                  detail["pid"] = pid;
                  ctx.manager.Audit("command.exit", sandbox_id, key_id, detail);
                };
-           co_await StreamProcess(ex, *ch, **sub, pid, std::move(on_exit));
+           co_await StreamProcess(ex, *ch, *sub, pid, std::move(on_exit));
          }));
 
   r.Get("/v1/sandboxes/{id}/commands",
@@ -683,22 +676,15 @@ void Commands(http::Router& r, ApiContext& ctx) {
                                                "pid and offsets must be integers");
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
-          auto sub = co_await ch->Open(Type::kAttach, protocol::Writer()
-                                                          .Int(Tag::kPid, p)
-                                                          .Int(Tag::kStdoutOffset, *so)
-                                                          .Int(Tag::kStderrOffset, *se));
-          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-          if (!first.ok()) co_return co_await Fail(ex, first.status());
-          if (first->type() == Type::kError) {
-            (*sub)->Cancel();
-            co_return co_await Fail(
-                ex, Status::Error(std::string(first->fields.Str(Tag::kMessage)),
-                                  static_cast<int>(first->fields.Int(Tag::kErrno, EIO))));
-          }
+          auto opened =
+              co_await ch->OpenConfirmed(Type::kAttach, protocol::Writer()
+                                                            .Int(Tag::kPid, p)
+                                                            .Int(Tag::kStdoutOffset, *so)
+                                                            .Int(Tag::kStderrOffset, *se));
+          if (!opened.ok()) co_return co_await Fail(ex, opened.status());
           Status s = co_await ex.BeginStream(200, "application/x-ndjson");
           if (!s.ok()) co_return;
-          co_await StreamProcess(ex, *ch, **sub, p);
+          co_await StreamProcess(ex, *ch, *opened->sub, p);
         }));
 
   r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin",
@@ -774,14 +760,10 @@ void Commands(http::Router& r, ApiContext& ctx) {
           if (!w.ok()) co_return co_await Fail(ex, w.status());
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
-          auto sub = co_await ch->Open(Type::kSpawn, *w);
-          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-          if (!first.ok() || first->type() == Type::kError) {
-            (*sub)->Cancel();
-            co_return co_await Fail(ex, sandbox::FrameError(first));
-          }
-          int64_t pid = first->fields.Int(Tag::kPid);
+          auto opened = co_await ch->OpenConfirmed(Type::kSpawn, *w);
+          if (!opened.ok()) co_return co_await Fail(ex, opened.status());
+          auto sub = opened->sub;
+          int64_t pid = opened->reply.fields.Int(Tag::kPid);
           ctx.manager.Audit("command.start", rec->id, key.id, {{"pid", pid}, {"pty", true}});
           auto ws = co_await ex.AcceptWebSocket();
           if (!ws.ok()) {
@@ -798,7 +780,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
           // lambda: a lambda coroutine's captures would die with the temporary closure.
           asio::co_spawn(sock->executor(), PtyInput(sock, ch, pid), asio::detached);
           for (;;) {
-            auto f = co_await (*sub)->Next();
+            auto f = co_await sub->Next();
             if (!f.ok()) break;
             if (f->type() == Type::kOutput) {
               if (!(co_await sock->WriteBinary(f->fields.Str(Tag::kData))).ok()) break;
@@ -807,7 +789,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
               break;
             }
           }
-          (*sub)->Cancel();
+          sub->Cancel();
           (void)co_await sock->Close();
         }));
 }
@@ -967,21 +949,17 @@ void Files(http::Router& r, ApiContext& ctx) {
           bool recursive = FlagQuery(ex, "recursive");
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
-          auto sub = co_await ch->Open(
+          auto opened = co_await ch->OpenConfirmed(
               Type::kWatch,
               protocol::Writer().Str(Tag::kPath, *path).Int(Tag::kRecursive, recursive ? 1 : 0));
-          if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-          auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-          if (!first.ok() || first->type() == Type::kError) {
-            (*sub)->Cancel();
-            co_return co_await Fail(ex, sandbox::FrameError(first));
-          }
+          if (!opened.ok()) co_return co_await Fail(ex, opened.status());
+          auto sub = opened->sub;
           if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
           static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
-          uint32_t watch_id = (*sub)->id();
+          uint32_t watch_id = sub->id();
           // Keepalives every 15 s also tell us when the client went away.
           for (;;) {
-            auto f = co_await (*sub)->Next(std::chrono::seconds(15));
+            auto f = co_await sub->Next(std::chrono::seconds(15));
             std::string line;
             if (!f.ok() && f.status().err() == ETIMEDOUT) {
               line = json{{"type", "keepalive"}}.dump() + "\n";
@@ -998,7 +976,7 @@ void Files(http::Router& r, ApiContext& ctx) {
             }
             if (!(co_await ex.WriteChunk(line)).ok()) break;
           }
-          (*sub)->Cancel();
+          sub->Cancel();
           (void)co_await ch->CallWithId(Type::kUnwatch, watch_id, protocol::Writer());
         }));
 }
@@ -1079,14 +1057,10 @@ void Archives(http::Router& r, ApiContext& ctx) {
                  bool bg = false;
                  auto w = SpawnPayload(spec, *rec, &bg);
                  if (!w.ok()) co_return co_await Fail(ex, w.status());
-                 auto sub = co_await ch->Open(Type::kSpawn, *w);
-                 if (!sub.ok()) co_return co_await Fail(ex, sub.status());
-                 auto first = co_await (*sub)->Next(std::chrono::seconds(30));
-                 if (!first.ok() || first->type() == Type::kError) {
-                   (*sub)->Cancel();
-                   co_return co_await Fail(ex, sandbox::FrameError(first));
-                 }
-                 int64_t pid = first->fields.Int(Tag::kPid);
+                 auto opened = co_await ch->OpenConfirmed(Type::kSpawn, *w);
+                 if (!opened.ok()) co_return co_await Fail(ex, opened.status());
+                 auto sub = opened->sub;
+                 int64_t pid = opened->reply.fields.Int(Tag::kPid);
                  std::string buf(protocol::kMaxChunk, '\0');
                  Status fed;
                  for (;;) {
@@ -1103,7 +1077,7 @@ void Archives(http::Router& r, ApiContext& ctx) {
                  std::string err;
                  int64_t code = -1;
                  for (;;) {
-                   auto f = co_await (*sub)->Next(std::chrono::seconds(120));
+                   auto f = co_await sub->Next(std::chrono::seconds(120));
                    if (!f.ok()) break;
                    if (f->type() == Type::kOutput && err.size() < 4096)
                      err += f->fields.Str(Tag::kData);
@@ -1112,7 +1086,7 @@ void Archives(http::Router& r, ApiContext& ctx) {
                      break;
                    }
                  }
-                 (*sub)->Cancel();
+                 sub->Cancel();
                  if (!fed.ok()) co_return;  // the client went away mid-upload
                  if (code != 0)
                    co_return co_await ex.RespondError(400, "invalid_argument",
