@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "I/O threads")->capture_default_str();
   sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
       ->capture_default_str();
+  sv->add_option("--disk-reserve", serve.disk_reserve,
+                 "Free space of the data directory no disk limit may take: a size (1G) or a "
+                 "share of the filesystem (5%); a create that does not fit gets HTTP 507")
+      ->capture_default_str();
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

@@ -14,7 +14,9 @@
 #include "api/e2b/e2b.h"
 #include "api/http/server.h"
 #include "api/v1/api.h"
+#include "cli/units.h"
 #include "common/fs.h"
+#include "common/secret.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/manager.h"
 #include "store/store.h"
@@ -26,17 +28,20 @@ std::string ApiKeyFile(const std::string& data_dir) { return data_dir + "/api-ke
 namespace {
 
 // On first start (no key in the store) makes the key "default", prints it once and leaves it in
-// a 0600 file for the CLI. The store keeps only its hash.
+// a 0600 file for the CLI. The store keeps only its hash. It is an operator key: whoever can read
+// the data directory (root on the host) manages every sandbox; tenants get keys of their own
+// from `sbx key create`.
 Status EnsureApiKey(store::Store& store, const std::string& data_dir) {
   auto keys = store.ListApiKeys();
   if (!keys.ok()) return keys.status();
   for (const auto& k : *keys)
     if (k.active()) return {};
-  auto key = store.CreateApiKey("default", 0, 0);
+  auto key = store.CreateApiKey("default", 0, 0, /*is_operator=*/true);
   if (!key.ok()) return key.status();
   SBX_RETURN_IF_ERROR(WriteFileAtomic(ApiKeyFile(data_dir), key->secret + "\n", 0600));
   std::fprintf(stderr,
-               "sbx: first start: created API key '%s' (shown once, stored hashed):\n\n    %s\n\n"
+               "sbx: first start: created operator API key '%s' (shown once, stored "
+               "hashed):\n\n    %s\n\n"
                "     the sbx CLI reads it from %s\n",
                key->record.id.c_str(), key->secret.c_str(), ApiKeyFile(data_dir).c_str());
   return {};
@@ -82,6 +87,35 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
                  std::strerror(errno));
     return kExitSbxError;
   }
+  // Every token and URL signature is an HMAC under this secret (common/secret.h).
+  auto secret = InstallSecret::LoadOrCreate(global.data_dir);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", secret.status().message().c_str());
+    return kExitSbxError;
+  }
+  sandbox::ManagerConfig mc;
+  mc.default_timeout_ms = o.default_timeout_s * 1000;
+  mc.data_dir = global.data_dir;
+  if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {
+    char* end = nullptr;
+    std::string num = o.disk_reserve.substr(0, o.disk_reserve.size() - 1);
+    mc.disk_reserve_percent = std::strtod(num.c_str(), &end);
+    mc.disk_reserve_bytes = 0;
+    if (num.empty() || *end != '\0' || !(mc.disk_reserve_percent >= 0) ||
+        mc.disk_reserve_percent > 100) {
+      std::fprintf(stderr, "sbx: --disk-reserve: a size or a percentage 0%%..100%%, got '%s'\n",
+                   o.disk_reserve.c_str());
+      return kExitSbxError;
+    }
+  } else {
+    auto bytes = ParseSize(o.disk_reserve);
+    if (!bytes.ok() || *bytes < 0) {
+      std::fprintf(stderr, "sbx: --disk-reserve: a size (1G) or a percentage (5%%), got '%s'\n",
+                   o.disk_reserve.c_str());
+      return kExitSbxError;
+    }
+    mc.disk_reserve_bytes = *bytes;
+  }
   auto st = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
   if (!st.ok()) {
     std::fprintf(stderr, "sbx: store: %s\n", st.status().message().c_str());
@@ -101,8 +135,6 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: api key: %s\n", s.message().c_str());
     return kExitSbxError;
   }
-  sandbox::ManagerConfig mc;
-  mc.default_timeout_ms = o.default_timeout_s * 1000;
   sandbox::Manager manager(
       mc, **rt, storage::TemplateStore{global.data_dir + "/templates", cfg.id_base}, **st);
   s = manager.Reconcile();
@@ -114,7 +146,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
 
   boost::asio::thread_pool blocking(4);
   api::Metrics metrics;
-  api::ApiContext ctx{manager, **st, metrics, blocking};
+  api::ApiContext ctx{manager, **st, metrics, blocking, *secret};
   http::Router router;
   api::RegisterV1(router, ctx);
   api::RegisterE2b(router, ctx);

@@ -1,5 +1,6 @@
-// `sbx serve`: the daemon. Opens the store and the runtime, reconciles what survived a restart,
-// makes the first API key on first start, and serves the REST API until SIGTERM or SIGINT.
+// `sbx serve`: the daemon. Opens the store, the install secret and the runtime, reconciles what
+// survived a restart, makes the first API key (an operator key, for root's CLI) on first start,
+// and serves the REST API until SIGTERM or SIGINT.
 // Sandboxes keep running when the daemon stops.
 #pragma once
 
@@ -14,6 +15,7 @@ struct ServeOptions {
   std::string unix_socket;                // optional, in addition
   int threads = 2;
   int64_t default_timeout_s = 300;
+  std::string disk_reserve = "1G";  // a size, or "N%" of the data directory's filesystem
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

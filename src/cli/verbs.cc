@@ -1,13 +1,17 @@
 #include "cli/verbs.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <set>
 
 #include "cli/units.h"
+#include "common/fd.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -238,10 +242,22 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       PrintJson({{"sandboxes", all}, {"next_cursor", next}});
       return 0;
     }
-    Table t({"ID", "STATE", "TEMPLATE", "CREATED", "EXPIRES", "METADATA"});
-    for (const auto& s : all)
-      t.Row({Str(s, "id"), Str(s, "state"), Str(s, "template"), Relative(s["created_at"]),
-             Relative(s["expires_at"]), Pairs(s["metadata"])});
+    // An operator key lists every key's sandboxes: then say whose each one is.
+    std::set<std::string> owners;
+    for (const auto& s : all) owners.insert(Str(s, "owner_key_id"));
+    std::vector<std::string> header = {"ID", "STATE", "TEMPLATE", "CREATED", "EXPIRES", "METADATA"};
+    if (owners.size() > 1) header.push_back("KEY");
+    Table t(header);
+    for (const auto& s : all) {
+      std::vector<std::string> row = {Str(s, "id"),
+                                      Str(s, "state"),
+                                      Str(s, "template"),
+                                      Relative(s["created_at"]),
+                                      Relative(s["expires_at"]),
+                                      Pairs(s["metadata"])};
+      if (owners.size() > 1) row.push_back(Str(s, "owner_key_id"));
+      t.Row(row);
+    }
     t.Print();
     if (!cursor.empty())
       std::fprintf(stderr, "sbx: more sandboxes: use --all to list every page\n");
@@ -414,6 +430,8 @@ struct KeyFlags {
   int64_t max_sandboxes = 0;
   double rate = 0;
   bool json = false;
+  bool is_operator = false;
+  int64_t wait_s = 30;
 };
 
 Result<std::unique_ptr<store::Store>> OpenStore(const GlobalOptions& g) {
@@ -443,7 +461,19 @@ json KeyJson(const store::ApiKeyRecord& k) {
           {"created_at", iso(k.created_at)},
           {"revoked_at", iso(k.revoked_at)},
           {"max_sandboxes", k.max_sandboxes},
-          {"creates_per_second", k.creates_per_second}};
+          {"creates_per_second", k.creates_per_second},
+          {"operator", k.is_operator}};
+}
+
+const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kStateRunning,
+                                              store::kStatePaused};
+
+// True when an `sbx serve` holds this data directory (its lock is taken).
+bool DaemonRunning(const GlobalOptions& g) {
+  UniqueFd lock(::open((g.data_dir + "/serve.lock").c_str(), O_RDWR | O_CLOEXEC));
+  if (!lock) return false;
+  if (::flock(lock.get(), LOCK_SH | LOCK_NB) == 0) return false;
+  return errno == EWOULDBLOCK;
 }
 
 void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
@@ -460,11 +490,14 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       ->check(CLI::NonNegativeNumber);
   create->add_option("--rate", f->rate, "Creations per second (default 0: unlimited)")
       ->check(CLI::NonNegativeNumber);
+  create->add_flag("--operator", f->is_operator,
+                   "An operator key: may also list, inspect and kill other keys' sandboxes, and "
+                   "read /metrics");
   create->add_flag("--json", f->json, "Print the key and its secret as JSON");
   verbs.Add(create, [f, &g] {
     auto st = OpenStore(g);
     if (!st.ok()) return Fail(st.status());
-    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate);
+    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator);
     if (!k.ok()) return Fail(k.status());
     if (f->json) {
       json j = KeyJson(k->record);
@@ -472,8 +505,9 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       PrintJson(j);
     } else {
       std::printf("%s\n", k->secret.c_str());
-      std::fprintf(stderr, "sbx: created key %s '%s'; the secret above is shown only once\n",
-                   k->record.id.c_str(), k->record.name.c_str());
+      std::fprintf(stderr, "sbx: created %skey %s '%s'; the secret above is shown only once\n",
+                   k->record.is_operator ? "operator " : "", k->record.id.c_str(),
+                   k->record.name.c_str());
     }
     return 0;
   });
@@ -493,27 +527,54 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       PrintJson({{"keys", all}});
       return 0;
     }
-    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE"});
+    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "OPERATOR"});
     for (const auto& k : all)
       t.Row({Str(k, "id"), Str(k, "name"), Str(k, "prefix"), Relative(k["created_at"]),
              Relative(k["revoked_at"]), k["max_sandboxes"] == 0 ? "-" : k["max_sandboxes"].dump(),
-             k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s"});
+             k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s",
+             k["operator"] == true ? "yes" : "-"});
     t.Print();
     return 0;
   });
 
   auto rf = std::make_shared<KeyFlags>();
-  CLI::App* revoke = key->add_subcommand("revoke", "Revoke a key for good");
+  CLI::App* revoke =
+      key->add_subcommand("revoke", "Revoke a key for good; the daemon kills its live sandboxes");
   revoke->add_option("id", rf->id, "Key id (key_...)")->required();
+  revoke
+      ->add_option("--wait", rf->wait_s,
+                   "Seconds to wait for the daemon to kill the key's sandboxes (0: do not wait)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   verbs.Add(revoke, [rf, &g] {
     auto st = OpenStore(g);
     if (!st.ok()) return Fail(st.status());
+    auto before = (*st)->CountSandboxes(rf->id, kLiveStates);
+    if (!before.ok()) return Fail(before.status());
     Status s = (*st)->RevokeApiKey(rf->id);
     if (!s.ok()) {
       if (s.err() == ENOENT) return Fail(Status::Error("no key " + rf->id));
       return Fail(s);
     }
-    std::printf("%s\n", rf->id.c_str());
+    // The daemon owns the boxes: its manager notices the revocation on its next scan (twice a
+    // second) and kills them. Wait for that, within bounds, to say what happened.
+    int64_t left = *before;
+    bool daemon = DaemonRunning(g);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(rf->wait_s);
+    while (left > 0 && daemon && std::chrono::steady_clock::now() < deadline) {
+      ::usleep(100 * 1000);
+      auto n = (*st)->CountSandboxes(rf->id, kLiveStates);
+      if (!n.ok()) return Fail(n.status());
+      left = *n;
+    }
+    int64_t killed = *before - left;
+    std::printf("revoked %s; killed %lld live sandbox%s\n", rf->id.c_str(),
+                static_cast<long long>(killed), killed == 1 ? "" : "es");
+    if (left > 0)
+      std::fprintf(stderr, "sbx: %lld sandbox%s of %s still live: %s\n",
+                   static_cast<long long>(left), left == 1 ? "" : "es", rf->id.c_str(),
+                   daemon ? "the daemon kills them on its next scans"
+                          : "no daemon runs on this data directory; it kills them when it starts");
     return 0;
   });
 }

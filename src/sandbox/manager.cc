@@ -2,11 +2,15 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/this_coro.hpp>
 #include <cmath>
+#include <cstdio>
 
+#include "common/fd.h"
 #include "common/fs.h"
 
 namespace sbx::sandbox {
@@ -42,19 +46,71 @@ Status ValidateMap(const std::map<std::string, std::string>& m, const char* what
   return {};
 }
 
+constexpr int64_t kMinMemoryBytes = int64_t{16} << 20;
+constexpr int64_t kMinDiskBytes = int64_t{16} << 20;
+constexpr int64_t kMaxPids = 4194304;  // the kernel's PID_MAX_LIMIT
+constexpr int64_t kMaxCpuWeight = 10000;
+constexpr double kMinCpus = 0.01;
+
+// "1.5 GiB (1610612736 bytes)": people read the first part, scripts the second.
+std::string Bytes(int64_t n) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  char human[32];
+  if (u == 0 || v == std::floor(v))
+    std::snprintf(human, sizeof human, "%.0f %s", v, kUnits[u]);
+  else
+    std::snprintf(human, sizeof human, "%.1f %s", v, kUnits[u]);
+  return std::string(human) + " (" + std::to_string(n) + " bytes)";
+}
+
+std::string Number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// The host-independent bounds; the host's own (memory, cpus, disk space) are in
+// Manager::CheckHostLimits. 0 means "the default" for every field.
 Status ValidateLimits(const store::SandboxLimits& l) {
-  if (l.memory_bytes != 0 && l.memory_bytes < (16 << 20))
-    return Status::Error("memory: at least 16 MiB", EINVAL);
-  if (l.cpus != 0 && (l.cpus < 0.01 || l.cpus > 1024 || !std::isfinite(l.cpus)))
-    return Status::Error("cpus: from 0.01 to 1024", EINVAL);
-  if (l.pids < 0 || l.pids > 4194304) return Status::Error("pids: from 1 to 4194304", EINVAL);
-  if (l.cpu_weight < 0 || l.cpu_weight > 10000)
-    return Status::Error("cpu_weight: 1 to 10000", EINVAL);
-  if (l.disk_bytes != 0 && l.disk_bytes < (16 << 20))
-    return Status::Error("disk: at least 16 MiB", EINVAL);
-  if (l.memory_bytes < 0 || l.disk_bytes < 0)
-    return Status::Error("limits must not be negative", EINVAL);
+  auto invalid = [](const std::string& what) { return Status::Error(what, EINVAL); };
+  if (l.memory_bytes < 0)
+    return invalid("limits.memory_bytes: must not be negative (got " +
+                   std::to_string(l.memory_bytes) + ")");
+  if (l.memory_bytes != 0 && l.memory_bytes < kMinMemoryBytes)
+    return invalid("limits.memory_bytes: at least " + Bytes(kMinMemoryBytes) + " (got " +
+                   std::to_string(l.memory_bytes) + ")");
+  if (!std::isfinite(l.cpus) || l.cpus < 0)
+    return invalid("limits.cpus: must be a positive number of CPUs (got " + Number(l.cpus) + ")");
+  if (l.cpus != 0 && l.cpus < kMinCpus)
+    return invalid("limits.cpus: at least " + Number(kMinCpus) + " (got " + Number(l.cpus) + ")");
+  if (l.pids < 0 || l.pids > kMaxPids)
+    return invalid("limits.pids: from 1 to " + std::to_string(kMaxPids) + " (got " +
+                   std::to_string(l.pids) + ")");
+  if (l.cpu_weight < 0 || l.cpu_weight > kMaxCpuWeight)
+    return invalid("limits.cpu_weight: from 1 to " + std::to_string(kMaxCpuWeight) + " (got " +
+                   std::to_string(l.cpu_weight) + ")");
+  if (l.disk_bytes < 0)
+    return invalid("limits.disk_bytes: must not be negative (got " + std::to_string(l.disk_bytes) +
+                   ")");
+  if (l.disk_bytes != 0 && l.disk_bytes < kMinDiskBytes)
+    return invalid("limits.disk_bytes: at least " + Bytes(kMinDiskBytes) + " (got " +
+                   std::to_string(l.disk_bytes) + ")");
   return {};
+}
+
+// MemTotal of /proc/meminfo in bytes; 0 when unreadable.
+int64_t HostMemoryBytes() {
+  auto text = ReadFile("/proc/meminfo", 1 << 16);
+  if (!text.ok()) return 0;
+  size_t at = text->find("MemTotal:");
+  if (at == std::string::npos) return 0;
+  return std::strtoll(text->c_str() + at + 9, nullptr, 10) * 1024;  // the file says kB
 }
 
 store::SandboxLimits WithDefaults(store::SandboxLimits l, const store::SandboxLimits& d) {
@@ -83,7 +139,53 @@ Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::Templ
     : config_(std::move(config)),
       runtime_(runtime),
       templates_(std::move(templates)),
-      store_(store) {}
+      store_(store) {
+  if (config_.max_memory_bytes <= 0) config_.max_memory_bytes = HostMemoryBytes();
+  if (config_.max_cpus <= 0)
+    config_.max_cpus = static_cast<double>(::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
+  if (config_.max_memory_bytes > 0 && l.memory_bytes > config_.max_memory_bytes)
+    return Status::Error("limits.memory_bytes: at most " + Bytes(config_.max_memory_bytes) +
+                             ", the host's memory (got " + std::to_string(l.memory_bytes) + ")",
+                         EINVAL);
+  if (config_.max_cpus > 0 && l.cpus > config_.max_cpus)
+    return Status::Error("limits.cpus: at most " + Number(config_.max_cpus) +
+                             ", the host's CPUs (got " + Number(l.cpus) + ")",
+                         EINVAL);
+  if (l.disk_bytes == 0 || config_.data_dir.empty()) return {};
+  struct statvfs fs;
+  if (::statvfs(config_.data_dir.c_str(), &fs) != 0)
+    return Status::Errno("statvfs " + config_.data_dir);
+  auto unit = static_cast<int64_t>(fs.f_frsize);
+  int64_t total = static_cast<int64_t>(fs.f_blocks) * unit;
+  int64_t free = static_cast<int64_t>(fs.f_bavail) * unit;
+  if (l.disk_bytes > total)
+    return Status::Error("limits.disk_bytes: at most " + Bytes(total) +
+                             ", the size of the data directory's filesystem (got " +
+                             std::to_string(l.disk_bytes) + ")",
+                         EINVAL);
+  int64_t reserve = std::max(
+      config_.disk_reserve_bytes,
+      static_cast<int64_t>(static_cast<double>(total) * config_.disk_reserve_percent / 100.0));
+  int64_t in_flight = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    in_flight = disk_in_flight_;
+  }
+  int64_t available = std::max<int64_t>(0, free - reserve - in_flight);
+  if (l.disk_bytes > available)
+    return Status::Error(
+        "limits.disk_bytes: " + Bytes(l.disk_bytes) + " does not fit: " + Bytes(available) +
+            " free in " + config_.data_dir + " (" + Bytes(free) + " free on its filesystem, less " +
+            Bytes(reserve) + " kept in reserve" +
+            (in_flight > 0 ? " and " + Bytes(in_flight) + " promised to sandboxes being created"
+                           : std::string()) +
+            ")",
+        ENOSPC);
+  return {};
+}
 
 Manager::~Manager() { Stop(); }
 
@@ -179,6 +281,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
   std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
 
+  SBX_RETURN_IF_ERROR(CheckHostLimits(WithDefaults(req.limits, config_.default_limits)));
   // Idempotency: a retried request gets the sandbox the first one created.
   if (!req.idempotency_key.empty()) {
     if (req.idempotency_key.size() > 256)
@@ -228,6 +331,26 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
 
   auto tmpl = storage::ResolveTemplate(templates_, tmpl_name);
   if (!tmpl.ok()) return Status::Error(tmpl.status().message(), EINVAL);
+
+  // The disk is promised from the check until the box exists (its image then takes the space),
+  // so creates running at the same time cannot all be promised the same free space. The check
+  // and the promise happen under one lock.
+  int64_t disk = WithDefaults(req.limits, config_.default_limits).disk_bytes;
+  std::unique_lock<std::mutex> disk_lock(disk_mu_);
+  SBX_RETURN_IF_ERROR(CheckHostLimits(WithDefaults(req.limits, config_.default_limits)));
+  struct DiskPromise {
+    Manager* m;
+    int64_t bytes;
+    ~DiskPromise() {
+      std::lock_guard<std::mutex> g(m->mu_);
+      m->disk_in_flight_ -= bytes;
+    }
+  } promise{this, disk};
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    disk_in_flight_ += disk;
+  }
+  disk_lock.unlock();
 
   SandboxRecord rec;
   rec.id = RandomId(20);
@@ -300,23 +423,31 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   return rec;
 }
 
-Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::string& id) {
+Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::string& id,
+                                     Access access) {
   auto rec = store_.GetSandbox(id);
   if (!rec.ok()) return rec.status();
-  if (!*rec || (*rec)->owner_key_id != key.id) {
-    if (*rec) Audit("sandbox.access_denied", id, key.id);
+  bool allowed =
+      *rec && ((*rec)->owner_key_id == key.id || (key.is_operator && access != Access::kUse));
+  if (!allowed) {
+    // Recorded for operators, not under the asking key: its own audit log must not tell it
+    // which ids exist (only ids that exist are recorded).
+    static const char* kAccess[] = {"inspect", "kill", "use"};
+    if (*rec)
+      Audit("sandbox.access_denied", id, "",
+            {{"key_id", key.id}, {"access", kAccess[static_cast<int>(access)]}});
     return Status::Error("no sandbox '" + id + "'", ENOENT);
   }
   return **rec;
 }
 
 Result<SandboxRecord> Manager::Get(const store::ApiKeyRecord& key, const std::string& id) {
-  return Owned(key, id);
+  return Owned(key, id, Access::kInspect);
 }
 
 Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
                                          store::SandboxFilter filter) {
-  filter.owner_key_id = key.id;
+  if (!key.is_operator) filter.owner_key_id = key.id;
   for (const auto& s : filter.states) {
     if (!store::IsValidState(s)) return Status::Error("unknown state '" + s + "'", EINVAL);
   }
@@ -330,7 +461,7 @@ Result<runtime::Box> Manager::BoxOf(const std::string& id) {
   return it->second;
 }
 
-Status Manager::KillLocked(SandboxRecord rec, const std::string& reason) {
+Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohmann::json detail) {
   runtime::Box box{rec.id};
   if (auto b = BoxOf(rec.id); b.ok()) box = *b;
   std::shared_ptr<AgentChannel> channel;
@@ -351,20 +482,22 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason) {
   rec.updated_at = 0;
   if (!s.ok()) rec.error = s.message();
   SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
-  Audit("sandbox.kill", rec.id, rec.owner_key_id, {{"reason", reason}});
+  detail["reason"] = reason;
+  Audit("sandbox.kill", rec.id, rec.owner_key_id, std::move(detail));
   return s;
 }
 
 Status Manager::Kill(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kKill);
   if (!rec.ok()) return rec.status();
   if (!store::IsLiveState(rec->state))
     return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+  if (rec->owner_key_id != key.id) return KillLocked(*rec, "operator", {{"by_key_id", key.id}});
   return KillLocked(*rec, "requested");
 }
 
 Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (rec->state == store::kStatePaused)
     return Status::Error("sandbox " + id + " is already paused", EBUSY);
@@ -382,7 +515,7 @@ Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
 }
 
 Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (rec->state != store::kStatePaused)
     return Status::Error("sandbox " + id + " is not paused", EBUSY);
@@ -402,7 +535,7 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
   if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
     return Status::Error(
         "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (!store::IsLiveState(rec->state))
     return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
@@ -415,7 +548,7 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
 }
 
 Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (rec->state != store::kStateRunning)
     return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
@@ -425,7 +558,7 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
 }
 
 Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
@@ -434,7 +567,7 @@ Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const s
 
 boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
     const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id);
+  auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) co_return rec.status();
   if (rec->state == store::kStatePaused)
     co_return Status::Error("sandbox " + id + " is paused", EBUSY);
@@ -459,8 +592,26 @@ void Manager::ExpireDue() {
     spdlog::error("ttl: {}", live.status().message());
     return;
   }
+  // Keys revoked (by `sbx key revoke`, which writes the store from another process): their
+  // sandboxes are killed, so nothing keeps running that no key can manage.
+  std::set<std::string> revoked;
+  if (auto keys = store_.ListApiKeys(); keys.ok()) {
+    for (const auto& k : *keys)
+      if (!k.active()) revoked.insert(k.id);
+  } else {
+    spdlog::error("ttl: {}", keys.status().message());
+  }
   int64_t now = NowMs();
   for (auto& rec : *live) {
+    // A sandbox still being created is left to its create; the next scan sees it running.
+    if (rec.state != store::kStateCreating && revoked.count(rec.owner_key_id)) {
+      Status s = KillLocked(rec, "key_revoked");
+      if (!s.ok())
+        spdlog::error("revoked key {}: sandbox {}: {}", rec.owner_key_id, rec.id, s.message());
+      else
+        spdlog::info("sandbox {} killed: its key {} was revoked", rec.id, rec.owner_key_id);
+      continue;
+    }
     if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
     store::ApiKeyRecord owner;
     owner.id = rec.owner_key_id;

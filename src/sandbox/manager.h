@@ -38,6 +38,18 @@ struct ManagerConfig {
   int64_t max_timeout_ms = int64_t{24} * 60 * 60 * 1000;
   store::SandboxLimits default_limits{1LL << 30, 1.0, 0, 1024, 0};
   std::string default_template = "host";
+  // Where disk images live (the data directory): a create with a disk limit must fit in its
+  // filesystem's free space minus the reserve, or it is refused with ENOSPC (HTTP 507). Empty:
+  // no free-space check.
+  std::string data_dir;
+  // Free space kept for the daemon itself (store, logs, templates): this many bytes, or
+  // disk_reserve_percent of the filesystem when that is larger.
+  int64_t disk_reserve_bytes = int64_t{1} << 30;
+  double disk_reserve_percent = 0;
+  // Upper bounds of memory and cpus limits; 0: the host's (MemTotal in /proc/meminfo, online
+  // CPUs), read when the manager is made.
+  int64_t max_memory_bytes = 0;
+  double max_cpus = 0;
 };
 
 struct CreateRequest {
@@ -54,7 +66,13 @@ struct CreateRequest {
 
 // Why a call failed, for the facades to map onto their protocol: the Status errno says which
 // (ENOENT: no such sandbox for this key; EINVAL: bad input; EBUSY: wrong state; EAGAIN: over
-// quota, with `retry_after_s`; EEXIST: idempotency key reused with another request).
+// quota, with `retry_after_s`; EEXIST: idempotency key reused with another request; ENOSPC: the
+// disk limit does not fit in the data directory's free space).
+//
+// Ownership: a key reaches only its own sandboxes; another key's id is ENOENT, as if it did not
+// exist, and is audited as sandbox.access_denied. An operator key (ApiKeyRecord::is_operator)
+// may also list, inspect (Get, Stats) and kill any key's sandbox, but never use one (commands,
+// files, ports, pause, resume, timeout): those stay with the owner.
 struct QuotaExceeded {
   double retry_after_s = 1;
 };
@@ -78,14 +96,21 @@ class Manager {
   Status Reconcile();
 
   // Creates a sandbox for `key`. When the key is over its creation rate, fails with EAGAIN and
-  // sets *quota. Blocking.
+  // sets *quota. Limits out of range are EINVAL naming the field and its bounds; a disk limit
+  // that does not fit is ENOSPC saying how much is free. Nothing is recorded or made on the host
+  // for a request refused this way. Blocking.
   Result<store::SandboxRecord> Create(const store::ApiKeyRecord& key, const CreateRequest& req,
                                       QuotaExceeded* quota = nullptr);
-  // The sandbox if `key` owns it (ENOENT otherwise: other tenants' ids do not exist).
+  // The sandbox if `key` owns it or is an operator key (ENOENT otherwise: other tenants' ids do
+  // not exist).
   Result<store::SandboxRecord> Get(const store::ApiKeyRecord& key, const std::string& id);
+  // The key's own sandboxes; for an operator key every key's, or those of filter.owner_key_id
+  // when set (a tenant's filter.owner_key_id is ignored).
   Result<store::SandboxPage> List(const store::ApiKeyRecord& key, store::SandboxFilter filter);
   // The template of a create that names none.
   const std::string& default_template() const { return config_.default_template; }
+  int64_t max_timeout_ms() const { return config_.max_timeout_ms; }
+  // Kills a live sandbox of `key` (any key's for an operator key).
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
   Status Pause(const store::ApiKeyRecord& key, const std::string& id);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);
@@ -107,8 +132,9 @@ class Manager {
   void Audit(const std::string& type, const std::string& sandbox_id, const std::string& key_id,
              nlohmann::json detail = nlohmann::json::object());
 
-  // Kills or pauses every sandbox whose timeout has passed. Called by the TTL loop; public for
-  // tests.
+  // Kills or pauses every sandbox whose timeout has passed, and kills every live sandbox whose
+  // owner key has been revoked (`sbx key revoke` writes the store directly, from another
+  // process: this scan is how the daemon learns of it). Called by the TTL loop; public for tests.
   void ExpireDue();
   // Starts the TTL thread, which calls ExpireDue every `period` until Stop().
   void StartTtlLoop(std::chrono::milliseconds period = std::chrono::milliseconds(500));
@@ -119,12 +145,18 @@ class Manager {
   std::vector<std::pair<store::SandboxRecord, runtime::BoxStats>> LiveStats();
 
  private:
-  Result<store::SandboxRecord> Owned(const store::ApiKeyRecord& key, const std::string& id);
-  Status KillLocked(store::SandboxRecord rec, const std::string& reason);
+  // What a caller wants to do with a sandbox (see "Ownership" above).
+  enum class Access { kInspect, kKill, kUse };
+  Result<store::SandboxRecord> Owned(const store::ApiKeyRecord& key, const std::string& id,
+                                     Access access);
+  Status KillLocked(store::SandboxRecord rec, const std::string& reason,
+                    nlohmann::json detail = nlohmann::json::object());
+  // The limits checks of Create that depend on the host (memory, cpus, disk space).
+  Status CheckHostLimits(const store::SandboxLimits& l);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
 
-  const ManagerConfig config_;
+  ManagerConfig config_;  // max_memory_bytes and max_cpus filled in by the constructor
   runtime::Runtime& runtime_;
   const storage::TemplateStore templates_;
   store::Store& store_;
@@ -138,7 +170,10 @@ class Manager {
   };
   std::map<std::string, Bucket> buckets_;  // guarded by mu_
   std::set<std::string> creating_keys_;    // idempotency keys in flight; guarded by mu_
-  ManagerCounters counters_;               // guarded by mu_
+  std::mutex disk_mu_;          // held from a create's free-space check until its disk is promised
+  int64_t disk_in_flight_ = 0;  // disk limits of creates between the space check and the box
+                                // existing (its image then shows in statvfs); guarded by mu_
+  ManagerCounters counters_;    // guarded by mu_
   std::mutex ttl_mu_;
   std::condition_variable ttl_cv_;
   bool stopping_ = false;  // guarded by ttl_mu_

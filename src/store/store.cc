@@ -23,7 +23,7 @@ constexpr char kSandboxColumns[] =
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
     "public_ports";
 constexpr char kApiKeyColumns[] =
-    "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second";
+    "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] = "name, source, layers, created_at";
@@ -185,6 +185,7 @@ ApiKeyRecord ReadApiKey(const Statement& st) {
   k.revoked_at = st.ColumnInt(5);
   k.max_sandboxes = st.ColumnInt(6);
   k.creates_per_second = st.ColumnDouble(7);
+  k.is_operator = st.ColumnInt(8) != 0;
   return k;
 }
 
@@ -248,6 +249,13 @@ Status Store::CheckIntegrity() {
   Result<std::string> r = db_->QueryText("PRAGMA quick_check");
   if (!r.ok()) return r.status().Wrap("check " + path_);
   if (*r != "ok") return Status::Error("check " + path_ + ": " + *r, EUCLEAN);
+  return Status();
+}
+
+Status Store::Ping() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::string> r = db_->QueryText("PRAGMA user_version");
+  if (!r.ok()) return r.status().Wrap("read " + path_);
   return Status();
 }
 
@@ -442,7 +450,7 @@ Result<int64_t> Store::CountSandboxes(const std::string& owner_key_id,
 // ---- API keys ----
 
 Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandboxes,
-                                      double creates_per_second) {
+                                      double creates_per_second, bool is_operator) {
   if (max_sandboxes < 0) return Invalid("create api key: max_sandboxes is negative");
   if (!std::isfinite(creates_per_second) || creates_per_second < 0) {
     return Invalid("create api key: creates_per_second must be a number >= 0");
@@ -456,10 +464,11 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   k.record.created_at = NowMs();
   k.record.max_sandboxes = max_sandboxes;
   k.record.creates_per_second = creates_per_second;
+  k.record.is_operator = is_operator;
 
   std::lock_guard<std::mutex> lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
-                                      ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7)");
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8)");
   if (!st.ok()) return st.status().Wrap("create api key");
   st->BindText(1, k.record.id)
       .BindText(2, k.record.name)
@@ -467,7 +476,8 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
       .BindText(4, k.record.prefix)
       .BindInt(5, k.record.created_at)
       .BindInt(6, k.record.max_sandboxes)
-      .BindDouble(7, k.record.creates_per_second);
+      .BindDouble(7, k.record.creates_per_second)
+      .BindInt(8, k.record.is_operator ? 1 : 0);
   SBX_RETURN_IF_ERROR(st->Run().Wrap("create api key " + k.record.id));
   return k;
 }

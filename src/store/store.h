@@ -100,6 +100,8 @@ struct ApiKeyRecord {
   int64_t revoked_at = 0;         // 0 = active
   int64_t max_sandboxes = 0;      // concurrent live sandboxes; 0 = unlimited
   double creates_per_second = 0;  // 0 = unlimited
+  // An operator key (column `operator`) may also list, inspect and kill other keys' sandboxes.
+  bool is_operator = false;
   bool active() const { return revoked_at == 0; }
 };
 
@@ -156,8 +158,11 @@ class Store {
   const std::string& path() const { return path_; }
   // The schema version of the open database (== LatestSchemaVersion() after Open).
   int schema_version() const { return schema_version_; }
-  // PRAGMA quick_check: "ok" or the first problems SQLite finds. Cost grows with the file size.
+  // PRAGMA quick_check: "ok" or the first problems SQLite finds. Cost grows with the file size
+  // and the store is locked meanwhile: not for every request (see Ping).
   Status CheckIntegrity();
+  // A trivial read of the database (its schema version): cheap enough for every /healthz.
+  Status Ping();
 
   // ---- sandboxes ----
   // Inserts `r` or replaces the record with the same id. EINVAL for an unknown state or
@@ -185,13 +190,15 @@ class Store {
   // Generates a key with a fresh secret. The secret is in the result only; the store keeps its
   // hash. EINVAL for negative quotas.
   Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
-                                 double creates_per_second);
+                                 double creates_per_second, bool is_operator = false);
   // The key whose secret this is, if it exists and is not revoked; nullopt otherwise.
   Result<std::optional<ApiKeyRecord>> VerifyApiKey(const std::string& secret);
   Result<std::optional<ApiKeyRecord>> GetApiKey(const std::string& id);
   // Every key, revoked ones included, oldest first.
   Result<std::vector<ApiKeyRecord>> ListApiKeys();
   // Revokes a key for good (revoking twice keeps the first time). ENOENT for an unknown id.
+  // The key's live sandboxes are not touched here: the daemon's manager kills them on its next
+  // scan (sandbox::Manager::ExpireDue), whichever process revoked the key.
   Status RevokeApiKey(const std::string& id);
 
   // ---- audit log ----

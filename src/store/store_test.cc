@@ -440,6 +440,45 @@ TEST_F(StoreTest, PageOfExactlyLimitHasNoNext) {
 
 // ---- API keys ----
 
+TEST_F(StoreTest, OperatorKeysAreMarkedAndOlderKeysAreNot) {
+  {
+    // A file of schema version 2 with one key: it stays a tenant key after the migration.
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE((*db)->Exec(Migrations()[0].sql).ok());
+    ASSERT_TRUE((*db)->Exec(Migrations()[1].sql).ok());
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 2").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
+                           "('key_old', 'old', 'h', 'sbx_abcd', 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto old = store->GetApiKey("key_old");
+  ASSERT_TRUE(old.ok() && old->has_value());
+  EXPECT_FALSE((*old)->is_operator);
+
+  auto op = store->CreateApiKey("ops", 0, 0, /*is_operator=*/true);
+  ASSERT_TRUE(op.ok()) << op.status().message();
+  EXPECT_TRUE(op->record.is_operator);
+  auto tenant = store->CreateApiKey("tenant", 0, 0);
+  ASSERT_TRUE(tenant.ok());
+  EXPECT_FALSE(tenant->record.is_operator);
+  auto v = store->VerifyApiKey(op->secret);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_TRUE((*v)->is_operator);
+  v = store->VerifyApiKey(tenant->secret);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_FALSE((*v)->is_operator);
+  auto all = store->ListApiKeys();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  for (const auto& k : *all) EXPECT_EQ(k.is_operator, k.id == op->record.id) << k.id;
+  EXPECT_TRUE(store->Ping().ok());
+}
+
 TEST_F(StoreTest, ApiKeysVerifyByHashAndRevoke) {
   auto store = OpenStore();
   ASSERT_TRUE(store);

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -443,12 +445,12 @@ TEST_F(ServeTest, TwoHundredConcurrentRequests) {
 TEST_F(ServeTest, MetricsAndAudit) {
   std::string id = Create();
   d_->Exec(id, {{"argv", {"true"}}});
-  auto m = http::Request("127.0.0.1", d_->port(), "GET", "/metrics");
-  ASSERT_TRUE(m.ok());
-  EXPECT_NE(m->body.find("sbx_sandboxes{state=\"running\"} 1"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("sbx_sandbox_creations_total 1"), std::string::npos);
-  EXPECT_NE(m->body.find("sbx_create_seconds_bucket"), std::string::npos);
-  EXPECT_NE(m->body.find("sbx_sandbox_memory_bytes{sandbox=\"" + id + "\"}"), std::string::npos);
+  auto m = d_->Call("GET", "/metrics");  // the daemon's first key is an operator key
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("sbx_sandboxes{state=\"running\"} 1"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("sbx_sandbox_creations_total 1"), std::string::npos);
+  EXPECT_NE(m.body.find("sbx_create_seconds_bucket"), std::string::npos);
+  EXPECT_NE(m.body.find("sbx_sandbox_memory_bytes{sandbox=\"" + id + "\"}"), std::string::npos);
   json audit = d_->Json("GET", "/v1/audit?sandbox=" + id);
   std::set<std::string> types;
   for (const auto& e : audit["events"]) types.insert(e["type"]);
@@ -598,6 +600,339 @@ TEST_F(ServeTest, QuotasAnswer429WithRetryAfter) {
   EXPECT_GE(std::atoi(std::string(b.Header("Retry-After")).c_str()), 1);
   if (a.status == 201)
     d_->Call("DELETE", "/v1/sandboxes/" + json::parse(a.body)["id"].get<std::string>(), "", slow);
+}
+
+// ---- the tenant boundary (issue 9) ----
+
+// A key made in the daemon's store while it runs, as `sbx key create` does.
+store::NewApiKey MakeKey(const std::string& dir, const std::string& name,
+                         bool is_operator = false) {
+  auto st = store::Store::Open(dir + "/sbx.db");
+  EXPECT_TRUE(st.ok()) << st.status().message();
+  auto k = (*st)->CreateApiKey(name, 0, 0, is_operator);
+  EXPECT_TRUE(k.ok()) << k.status().message();
+  return k.ok() ? *k : store::NewApiKey{};
+}
+
+http::ClientHeaders Bearer(const std::string& secret) {
+  return {{"Authorization", "Bearer " + secret}};
+}
+
+// sandbox.access_denied events recorded for `id`.
+size_t DeniedEvents(const std::string& dir, const std::string& id) {
+  auto st = store::Store::Open(dir + "/sbx.db");
+  EXPECT_TRUE(st.ok());
+  store::AuditQuery q;
+  q.sandbox_id = id;
+  q.type = "sandbox.access_denied";
+  q.limit = 10000;
+  auto events = (*st)->QueryAudit(q);
+  EXPECT_TRUE(events.ok());
+  return events.ok() ? events->size() : 0;
+}
+
+// Every (method, path) of docs/openapi.yaml whose path names a sandbox ({id}); openapi_test
+// checks that this is every route the daemon registers under /v1.
+std::vector<std::pair<std::string, std::string>> SandboxRoutes() {
+  std::ifstream in(std::string(SBX_SOURCE_DIR) + "/docs/openapi.yaml");
+  static const std::regex kPath(R"(^  (/[^:\s]*):\s*$)");
+  static const std::regex kMethod(R"(^    (get|put|post|delete|patch):\s*$)");
+  std::vector<std::pair<std::string, std::string>> out;
+  std::string line, path;
+  bool in_paths = false;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] != ' ') {
+      in_paths = line.rfind("paths:", 0) == 0;
+      continue;
+    }
+    std::smatch m;
+    if (in_paths && std::regex_match(line, m, kPath)) path = m[1];
+    if (in_paths && std::regex_match(line, m, kMethod) && path.find("{id}") != std::string::npos) {
+      std::string method = m[1];
+      for (char& c : method) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      out.emplace_back(method, path);
+    }
+  }
+  return out;
+}
+
+std::string Fill(std::string path, const std::string& id) {
+  for (size_t at; (at = path.find("{id}")) != std::string::npos;) path.replace(at, 4, id);
+  for (size_t at; (at = path.find("{pid}")) != std::string::npos;) path.replace(at, 5, "1");
+  return path;
+}
+
+TEST_F(ServeTest, AnotherTenantsSandboxIsNotFoundOnEveryRouteAndAudited) {
+  store::NewApiKey a = MakeKey(dir_, "tenant-a"), b = MakeKey(dir_, "tenant-b");
+  auto as_a = Bearer(a.secret), as_b = Bearer(b.secret);
+  auto made = d_->Call("POST", "/v1/sandboxes", json{{"timeout", 600}}.dump(), as_a);
+  ASSERT_EQ(made.status, 201) << made.body;
+  json sandbox = json::parse(made.body);
+  std::string id = sandbox["id"];
+  ASSERT_EQ(d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/root/secret.txt&mode=600",
+                     "a's secret", as_a)
+                .status,
+            200);
+  auto mine = d_->Call("POST", "/v1/sandboxes", "{}", as_b);
+  ASSERT_EQ(mine.status, 201);
+  json b_sandbox = json::parse(mine.body);
+
+  // A body and a query that every route accepts as input, so that what answers is the owner
+  // check and not input validation.
+  const std::string body = json{{"timeout", 60},       {"argv", {"cat", "/root/secret.txt"}},
+                                {"path", "/root/x"},   {"from", "/root/secret.txt"},
+                                {"to", "/root/moved"}, {"signal", "KILL"}}
+                               .dump();
+  auto routes = SandboxRoutes();
+  ASSERT_GE(routes.size(), 20u) << "docs/openapi.yaml was not read";
+  for (const auto& [method, path] : routes) {
+    std::string target = Fill(path, id) + "?path=/root/secret.txt";
+    size_t before = DeniedEvents(dir_, id);
+    auto r = d_->Call(method, target, body, as_b);
+    EXPECT_EQ(r.status, 404) << method << " " << path << ": " << r.body;
+    EXPECT_EQ(r.body.find("secret"), std::string::npos) << method << " " << path;
+    EXPECT_GT(DeniedEvents(dir_, id), before) << method << " " << path << " was not audited";
+  }
+  // Listing, the audit log and the E2B control plane do not show it either.
+  auto list = d_->Call("GET", "/v1/sandboxes", "", as_b);
+  EXPECT_EQ(list.body.find(id), std::string::npos) << list.body;
+  EXPECT_EQ(d_->Call("GET", "/v1/audit?sandbox=" + id, "", as_b).status, 404);
+  auto audit = d_->Call("GET", "/v1/audit?limit=10000", "", as_b);
+  EXPECT_EQ(audit.body.find(id), std::string::npos) << "b's audit log names a's sandbox";
+  http::ClientHeaders e2b_b = {{"X-API-Key", b.secret}};
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", "/sandboxes/{id}"},
+                                                        {"DELETE", "/sandboxes/{id}"},
+                                                        {"POST", "/sandboxes/{id}/connect"},
+                                                        {"POST", "/v2/sandboxes/{id}/connect"},
+                                                        {"POST", "/sandboxes/{id}/timeout"},
+                                                        {"POST", "/sandboxes/{id}/refreshes"},
+                                                        {"POST", "/sandboxes/{id}/pause"},
+                                                        {"POST", "/sandboxes/{id}/resume"},
+                                                        {"GET", "/sandboxes/{id}/metrics"},
+                                                        {"GET", "/sandboxes/{id}/logs"},
+                                                        {"GET", "/v2/sandboxes/{id}/logs"}}) {
+    size_t before = DeniedEvents(dir_, id);
+    auto r = d_->Call(method, Fill(path, id), body, e2b_b);
+    EXPECT_EQ(r.status, 404) << "E2B " << method << " " << path << ": " << r.body;
+    EXPECT_GT(DeniedEvents(dir_, id), before) << "E2B " << method << " " << path;
+  }
+  auto metrics = d_->Call("GET", "/sandboxes/metrics?sandbox_ids=" + id, "", e2b_b);
+  EXPECT_EQ(metrics.body.find(id), std::string::npos) << metrics.body;
+  for (const char* path : {"/v2/sandboxes", "/sandboxes"})
+    EXPECT_EQ(d_->Call("GET", path, "", e2b_b).body.find(id), std::string::npos) << path;
+  // envd and ports take the sandbox's own tokens: b's tokens (of b's sandbox) open nothing.
+  auto envd = d_->Call("POST", "/filesystem.Filesystem/Stat", R"({"path":"/root/secret.txt"})",
+                       {{"Content-Type", "application/json"},
+                        {"E2b-Sandbox-Id", id},
+                        {"X-Access-Token", b_sandbox["traffic_token"]},
+                        {"X-API-Key", b.secret}});
+  EXPECT_EQ(envd.status, 401) << envd.body;
+  auto port = d_->Call("GET", "/", "",
+                       {{"E2b-Sandbox-Id", id},
+                        {"E2b-Sandbox-Port", "8000"},
+                        {"E2B-Traffic-Access-Token", b_sandbox["traffic_token"]}});
+  EXPECT_EQ(port.status, 403) << port.body;
+
+  // A's sandbox is as it was.
+  auto got = d_->Call("GET", "/v1/sandboxes/" + id, "", as_a);
+  ASSERT_EQ(got.status, 200);
+  EXPECT_EQ(json::parse(got.body)["state"], "running");
+  EXPECT_EQ(json::parse(got.body)["timeout"], 600);
+  auto secret = d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/root/secret.txt", "", as_a);
+  EXPECT_EQ(secret.body, "a's secret");
+  auto moved = d_->Call("GET", "/v1/sandboxes/" + id + "/files/stat?path=/root/moved", "", as_a);
+  EXPECT_EQ(moved.status, 404);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id, "", as_a).status, 204);
+}
+
+TEST_F(ServeTest, OperatorKeysListInspectAndKillAnyTenantsSandboxes) {
+  store::NewApiKey a = MakeKey(dir_, "tenant-a"), op = MakeKey(dir_, "ops", true);
+  auto as_a = Bearer(a.secret), as_op = Bearer(op.secret);
+  auto made = d_->Call("POST", "/v1/sandboxes", "{}", as_a);
+  ASSERT_EQ(made.status, 201);
+  std::string id = json::parse(made.body)["id"];
+  std::string own = Create();  // the daemon's first key is an operator key too
+
+  auto list = d_->Call("GET", "/v1/sandboxes", "", as_op);
+  EXPECT_NE(list.body.find(id), std::string::npos);
+  EXPECT_NE(list.body.find(own), std::string::npos);
+  auto only_a = json::parse(
+      d_->Call("GET", "/v1/sandboxes?owner=" + a.record.id, "", as_op).body)["sandboxes"];
+  ASSERT_EQ(only_a.size(), 1u);
+  EXPECT_EQ(only_a[0]["id"], id);
+  EXPECT_EQ(only_a[0]["owner_key_id"], a.record.id);
+  // Tenants cannot widen their view with ?owner.
+  auto a_list = d_->Call("GET", "/v1/sandboxes?owner=" + op.record.id, "", as_a);
+  EXPECT_EQ(a_list.body.find(own), std::string::npos);
+
+  auto got = d_->Call("GET", "/v1/sandboxes/" + id, "", as_op);
+  ASSERT_EQ(got.status, 200);
+  json j = json::parse(got.body);
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_TRUE(j["traffic_token"].is_null()) << "an operator must not get a tenant's token";
+  EXPECT_TRUE(j.contains("stats"));
+  auto e2b = d_->Call("GET", "/sandboxes/" + id, "", {{"X-API-Key", op.secret}});
+  ASSERT_EQ(e2b.status, 200);
+  EXPECT_TRUE(json::parse(e2b.body)["envdAccessToken"].is_null());
+  // Inspect and kill, but not use: commands and files stay the owner's.
+  EXPECT_EQ(
+      d_->Call("POST", "/v1/sandboxes/" + id + "/commands", R"({"argv":["true"]})", as_op).status,
+      404);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/etc/hostname", "", as_op).status,
+            404);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/pause", "", as_op).status, 404);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id, "", as_op).status, 204);
+  auto after = d_->Call("GET", "/v1/sandboxes/" + id, "", as_a);
+  EXPECT_EQ(json::parse(after.body)["state"], "killed");
+  // The kill is in the owner's audit log, saying who did it.
+  auto audit =
+      json::parse(d_->Call("GET", "/v1/audit?sandbox=" + id + "&type=sandbox.kill", "", as_a).body);
+  ASSERT_EQ(audit["events"].size(), 1u) << audit;
+  EXPECT_EQ(audit["events"][0]["detail"]["by_key_id"], op.record.id);
+  EXPECT_EQ(audit["events"][0]["detail"]["reason"], "operator");
+  // E2B kill of a tenant's sandbox by an operator key.
+  made = d_->Call("POST", "/v1/sandboxes", "{}", as_a);
+  std::string second = json::parse(made.body)["id"];
+  EXPECT_EQ(d_->Call("DELETE", "/sandboxes/" + second, "", {{"X-API-Key", op.secret}}).status, 204);
+}
+
+TEST_F(ServeTest, MetricsNeedAnOperatorKeyAndHealthzStaysOpen) {
+  store::NewApiKey tenant = MakeKey(dir_, "tenant");
+  std::string id = Create();
+  auto none = http::Request("127.0.0.1", d_->port(), "GET", "/metrics");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(none->body.find(id), std::string::npos);
+  auto as_tenant = d_->Call("GET", "/metrics", "", Bearer(tenant.secret));
+  EXPECT_EQ(as_tenant.status, 403);
+  EXPECT_EQ(as_tenant.body.find(id), std::string::npos);
+  auto as_op = d_->Call("GET", "/metrics", "", {{"X-API-Key", d_->key()}});
+  EXPECT_EQ(as_op.status, 200);
+  EXPECT_NE(as_op.body.find(id), std::string::npos);
+  // /healthz needs no key and answers from a cheap read each time.
+  for (int i = 0; i < 50; ++i) {
+    auto h = http::Request("127.0.0.1", d_->port(), "GET", "/healthz");
+    ASSERT_TRUE(h.ok());
+    ASSERT_EQ(h->status, 200) << h->body;
+    EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  }
+}
+
+TEST_F(ServeTest, RevokingAKeyKillsItsSandboxes) {
+  store::NewApiKey gone = MakeKey(dir_, "leaving"), stays = MakeKey(dir_, "staying");
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto r = d_->Call("POST", "/v1/sandboxes", "{}", Bearer(gone.secret));
+    ASSERT_EQ(r.status, 201);
+    ids.push_back(json::parse(r.body)["id"]);
+  }
+  auto paused = d_->Call("POST", "/v1/sandboxes/" + ids[1] + "/pause", "", Bearer(gone.secret));
+  ASSERT_EQ(paused.status, 200);
+  auto kept = d_->Call("POST", "/v1/sandboxes", "{}", Bearer(stays.secret));
+  ASSERT_EQ(kept.status, 201);
+  std::string kept_id = json::parse(kept.body)["id"];
+  // As `sbx key revoke` does: on the store, from another process.
+  {
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok());
+    ASSERT_TRUE((*st)->RevokeApiKey(gone.record.id).ok());
+  }
+  for (const std::string& id : ids) {
+    std::string state;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (state != "killed" && std::chrono::steady_clock::now() < deadline) {
+      state = d_->Json("GET", "/v1/sandboxes/" + id)["state"];  // the operator key
+      if (state != "killed") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(state, "killed") << id;
+    auto audit = d_->Json("GET", "/v1/audit?sandbox=" + id + "&type=sandbox.kill");
+    ASSERT_EQ(audit["events"].size(), 1u) << audit;
+    EXPECT_EQ(audit["events"][0]["detail"]["reason"], "key_revoked");
+  }
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + kept_id, "", Bearer(stays.secret)).status, 200);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + kept_id)["state"], "running");
+}
+
+TEST_F(ServeTest, LimitsOutOfRangeAre400AndDiskThatDoesNotFitIs507) {
+  const std::string pib = "1125899906842624";
+  struct Case {
+    std::string limits;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"memory_bytes":)" + pib + "}", "the host's memory"},
+           {R"({"memory_bytes":1})", "at least 16 MiB"},
+           {R"({"memory_bytes":-1})", "must not be negative"},
+           {R"({"disk_bytes":)" + pib + "}", "the size of the data directory's filesystem"},
+           {R"({"disk_bytes":1})", "at least 16 MiB"},
+           {R"({"disk_bytes":-1})", "must not be negative"},
+           {R"({"cpus":)" + pib + "}", "the host's CPUs"},
+           {R"({"cpus":-1})", "must be a positive number"},
+           {R"({"pids":)" + pib + "}", "from 1 to 4194304"},
+           {R"({"pids":-1})", "must not be negative"},
+           {R"({"memory_bytes":18446744073709551615})", "out of range"}}) {
+    auto r = d_->Call("POST", "/v1/sandboxes", R"({"limits":)" + c.limits + "}");
+    EXPECT_EQ(r.status, 400) << c.limits << ": " << r.body;
+    EXPECT_NE(r.body.find(c.message), std::string::npos) << c.limits << ": " << r.body;
+  }
+  for (const std::string& t : {pib, std::string("-1"), std::string("0")}) {
+    auto r = d_->Call("POST", "/v1/sandboxes", R"({"timeout":)" + t + "}");
+    EXPECT_EQ(r.status, 400) << t << ": " << r.body;
+    EXPECT_NE(r.body.find("timeout"), std::string::npos) << r.body;
+  }
+  auto e2b = d_->Call("POST", "/sandboxes", json{{"templateID", "base"}, {"timeout", 1e15}}.dump(),
+                      {{"X-API-Key", d_->key()}});
+  EXPECT_EQ(e2b.status, 400) << e2b.body;
+
+  // All the free space of the data directory's filesystem: more than fits once the reserve
+  // (1 GiB by default) is kept, yet not more than the filesystem holds.
+  struct statvfs fs;
+  ASSERT_EQ(::statvfs(dir_.c_str(), &fs), 0);
+  int64_t free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  auto r = d_->Call("POST", "/v1/sandboxes", json{{"limits", {{"disk_bytes", free}}}}.dump());
+  EXPECT_EQ(r.status, 507) << r.body;
+  EXPECT_NE(r.body.find("free in " + dir_), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("insufficient_storage"), std::string::npos) << r.body;
+  // Nothing was left behind: no record, no box directory.
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes")["sandboxes"].size(), 0u);
+  EXPECT_EQ(::system(("test -z \"$(ls -A " + dir_ + "/run 2>/dev/null)\"").c_str()), 0);
+  // A disk that fits is fine.
+  std::string ok = Create({{"limits", {{"disk_bytes", 64 << 20}}}});
+  EXPECT_FALSE(ok.empty());
+}
+
+TEST_F(ServeTest, TokensComeFromTheInstallSecretWhichMustBePrivate) {
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_size, 32);
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"], token = s["traffic_token"];
+  json e2b = json::parse(d_->Call("GET", "/sandboxes/" + id, "", {{"X-API-Key", d_->key()}}).body);
+  std::string envd = e2b["envdAccessToken"];
+  // The same tokens after a restart...
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["traffic_token"], token);
+  // ...and a daemon that refuses a secret others could read, saying why.
+  d_->Stop();
+  ASSERT_EQ(::chmod((dir_ + "/secret").c_str(), 0644), 0);
+  auto refused = RunProcess({SBX_BIN, "--data-dir", dir_, "serve", "--listen", "127.0.0.1:0"},
+                            ProcessOptions{.timeout_ms = 30000});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("wider than 0600"), std::string::npos) << refused.err;
+  ASSERT_EQ(::chmod((dir_ + "/secret").c_str(), 0600), 0);
+  // Another secret makes other tokens: the old ones stop working.
+  ASSERT_EQ(::unlink((dir_ + "/secret").c_str()), 0);
+  d_->Start();
+  json now = d_->Json("GET", "/v1/sandboxes/" + id);
+  EXPECT_NE(now["traffic_token"], token);
+  auto old = d_->Call(
+      "POST", "/filesystem.Filesystem/Stat", R"({"path":"/"})",
+      {{"Content-Type", "application/json"}, {"E2b-Sandbox-Id", id}, {"X-Access-Token", envd}});
+  EXPECT_EQ(old.status, 401) << old.body;
 }
 
 }  // namespace

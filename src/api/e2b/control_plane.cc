@@ -38,6 +38,9 @@ int StatusFor(int err) {
       return 409;
     case EAGAIN:
       return 429;
+    case ENOSPC:
+    case EDQUOT:
+      return 507;
     default:
       return 500;
   }
@@ -54,15 +57,27 @@ std::string E2bState(const store::SandboxRecord& r) {
   return r.state == store::kStatePaused ? "paused" : "running";
 }
 
-json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
+// The sandbox's tokens go to its owner only: an operator key inspecting another key's sandbox
+// gets null, since the tokens would let it use the sandbox.
+json EnvdTokenJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
+                   const store::SandboxRecord& r) {
+  if (r.owner_key_id != key.id) return nullptr;
+  return EnvdToken(ctx.secret, r.owner_key_id, r.id);
+}
+
+json SandboxJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
+                 const store::SandboxRecord& r) {
+  bool owner = r.owner_key_id == key.id;
   return {{"sandboxID", r.id},
           {"templateID", r.template_name},
           {"clientID", "sbx"},
           {"envdVersion", kEnvdVersion},
-          {"envdAccessToken", EnvdToken(key, r.id)},
+          {"envdAccessToken", EnvdTokenJson(ctx, key, r)},
           {"domain", nullptr},
           // As E2B: a token only for a sandbox whose ports are not public.
-          {"trafficAccessToken", r.public_ports ? json(nullptr) : json(TrafficToken(key, r.id))}};
+          {"trafficAccessToken", r.public_ports || !owner
+                                     ? json(nullptr)
+                                     : json(TrafficToken(ctx.secret, r.owner_key_id, r.id))}};
 }
 
 json ListedJson(const store::SandboxRecord& r) {
@@ -82,9 +97,10 @@ json ListedJson(const store::SandboxRecord& r) {
           {"metadata", r.metadata}};
 }
 
-json DetailJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
+json DetailJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
+                const store::SandboxRecord& r) {
   json j = ListedJson(r);
-  j["envdAccessToken"] = EnvdToken(key, r.id);
+  j["envdAccessToken"] = EnvdTokenJson(ctx, key, r);
   j["domain"] = nullptr;
   j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
   j["network"] = {{"allowPublicTraffic", r.public_ports}};
@@ -141,9 +157,12 @@ Result<std::map<std::string, std::string>> StringMap(const json& j, const char* 
 // `timeout` in seconds, `def` when absent; EINVAL when not a positive integer.
 Result<int64_t> TimeoutField(const json& j, const char* field, int64_t def) {
   if (!j.contains(field) || j[field].is_null()) return def;
-  if (!j[field].is_number() || j[field].get<double>() <= 0)
+  if (!j[field].is_number() || !(j[field].get<double>() > 0) ||
+      !std::isfinite(j[field].get<double>()))
     return Status::Error(std::string(field) + ": must be a positive number of seconds", EINVAL);
-  return static_cast<int64_t>(std::ceil(j[field].get<double>()));
+  // Anything past 1e12 s is over the manager's maximum, which then says what that is; capping
+  // here keeps the milliseconds from overflowing.
+  return static_cast<int64_t>(std::ceil(std::min(j[field].get<double>(), 1e12)));
 }
 
 // A sandbox that exists for E2B: live and owned by `key` (killed ones are 404, as in E2B).
@@ -195,7 +214,7 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
     }
     co_return co_await Fail(ex, rec.status());
   }
-  co_await ex.RespondJson(201, SandboxJson(key, *rec));
+  co_await ex.RespondJson(201, SandboxJson(ctx, key, *rec));
 }
 
 // Connect (v1 and v2): resumes a paused sandbox (201) or only extends a running one's TTL (200).
@@ -222,7 +241,7 @@ awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
   }
   auto now = ctx.manager.Get(key, id);
   if (!now.ok()) co_return co_await Fail(ex, now.status());
-  co_await ex.RespondJson(status, SandboxJson(key, *now));
+  co_await ex.RespondJson(status, SandboxJson(ctx, key, *now));
 }
 
 awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key, bool v2) {
@@ -285,7 +304,7 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
   http::Headers h;
   if (v2 && !page->next.empty()) h.emplace_back("X-Next-Token", page->next);
   if (v2) {
-    auto running = ctx.store.CountSandboxes(key.id, {store::kStateRunning});
+    auto running = ctx.store.CountSandboxes(key.is_operator ? "" : key.id, {store::kStateRunning});
     if (running.ok()) h.emplace_back("X-Total-Running", std::to_string(*running));
   }
   co_await ex.RespondJson(200, items, h);
@@ -350,7 +369,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
           auto rec = LiveSandbox(ctx, key, ex.Param("id"));
           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          co_await ex.RespondJson(200, DetailJson(key, *rec));
+          co_await ex.RespondJson(200, DetailJson(ctx, key, *rec));
         }));
 
   r.Delete(
@@ -425,7 +444,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
            if (!s.ok()) co_return co_await Fail(ex, s);
            auto now = ctx.manager.Get(key, id);
            if (!now.ok()) co_return co_await Fail(ex, now.status());
-           co_await ex.RespondJson(201, SandboxJson(key, *now));
+           co_await ex.RespondJson(201, SandboxJson(ctx, key, *now));
          }));
 
   r.Get("/sandboxes/{id}/metrics",

@@ -82,7 +82,7 @@ bool ValidSignature(const http::Exchange& ex, const std::string& token, std::str
   }
   std::string want = FileSignature(ex.query().Get("path").value_or(""), op,
                                    ex.query().Get("username").value_or(""), token, expiry);
-  return *sig == want;
+  return ConstantTimeEquals(*sig, want);
 }
 
 // Finds the sandbox of an envd request and checks its access token (or URL signature). Answers
@@ -105,7 +105,7 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
               (k.ok() && *k && (*k)->active()) ? **k : std::optional<store::ApiKeyRecord>();
         }
         const auto& key = keys[rec.owner_key_id];
-        if (key && ValidSignature(ex, EnvdToken(*key, rec.id), op)) {
+        if (key && ValidSignature(ex, EnvdToken(ctx.secret, rec.owner_key_id, rec.id), op)) {
           addr = std::make_pair(kEnvdPort, rec.id);
           break;
         }
@@ -132,8 +132,8 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     co_await NotFound502(ex, id);
     co_return std::nullopt;
   }
-  Target t{**key, **rec, EnvdToken(**key, id)};
-  bool ok = auth == Auth::kNone || ex.Header("X-Access-Token") == t.token ||
+  Target t{**key, **rec, EnvdToken(ctx.secret, (*key)->id, id)};
+  bool ok = auth == Auth::kNone || ConstantTimeEquals(ex.Header("X-Access-Token"), t.token) ||
             (auth == Auth::kTokenOrSignature && ValidSignature(ex, t.token, op));
   if (!ok) {
     co_await JsonError(ex, 401, "unauthorized access, please provide a valid access token");
@@ -1102,8 +1102,10 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
   auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
   if (!key.ok() || !*key || !(*key)->active()) co_return co_await NotFound502(ex, id);
   const store::ApiKeyRecord& owner = **key;
-  if (!(*rec)->public_ports && ex.Header("E2B-Traffic-Access-Token") != TrafficToken(owner, id) &&
-      ex.Header("X-Access-Token") != EnvdToken(owner, id)) {
+  if (!(*rec)->public_ports &&
+      !ConstantTimeEquals(ex.Header("E2B-Traffic-Access-Token"),
+                          TrafficToken(ctx.secret, owner.id, id)) &&
+      !ConstantTimeEquals(ex.Header("X-Access-Token"), EnvdToken(ctx.secret, owner.id, id))) {
     json body = {{"sandboxId", id},
                  {"message",
                   "a valid E2B-Traffic-Access-Token (the sandbox's trafficAccessToken) "

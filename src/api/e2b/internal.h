@@ -31,10 +31,12 @@ boost::asio::awaitable<decltype(std::declval<F>()())> OnPool(boost::asio::thread
   co_return std::move(*out);
 }
 
-// The envdAccessToken of a sandbox: derived from its owner key's stored hash, so it needs no
-// storage of its own, survives restarts and dies with the key.
-inline std::string EnvdToken(const store::ApiKeyRecord& key, const std::string& sandbox_id) {
-  return store::Sha256Hex("sbx-e2b-envd-token\n" + key.hash + "\n" + sandbox_id);
+// The envdAccessToken of a sandbox: HMAC-SHA256 under the install secret of the owner key's id
+// and the sandbox id, like api::TrafficToken (see there). It also keys the sandbox's pre-signed
+// /files URLs (FileSignature), which the E2B SDK computes from it on the client side.
+inline std::string EnvdToken(const InstallSecret& secret, const std::string& owner_key_id,
+                             const std::string& sandbox_id) {
+  return secret.HmacHex("sbx-envd-token\n" + owner_key_id + "\n" + sandbox_id);
 }
 // The trafficAccessToken is api::TrafficToken (shared with the native API): sbx never serves
 // ports publicly (threats.md row 37).

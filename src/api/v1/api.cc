@@ -5,12 +5,15 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <csignal>
 #include <ctime>
+#include <limits>
+#include <mutex>
 #include <optional>
 
 #include "api/http/exchange.h"
@@ -34,7 +37,10 @@ using Clock = std::chrono::steady_clock;
 std::string Base64(std::string_view in) { return Base64Encode(in); }
 std::string IsoTime(int64_t ms) { return Rfc3339Millis(ms); }
 
-json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) {
+// `key` is the caller: an operator looking at another key's sandbox sees no token for it.
+json SandboxJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
+                 const store::SandboxRecord& r) {
+  bool owner = r.owner_key_id == key.id;
   json env_keys = json::array();
   for (const auto& [k, v] : r.env) env_keys.push_back(k);  // values may be secrets: never echoed
   json j = {{"id", r.id},
@@ -54,7 +60,9 @@ json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) 
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
             {"public_ports", r.public_ports},
-            {"traffic_token", TrafficToken(key, r.id)}};
+            {"owner_key_id", r.owner_key_id},
+            {"traffic_token",
+             owner ? json(TrafficToken(ctx.secret, r.owner_key_id, r.id)) : json(nullptr)}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;
 }
@@ -185,9 +193,17 @@ Result<std::map<std::string, std::string>> StringMap(const json& j, const char* 
 
 Result<int64_t> SizeField(const json& j, const char* field) {
   if (!j.contains(field) || j[field].is_null()) return int64_t{0};
-  if (!j[field].is_number_integer() || j[field].get<int64_t>() < 0)
-    return Status::Error(std::string(field) + ": must be a non-negative integer (bytes)", EINVAL);
-  return j[field].get<int64_t>();
+  const json& v = j[field];
+  // An unsigned above INT64_MAX would wrap to a negative int64: say what is wrong with it.
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return Status::Error(std::string(field) + ": " + v.dump() + " is out of range", EINVAL);
+  if (!v.is_number_integer())
+    return Status::Error(std::string(field) + ": must be an integer", EINVAL);
+  if (v.get<int64_t>() < 0)
+    return Status::Error(std::string(field) + ": must not be negative (got " + v.dump() + ")",
+                         EINVAL);
+  return v.get<int64_t>();
 }
 
 Result<int64_t> SecondsField(const json& j, const char* field) {
@@ -234,9 +250,18 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j) {
       r.limits.cpus = l["cpus"].get<double>();
     }
   }
-  auto t = SecondsField(j, "timeout");
-  if (!t.ok()) return t.status();
-  r.timeout_ms = *t;
+  // The manager says what the allowed range is; here only what cannot be a duration at all.
+  if (j.contains("timeout") && !j["timeout"].is_null()) {
+    const json& t = j["timeout"];
+    if (!t.is_number()) return Status::Error("timeout: must be a number of seconds", EINVAL);
+    double secs = t.get<double>();
+    if (!std::isfinite(secs) || secs <= 0)
+      return Status::Error("timeout: must be a positive number of seconds (got " + t.dump() + ")",
+                           EINVAL);
+    // Past 1e12 s the milliseconds would overflow; any such value is over the maximum anyway.
+    r.timeout_ms = secs > 1e12 ? std::numeric_limits<int64_t>::max()
+                               : std::max<int64_t>(1, static_cast<int64_t>(secs * 1000));
+  }
   if (j.contains("on_timeout")) {
     if (!j["on_timeout"].is_string()) return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
     r.on_timeout = j["on_timeout"].get<std::string>();
@@ -513,7 +538,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
            }
            ctx.metrics.create_seconds.Observe(
                std::chrono::duration<double>(Clock::now() - started).count());
-           co_await ex.RespondJson(201, SandboxJson(key, *rec));
+           co_await ex.RespondJson(201, SandboxJson(ctx, key, *rec));
          }));
 
   r.Get("/v1/sandboxes",
@@ -527,10 +552,13 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
             co_return co_await ex.RespondError(400, "invalid_argument", "limit: 1 to 1000");
           f.limit = static_cast<size_t>(*limit);
           f.after = ex.query().Get("cursor").value_or("");
+          // Operator keys see every key's sandboxes, or one key's with ?owner=key_...; for
+          // other keys the manager ignores it.
+          f.owner_key_id = ex.query().Get("owner").value_or("");
           auto page = ctx.manager.List(key, f);
           if (!page.ok()) co_return co_await Fail(ex, page.status());
           json items = json::array();
-          for (const auto& rec : page->items) items.push_back(SandboxJson(key, rec));
+          for (const auto& rec : page->items) items.push_back(SandboxJson(ctx, key, rec));
           json body = {{"sandboxes", items},
                        {"next_cursor", page->next.empty() ? json(nullptr) : json(page->next)}};
           co_await ex.RespondJson(200, body);
@@ -540,7 +568,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
           auto rec = ctx.manager.Get(key, ex.Param("id"));
           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          json j = SandboxJson(key, *rec);
+          json j = SandboxJson(ctx, key, *rec);
           if (rec->state == store::kStateRunning || rec->state == store::kStatePaused) {
             auto st = ctx.manager.Stats(key, rec->id);
             if (st.ok())
@@ -572,7 +600,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
                                                 "timeout: a positive number of seconds");
            auto rec = ctx.manager.SetTimeout(key, ex.Param("id"), *t);
            if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           co_await ex.RespondJson(200, SandboxJson(key, *rec));
+           co_await ex.RespondJson(200, SandboxJson(ctx, key, *rec));
          }));
 
   for (const char* action : {"pause", "resume"}) {
@@ -588,7 +616,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
                     if (!s.ok()) co_return co_await Fail(ex, s);
                     auto rec = ctx.manager.Get(key, id);
                     if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-                    co_await ex.RespondJson(200, SandboxJson(key, *rec));
+                    co_await ex.RespondJson(200, SandboxJson(ctx, key, *rec));
                   }));
   }
 }
@@ -743,11 +771,12 @@ void Commands(http::Router& r, ApiContext& ctx) {
   // message {"type":"exit",...}, then the socket closes.
   r.Get("/v1/sandboxes/{id}/pty",
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          // The owner check first, so another key's id is a 404 (and audited) however asked.
+          auto rec = ctx.manager.Get(key, ex.Param("id"));
+          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
           if (!ex.WantsWebSocket())
             co_return co_await ex.RespondError(400, "invalid_argument",
                                                "this endpoint needs a WebSocket upgrade");
-          auto rec = ctx.manager.Get(key, ex.Param("id"));
-          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
           json spec = {{"command", ex.query().Get("command").value_or("/bin/bash -l")},
                        {"pty",
                         {{"rows", IntQuery(ex, "rows", 24).ok() ? *IntQuery(ex, "rows", 24) : 24},
@@ -1131,7 +1160,8 @@ void Audit(http::Router& r, ApiContext& ctx) {
             more = events->size() == q.limit;
             for (const auto& e : *events) {
               q.after_seq = e.seq;
-              if (e.key_id != key.id) continue;
+              // Operators read every event (sandbox.access_denied is recorded for them alone).
+              if (!key.is_operator && e.key_id != key.id) continue;
               out.push_back({{"seq", e.seq},
                              {"time", IsoTime(e.time)},
                              {"time_ms", e.time},
@@ -1146,54 +1176,91 @@ void Audit(http::Router& r, ApiContext& ctx) {
         }));
 }
 
+// The store's full integrity check (PRAGMA quick_check) costs time that grows with the file and
+// locks the store meanwhile, so /healthz never waits for it: each call does a trivial read of the
+// store and reports the last integrity result, which a call refreshes on the blocking pool when it
+// is older than a minute.
+struct IntegrityCache {
+  static constexpr auto kMaxAge = std::chrono::minutes(1);
+  std::mutex mu;
+  std::optional<Clock::time_point> checked;  // guarded by mu
+  bool running = false;                      // guarded by mu
+  Status last;                               // guarded by mu
+};
+
 void Health(http::Router& r, ApiContext& ctx) {
-  r.Get("/healthz", [&ctx](http::Exchange& ex) -> awaitable<void> {
-    Status s = ctx.store.CheckIntegrity();
+  auto cache = std::make_shared<IntegrityCache>();
+  r.Get("/healthz", [&ctx, cache](http::Exchange& ex) -> awaitable<void> {
+    Status s = co_await OnPool(ctx.blocking, [&] { return ctx.store.Ping(); });
+    {
+      std::lock_guard<std::mutex> g(cache->mu);
+      auto now = Clock::now();
+      if (!cache->running && (!cache->checked || now - *cache->checked >= cache->kMaxAge)) {
+        cache->running = true;
+        asio::post(ctx.blocking, [&ctx, cache] {
+          Status checked = ctx.store.CheckIntegrity();
+          if (!checked.ok()) spdlog::error("store integrity: {}", checked.message());
+          std::lock_guard<std::mutex> g2(cache->mu);
+          cache->last = checked;
+          cache->checked = Clock::now();
+          cache->running = false;
+        });
+      }
+      if (s.ok()) s = cache->last;
+    }
     json body =
         s.ok() ? json{{"status", "ok"}} : json{{"status", "unhealthy"}, {"error", s.message()}};
     co_await ex.RespondJson(s.ok() ? 200 : 503, body);
   });
-  r.Get("/metrics", [&ctx](http::Exchange& ex) -> awaitable<void> {
-    std::string out;
-    auto live = co_await OnPool(ctx.blocking, [&] { return ctx.manager.LiveStats(); });
-    std::map<std::string, int> by_state = {{"creating", 0}, {"running", 0}, {"paused", 0}};
-    if (auto recs = ctx.store.ListLiveSandboxes(); recs.ok())
-      for (const auto& rec : *recs) by_state[rec.state]++;
-    out += "# HELP sbx_sandboxes Live sandboxes by state.\n# TYPE sbx_sandboxes gauge\n";
-    for (const auto& [state, n] : by_state)
-      out += "sbx_sandboxes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
-    auto c = ctx.manager.counters();
-    out +=
-        "# HELP sbx_sandbox_creations_total Sandboxes created.\n# TYPE sbx_sandbox_creations_total "
-        "counter\n";
-    out += "sbx_sandbox_creations_total " + std::to_string(c.creations) + "\n";
-    out +=
-        "# HELP sbx_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE "
-        "sbx_sandbox_creation_failures_total counter\n";
-    out += "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
-    out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
-    out += "sbx_commands_total " + std::to_string(ctx.metrics.commands.load()) + "\n";
-    ctx.metrics.create_seconds.Render("sbx_create_seconds",
-                                      "Time from create request to a running sandbox.", &out);
-    ctx.metrics.exec_seconds.Render("sbx_exec_seconds",
-                                    "Time from command request to the process running.", &out);
-    out +=
-        "# HELP sbx_sandbox_cpu_seconds_total CPU time used by a sandbox.\n# TYPE "
-        "sbx_sandbox_cpu_seconds_total counter\n";
-    for (const auto& [rec, st] : live) {
-      char line[200];
-      std::snprintf(line, sizeof line, "sbx_sandbox_cpu_seconds_total{sandbox=\"%s\"} %.6f\n",
-                    rec.id.c_str(), st.cpu_usage_ns / 1e9);
-      out += line;
-    }
-    out +=
-        "# HELP sbx_sandbox_memory_bytes Memory used by a sandbox.\n# TYPE "
-        "sbx_sandbox_memory_bytes gauge\n";
-    for (const auto& [rec, st] : live)
-      out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
-             std::to_string(st.memory_current) + "\n";
-    co_await ex.Respond(200, out, "text/plain; version=0.0.4");
-  });
+  // Per-sandbox series name every live sandbox: only for operator keys.
+  r.Get("/metrics",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          if (!key.is_operator)
+            co_return co_await ex.RespondError(
+                403, "permission_denied",
+                "/metrics needs an operator key (sbx key create --operator)");
+          std::string out;
+          auto live = co_await OnPool(ctx.blocking, [&] { return ctx.manager.LiveStats(); });
+          std::map<std::string, int> by_state = {{"creating", 0}, {"running", 0}, {"paused", 0}};
+          if (auto recs = ctx.store.ListLiveSandboxes(); recs.ok())
+            for (const auto& rec : *recs) by_state[rec.state]++;
+          out += "# HELP sbx_sandboxes Live sandboxes by state.\n# TYPE sbx_sandboxes gauge\n";
+          for (const auto& [state, n] : by_state)
+            out += "sbx_sandboxes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
+          auto c = ctx.manager.counters();
+          out +=
+              "# HELP sbx_sandbox_creations_total Sandboxes created.\n# TYPE "
+              "sbx_sandbox_creations_total "
+              "counter\n";
+          out += "sbx_sandbox_creations_total " + std::to_string(c.creations) + "\n";
+          out +=
+              "# HELP sbx_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE "
+              "sbx_sandbox_creation_failures_total counter\n";
+          out +=
+              "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
+          out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
+          out += "sbx_commands_total " + std::to_string(ctx.metrics.commands.load()) + "\n";
+          ctx.metrics.create_seconds.Render("sbx_create_seconds",
+                                            "Time from create request to a running sandbox.", &out);
+          ctx.metrics.exec_seconds.Render(
+              "sbx_exec_seconds", "Time from command request to the process running.", &out);
+          out +=
+              "# HELP sbx_sandbox_cpu_seconds_total CPU time used by a sandbox.\n# TYPE "
+              "sbx_sandbox_cpu_seconds_total counter\n";
+          for (const auto& [rec, st] : live) {
+            char line[200];
+            std::snprintf(line, sizeof line, "sbx_sandbox_cpu_seconds_total{sandbox=\"%s\"} %.6f\n",
+                          rec.id.c_str(), st.cpu_usage_ns / 1e9);
+            out += line;
+          }
+          out +=
+              "# HELP sbx_sandbox_memory_bytes Memory used by a sandbox.\n# TYPE "
+              "sbx_sandbox_memory_bytes gauge\n";
+          for (const auto& [rec, st] : live)
+            out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
+                   std::to_string(st.memory_current) + "\n";
+          co_await ex.Respond(200, out, "text/plain; version=0.0.4");
+        }));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "api/http/router.h"
 #include "api/v1/metrics.h"
+#include "common/secret.h"
 #include "sandbox/manager.h"
 #include "store/store.h"
 
@@ -22,16 +23,20 @@ struct ApiContext {
   store::Store& store;
   Metrics& metrics;
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
+  const InstallSecret& secret;         // every token the API hands out is an HMAC under it
 };
 
 // Adds every route. `ctx` must outlive the server.
 void RegisterV1(http::Router& router, ApiContext& ctx);
 
 // A sandbox's traffic token: what a request relayed to one of its ports must carry
-// (E2B-Traffic-Access-Token). Derived from the owner key's stored hash, so it needs no storage,
-// survives restarts and dies with the key.
-inline std::string TrafficToken(const store::ApiKeyRecord& key, const std::string& sandbox_id) {
-  return store::Sha256Hex("sbx-e2b-traffic-token\n" + key.hash + "\n" + sandbox_id);
+// (E2B-Traffic-Access-Token). HMAC-SHA256 under the install secret of the owner key's id and the
+// sandbox id: it needs no storage, survives restarts, is useless once the owner key is revoked
+// (the owner check fails first), and cannot be computed from the database alone. Compare it
+// with ConstantTimeEquals.
+inline std::string TrafficToken(const InstallSecret& secret, const std::string& owner_key_id,
+                                const std::string& sandbox_id) {
+  return secret.HmacHex("sbx-traffic-token\n" + owner_key_id + "\n" + sandbox_id);
 }
 
 }  // namespace sbx::api

@@ -1,0 +1,127 @@
+#include "common/secret.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdio.h>  // renameat2
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "common/fd.h"
+#include "common/fs.h"
+
+namespace sbx {
+namespace {
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    out += kDigits[p[i] >> 4];
+    out += kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+Result<InstallSecret> Load(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ELOOP) return Status::Error("secret " + path + " is a symlink: refused", EPERM);
+    return Status::Errno("open " + path);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
+  if (!S_ISREG(st.st_mode))
+    return Status::Error("secret " + path + " is not a regular file: refused", EINVAL);
+  if (st.st_uid != ::geteuid())
+    return Status::Error("secret " + path + " is owned by uid " + std::to_string(st.st_uid) +
+                             ", not by this process's user: refused",
+                         EPERM);
+  if ((st.st_mode & 07777 & ~mode_t{0600}) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::Error("secret " + path + " has mode " + mode +
+                             ", wider than 0600: refused (anyone who read it can forge every "
+                             "token; make a new one by moving it away)",
+                         EPERM);
+  }
+  if (st.st_size != static_cast<off_t>(kSecretBytes))
+    return Status::Error("secret " + path + " is " + std::to_string(st.st_size) + " bytes, not " +
+                             std::to_string(kSecretBytes) + ": refused",
+                         EINVAL);
+  auto bytes = ReadAll(fd.get(), kSecretBytes);
+  if (!bytes.ok()) return bytes.status().Wrap("read " + path);
+  return InstallSecret::FromBytes(std::move(*bytes));
+}
+
+// Makes `path` with fresh random bytes unless it exists. EEXIST when another process made it
+// first (the caller then loads that one).
+Status Create(const std::string& dir, const std::string& path) {
+  std::string tmp = dir + "/.secret.tmp." + RandomId(12);
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return Status::Errno("create " + tmp);
+  std::string key(kSecretBytes, '\0');
+  Status s;
+  if (::getrandom(key.data(), key.size(), 0) != static_cast<ssize_t>(key.size()))
+    s = Status::Errno("getrandom");
+  if (s.ok()) s = WriteAll(fd.get(), key);
+  if (s.ok() && ::fchmod(fd.get(), 0600) != 0) s = Status::Errno("fchmod " + tmp);
+  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::Errno("fsync " + tmp);
+  OPENSSL_cleanse(key.data(), key.size());
+  fd.reset();
+  if (s.ok() && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+    // A filesystem without RENAME_NOREPLACE: link() never replaces either.
+    if (errno == EINVAL || errno == ENOSYS) {
+      if (::link(tmp.c_str(), path.c_str()) != 0) s = Status::Errno("link " + path);
+    } else {
+      s = Status::Errno("rename " + tmp + " to " + path);
+    }
+  }
+  ::unlink(tmp.c_str());  // gone after the rename; after link() or a failure, the spare name
+  if (!s.ok()) return s;
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d && ::fsync(d.get()) != 0) return Status::Errno("fsync " + dir);
+  return {};
+}
+
+}  // namespace
+
+Result<InstallSecret> InstallSecret::LoadOrCreate(const std::string& data_dir) {
+  std::string path = data_dir + "/" + kSecretFileName;
+  auto loaded = Load(path);
+  if (loaded.ok() || loaded.status().err() != ENOENT) return loaded;
+  Status made = Create(data_dir, path);
+  if (!made.ok() && made.err() != EEXIST) return made.Wrap("make the install secret");
+  return Load(path);
+}
+
+Result<InstallSecret> InstallSecret::FromBytes(std::string bytes) {
+  if (bytes.size() != kSecretBytes)
+    return Status::Error("install secret: " + std::to_string(bytes.size()) + " bytes, not " +
+                             std::to_string(kSecretBytes),
+                         EINVAL);
+  return InstallSecret(std::move(bytes));
+}
+
+std::string InstallSecret::HmacHex(std::string_view message) const {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), md,
+           &n) == nullptr) {
+    std::abort();  // only fails if libcrypto is broken; never hand out a bogus token
+  }
+  return Hex(md, n);
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace sbx
