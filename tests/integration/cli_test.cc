@@ -285,8 +285,20 @@ TEST_F(CliTest, KeysAndConnectionErrors) {
     if (k["name"] == "ci") key_id = k["id"];
   ASSERT_FALSE(key_id.empty()) << keys.out;
   EXPECT_NE(Sbx({"key", "ls"}).out.find("ci"), std::string::npos);
+  for (const auto& k : j["keys"]) EXPECT_EQ(k["operator"], k["name"] == "default") << k;
+  // Revoking a key kills its live sandboxes (the daemon does, on its next scan) and says so.
+  r = Sbx({"create", "--api-key", secret});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string sandbox = r.out.substr(0, r.out.find('\n'));
   r = Sbx({"key", "revoke", key_id});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("revoked " + key_id + "; killed 1 live sandbox\n"), std::string::npos)
+      << r.out << r.err;
+  r = Sbx({"inspect", sandbox});  // the daemon's first key is an operator key
+  EXPECT_EQ(json::parse(r.out)["state"], "killed") << r.out << r.err;
+  r = Sbx({"key", "create", "--name", "ops", "--operator", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["operator"], true);
   r = Sbx({"ls"}, ProcessOptions{.env = {"SBX_API_KEY=" + secret}});
   EXPECT_EQ(r.exit_code, 125);
   EXPECT_NE(r.err.find("unknown or revoked API key"), std::string::npos) << r.err;
