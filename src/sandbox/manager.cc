@@ -281,7 +281,12 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
   std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
 
-  SBX_RETURN_IF_ERROR(CheckHostLimits(WithDefaults(req.limits, config_.default_limits)));
+  // Against the host: what the request asks for (the defaults are the operator's choice, even on
+  // a host smaller than them), and the disk it will get. Checked again below, under the lock
+  // that promises the disk; here so that a bad request fails before any quota is spent.
+  store::SandboxLimits wanted = req.limits;
+  if (wanted.disk_bytes == 0) wanted.disk_bytes = config_.default_limits.disk_bytes;
+  SBX_RETURN_IF_ERROR(CheckHostLimits(wanted));
   // Idempotency: a retried request gets the sandbox the first one created.
   if (!req.idempotency_key.empty()) {
     if (req.idempotency_key.size() > 256)
@@ -335,9 +340,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   // The disk is promised from the check until the box exists (its image then takes the space),
   // so creates running at the same time cannot all be promised the same free space. The check
   // and the promise happen under one lock.
-  int64_t disk = WithDefaults(req.limits, config_.default_limits).disk_bytes;
+  int64_t disk = wanted.disk_bytes;
   std::unique_lock<std::mutex> disk_lock(disk_mu_);
-  SBX_RETURN_IF_ERROR(CheckHostLimits(WithDefaults(req.limits, config_.default_limits)));
+  SBX_RETURN_IF_ERROR(CheckHostLimits(wanted));
   struct DiskPromise {
     Manager* m;
     int64_t bytes;
