@@ -80,12 +80,8 @@ constexpr char kV2[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
 )sql";
 
-// Versions 3 and 4 are taken by other changes of issue 9 (merged separately); until they land
-// they are placeholders that change nothing, so that the versions stay contiguous.
-constexpr char kReserved[] = "SELECT 1;";
-
-// Version 5: operator keys, which may list, inspect and kill every tenant's sandboxes.
-constexpr char kV5[] = R"sql(
+// Version 3: operator keys, which may list, inspect and kill every tenant's sandboxes.
+constexpr char kV3[] = R"sql(
 ALTER TABLE api_keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0;
 )sql";
 
@@ -95,9 +91,7 @@ const std::vector<Migration>& Migrations() {
   static const std::vector<Migration> kAll = {
       {1, "sandboxes, api_keys, audit_events, idempotency_keys, templates", kV1},
       {2, "sandboxes.public_ports", kV2},
-      {3, "reserved (issue 9)", kReserved},
-      {4, "reserved (issue 9)", kReserved},
-      {5, "api_keys.operator", kV5},
+      {3, "api_keys.operator", kV3},
   };
   return kAll;
 }
