@@ -48,6 +48,13 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "I/O threads")->capture_default_str();
   sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
       ->capture_default_str();
+  sv->add_option("--id-pool-base", serve.id_pool_base,
+                 "First host id of the boxes' private id ranges (sbx run uses the same)")
+      ->capture_default_str();
+  sv->add_option("--id-pool-size", serve.id_pool_size, "How many boxes' id ranges (65536 ids each)")
+      ->capture_default_str();
+  sv->add_flag("--no-idmap", serve.no_idmap,
+               "No idmapped mounts: every box shares one id range (the fallback, for testing)");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

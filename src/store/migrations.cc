@@ -80,12 +80,25 @@ constexpr char kV2[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 6: the box id pool (each box's private range of host ids, slot s = ids
+// pool_base + s * 65536) and what each sandbox got.
+constexpr char kV6[] = R"sql(
+CREATE TABLE id_ranges (
+  slot          INTEGER PRIMARY KEY,
+  box_id        TEXT UNIQUE NOT NULL,
+  allocated_at  INTEGER
+);
+ALTER TABLE sandboxes ADD COLUMN id_base INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN idmapped INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration> kAll = {
       {1, "sandboxes, api_keys, audit_events, idempotency_keys, templates", kV1},
       {2, "sandboxes.public_ports", kV2},
+      {6, "id_ranges, sandboxes.id_base, sandboxes.idmapped", kV6},
   };
   return kAll;
 }

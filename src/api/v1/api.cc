@@ -54,6 +54,8 @@ json SandboxJson(const store::ApiKeyRecord& key, const store::SandboxRecord& r) 
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
             {"public_ports", r.public_ports},
+            {"id_base", r.id_base},
+            {"idmapped", r.idmapped},
             {"traffic_token", TrafficToken(key, r.id)}};
   if (!r.error.empty()) j["error"] = r.error;
   return j;
