@@ -232,6 +232,13 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(rt.status().message());
     return kExitSbxError;
   }
+  // The command's stderr is passed through untouched: the fallback (boxes without private ids)
+  // is said always, the rest only with --verbose.
+  const auto& warnings = (*rt)->warnings();
+  for (size_t i = 0; i < warnings.size(); ++i) {
+    bool fallback = i == 0 && !(*rt)->idmapped();
+    if (fallback || global.verbose) std::fprintf(stderr, "sbx: warning: %s\n", warnings[i].c_str());
+  }
   // Boxes of earlier `sbx run`s that were killed before they could clean up.
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);

@@ -110,6 +110,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: %s\n", rt.status().message().c_str());
     return kExitSbxError;
   }
+  for (const auto& w : (*rt)->warnings()) spdlog::warn("{}", w);
   s = EnsureApiKey(**st, global.data_dir);
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: api key: %s\n", s.message().c_str());

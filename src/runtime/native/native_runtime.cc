@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -186,6 +185,9 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   if (config.id_base == 0 || uint64_t{config.id_base} + kIdRange > UINT32_MAX)
     return Status::Error("id base " + std::to_string(config.id_base) + " out of range", EINVAL);
   bool idmapped = config.idmap;
+  std::vector<std::string> warnings;
+  const std::string range =
+      std::to_string(config.id_base) + ".." + std::to_string(config.id_base + kIdRange - 1);
   if (idmapped) {
     std::string scratch = config.run_dir + "/.idmap-probe-" + RandomId(8);
     Status probe = ::mkdir(scratch.c_str(), 0700) == 0
@@ -194,25 +196,23 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
     RemoveTree(scratch);
     if (!probe.ok()) {
       idmapped = false;
-      std::fprintf(stderr,
-                   "sbx: WARNING: idmapped mounts do not work here (%s): every box shares host ids "
-                   "%u..%u, layers are copied with shifted owners, host binds show nobody\n",
-                   probe.message().c_str(), config.id_base, config.id_base + kIdRange - 1);
+      warnings.push_back("idmapped mounts do not work here (" + probe.message() +
+                         "): every box shares host ids " + range +
+                         ", layers are copied with shifted owners, host binds show nobody");
     }
   } else {
-    std::fprintf(stderr,
-                 "sbx: WARNING: idmapped mounts turned off: every box shares host ids %u..%u, "
-                 "layers are copied with shifted owners, host binds show nobody\n",
-                 config.id_base, config.id_base + kIdRange - 1);
+    warnings.push_back("idmapped mounts turned off: every box shares host ids " + range +
+                       ", layers are copied with shifted owners, host binds show nobody");
   }
   auto rt = std::unique_ptr<NativeRuntime>(
       new NativeRuntime(config, std::move(cg).value(), std::move(image).value(), idmapped));
   rt->can_protect_agent_ = ::prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1;
   if (!rt->can_protect_agent_) {
-    std::fprintf(stderr,
-                 "sbx: WARNING: no CAP_SYS_RESOURCE: the boxes' agents keep the default OOM score "
-                 "(oom_score_adj -1000 needs it)\n");
+    warnings.push_back(
+        "no CAP_SYS_RESOURCE: the boxes' agents keep the default OOM score (oom_score_adj -1000 "
+        "needs it)");
   }
+  rt->warnings_ = std::move(warnings);
   return rt;
 }
 

@@ -67,6 +67,9 @@ class NativeRuntime : public Runtime {
   bool idmapped() const { return idmapped_; }
   // Whether the boxes' agents get oom_score_adj -1000 (needs CAP_SYS_RESOURCE on the host).
   bool protects_agent() const { return can_protect_agent_; }
+  // What Open found missing (the idmap fallback first, when it is in effect), for the caller
+  // to log once: the runtime itself writes nothing to the process's stderr.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   const CgroupHost& cgroup_host() const { return cgroups_; }
 
  private:
@@ -80,6 +83,7 @@ class NativeRuntime : public Runtime {
   NativeConfig config_;
   const bool idmapped_;
   bool can_protect_agent_ = true;  // this process may lower oom_score_adj (CAP_SYS_RESOURCE)
+  std::vector<std::string> warnings_;
   CgroupHost cgroups_;
   UniqueFd agent_image_;  // sealed memfd: what a box execs can never be changed from inside
   std::mutex mu_;
