@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
                  "Free space of the data directory no disk limit may take: a size (1G) or a "
                  "share of the filesystem (5%); a create that does not fit gets HTTP 507")
       ->capture_default_str();
+  sv->add_option("--id-pool-base", serve.id_pool_base,
+                 "First host id of the boxes' private id ranges (sbx run uses the same)")
+      ->capture_default_str();
+  sv->add_option("--id-pool-size", serve.id_pool_size, "How many boxes' id ranges (65536 ids each)")
+      ->capture_default_str();
+  sv->add_flag("--no-idmap", serve.no_idmap,
+               "No idmapped mounts: every box shares one id range (the fallback, for testing)");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

@@ -17,7 +17,9 @@
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
+#include "sandbox/id_pool.h"
 #include "storage/template.h"
+#include "store/store.h"
 
 namespace sbx::cli {
 namespace {
@@ -207,16 +209,42 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   cfg.run_dir = global.data_dir + "/run";
   cfg.agent_path = FindAgent(global.agent_path);
   if (const char* p = std::getenv("SBX_CGROUP_PARENT")) cfg.cgroup_parent = p;
+  // The box's id range comes from the pool sbx serve uses (same store, same configuration), so
+  // a run's box never shares host ids with a daemon's.
+  auto db = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
+  if (!db.ok()) {
+    Error("store: " + db.status().message());
+    return kExitSbxError;
+  }
+  auto pool_config = sandbox::LoadIdPoolConfig(global.data_dir);
+  if (!pool_config.ok()) {
+    Error(pool_config.status().message());
+    return kExitSbxError;
+  }
+  auto pool = sandbox::StoreIdPool::Make(**db, *pool_config, cfg.id_base);
+  if (!pool.ok()) {
+    Error(pool.status().message());
+    return kExitSbxError;
+  }
+  cfg.id_pool = pool->get();
   auto rt = runtime::NativeRuntime::Open(cfg);
   if (!rt.ok()) {
     Error(rt.status().message());
     return kExitSbxError;
   }
+  // The command's stderr is passed through untouched: the fallback (boxes without private ids)
+  // is said always, the rest only with --verbose.
+  const auto& warnings = (*rt)->warnings();
+  for (size_t i = 0; i < warnings.size(); ++i) {
+    bool fallback = i == 0 && !(*rt)->idmapped();
+    if (fallback || global.verbose) std::fprintf(stderr, "sbx: warning: %s\n", warnings[i].c_str());
+  }
   // Boxes of earlier `sbx run`s that were killed before they could clean up.
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
   auto t_open = Clock::now();
-  storage::TemplateStore store{global.data_dir + "/templates", cfg.id_base};
+  // Real owners in template layers (id base 0): the runtime idmaps them into the box's range.
+  storage::TemplateStore store{global.data_dir + "/templates", 0};
   auto tmpl = storage::ResolveTemplate(store, o.template_name);
   if (!tmpl.ok()) {
     Error(tmpl.status().message());

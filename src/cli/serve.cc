@@ -18,6 +18,7 @@
 #include "common/fs.h"
 #include "common/secret.h"
 #include "runtime/native/native_runtime.h"
+#include "sandbox/id_pool.h"
 #include "sandbox/manager.h"
 #include "store/store.h"
 
@@ -125,18 +126,32 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   cfg.run_dir = global.data_dir + "/run";
   cfg.agent_path = FindAgent(global.agent_path);
   if (const char* p = std::getenv("SBX_CGROUP_PARENT")) cfg.cgroup_parent = p;
+  cfg.idmap = !o.no_idmap;
+  sandbox::IdPoolConfig pool_config{o.id_pool_base, o.id_pool_size};
+  auto pool = sandbox::StoreIdPool::Make(**st, pool_config, cfg.id_base);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", pool.status().message().c_str());
+    return kExitSbxError;
+  }
+  // sbx run reads it, so a slot means the same host ids to both.
+  if (Status saved = sandbox::SaveIdPoolConfig(global.data_dir, pool_config); !saved.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", saved.message().c_str());
+    return kExitSbxError;
+  }
+  cfg.id_pool = pool->get();
   auto rt = runtime::NativeRuntime::Open(cfg);
   if (!rt.ok()) {
     std::fprintf(stderr, "sbx: %s\n", rt.status().message().c_str());
     return kExitSbxError;
   }
+  for (const auto& w : (*rt)->warnings()) spdlog::warn("{}", w);
   s = EnsureApiKey(**st, global.data_dir);
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: api key: %s\n", s.message().c_str());
     return kExitSbxError;
   }
   sandbox::Manager manager(
-      mc, **rt, storage::TemplateStore{global.data_dir + "/templates", cfg.id_base}, **st);
+      mc, **rt, storage::TemplateStore{global.data_dir + "/templates", 0}, **st);
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

@@ -16,6 +16,10 @@ struct ServeOptions {
   int threads = 2;
   int64_t default_timeout_s = 300;
   std::string disk_reserve = "1G";  // a size, or "N%" of the data directory's filesystem
+  // The box id pool: box ranges start at host id id_pool_base, id_pool_size ranges of 65536.
+  uint32_t id_pool_base = 0x10000000;
+  uint32_t id_pool_size = 8192;
+  bool no_idmap = false;  // force the runtime's fallback (shared ids, shifted layer copies)
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -45,6 +45,10 @@ struct BoxSpec {
   // a lock on the box; ReapOrphans(owner) removes the boxes whose owner died without destroying
   // them (killed with SIGKILL, crashed).
   std::string owner = "run";
+  // First host id of the box's private range (uid 0 inside maps to it, 65536 ids). 0: take one
+  // from the runtime's id pool, or without a pool the runtime's shared legacy base. A caller that
+  // passes its own range keeps it: the runtime never releases it.
+  uint32_t id_base = 0;
 };
 
 struct BoxStats {
@@ -71,6 +75,11 @@ struct Box {
   std::string agent_socket;  // host path of the agent's unix socket
   std::string dir;           // host directory owned by this box (removed on Destroy)
   std::string disk_mount;    // during Create only: host mount of the disk image, if any
+  uint32_t id_base = 0;      // host id of root inside (its range is id_base..id_base+65535)
+  // Shared read-only layers and binds are idmapped into the box's range (files show their real
+  // owners inside). false: the runtime's loud fallback (shared legacy base, shifted layer copies,
+  // host binds show `nobody`).
+  bool idmapped = false;
   CreateTimings timings;
 };
 

@@ -396,6 +396,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.init_pid = box->init_pid;
   rec.agent_socket = box->agent_socket;
   rec.box_dir = box->dir;
+  rec.id_base = box->id_base;
+  rec.idmapped = box->idmapped;
   rec.expires_at = now + rec.timeout_ms;
   rec.updated_at = 0;
   {

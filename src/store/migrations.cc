@@ -85,6 +85,18 @@ constexpr char kV3[] = R"sql(
 ALTER TABLE api_keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 4: the box id pool (each box's private range of host ids, slot s = ids
+// pool_base + s * 65536) and what each sandbox got.
+constexpr char kV4[] = R"sql(
+CREATE TABLE id_ranges (
+  slot          INTEGER PRIMARY KEY,
+  box_id        TEXT UNIQUE NOT NULL,
+  allocated_at  INTEGER
+);
+ALTER TABLE sandboxes ADD COLUMN id_base INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN idmapped INTEGER NOT NULL DEFAULT 0;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -92,6 +104,7 @@ const std::vector<Migration>& Migrations() {
       {1, "sandboxes, api_keys, audit_events, idempotency_keys, templates", kV1},
       {2, "sandboxes.public_ports", kV2},
       {3, "api_keys.operator", kV3},
+      {4, "id_ranges, sandboxes.id_base, sandboxes.idmapped", kV4},
   };
   return kAll;
 }

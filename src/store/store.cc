@@ -21,7 +21,7 @@ namespace {
 constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
-    "public_ports";
+    "public_ports, id_base, idmapped";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
@@ -160,6 +160,8 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.box_dir = st.ColumnText(15);
   r.error = st.ColumnText(16);
   r.public_ports = st.ColumnInt(17) != 0;
+  r.id_base = st.ColumnInt(18);
+  r.idmapped = st.ColumnInt(19) != 0;
   return r;
 }
 
@@ -287,7 +289,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
 
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
-      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+      "?19, ?20)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -295,7 +298,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " updated_at = excluded.updated_at, expires_at = excluded.expires_at,"
       " ended_at = excluded.ended_at, init_pid = excluded.init_pid,"
       " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error,"
-      " public_ports = excluded.public_ports");
+      " public_ports = excluded.public_ports, id_base = excluded.id_base,"
+      " idmapped = excluded.idmapped");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -314,7 +318,9 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindText(15, r.agent_socket)
       .BindText(16, r.box_dir)
       .BindText(17, r.error)
-      .BindInt(18, r.public_ports ? 1 : 0);
+      .BindInt(18, r.public_ports ? 1 : 0)
+      .BindInt(19, r.id_base)
+      .BindInt(20, r.idmapped ? 1 : 0);
   return st->Run().Wrap(what);
 }
 
@@ -735,6 +741,65 @@ Status Store::DeleteTemplate(const std::string& name) {
     return Status::Error("delete template " + name + ": no such template", ENOENT);
   }
   return Status();
+}
+
+// ---- id ranges ----
+
+Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
+  std::string what = "acquire id range for " + box_id;
+  if (box_id.empty()) return Invalid(what + ": empty box id");
+  if (slots <= 0) return Invalid(what + ": the pool has no slots");
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  // Idempotent: a box keeps its slot until it releases it.
+  Result<Statement> held = db_->Prepare("SELECT slot FROM id_ranges WHERE box_id = ?1");
+  if (!held.ok()) return held.status().Wrap(what);
+  held->BindText(1, box_id);
+  Result<bool> row = held->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (*row) return held->ColumnInt(0);
+  // The lowest free slot: 0 if free, else the first slot after a taken one that is free.
+  Result<Statement> free = db_->Prepare(
+      "SELECT min(s) FROM (SELECT 0 AS s WHERE NOT EXISTS (SELECT 1 FROM id_ranges WHERE slot = 0)"
+      " UNION ALL SELECT a.slot + 1 FROM id_ranges a"
+      " WHERE NOT EXISTS (SELECT 1 FROM id_ranges b WHERE b.slot = a.slot + 1))");
+  if (!free.ok()) return free.status().Wrap(what);
+  row = free->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  int64_t slot = *row && !free->ColumnIsNull(0) ? free->ColumnInt(0) : 0;
+  if (slot >= slots) {
+    return Status::Error(what + ": all " + std::to_string(slots) + " id ranges are in use", ENOSPC);
+  }
+  Result<Statement> put =
+      db_->Prepare("INSERT INTO id_ranges (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
+  if (!put.ok()) return put.status().Wrap(what);
+  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, NowMs());
+  SBX_RETURN_IF_ERROR(put->Run().Wrap(what));
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  return slot;
+}
+
+Status Store::ReleaseIdSlot(const std::string& box_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM id_ranges WHERE box_id = ?1");
+  if (!st.ok()) return st.status().Wrap("release id range of " + box_id);
+  st->BindText(1, box_id);
+  return st->Run().Wrap("release id range of " + box_id);
+}
+
+Result<std::vector<IdSlot>> Store::ListIdSlots() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare("SELECT slot, box_id, allocated_at FROM id_ranges ORDER BY slot");
+  if (!st.ok()) return st.status().Wrap("list id ranges");
+  std::vector<IdSlot> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list id ranges");
+    if (!*row) return out;
+    out.push_back({st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
+  }
 }
 
 }  // namespace sbx::store

@@ -73,6 +73,8 @@ struct SandboxRecord {
   std::string box_dir;
   std::string error;          // why it failed, for state = failed
   bool public_ports = false;  // its ports answer without the traffic token
+  int64_t id_base = 0;        // host id of root inside its box (0: not created yet)
+  bool idmapped = false;      // its shared layers are idmapped (false: the runtime's fallback)
 };
 
 struct SandboxFilter {
@@ -141,6 +143,14 @@ struct TemplateRecord {
   std::string source;               // what the user asked for ("host", a path, an image)
   std::vector<std::string> layers;  // resolved layer directories, topmost first
   int64_t created_at = 0;           // PutTemplate sets it to now when 0
+};
+
+// One taken slot of the box id pool (a range of 65536 host ids; the runtime maps slot numbers to
+// ids).
+struct IdSlot {
+  int64_t slot = 0;
+  std::string box_id;
+  int64_t allocated_at = 0;
 };
 
 // How long an idempotency key is remembered.
@@ -224,6 +234,14 @@ class Store {
   Result<std::optional<TemplateRecord>> GetTemplate(const std::string& name);
   Result<std::vector<TemplateRecord>> ListTemplates();  // by name
   Status DeleteTemplate(const std::string& name);       // ENOENT if missing
+
+  // ---- id ranges (the box id pool, shared by sbx serve and sbx run) ----
+  // The slot `box_id` holds, or else the lowest free slot below `slots`, taken for it; in one
+  // transaction, so concurrent processes never get the same slot. ENOSPC when all are taken.
+  Result<int64_t> AcquireIdSlot(const std::string& box_id, int64_t slots);
+  // Frees the slot of `box_id`; a box id holding none is fine.
+  Status ReleaseIdSlot(const std::string& box_id);
+  Result<std::vector<IdSlot>> ListIdSlots();  // by slot
 
  private:
   Store(std::unique_ptr<Db> db, std::string path, int version)

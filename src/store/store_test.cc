@@ -839,3 +839,45 @@ TEST_F(StoreTest, ConcurrentWritersAllLand) {
 
 }  // namespace
 }  // namespace sbx::store
+
+namespace sbx::store {
+namespace {
+
+TEST_F(StoreTest, IdSlotsAreLowestFreeIdempotentAndSharedBetweenOpeners) {
+  auto a = OpenStore();
+  auto b = OpenStore();  // another process on the same file (sbx run beside sbx serve)
+  EXPECT_EQ(a->AcquireIdSlot("box-a", 3).value(), 0);
+  EXPECT_EQ(b->AcquireIdSlot("box-b", 3).value(), 1);
+  EXPECT_EQ(a->AcquireIdSlot("box-a", 3).value(), 0) << "the same box keeps its slot";
+  EXPECT_EQ(a->AcquireIdSlot("box-c", 3).value(), 2);
+  auto full = b->AcquireIdSlot("box-d", 3);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().err(), ENOSPC);
+  ASSERT_TRUE(b->ReleaseIdSlot("box-a").ok());
+  ASSERT_TRUE(b->ReleaseIdSlot("box-a").ok()) << "releasing twice is fine";
+  EXPECT_EQ(a->AcquireIdSlot("box-d", 3).value(), 0) << "the lowest free slot is reused";
+  auto slots = a->ListIdSlots();
+  ASSERT_TRUE(slots.ok());
+  ASSERT_EQ(slots->size(), 3u);
+  EXPECT_EQ((*slots)[0].box_id, "box-d");
+  EXPECT_EQ((*slots)[1].box_id, "box-b");
+  EXPECT_GT((*slots)[1].allocated_at, 0);
+  EXPECT_FALSE(a->AcquireIdSlot("", 3).ok());
+}
+
+TEST_F(StoreTest, SandboxRecordKeepsItsIdBase) {
+  auto store = OpenStore();
+  SandboxRecord r;
+  r.id = "sb1";
+  r.state = kStateRunning;
+  r.id_base = 0x10010000;
+  r.idmapped = true;
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  auto got = store->GetSandbox("sb1");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->id_base, 0x10010000);
+  EXPECT_TRUE((*got)->idmapped);
+}
+
+}  // namespace
+}  // namespace sbx::store

@@ -1,16 +1,27 @@
 // The native runtime through its own interface: create, freeze, thaw, stats, destroy, and a
 // creation that fails halfway. Real namespaces, cgroups and mounts; host-side checks after each.
 #include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <linux/nsfs.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <iostream>
 
 #include "common/fd.h"
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
+#include "sandbox/id_pool.h"
 #include "storage/template.h"
+#include "store/store.h"
 
 namespace sbx::runtime {
 namespace {
@@ -32,7 +43,8 @@ class RuntimeTest : public ::testing::Test {
     auto rt = NativeRuntime::Open(cfg);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
     rt_ = std::move(rt).value();
-    auto t = storage::ResolveTemplate({dir_ + "/templates", cfg.id_base}, "host");
+    // Template layers with their real owners (id base 0), as the runtime expects them.
+    auto t = storage::ResolveTemplate({dir_ + "/templates", 0}, "host");
     ASSERT_TRUE(t.ok()) << t.status().message();
     tmpl_ = *t;
   }
@@ -110,7 +122,7 @@ TEST_F(RuntimeTest, FailedCreateLeavesNothing) {
   spec.layers = {dir_ + "/no-such-layer"};
   auto box = rt_->Create(spec);
   ASSERT_FALSE(box.ok());
-  EXPECT_NE(box.status().message().find("mount overlay on /"), std::string::npos)
+  EXPECT_NE(box.status().message().find(dir_ + "/no-such-layer"), std::string::npos)
       << box.status().message();
   // TearDown checks directories, mounts and cgroups.
 }
@@ -233,6 +245,291 @@ TEST_F(RuntimeTest, OrphansOfADeadOwnerAreReaped) {
   struct stat st;
   EXPECT_EQ(::stat(mine->dir.c_str(), &st), 0);
   EXPECT_TRUE(rt_->Destroy(*mine).ok());
+}
+
+// Runs argv in the box and returns its output (stdout and stderr) and exit code.
+struct Ran {
+  std::string out;
+  int64_t code = -1;
+};
+Ran RunIn(const Box& box, const std::vector<std::string>& argv, int timeout_ms = 20000) {
+  Ran ran;
+  auto conn = protocol::AgentConnection::Connect(box.agent_socket);
+  if (!conn.ok()) return ran;
+  protocol::Writer w;
+  for (const auto& a : argv) w.Str(Tag::kArgv, a);
+  w.Str(Tag::kEnv, "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin");
+  if (!conn->Call(Type::kSpawn, w).ok()) return ran;
+  for (;;) {
+    auto f = conn->Receive(timeout_ms);
+    if (!f.ok()) return ran;
+    if (f->type() == Type::kOutput) ran.out += f->fields.Str(Tag::kData);
+    if (f->type() == Type::kExit) {
+      ran.code = f->fields.Int(Tag::kExitCode);
+      return ran;
+    }
+  }
+}
+
+// A runtime whose boxes take private id ranges from a pool in a real store.
+class PooledRuntimeTest : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    RuntimeTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    store_ = std::move(st).value();
+    auto pool = sandbox::StoreIdPool::Make(*store_, {}, 1000000);
+    ASSERT_TRUE(pool.ok()) << pool.status().message();
+    pool_ = std::move(pool).value();
+    NativeConfig cfg = rt_->config();
+    cfg.id_pool = pool_.get();
+    auto rt = NativeRuntime::Open(cfg);
+    ASSERT_TRUE(rt.ok()) << rt.status().message();
+    rt_ = std::move(rt).value();
+    ASSERT_TRUE(rt_->idmapped()) << "idmapped mounts must work on this kernel (>= 5.19)";
+  }
+  size_t Slots() { return store_->ListIdSlots().value().size(); }
+
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<sandbox::StoreIdPool> pool_;
+};
+
+uid_t UsernsOwner(pid_t pid) {
+  UniqueFd ns(::open(("/proc/" + std::to_string(pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+  uid_t owner = static_cast<uid_t>(-1);
+  if (!ns || ::ioctl(ns.get(), NS_GET_OWNER_UID, &owner) != 0) return static_cast<uid_t>(-1);
+  return owner;
+}
+
+TEST_F(PooledRuntimeTest, EachBoxHasItsOwnHostIdsAndUserNamespaceOwner) {
+  auto a = rt_->Create(Spec());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  auto b = rt_->Create(Spec());
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(a->idmapped);
+  EXPECT_EQ(a->id_base, 0x10000000u);  // slot 0 of the default pool
+  EXPECT_EQ(b->id_base, 0x10000000u + kIdRange);
+  EXPECT_EQ(Slots(), 2u);
+  for (const Box* box : {&*a, &*b}) {
+    // Root of each box is its own host id: a file it writes is owned by its own range.
+    Ran r = RunIn(*box, {"/bin/sh", "-c",
+                         "echo hi > /tmp/mine && chown 1000:1000 /tmp/mine && "
+                         "touch /tmp/root-owned && id -u"});
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out, "0\n");
+    struct stat st {};
+    ASSERT_EQ(::stat((box->dir + "/fs/upper/tmp/mine").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, box->id_base + 1000);
+    EXPECT_EQ(st.st_gid, box->id_base + 1000);
+    ASSERT_EQ(::stat((box->dir + "/fs/upper/tmp/root-owned").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, box->id_base);
+    // The user namespace belongs to the box's root, so the kernel's per-user counters are its.
+    EXPECT_EQ(UsernsOwner(box->init_pid), box->id_base);
+    // Host files idmapped: root's files are root's inside (not nobody).
+    r = RunIn(*box, {"stat", "-c", "%u:%g", "/usr/bin/passwd", "/etc/passwd"});
+    EXPECT_EQ(r.out, "0:0\n0:0\n");
+    // Its own kernel limits, and no nested user namespaces.
+    r = RunIn(*box, {"cat", "/proc/sys/user/max_user_namespaces",
+                     "/proc/sys/user/max_inotify_instances"});
+    EXPECT_EQ(r.out, "0\n128\n");
+    r = RunIn(*box, {"unshare", "-U", "true"});
+    EXPECT_NE(r.code, 0);
+    // /usr stays read-only for root inside, though its files are root's there.
+    r = RunIn(*box, {"/bin/sh", "-c", "touch /usr/bin/passwd"});
+    EXPECT_NE(r.code, 0);
+    // The agent is never the OOM killer's choice.
+    auto adj = ReadFile("/proc/" + std::to_string(box->init_pid) + "/oom_score_adj");
+    ASSERT_TRUE(adj.ok());
+    if (rt_->protects_agent()) {
+      EXPECT_EQ(*adj, "-1000\n");
+    } else {
+      // This host withholds CAP_SYS_RESOURCE from root: the score cannot be lowered here.
+      std::cerr << "note: no CAP_SYS_RESOURCE, oom_score_adj of the agent is " << *adj;
+    }
+  }
+  EXPECT_TRUE(rt_->Destroy(*a).ok());
+  EXPECT_EQ(Slots(), 1u);
+  // The lowest free slot is reused.
+  auto c = rt_->Create(Spec());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->id_base, 0x10000000u);
+  EXPECT_TRUE(rt_->Destroy(*b).ok());
+  EXPECT_TRUE(rt_->Destroy(*c).ok());
+  EXPECT_EQ(Slots(), 0u);
+}
+
+// A template layer as templates store them: real owners (root), below root-only directories.
+TEST_F(PooledRuntimeTest, RootOwnedLayerBelowPrivateDirectoriesIsRootsInside) {
+  std::string layer = dir_ + "/private/cache/layer";
+  ASSERT_TRUE(MakeDirs(layer + "/opt/secret", 0700).ok());
+  ASSERT_EQ(::chmod((dir_ + "/private").c_str(), 0700), 0);
+  ASSERT_EQ(::chmod((dir_ + "/private/cache").c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(layer.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((layer + "/opt").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(layer + "/opt/secret/data", "layer data\n", 0600).ok());
+  BoxSpec spec = Spec();
+  spec.layers.insert(spec.layers.begin(), layer);
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  Ran r = RunIn(*box, {"stat", "-c", "%u:%g %a", "/opt/secret", "/opt/secret/data"});
+  EXPECT_EQ(r.out, "0:0 700\n0:0 600\n");
+  // Copy-up of a root-only file by root inside; the layer itself is untouched.
+  r = RunIn(*box, {"/bin/sh", "-c", "echo more >> /opt/secret/data && cat /opt/secret/data"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "layer data\nmore\n");
+  auto untouched = ReadFile(layer + "/opt/secret/data");
+  ASSERT_TRUE(untouched.ok());
+  EXPECT_EQ(*untouched, "layer data\n");
+  struct stat st {};
+  ASSERT_EQ(::stat((box->dir + "/fs/upper/opt/secret/data").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, box->id_base);
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+}
+
+// Threat 46: nothing under the run directory is reachable by another host user, so a set-id file
+// a box writes in its layer cannot be run from the host.
+TEST_F(PooledRuntimeTest, HostUsersCannotReachTheRunDirectory) {
+  auto box = rt_->Create(Spec());
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  Ran r = RunIn(*box, {"/bin/sh", "-c", "cp /bin/true /tmp/suid && chmod 4755 /tmp/suid"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  struct stat st {};
+  ASSERT_EQ(::stat(rt_->config().run_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, 0u);
+  for (uid_t uid : {uid_t{65534}, uid_t{box->id_base}, uid_t{box->id_base + 1000}}) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 ||
+          ::setresuid(uid, uid, uid) != 0)
+        _exit(2);
+      struct stat s {};
+      for (const std::string& p : {rt_->config().run_dir + "/" + box->id, box->dir + "/fs",
+                                   box->dir + "/fs/upper/tmp/suid", box->agent_socket}) {
+        if (::stat(p.c_str(), &s) == 0 || errno != EACCES) _exit(1);
+      }
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "uid " << uid << " reached it";
+  }
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+}
+
+// Item 8 of issue 9: one box exhausting its inotify instances leaves another box's untouched
+// (each user namespace is owned by its own host id, whose per-user counter is its own).
+TEST_F(PooledRuntimeTest, InotifyExhaustionInOneBoxLeavesTheOtherAlone) {
+  auto a = rt_->Create(Spec());
+  auto b = rt_->Create(Spec());
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string hog =
+      "import ctypes, os, sys, time\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\n"
+      "n = 0\n"
+      "while libc.inotify_init() >= 0: n += 1\n"
+      "print(n, os.strerror(ctypes.get_errno()), flush=True)\n";
+  // The hog keeps its instances: it is still running (and holding them) when b tries.
+  auto conn = protocol::AgentConnection::Connect(a->agent_socket);
+  ASSERT_TRUE(conn.ok());
+  protocol::Writer w;
+  w.Str(Tag::kArgv, "python3")
+      .Str(Tag::kArgv, "-c")
+      .Str(Tag::kArgv, hog + "sys.stdin.read()\n")
+      .Str(Tag::kEnv, "PATH=/usr/bin:/bin");
+  w.Int(Tag::kStdinOpen, 1);
+  ASSERT_TRUE(conn->Call(Type::kSpawn, w).ok());
+  std::string out;
+  while (out.find('\n') == std::string::npos) {
+    auto f = conn->Receive(20000);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    if (f->type() == Type::kOutput) out += f->fields.Str(Tag::kData);
+    ASSERT_NE(f->type(), Type::kExit) << out;
+  }
+  EXPECT_NE(out.find("Too many open files"), std::string::npos) << out;
+  EXPECT_LE(std::atoi(out.c_str()), 128);
+  Ran r = RunIn(*b, {"python3", "-c", hog});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_GE(std::atoi(r.out.c_str()), 100) << r.out;  // b has (nearly) its whole budget
+  // And the host (this process, root) still has its own.
+  int fd = ::inotify_init1(IN_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  if (fd >= 0) ::close(fd);
+  EXPECT_TRUE(rt_->Destroy(*a).ok());
+  EXPECT_TRUE(rt_->Destroy(*b).ok());
+}
+
+TEST_F(PooledRuntimeTest, RangesOfReapedOrphansAndVanishedBoxesAreReleased) {
+  NativeConfig cfg = rt_->config();
+  Box orphan;
+  {
+    auto other = NativeRuntime::Open(cfg);
+    ASSERT_TRUE(other.ok());
+    auto box = (*other)->Create(Spec());
+    ASSERT_TRUE(box.ok()) << box.status().message();
+    orphan = *box;
+  }  // its owner is gone: the lock is released, the box keeps running
+  // A range whose box directory vanished (a process died between removing it and releasing).
+  ASSERT_TRUE(store_->AcquireIdSlot("ghost", 8192).ok());
+  EXPECT_EQ(Slots(), 2u);
+  auto reaped = rt_->ReapOrphans("run");
+  ASSERT_TRUE(reaped.ok()) << reaped.status().message();
+  EXPECT_EQ(*reaped, 1);
+  // Killed (it is our child, so reaping it proves it died).
+  EXPECT_EQ(::waitpid(orphan.init_pid, nullptr, 0), orphan.init_pid);
+  EXPECT_EQ(Slots(), 0u);
+}
+
+TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
+  BoxSpec spec = Spec();
+  spec.limits.disk_bytes = 64 << 20;
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  struct stat st {};
+  ASSERT_EQ(::stat((box->dir + "/disk.img").c_str(), &st), 0);
+  EXPECT_GE(static_cast<int64_t>(st.st_blocks) * 512, spec.limits.disk_bytes);
+  Ran r = RunIn(*box, {"/bin/sh", "-c", "echo x > /root/f && stat -c %u /root/f"});
+  EXPECT_EQ(r.out, "0\n");
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+  // A disk that cannot fit is refused before anything is allocated.
+  spec = Spec();
+  spec.limits.disk_bytes = int64_t{1} << 50;  // 1 PiB
+  auto huge = rt_->Create(spec);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().err(), ENOSPC) << huge.status().message();
+  EXPECT_NE(huge.status().message().find("bytes free"), std::string::npos);
+  EXPECT_EQ(Slots(), 0u);
+}
+
+// The loud fallback: no idmapped mounts, every box at the shared base, layers as shifted copies.
+TEST_F(RuntimeTest, FallbackWithoutIdmapStillRunsABox) {
+  NativeConfig cfg = rt_->config();
+  cfg.idmap = false;
+  auto rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  EXPECT_FALSE((*rt)->idmapped());
+  auto box = (*rt)->Create(Spec());
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  EXPECT_FALSE(box->idmapped);
+  EXPECT_EQ(box->id_base, cfg.id_base);
+  Ran r = RunIn(*box, {"/bin/sh", "-c", "echo x > /root/f && stat -c %u:%g /etc/passwd /root/f"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "0:0\n0:0\n");
+  // The shifted copy is root-only on the host.
+  struct stat st {};
+  ASSERT_EQ(::stat((tmpl_.layers[0] + ".shift-" + std::to_string(cfg.id_base)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, 0u);
+  ASSERT_EQ(
+      ::stat(
+          (tmpl_.layers[0] + ".shift-" + std::to_string(cfg.id_base) + "/root/etc/passwd").c_str(),
+          &st),
+      0);
+  EXPECT_EQ(st.st_uid, cfg.id_base);
+  EXPECT_TRUE((*rt)->Destroy(*box).ok());
 }
 
 }  // namespace

@@ -61,6 +61,8 @@ json SandboxJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
             {"public_ports", r.public_ports},
             {"owner_key_id", r.owner_key_id},
+            {"id_base", r.id_base},
+            {"idmapped", r.idmapped},
             {"traffic_token",
              owner ? json(TrafficToken(ctx.secret, r.owner_key_id, r.id)) : json(nullptr)}};
   if (!r.error.empty()) j["error"] = r.error;

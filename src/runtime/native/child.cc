@@ -48,6 +48,10 @@ const char* ChildStepName(int32_t step) {
       return "exec sbx-agent";
     case kStepLoopback:
       return "bring up the loopback interface";
+    case kStepUserLimits:
+      return "set the user namespace's limits (/proc/sys/user)";
+    case kStepBoxDir:
+      return "enter the box directory";
     default:
       return "unknown step";
   }
@@ -63,7 +67,7 @@ ChildPlan ChildPlanStorage::Build(const std::vector<MountOp>& ops, const std::st
   auto c = [](const std::string& s) -> const char* { return s.empty() ? nullptr : s.c_str(); };
   for (const auto& op : ops_) {
     cops_.push_back({op.kind, c(op.source), op.target.c_str(), c(op.fstype), op.flags, c(op.data),
-                     op.optional});
+                     op.optional, op.fd_index});
   }
   argv_strings_ = argv;
   argv_.clear();
@@ -99,8 +103,60 @@ size_t Len(const char* s) {
   return n;
 }
 
-int RunOp(const ChildPlan::Op& op) {
+// The descriptors received with the go-ahead: [0] the box directory, then the detached mounts.
+struct Received {
+  int fds[kMaxSetupFds];
+  size_t count;
+};
+
+// Takes the parent's go-ahead byte and the descriptors that come with it. 0 or an errno.
+int ReceiveSetup(int sock, Received& r, size_t want) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int) * kMaxSetupFds)];
+  msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = buf;
+  msg.msg_controllen = sizeof buf;
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return errno;
+  if (n != 1 || byte != 'g') return EPIPE;
+  r.count = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k && r.count < kMaxSetupFds; ++i)
+      memcpy(&r.fds[r.count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) || r.count != want) return EPROTO;
+  return 0;
+}
+
+int MoveMount(int fd, const char* target) {
+  if (syscall(SYS_move_mount, fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0) return errno;
+  return 0;
+}
+
+int WriteText(const char* path, const char* value) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  size_t len = Len(value);
+  ssize_t n = write(fd, value, len);
+  int err = n == static_cast<ssize_t>(len) ? 0 : (n < 0 ? errno : EIO);
+  close(fd);
+  return err;
+}
+
+int RunOp(const ChildPlan::Op& op, const Received& mounts) {
   switch (op.kind) {
+    case MountOp::Kind::kAttach:
+      if (op.fd_index < 0 || static_cast<size_t>(op.fd_index) + 1 >= mounts.count) return EBADF;
+      return MoveMount(mounts.fds[op.fd_index + 1], op.target);
     case MountOp::Kind::kMkdir:
       if (mkdir(op.target, 0755) != 0 && errno != EEXIST) return errno;
       return 0;
@@ -180,7 +236,7 @@ void RunChild(const ChildPlan& plan) {
 
   // Move every descriptor we keep far up first, so placing them at 0..5 cannot clobber another.
   ChildPlan p = plan;
-  int* fds[] = {&p.stdin_fd, &p.log_fd, &p.listen_fd, &p.status_fd, &p.go_fd, &p.agent_fd};
+  int* fds[] = {&p.stdin_fd, &p.log_fd, &p.listen_fd, &p.status_fd, &p.setup_fd, &p.agent_fd};
   for (int* fd : fds) {
     int moved = fcntl(*fd, F_DUPFD_CLOEXEC, 1000);
     if (moved < 0) Fail(plan, kStepFds, errno);
@@ -189,28 +245,34 @@ void RunChild(const ChildPlan& plan) {
   if (Place(p.status_fd, 4, true) != 0) _exit(127);
   p.status_fd = 4;
 
-  // Wait until the parent has written our id maps and put us in our cgroups.
-  char go = 0;
-  ssize_t n;
-  do {
-    n = read(p.go_fd, &go, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) Fail(p, kStepWaitParent, n < 0 ? errno : EPIPE);
-  close(p.go_fd);
+  // Wait until the parent has written our id maps, put us in our cgroups and made our mounts.
+  static Received received;  // a copy-on-write page of our own: no allocation
+  if (int err = ReceiveSetup(p.setup_fd, received, 1 + p.mount_count))
+    Fail(p, kStepWaitParent, err);
+  close(p.setup_fd);
 
   if (int err = SetRootIds()) Fail(p, kStepSetIds, err);
   // After the id change, which clears the parent-death signal.
   if (p.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
     Fail(p, kStepSetIds, errno);
   if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
+  // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
+  // per user namespace: the host's values are not touched). After our own namespaces exist.
+  for (size_t i = 0; i < p.sysctl_count; ++i) {
+    if (int err = WriteText(p.sysctls[i].path, p.sysctls[i].value)) Fail(p, kStepUserLimits, err);
+  }
+  // Every path of the plan is relative to the box directory.
+  if (fchdir(received.fds[0]) != 0) Fail(p, kStepBoxDir, errno);
+  close(received.fds[0]);
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Fail(p, kStepPrivate, errno);
 
   for (size_t i = 0; i < p.op_count; ++i) {
-    int err = RunOp(p.ops[i]);
+    int err = RunOp(p.ops[i], received);
     if (err == 0 || (err == ENOENT && p.ops[i].optional)) continue;
     Fail(p, static_cast<int32_t>(i), err);
   }
 
+  for (size_t i = 1; i < received.count; ++i) close(received.fds[i]);
   if (chdir(p.root) != 0) Fail(p, kStepPivot, errno);
   if (syscall(SYS_pivot_root, ".", ".") != 0) Fail(p, kStepPivot, errno);
   if (umount2(".", MNT_DETACH) != 0) Fail(p, kStepPivot, errno);
@@ -241,6 +303,48 @@ void RunChild(const ChildPlan& plan) {
 
   syscall(SYS_execveat, 5, "", p.argv, p.envp, AT_EMPTY_PATH);
   Fail(p, kStepExec, errno);
+}
+
+const char* ProbeStepName(int step) {
+  switch (step) {
+    case 1:
+      return "receive the layer";
+    case 2:
+      return "become root in the user namespace";
+    case 3:
+      return "enter the probe directory";
+    case 4:
+      return "make mounts private";
+    case 5:
+      return "attach the idmapped layer";
+    case 6:
+      return "mount an overlay over the idmapped layer";
+    case 7:
+      return "the layer's root-owned file is not root's inside";
+    case 8:
+      return "copy up the layer's file";
+    default:
+      return "killed";
+  }
+}
+
+void RunProbeChild(int sock) {
+  static Received received;
+  if (ReceiveSetup(sock, received, 2) != 0) _exit(1);
+  if (SetRootIds() != 0) _exit(2);
+  if (fchdir(received.fds[0]) != 0) _exit(3);
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) _exit(4);
+  if (MoveMount(received.fds[1], "lower") != 0) _exit(5);
+  if (mount("overlay", "merged", "overlay", MS_NOSUID | MS_NODEV,
+            "lowerdir=lower,upperdir=upper,workdir=work,userxattr") != 0)
+    _exit(6);
+  struct stat st;
+  if (stat("merged/f", &st) != 0 || st.st_uid != 0 || st.st_gid != 0) _exit(7);
+  int fd = open("merged/f", O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) _exit(8);
+  if (write(fd, "!", 1) != 1) _exit(8);
+  close(fd);
+  _exit(0);
 }
 
 }  // namespace sbx::runtime

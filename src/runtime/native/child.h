@@ -39,7 +39,13 @@ enum ChildStep : int32_t {
   kStepFds = -11,
   kStepExec = -12,
   kStepLoopback = -13,
+  kStepUserLimits = -14,
+  kStepBoxDir = -15,
 };
+
+// At most this many descriptors reach the child with its go-ahead: its box directory and one
+// detached mount per lower layer and bind.
+inline constexpr size_t kMaxSetupFds = 64;
 
 const char* ChildStepName(int32_t step);
 
@@ -54,10 +60,11 @@ struct ChildPlan {
     unsigned long flags;
     const char* data;
     bool optional;
+    int fd_index;  // kAttach: which received mount (0 = the first layer)
   };
   const Op* ops = nullptr;
   size_t op_count = 0;
-  const char* root = nullptr;  // new root (host path)
+  const char* root = nullptr;  // new root, relative to the box directory
   const char* hostname = nullptr;
   struct Rlimit {
     int resource;
@@ -65,6 +72,13 @@ struct ChildPlan {
   };
   const Rlimit* rlimits = nullptr;
   size_t rlimit_count = 0;
+  // Files of /proc/sys/user written inside the box's user namespace (its own limits).
+  struct Sysctl {
+    const char* path;
+    const char* value;
+  };
+  const Sysctl* sysctls = nullptr;
+  size_t sysctl_count = 0;
   const sock_fprog* seccomp = nullptr;
   CapabilityPlan caps;           // what root keeps (capabilities.h)
   bool die_with_parent = false;  // PR_SET_PDEATHSIG(SIGKILL)
@@ -74,8 +88,13 @@ struct ChildPlan {
   int log_fd = -1;
   int listen_fd = -1;
   int status_fd = -1;  // write end of the status pipe
-  int go_fd = -1;      // read end of the parent's go-ahead pipe
-  int agent_fd = -1;   // sealed memfd holding sbx-agent
+  // The child's end of a unix socket on which the parent sends its go-ahead (one byte, once the
+  // id maps are written) with 1 + mount_count descriptors: an O_PATH descriptor of the box's
+  // directory as seen in the child's own mount namespace (the child cannot walk host paths to
+  // it), then the detached mounts the ops attach.
+  int setup_fd = -1;
+  size_t mount_count = 0;
+  int agent_fd = -1;  // sealed memfd holding sbx-agent
   char* const* argv = nullptr;
   char* const* envp = nullptr;
 };
@@ -99,5 +118,11 @@ class ChildPlanStorage {
 
 // Runs in the child after clone(); never returns: execs sbx-agent or _exit(127)s.
 [[noreturn]] void RunChild(const ChildPlan& plan);
+
+// The child of ProbeIdmappedLayers (idmap.h): receives its directory and an idmapped layer on
+// `sock`, mounts an overlay over it and copies its file up. Exits 0 when all of it worked, else
+// the number of the step that failed (ProbeStepName).
+[[noreturn]] void RunProbeChild(int sock);
+const char* ProbeStepName(int step);
 
 }  // namespace sbx::runtime

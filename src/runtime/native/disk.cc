@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@ namespace {
 // Runs mke2fs without a shell; returns its stderr in the error on failure.
 Status Format(const std::string& image, uint32_t owner) {
   std::string opts = "root_owner=" + std::to_string(owner) + ":" + std::to_string(owner) +
-                     ",lazy_itable_init=1,lazy_journal_init=1";
+                     ",lazy_itable_init=1,lazy_journal_init=1,nodiscard";
   const char* argv[] = {"mke2fs", "-q", "-F",         "-t",          "ext4", "-m",
                         "0",      "-E", opts.c_str(), image.c_str(), nullptr};
   int err_pipe[2];
@@ -75,7 +76,28 @@ Status MountDiskImage(const std::string& image, const std::string& mountpoint, i
   {
     UniqueFd fd(::open(image.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!fd) return Status::Errno("create " + image);
-    if (::ftruncate(fd.get(), bytes) != 0) return Status::Errno("truncate " + image);
+    // Allocated for real, not sparse: a write the box's filesystem acknowledged can never fail
+    // later because the host's disk filled up meanwhile. The free-space check first, so an
+    // impossible size is refused without filling the host's disk on the way.
+    struct statvfs vfs {};
+    if (::fstatvfs(fd.get(), &vfs) != 0) return Status::Errno("statvfs " + image);
+    const uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (static_cast<uint64_t>(bytes) > avail) {
+      return Status::Error("disk of " + std::to_string(bytes) + " bytes does not fit: " +
+                               std::to_string(avail) + " bytes free for " + image,
+                           ENOSPC);
+    }
+    int rc;
+    do {
+      rc = ::fallocate(fd.get(), 0, 0, bytes);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      if (errno == ENOSPC)
+        return Status::Error("allocate " + std::to_string(bytes) + " bytes for " + image +
+                                 ": the data directory's filesystem is full",
+                             ENOSPC);
+      return Status::Errno("allocate " + std::to_string(bytes) + " bytes for " + image);
+    }
   }
   SBX_RETURN_IF_ERROR(Format(image, owner));
   auto loop = Attach(image);

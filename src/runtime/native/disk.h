@@ -9,7 +9,8 @@
 
 namespace sbx::runtime {
 
-// Creates a sparse `image` of `bytes`, formats it (ext4, no reserved blocks, root directory owned
+// Creates `image` of `bytes`, allocated for real (fallocate: ENOSPC, with how much is free, when
+// it does not fit; never sparse), formats it (ext4, no reserved blocks, root directory owned
 // by `owner`), attaches it to a free loop device with autoclear and mounts it on `mountpoint`
 // (nosuid, nodev). The loop device detaches itself once the last mount of it is gone, so callers
 // only ever unmount. On failure nothing is left attached or mounted (the image file may remain).

@@ -35,6 +35,15 @@ MountOp Mount(std::string source, std::string target, std::string fstype, unsign
   return op;
 }
 
+MountOp Attach(int fd_index, std::string source, std::string target) {
+  MountOp op;
+  op.kind = MountOp::Kind::kAttach;
+  op.fd_index = fd_index;
+  op.source = std::move(source);
+  op.target = std::move(target);
+  return op;
+}
+
 MountOp Simple(MountOp::Kind kind, std::string target, std::string source = "") {
   MountOp op;
   op.kind = kind;
@@ -75,6 +84,8 @@ std::string MountOp::Describe(const std::string& root) const {
       return "create " + strip(target);
     case Kind::kSymlink:
       return "symlink " + strip(target) + " -> " + source;
+    case Kind::kAttach:
+      return "attach " + source + " on " + strip(target);
     case Kind::kMount:
       break;
   }
@@ -87,24 +98,27 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
   std::vector<MountOp> ops;
   const std::string& r = in.root;
 
-  // Root: the template's layers under the box's own writable layer. userxattr: overlay is mounted
-  // from inside the user namespace, where trusted.* xattrs are not available.
+  // Root: the template's layers under the box's own writable layer. Each layer is a detached
+  // (idmapped) mount made by the parent, attached here on lower/<i>. userxattr: overlay is
+  // mounted from inside the user namespace, where trusted.* xattrs are not available.
   std::string lower;
-  for (const auto& l : in.layers) {
+  ops.push_back(Simple(MountOp::Kind::kMkdir, "lower"));
+  for (size_t i = 0; i < in.layers.size(); ++i) {
+    std::string at = "lower/" + std::to_string(i);
+    ops.push_back(Simple(MountOp::Kind::kMkdir, at));
+    ops.push_back(Attach(static_cast<int>(i), in.layers[i], at));
     if (!lower.empty()) lower += ':';
-    lower += OverlayEscape(l);
+    lower += at;
   }
   ops.push_back(Mount("overlay", r, "overlay", MS_NOSUID | MS_NODEV,
                       "lowerdir=" + lower + ",upperdir=" + OverlayEscape(in.upper) +
                           ",workdir=" + OverlayEscape(in.work) + ",userxattr"));
 
-  for (const auto& b : in.binds) {
+  // Binds arrive with their flags set (read-only ones: ro, nosuid, nodev, idmapped).
+  for (size_t i = 0; i < in.binds.size(); ++i) {
+    const auto& b = in.binds[i];
     ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target));
-    if (b.read_only) {
-      BindReadOnly(ops, b.source, r + b.target, MS_NOSUID | MS_NODEV, false);
-    } else {
-      ops.push_back(Mount(b.source, r + b.target, "", MS_BIND | MS_REC));
-    }
+    ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, r + b.target));
   }
 
   // /proc of the box's own pid namespace, with the host-revealing parts masked or read-only.

@@ -19,40 +19,43 @@ const MountOp* Find(const std::vector<MountOp>& ops, const std::string& target,
 }
 
 TEST(MountPlan, OverlayRootThenProcSysDev) {
-  MountPlanInput in{"/r", "/b/upper", "/b/work", {"/t/top", "/t/base"}, {{"/usr", "/usr", true}}};
+  MountPlanInput in{"r", "upper", "work", {"/t/top", "/t/base"}, {{"/usr", "/usr", true}}};
   auto ops = BuildMountPlan(in);
   ASSERT_FALSE(ops.empty());
-  EXPECT_EQ(ops[0].fstype, "overlay");
-  EXPECT_EQ(ops[0].target, "/r");
-  EXPECT_EQ(ops[0].data, "lowerdir=/t/top:/t/base,upperdir=/b/upper,workdir=/b/work,userxattr");
-  EXPECT_TRUE(ops[0].flags & MS_NOSUID);
-
-  // /usr is bound, then remounted read-only.
-  bool bound = false, ro = false;
-  for (const auto& op : ops) {
-    if (op.target != "/r/usr" || op.kind != MountOp::Kind::kMount) continue;
-    if ((op.flags & MS_BIND) && !(op.flags & MS_REMOUNT)) bound = true;
-    if ((op.flags & MS_REMOUNT) && (op.flags & MS_RDONLY)) ro = bound;
+  // Each layer is attached from its detached mount, in order, before the overlay uses it.
+  std::vector<std::pair<int, std::string>> attached;
+  size_t overlay_at = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == MountOp::Kind::kAttach) attached.push_back({ops[i].fd_index, ops[i].target});
+    if (ops[i].fstype == "overlay" && overlay_at == ops.size()) overlay_at = i;
   }
-  EXPECT_TRUE(ro);
+  ASSERT_LT(overlay_at, ops.size());
+  const MountOp& overlay = ops[overlay_at];
+  EXPECT_EQ(overlay.target, "r");
+  EXPECT_EQ(overlay.data, "lowerdir=lower/0:lower/1,upperdir=upper,workdir=work,userxattr");
+  EXPECT_TRUE(overlay.flags & MS_NOSUID);
+  // Layers 0 and 1, then /usr as mount 2 (after the overlay, on top of it).
+  std::vector<std::pair<int, std::string>> want = {{0, "lower/0"}, {1, "lower/1"}, {2, "r/usr"}};
+  EXPECT_EQ(attached, want);
+  EXPECT_EQ(ops[overlay_at - 1].target, "lower/1");
 
-  const MountOp* proc = Find(ops, "/r/proc", "proc");
+  const MountOp* proc = Find(ops, "r/proc", "proc");
   ASSERT_NE(proc, nullptr);
   EXPECT_TRUE(proc->flags & MS_NOEXEC);
-  const MountOp* sys = Find(ops, "/r/sys", "sysfs");
+  const MountOp* sys = Find(ops, "r/sys", "sysfs");
   ASSERT_NE(sys, nullptr);
   EXPECT_TRUE(sys->flags & MS_RDONLY);
-  const MountOp* kcore = Find(ops, "/r/proc/kcore");
+  const MountOp* kcore = Find(ops, "r/proc/kcore");
   ASSERT_NE(kcore, nullptr);
   EXPECT_EQ(kcore->source, "/dev/null");
-  const MountOp* pts = Find(ops, "/r/dev/pts", "devpts");
+  const MountOp* pts = Find(ops, "r/dev/pts", "devpts");
   ASSERT_NE(pts, nullptr);
   EXPECT_NE(pts->data.find("newinstance"), std::string::npos);
 
   // Every /proc/sys remount is read-only, and comes after the proc mount.
   size_t proc_at = static_cast<size_t>(proc - ops.data());
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].target == "/r/proc/sys" && (ops[i].flags & MS_REMOUNT)) {
+    if (ops[i].target == "r/proc/sys" && (ops[i].flags & MS_REMOUNT)) {
       EXPECT_GT(i, proc_at);
       EXPECT_TRUE(ops[i].flags & MS_RDONLY);
     }
@@ -60,7 +63,7 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
 }
 
 TEST(MountPlan, NoHostDeviceBeyondTheHarmlessOnes) {
-  auto ops = BuildMountPlan({"/r", "/u", "/w", {"/l"}, {}});
+  auto ops = BuildMountPlan({"r", "u", "w", {"/l"}, {}});
   for (const auto& op : ops) {
     if (op.kind == MountOp::Kind::kMount && (op.flags & MS_BIND) &&
         op.source.rfind("/dev/", 0) == 0) {
@@ -76,8 +79,8 @@ TEST(MountPlan, EscapesOverlayOptions) {
   MountOp op;
   op.kind = MountOp::Kind::kMount;
   op.fstype = "proc";
-  op.target = "/r/proc";
-  EXPECT_EQ(op.Describe("/r"), "mount proc on /proc");
+  op.target = "r/proc";
+  EXPECT_EQ(op.Describe("r"), "mount proc on /proc");
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -26,6 +29,7 @@
 #include "runtime/native/capabilities.h"
 #include "runtime/native/child.h"
 #include "runtime/native/disk.h"
+#include "runtime/native/idmap.h"
 #include "runtime/native/mount_plan.h"
 #include "runtime/native/seccomp_policy.h"
 
@@ -73,11 +77,6 @@ Result<UniqueFd> ListenUnix(const std::string& path) {
   return fd;
 }
 
-Status WriteIdMap(pid_t pid, const char* file, uint32_t base) {
-  std::string map = "0 " + std::to_string(base) + " " + std::to_string(kIdRange) + "\n";
-  return WriteFile("/proc/" + std::to_string(pid) + "/" + file, map);
-}
-
 // The box's mount namespace holds its own reference to the disk mount from the moment it has
 // made its mounts private, so the host's copy is detached as soon as the child is past setup (or
 // dead): it never stays in the host's mount table.
@@ -91,24 +90,6 @@ void KillAndReap(pid_t pid) {
   if (pid <= 0) return;
   ::kill(pid, SIGKILL);
   while (::waitpid(pid, nullptr, __WALL) < 0 && errno == EINTR) {
-  }
-}
-
-// The overlay is mounted by the box's root, an unprivileged host uid, so every directory above
-// the box directories (and the template layers beside them) must be searchable by others.
-Status CheckSearchable(const std::string& dir, uint32_t id_base) {
-  for (size_t pos = 1;; ++pos) {
-    pos = dir.find('/', pos);
-    std::string prefix = pos == std::string::npos ? dir : dir.substr(0, pos);
-    struct stat st {};
-    if (::stat(prefix.c_str(), &st) != 0) return Status::Errno("stat " + prefix);
-    if (!(st.st_mode & S_IXOTH)) {
-      return Status::Error(prefix + " is not searchable by the boxes' root (host uid " +
-                               std::to_string(id_base) +
-                               "): chmod o+x it or use another data directory",
-                           EACCES);
-    }
-    if (pos == std::string::npos) return {};
   }
 }
 
@@ -154,7 +135,21 @@ bool IsOrphan(const std::string& dir, const std::string& owner) {
   return text.ok() && *text == owner + "\n";
 }
 
+// The box's ids and mode, for whoever adopts it later.
+constexpr char kIdsFile[] = "/ids";
+
 }  // namespace
+
+// Values and reasons: docs/isolation.md, "Per-box kernel limits".
+const UserNamespaceLimit kUserNamespaceLimits[] = {
+    {"max_user_namespaces", "0"},     {"max_mnt_namespaces", "0"},
+    {"max_net_namespaces", "0"},      {"max_ipc_namespaces", "0"},
+    {"max_pid_namespaces", "0"},      {"max_uts_namespaces", "0"},
+    {"max_cgroup_namespaces", "0"},   {"max_time_namespaces", "0"},
+    {"max_inotify_instances", "128"}, {"max_inotify_watches", "65536"},
+    {"max_fanotify_groups", "16"},    {"max_fanotify_marks", "65536"},
+};
+const size_t kUserNamespaceLimitCount = std::size(kUserNamespaceLimits);
 
 Status ValidateBoxId(const std::string& id) {
   if (id.empty() || id.size() > 64 || id[0] == '-')
@@ -182,61 +177,137 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   if (!seccomp.ok()) return seccomp.status().Wrap("seccomp");
   const auto& caps = DefaultCapabilityPlan();
   if (!caps.ok()) return caps.status().Wrap("capabilities");
-  SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir, 0711));
-  SBX_RETURN_IF_ERROR(CheckSearchable(config.run_dir, config.id_base));
-  return std::unique_ptr<NativeRuntime>(
-      new NativeRuntime(config, std::move(cg).value(), std::move(image).value()));
+  // Root-only: nothing under it (writable layers with whatever set-id files a box made, agent
+  // sockets, logs) is reachable by any other host user. Boxes reach their own directory through
+  // a descriptor (see CreateIn).
+  SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir, 0700));
+  if (::chmod(config.run_dir.c_str(), 0700) != 0) return Status::Errno("chmod " + config.run_dir);
+  if (config.id_base == 0 || uint64_t{config.id_base} + kIdRange > UINT32_MAX)
+    return Status::Error("id base " + std::to_string(config.id_base) + " out of range", EINVAL);
+  bool idmapped = config.idmap;
+  std::vector<std::string> warnings;
+  const std::string range =
+      std::to_string(config.id_base) + ".." + std::to_string(config.id_base + kIdRange - 1);
+  if (idmapped) {
+    std::string scratch = config.run_dir + "/.idmap-probe-" + RandomId(8);
+    Status probe = ::mkdir(scratch.c_str(), 0700) == 0
+                       ? ProbeIdmappedLayers(scratch, config.id_base)
+                       : Status::Errno("mkdir " + scratch);
+    RemoveTree(scratch);
+    if (!probe.ok()) {
+      idmapped = false;
+      warnings.push_back("idmapped mounts do not work here (" + probe.message() +
+                         "): every box shares host ids " + range +
+                         ", layers are copied with shifted owners, host binds show nobody");
+    }
+  } else {
+    warnings.push_back("idmapped mounts turned off: every box shares host ids " + range +
+                       ", layers are copied with shifted owners, host binds show nobody");
+  }
+  auto rt = std::unique_ptr<NativeRuntime>(
+      new NativeRuntime(config, std::move(cg).value(), std::move(image).value(), idmapped));
+  rt->can_protect_agent_ = ::prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1;
+  if (!rt->can_protect_agent_) {
+    warnings.push_back(
+        "no CAP_SYS_RESOURCE: the boxes' agents keep the default OOM score (oom_score_adj -1000 "
+        "needs it)");
+  }
+  rt->warnings_ = std::move(warnings);
+  return rt;
 }
 
-NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image)
+NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image,
+                             bool idmapped)
     : config_(std::move(config)),
+      idmapped_(idmapped),
       cgroups_(std::move(cgroups)),
       agent_image_(std::move(agent_image)) {}
+
+Result<std::vector<std::string>> NativeRuntime::LayersFor(const BoxSpec& spec, uint32_t base) {
+  if (idmapped_) return spec.layers;
+  std::vector<std::string> out;
+  for (const auto& l : spec.layers) {
+    auto shifted = ShiftedLayer(l, base);
+    if (!shifted.ok()) return shifted.status();
+    out.push_back(*shifted);
+  }
+  return out;
+}
 
 Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("box " + spec.id + ": no rootfs layers", EINVAL);
+  if (1 + spec.layers.size() + spec.binds.size() > kMaxSetupFds)
+    return Status::Error("box " + spec.id + ": too many layers and binds", EINVAL);
+  if (spec.id_base != 0 && uint64_t{spec.id_base} + kIdRange > UINT32_MAX)
+    return Status::Error("box " + spec.id + ": id base out of range", EINVAL);
   Box box;
   box.id = spec.id;
   std::unique_ptr<Cgroup> cgroup;
-  auto r = CreateIn(spec, box, cgroup);
+  bool pooled = false;
+  auto r = CreateIn(spec, box, cgroup, pooled);
   if (!r.ok()) {
-    // Undo in reverse: the process (its namespaces and mounts go with it), cgroups, directory.
+    // Undo in reverse: the process (its namespaces and mounts go with it), cgroups, directory,
+    // and only once the directory is gone the id range.
     KillAndReap(box.init_pid);
     DetachDisk(box);
     if (cgroup) cgroup->Destroy();
-    if (!box.dir.empty()) RemoveTree(box.dir);
+    bool removed = box.dir.empty() || RemoveTree(box.dir).ok();
+    if (pooled && removed) (void)config_.id_pool->Release(spec.id);
     return r.status().Wrap("create box " + spec.id);
   }
   return r;
 }
 
-Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
-                                    std::unique_ptr<Cgroup>& cgroup) {
+Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup,
+                                    bool& pooled) {
   auto t = std::chrono::steady_clock::now();
   const std::string dir = config_.run_dir + "/" + spec.id;
-  if (::mkdir(dir.c_str(), 0711) != 0) return Status::Errno("mkdir " + dir);
+  if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
   box.dir = dir;  // from here on, failure removes it
   auto lock = LockOwner(dir, spec.owner);
   if (!lock.ok()) return lock.status();
-  const uint32_t root_id = config_.id_base;
-  if (::mkdir((dir + "/rootfs").c_str(), 0755) != 0)
-    return Status::Errno("mkdir " + dir + "/rootfs");
+  // The range is taken once the directory exists and given back only after it is gone, so a
+  // range held by no directory is free (ReapOrphans).
+  uint32_t own_base = spec.id_base;
+  if (own_base == 0 && config_.id_pool != nullptr) {
+    auto acquired = config_.id_pool->Acquire(spec.id);
+    if (!acquired.ok()) return acquired.status().Wrap("id range");
+    pooled = true;
+    own_base = *acquired;
+  }
+  if (own_base == 0) own_base = config_.id_base;
+  // The fallback maps every box at the shared base (its layers are shifted copies for that base);
+  // its user namespace is still owned by the box's own id, so kernel counters stay per box.
+  const uint32_t root_id = idmapped_ ? own_base : config_.id_base;
+  box.id_base = root_id;
+  box.idmapped = idmapped_;
+  SBX_RETURN_IF_ERROR(WriteFile(
+      dir + kIdsFile, std::to_string(root_id) + " " + (idmapped_ ? "1" : "0") + "\n", 0600));
+  // Everything the box's first process touches by path is below fs/, owned by the box's root.
+  const std::string fs = dir + "/fs";
+  for (const std::string& d : {fs, fs + "/rootfs"}) {
+    if (::mkdir(d.c_str(), 0700) != 0) return Status::Errno("mkdir " + d);
+    if (::chown(d.c_str(), root_id, root_id) != 0) return Status::Errno("chown " + d);
+  }
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
   // namespace has its own copy (see DetachDisk below).
-  std::string layer = dir;
+  std::string layer;  // relative to fs/
   if (spec.limits.disk_bytes > 0) {
-    layer = dir + "/disk";
-    if (::mkdir(layer.c_str(), 0755) != 0) return Status::Errno("mkdir " + layer);
-    SBX_RETURN_IF_ERROR(MountDiskImage(dir + "/disk.img", layer, spec.limits.disk_bytes, root_id));
-    box.disk_mount = layer;
+    layer = "disk/";
+    if (::mkdir((fs + "/disk").c_str(), 0700) != 0) return Status::Errno("mkdir " + fs + "/disk");
+    SBX_RETURN_IF_ERROR(
+        MountDiskImage(dir + "/disk.img", fs + "/disk", spec.limits.disk_bytes, root_id));
+    box.disk_mount = fs + "/disk";
   }
-  for (const char* sub : {"/upper", "/work"}) {
-    std::string p = layer + sub;
+  for (const char* sub : {"upper", "work"}) {
+    std::string p = fs + "/" + layer + sub;
     if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
     if (::chown(p.c_str(), root_id, root_id) != 0) return Status::Errno("chown " + p);
   }
+  auto layers = LayersFor(spec, root_id);
+  if (!layers.ok()) return layers.status();
   box.agent_socket = dir + "/agent.sock";
   auto listen = ListenUnix(box.agent_socket);
   if (!listen.ok()) return listen.status();
@@ -252,13 +323,14 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
   cgroup = std::move(cg).value();
   box.timings.cgroup_us = MicrosSince(t);
 
-  int status_pipe[2], go_pipe[2];
+  int status_pipe[2], setup[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
   UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
-  if (::pipe2(go_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
-  UniqueFd go_r(go_pipe[0]), go_w(go_pipe[1]);
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, setup) != 0)
+    return Status::Errno("socketpair");
+  UniqueFd setup_parent(setup[0]), setup_child(setup[1]);
 
-  MountPlanInput in{dir + "/rootfs", layer + "/upper", layer + "/work", spec.layers, spec.binds};
+  MountPlanInput in{"rootfs", layer + "upper", layer + "work", spec.layers, spec.binds};
   ChildPlanStorage storage;
   ChildPlan plan =
       storage.Build(BuildMountPlan(in), in.root, spec.hostname, {"sbx-agent", "--listen-fd", "3"});
@@ -273,6 +345,14 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
   };
   plan.rlimits = rlimits;
   plan.rlimit_count = std::size(rlimits);
+  std::vector<std::string> sysctl_paths;
+  std::vector<ChildPlan::Sysctl> sysctls;
+  for (size_t i = 0; i < kUserNamespaceLimitCount; ++i)
+    sysctl_paths.push_back(std::string("/proc/sys/user/") + kUserNamespaceLimits[i].name);
+  for (size_t i = 0; i < kUserNamespaceLimitCount; ++i)
+    sysctls.push_back({sysctl_paths[i].c_str(), kUserNamespaceLimits[i].value});
+  plan.sysctls = sysctls.data();
+  plan.sysctl_count = sysctls.size();
   plan.caps = DefaultCapabilityPlan().value();
   const sock_fprog prog = DefaultSeccompProgram().value().prog();
   plan.seccomp = &prog;
@@ -281,25 +361,65 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box,
   plan.log_fd = log.get();
   plan.listen_fd = listen->get();
   plan.status_fd = status_w.get();
-  plan.go_fd = go_r.get();
+  plan.setup_fd = setup_child.get();
+  plan.mount_count = spec.layers.size() + spec.binds.size();
   plan.agent_fd = agent_image_.get();
 
   constexpr unsigned long kFlags =
       CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
-  // A raw clone: fork semantics (copy-on-write memory, no new stack) without running glibc's
-  // atfork handlers, which are not async-signal-safe. The child only runs RunChild().
-  long pid = ::syscall(SYS_clone, kFlags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
-  if (pid < 0) return Status::Errno("clone");
+  // The user namespace is owned by the box's own host id, not root: the kernel charges per-user
+  // counters (inotify, user namespaces, processes) of everything in the box to that id.
+  long pid = CloneOwnedBy(kFlags, own_base);
+  if (pid < 0) return Status::Error("clone", static_cast<int>(-pid));
   if (pid == 0) RunChild(plan);
   box.init_pid = static_cast<pid_t>(pid);
   status_w.reset();
-  go_r.reset();
+  setup_child.reset();
 
-  SBX_RETURN_IF_ERROR(WriteIdMap(box.init_pid, "uid_map", root_id));
-  SBX_RETURN_IF_ERROR(WriteIdMap(box.init_pid, "gid_map", root_id));
+  SBX_RETURN_IF_ERROR(WriteIdMaps(box.init_pid, root_id));
   SBX_RETURN_IF_ERROR(cgroup->AddProcess(box.init_pid));
-  SBX_RETURN_IF_ERROR(WriteAll(go_w.get(), "g"));
-  go_w.reset();
+  // The agent is never the OOM killer's victim: a memory bomb in the box dies instead of it.
+  // Lowering a score needs CAP_SYS_RESOURCE, which some hosts withhold even from root (Open
+  // warns once); the box still works there, only without this protection.
+  if (Status adj = WriteFile("/proc/" + std::to_string(box.init_pid) + "/oom_score_adj", "-1000");
+      !adj.ok() && !(adj.err() == EACCES && !can_protect_agent_)) {
+    return adj;
+  }
+  // The mounts the child attaches: layers, then binds. Read-only ones are idmapped into the box's
+  // range (files show their real owners inside); writable binds never are (the box's root would
+  // write as the files' real owners).
+  std::vector<UniqueFd> mounts;
+  {
+    UniqueFd userns;
+    if (idmapped_) {
+      auto u = OpenUserNamespace(box.init_pid);
+      if (!u.ok()) return u.status();
+      userns = std::move(u).value();
+    }
+    constexpr uint64_t kRo = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    for (const auto& l : *layers) {
+      auto m = DetachedMount(l, kRo, userns ? userns.get() : -1);
+      if (!m.ok()) return m.status();
+      mounts.push_back(std::move(m).value());
+    }
+    for (const auto& b : spec.binds) {
+      auto m = b.read_only ? DetachedMount(b.source, kRo, userns ? userns.get() : -1)
+                           : DetachedMount(b.source, 0, -1);
+      if (!m.ok()) return m.status();
+      mounts.push_back(std::move(m).value());
+    }
+  }
+  // The box directory as the child's mount namespace sees it: the child (no capability on the
+  // host) could not walk the root-only run directory to it, and a descriptor of the host's copy
+  // would name mounts outside its namespace.
+  std::string fs_in_child = "/proc/" + std::to_string(box.init_pid) + "/root" + fs;
+  UniqueFd fs_fd(::open(fs_in_child.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!fs_fd) return Status::Errno("open " + fs_in_child);
+  std::vector<int> fds{fs_fd.get()};
+  for (const auto& m : mounts) fds.push_back(m.get());
+  SBX_RETURN_IF_ERROR(SendFds(setup_parent.get(), 'g', fds));
+  setup_parent.reset();
+  mounts.clear();
   box.timings.clone_us = MicrosSince(t);
 
   // EOF on the status pipe means the exec of the agent happened (the pipe is close-on-exec);
@@ -371,11 +491,16 @@ Status NativeRuntime::Destroy(const Box& box) {
   }
   Status cg = cgroup->Destroy();
   // A disk image still mounted on the host means its creator died mid-create.
-  ::umount2((config_.run_dir + "/" + box.id + "/disk").c_str(), MNT_DETACH);
+  ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
   {
     std::lock_guard<std::mutex> guard(mu_);
     owner_locks_.erase(box.id);
+  }
+  // The range is free only once nothing the box wrote is left on the host.
+  if (fs.ok() && config_.id_pool != nullptr) {
+    Status released = config_.id_pool->Release(box.id);
+    if (!released.ok()) return released.Wrap("destroy box " + box.id);
   }
   if (!cg.ok()) return cg.Wrap("destroy box " + box.id);
   if (!fs.ok()) return fs.Wrap("destroy box " + box.id);
@@ -407,6 +532,10 @@ Result<Box> NativeRuntime::Adopt(const std::string& id) {
   auto pid = ReadFile(box.dir + "/pid", 64);
   if (!pid.ok()) return Status::Error("adopt box " + id + ": no agent pid recorded", ESRCH);
   box.init_pid = static_cast<pid_t>(std::atoi(pid->c_str()));
+  if (auto ids = ReadFile(box.dir + kIdsFile, 64); ids.ok()) {
+    box.id_base = static_cast<uint32_t>(std::strtoul(ids->c_str(), nullptr, 10));
+    box.idmapped = ids->find(" 1") != std::string::npos;
+  }
   // The pid must still be this box's agent: alive, and in this box's cgroup (pids are reused).
   auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
   if (box.init_pid <= 0 || !cg.ok() || cg->find("/" + id + "\n") == std::string::npos)
@@ -432,6 +561,18 @@ Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
     Box box;
     box.id = id;
     if (Destroy(box).ok()) ++reaped;
+  }
+  // Ranges whose box directory is gone (a process died between removing it and releasing the
+  // range). A range is taken only after its directory exists, so this never frees a range that
+  // a box being created right now holds.
+  if (config_.id_pool != nullptr) {
+    auto holders = config_.id_pool->Holders();
+    if (!holders.ok()) return holders.status().Wrap("reap orphans");
+    for (const auto& id : *holders) {
+      struct stat st {};
+      if (::lstat((config_.run_dir + "/" + id).c_str(), &st) != 0 && errno == ENOENT)
+        SBX_RETURN_IF_ERROR(config_.id_pool->Release(id).Wrap("reap orphans"));
+    }
   }
   return reaped;
 }

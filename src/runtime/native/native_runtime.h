@@ -14,22 +14,38 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "runtime/id_pool.h"
 #include "runtime/native/cgroup.h"
 #include "runtime/runtime.h"
 
 namespace sbx::runtime {
 
 struct NativeConfig {
-  std::string run_dir = "/var/lib/sbx/run";  // per-box directories: <run_dir>/<id>/
+  std::string run_dir = "/var/lib/sbx/run";  // per-box directories: <run_dir>/<id>/ (root-only)
   std::string agent_path;                    // sbx-agent binary
   std::string cgroup_parent = "sbx";         // under the caller's own cgroup
-  // Root inside maps to host uid/gid id_base; ids 0..65535 inside map to id_base..id_base+65535.
+  // The shared legacy base: root inside a box maps to host uid/gid id_base (ids 0..65535 inside
+  // to id_base..id_base+65535) for boxes whose spec names no range when there is no pool, and for
+  // every box in the fallback (idmapped mounts unavailable or `idmap` false).
   uint32_t id_base = 1000000;
+  // Where boxes whose spec names no range get their private one (not owned; must outlive the
+  // runtime). nullptr: they share id_base.
+  IdPool* id_pool = nullptr;
+  // false forces the fallback (no idmapped mounts), as when Open's probe finds them unavailable.
+  bool idmap = true;
 };
 
-// The host uid that uid 0 inside a box maps to, for a given config (also used by templates to
-// give their files to the box's root).
+// How many host ids a box maps (uid and gid 0..65535 inside).
 inline constexpr uint32_t kIdRange = 65536;
+
+// The limits written to /proc/sys/user in every box's user namespace (docs/isolation.md,
+// "Per-box kernel limits"), as file name and value.
+struct UserNamespaceLimit {
+  const char* name;
+  const char* value;
+};
+extern const UserNamespaceLimit kUserNamespaceLimits[];
+extern const size_t kUserNamespaceLimitCount;
 
 class NativeRuntime : public Runtime {
  public:
@@ -47,13 +63,27 @@ class NativeRuntime : public Runtime {
   Result<std::vector<std::string>> ListBoxes() override;
 
   const NativeConfig& config() const { return config_; }
+  // Whether boxes get idmapped layers (false: the fallback, see NativeConfig::idmap).
+  bool idmapped() const { return idmapped_; }
+  // Whether the boxes' agents get oom_score_adj -1000 (needs CAP_SYS_RESOURCE on the host).
+  bool protects_agent() const { return can_protect_agent_; }
+  // What Open found missing (the idmap fallback first, when it is in effect), for the caller
+  // to log once: the runtime itself writes nothing to the process's stderr.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   const CgroupHost& cgroup_host() const { return cgroups_; }
 
  private:
-  NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image);
-  Result<Box> CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup);
+  NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image, bool idmapped);
+  Result<Box> CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup,
+                       bool& pooled);
+  // The read-only layers a box of host id `base` mounts: the spec's in idmapped mode, shifted
+  // copies in the fallback.
+  Result<std::vector<std::string>> LayersFor(const BoxSpec& spec, uint32_t base);
 
   NativeConfig config_;
+  const bool idmapped_;
+  bool can_protect_agent_ = true;  // this process may lower oom_score_adj (CAP_SYS_RESOURCE)
+  std::vector<std::string> warnings_;
   CgroupHost cgroups_;
   UniqueFd agent_image_;  // sealed memfd: what a box execs can never be changed from inside
   std::mutex mu_;
