@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <optional>
 
+#include "cli/template.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
 #include "storage/template.h"
+#include "store/store.h"
 
 namespace sbx::cli {
 namespace {
@@ -216,12 +218,25 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
   auto t_open = Clock::now();
-  storage::TemplateStore store{global.data_dir + "/templates", cfg.id_base};
-  auto tmpl = storage::ResolveTemplate(store, o.template_name);
+  // A local root action: a registered name, or a host path (see storage::ResolveLocalTemplate).
+  auto templates = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
+  if (!templates.ok()) {
+    Error(templates.status().message());
+    return kExitSbxError;
+  }
+  std::function<void()> drop_template;
+  auto tmpl = storage::ResolveLocalTemplate(CliTemplateStore(global.data_dir, 0), **templates,
+                                            o.template_name, &drop_template);
   if (!tmpl.ok()) {
     Error(tmpl.status().message());
     return kExitSbxError;
   }
+  struct DropTemplate {
+    std::function<void()>& f;
+    ~DropTemplate() {
+      if (f) f();
+    }
+  } drop_at_exit{drop_template};
   auto t_template = Clock::now();
 
   runtime::BoxSpec spec;

@@ -14,6 +14,7 @@
 #include "api/e2b/e2b.h"
 #include "api/http/server.h"
 #include "api/v1/api.h"
+#include "cli/template.h"
 #include "common/fs.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/manager.h"
@@ -103,8 +104,12 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   }
   sandbox::ManagerConfig mc;
   mc.default_timeout_ms = o.default_timeout_s * 1000;
-  sandbox::Manager manager(
-      mc, **rt, storage::TemplateStore{global.data_dir + "/templates", cfg.id_base}, **st);
+  storage::TemplateStore templates = CliTemplateStore(global.data_dir, o.template_cache_bytes);
+  if (s = RecordTemplateCacheBytes(templates); !s.ok()) {
+    std::fprintf(stderr, "sbx: template cache: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  sandbox::Manager manager(mc, **rt, templates, **st);
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

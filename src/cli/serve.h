@@ -14,6 +14,7 @@ struct ServeOptions {
   std::string unix_socket;                // optional, in addition
   int threads = 2;
   int64_t default_timeout_s = 300;
+  int64_t template_cache_bytes = 0;  // --template-cache-size; 0: storage's default (20 GiB)
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -11,6 +11,7 @@
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
 #include "storage/template.h"
+#include "store/store.h"
 
 namespace sbx::runtime {
 namespace {
@@ -32,7 +33,12 @@ class RuntimeTest : public ::testing::Test {
     auto rt = NativeRuntime::Open(cfg);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
     rt_ = std::move(rt).value();
-    auto t = storage::ResolveTemplate({dir_ + "/templates", cfg.id_base}, "host");
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    storage::TemplateStore ts;
+    ts.dir = dir_ + "/templates";
+    ts.shifted_copy_base = cfg.id_base;
+    auto t = storage::ResolveTemplate(ts, **st, "host", "");
     ASSERT_TRUE(t.ok()) << t.status().message();
     tmpl_ = *t;
   }
