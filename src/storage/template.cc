@@ -650,6 +650,10 @@ Status TemplateNotFound(const std::string& name) {
   return Status::Error("template not found: " + name, EINVAL);
 }
 
+bool IsTemplateNotFound(const Status& s) {
+  return s.err() == EINVAL && s.what().rfind("template not found: ", 0) == 0;
+}
+
 std::string LayerDir(const TemplateStore& ts, const std::string& id) {
   return LayersRoot(ts) + "/" + id;
 }

@@ -54,8 +54,10 @@ struct TemplateStore {
 // Never a path: no '/', no leading '.'.
 bool IsValidTemplateName(std::string_view name);
 
-// The error every facade turns into 400 "template not found: NAME" (errno EINVAL).
+// The error every facade turns into 400 with the message "template not found: NAME", exactly
+// (its what(); errno EINVAL). IsTemplateNotFound tells it from other errors.
 Status TemplateNotFound(const std::string& name);
+bool IsTemplateNotFound(const Status& s);
 
 // Resolves the registered template `name` (or an alias of it) for sandbox `pin_for`: its layers
 // are pinned for that sandbox in the store (kept until it is no longer live) in the same

@@ -8,6 +8,7 @@
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
 #include "common/encoding.h"
+#include "storage/template.h"
 
 namespace sbx::api::e2b {
 namespace {
@@ -190,6 +191,8 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
   sandbox::QuotaExceeded quota;
   auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
+  if (storage::IsTemplateNotFound(rec.status()))
+    co_return co_await Error(ex, 400, rec.status().what());
   if (!rec.ok()) {
     if (rec.status().err() == EAGAIN) {
       http::Headers h = {
