@@ -30,6 +30,7 @@
 #include "common/fs.h"
 #include "runtime/native/native_runtime.h"
 #include "storage/template.h"
+#include "store/store.h"
 
 namespace {
 
@@ -241,7 +242,12 @@ int main(int argc, char** argv) {
     out["error"] = "open runtime: " + rt.status().message();
     rc = 1;
   } else {
-    auto tmpl = sbx::storage::ResolveTemplate({dir + "/templates", cfg.id_base}, "host");
+    sbx::storage::TemplateStore ts;
+    ts.dir = dir + "/templates";
+    ts.shifted_copy_base = cfg.id_base;
+    auto registry = sbx::store::Store::Open(dir + "/sbx.db");
+    auto tmpl = registry.ok() ? sbx::storage::ResolveTemplate(ts, **registry, "host", "")
+                              : sbx::Result<sbx::storage::Template>(registry.status());
     if (!tmpl.ok()) {
       out["error"] = "template: " + tmpl.status().message();
       rc = 1;

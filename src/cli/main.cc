@@ -1,10 +1,13 @@
 // sbx: the command-line entry point. Verbs: run (one-shot box), serve (the daemon) and the
 // client verbs that talk to it (cli/verbs.h).
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <cstdlib>
 
 #include "cli/run.h"
 #include "cli/serve.h"
+#include "cli/template.h"
+#include "cli/units.h"
 #include "cli/verbs.h"
 
 int main(int argc, char** argv) {
@@ -23,7 +26,7 @@ int main(int argc, char** argv) {
   CLI::App* r =
       app.add_subcommand("run", "Run a command in a new box and remove the box afterwards");
   r->add_option("--template", run.template_name,
-                "host (default), a rootfs directory, or a rootfs tarball (.tar[.gz|.zst|.xz])")
+                "host (default), a registered template, a rootfs directory or a tarball path")
       ->capture_default_str();
   r->add_option("--memory", run.memory, "Memory limit, e.g. 512M or 2G (swap is off)");
   r->add_option("--cpus", run.cpus, "CPU quota in cores, e.g. 0.5 or 2");
@@ -59,9 +62,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   sv->add_flag("--no-idmap", serve.no_idmap,
                "No idmapped mounts: every box shares one id range (the fallback, for testing)");
+  std::string template_cache_size;
+  sv->add_option("--template-cache-size", template_cache_size,
+                 "Bound of the unpacked template layers, e.g. 20G (default 20G)");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);
+  sbx::cli::RegisterTemplateVerbs(app, global, client_verbs);
 
   try {
     app.parse(argc, argv);
@@ -70,7 +77,18 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : sbx::cli::kExitSbxError;
   }
   if (r->parsed()) return sbx::cli::RunCommand(global, run);
-  if (sv->parsed()) return sbx::cli::ServeCommand(global, serve);
+  if (sv->parsed()) {
+    if (!template_cache_size.empty()) {
+      auto n = sbx::cli::ParseSize(template_cache_size);
+      if (!n.ok() || *n <= 0) {
+        std::fprintf(stderr, "sbx: --template-cache-size: expected a size such as 20G, got '%s'\n",
+                     template_cache_size.c_str());
+        return sbx::cli::kExitSbxError;
+      }
+      serve.template_cache_bytes = *n;
+    }
+    return sbx::cli::ServeCommand(global, serve);
+  }
   if (auto code = client_verbs.Run()) return *code;
   return 0;
 }

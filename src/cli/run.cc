@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "cli/template.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
 #include "common/fs.h"
@@ -243,13 +244,25 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
   auto t_open = Clock::now();
-  // Real owners in template layers (id base 0): the runtime idmaps them into the box's range.
-  storage::TemplateStore store{global.data_dir + "/templates", 0};
-  auto tmpl = storage::ResolveTemplate(store, o.template_name);
+  // A local root action: a registered name, or a host path (see storage::ResolveLocalTemplate).
+  auto templates = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
+  if (!templates.ok()) {
+    Error(templates.status().message());
+    return kExitSbxError;
+  }
+  std::function<void()> drop_template;
+  auto tmpl = storage::ResolveLocalTemplate(CliTemplateStore(global.data_dir, 0), **templates,
+                                            o.template_name, &drop_template);
   if (!tmpl.ok()) {
     Error(tmpl.status().message());
     return kExitSbxError;
   }
+  struct DropTemplate {
+    std::function<void()>& f;
+    ~DropTemplate() {
+      if (f) f();
+    }
+  } drop_at_exit{drop_template};
   auto t_template = Clock::now();
 
   runtime::BoxSpec spec;

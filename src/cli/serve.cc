@@ -15,6 +15,7 @@
 #include "api/http/server.h"
 #include "api/v1/api.h"
 #include "cli/units.h"
+#include "cli/template.h"
 #include "common/fs.h"
 #include "common/secret.h"
 #include "runtime/native/native_runtime.h"
@@ -150,8 +151,12 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: api key: %s\n", s.message().c_str());
     return kExitSbxError;
   }
-  sandbox::Manager manager(
-      mc, **rt, storage::TemplateStore{global.data_dir + "/templates", 0}, **st);
+  storage::TemplateStore templates = CliTemplateStore(global.data_dir, o.template_cache_bytes);
+  if (s = RecordTemplateCacheBytes(templates); !s.ok()) {
+    std::fprintf(stderr, "sbx: template cache: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
+  sandbox::Manager manager(mc, **rt, templates, **st);
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

@@ -20,6 +20,7 @@ struct ServeOptions {
   uint32_t id_pool_base = 0x10000000;
   uint32_t id_pool_size = 8192;
   bool no_idmap = false;  // force the runtime's fallback (shared ids, shifted layer copies)
+  int64_t template_cache_bytes = 0;  // --template-cache-size; 0: storage's default (20 GiB)
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -201,6 +201,9 @@ void Manager::Audit(const std::string& type, const std::string& sandbox_id,
 }
 
 Status Manager::Reconcile() {
+  // Template layer pins of creates that died before recording their sandbox (none is in flight).
+  if (auto dropped = store_.DropOrphanPins(); !dropped.ok())
+    return dropped.status().Wrap("reconcile");
   auto live = store_.ListLiveSandboxes();
   if (!live.ok()) return live.status().Wrap("reconcile");
   std::set<std::string> kept;
@@ -334,9 +337,6 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
                          EAGAIN);
   }
 
-  auto tmpl = storage::ResolveTemplate(templates_, tmpl_name);
-  if (!tmpl.ok()) return Status::Error(tmpl.status().message(), EINVAL);
-
   // The disk is promised from the check until the box exists (its image then takes the space),
   // so creates running at the same time cannot all be promised the same free space. The check
   // and the promise happen under one lock.
@@ -357,9 +357,13 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   }
   disk_lock.unlock();
 
+  // Registered names only (EINVAL "template not found: NAME" otherwise); the layers are pinned
+  // for this sandbox id, so removing the template leaves them until the sandbox has ended.
   SandboxRecord rec;
   rec.id = RandomId(20);
-  rec.template_name = tmpl_name;
+  auto tmpl = storage::ResolveTemplate(templates_, store_, tmpl_name, rec.id);
+  if (!tmpl.ok()) return tmpl.status();
+  rec.template_name = tmpl->name;
   rec.state = store::kStateCreating;
   rec.owner_key_id = key.id;
   rec.metadata = req.metadata;

@@ -5,10 +5,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 
 #include "common/fd.h"
@@ -18,7 +22,7 @@ namespace sbx::storage {
 namespace {
 
 // Bump when the host template's content changes, so old caches are not reused.
-constexpr const char* kHostTemplateVersion = "host-template-1";
+constexpr const char* kHostTemplateVersion = "host-template-2";  // 2: real ownership
 
 // Host /etc entries copied into the host template: configuration programs need and that holds
 // no secrets. Everything else of the host's /etc (shadow, ssh keys, credentials in npmrc,
@@ -116,7 +120,7 @@ Status CopyHostEntry(const std::string& src, const std::string& dst) {
   return WriteFile(dst, *content, st.st_mode & 0755);
 }
 
-// Gives every entry below `path` to the box's root (or, under home/user, to `user`).
+// Gives every entry below `path` to `uid` (and its group).
 Status ChownTree(const std::string& path, uid_t uid) {
   if (::lchown(path.c_str(), uid, uid) != 0) return Status::Errno("chown " + path);
   struct stat st {};
@@ -151,7 +155,7 @@ std::string ResolvConf() {
   return out;
 }
 
-Status BuildHostLayer(const std::string& root, uint32_t id_base) {
+Status BuildHostLayer(const std::string& root) {
   for (const char* d :
        {"etc", "etc/ssl", "etc/ssl/certs", "usr",       "home",    "home/user", "tmp",
         "var", "var/tmp", "var/lib",       "var/cache", "var/log", "root",      "proc",
@@ -178,8 +182,10 @@ Status BuildHostLayer(const std::string& root, uint32_t id_base) {
     if (::lstat(host.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
       SBX_RETURN_IF_ERROR(CopyHostEntry(host, root + "/" + l));
   }
-  SBX_RETURN_IF_ERROR(ChownTree(root, id_base));
-  SBX_RETURN_IF_ERROR(ChownTree(root + "/home/user", id_base + 1000));
+  // Real ownership: everything is root's (we are root), /home/user is the user's (uid 1000, as in
+  // the generated passwd). The runtime maps these ids into each box's range.
+  SBX_RETURN_IF_ERROR(ChownTree(root, 0));
+  SBX_RETURN_IF_ERROR(ChownTree(root + "/home/user", 1000));
   for (const char* d : {"tmp", "var/tmp"}) {
     if (::chmod((root + "/" + d).c_str(), 01777) != 0)
       return Status::Errno("chmod " + root + "/" + d);
@@ -188,14 +194,15 @@ Status BuildHostLayer(const std::string& root, uint32_t id_base) {
   return {};
 }
 
-// Builds a layer with `build` in a temporary directory beside `final_dir` and renames it into
-// place. If another process got there first, its layer is used and ours discarded.
+// Builds a directory with `build` in a temporary directory beside `final_dir` and renames it
+// into place. If another process got there first, its directory is used and ours discarded.
 template <typename F>
-Status BuildOnce(const std::string& final_dir, F build) {
+Status BuildOnce(const std::string& final_dir, F build, int mode = 0755) {
   struct stat st {};
   if (::stat(final_dir.c_str(), &st) == 0) return {};
   std::string tmp = final_dir + ".tmp-" + RandomId(8);
-  if (::mkdir(tmp.c_str(), 0755) != 0) return Status::Errno("mkdir " + tmp);
+  if (::mkdir(tmp.c_str(), mode) != 0) return Status::Errno("mkdir " + tmp);
+  if (::chmod(tmp.c_str(), mode) != 0) return Status::Errno("chmod " + tmp);
   Status s = build(tmp);
   if (s.ok() && ::rename(tmp.c_str(), final_dir.c_str()) != 0 && errno != EEXIST &&
       errno != ENOTEMPTY) {
@@ -243,62 +250,121 @@ bool SafeArchivePath(const std::string& name) {
   return true;
 }
 
-Status ExtractTarball(const std::string& tarball, const std::string& dest, uint32_t id_base) {
-  std::unique_ptr<archive, int (*)(archive*)> in(archive_read_new(), archive_read_free);
-  archive_read_support_format_all(in.get());
-  archive_read_support_filter_all(in.get());
-  if (archive_read_open_filename(in.get(), tarball.c_str(), 1 << 16) != ARCHIVE_OK)
-    return Status::Error(std::string("open ") + tarball + ": " + archive_error_string(in.get()),
-                         EINVAL);
+// What each entry costs beyond its data (a header, an inode): so that a million empty files
+// count too.
+constexpr int64_t kEntryOverheadBytes = 512;
+
+struct ExtractOptions {
+  std::string what;           // for errors: the tarball or directory being read
+  std::string strip_prefix;   // removed from every entry name (reading a directory: its path)
+  int64_t limit = INT64_MAX;  // stop with ENOSPC once this many bytes are written
+  std::function<void(int64_t)> progress;
+};
+
+// Writes every entry `in` yields below `dest`, refusing names that leave it, hard links that
+// point out of it, writing through symlinks, ids outside 0..65535; skipping devices, sockets and
+// fifos. Returns the bytes written (data plus kEntryOverheadBytes per entry).
+Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptions& o) {
   std::unique_ptr<archive, int (*)(archive*)> out(archive_write_disk_new(), archive_write_free);
   archive_write_disk_set_options(
       out.get(), ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_TIME |
                      ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_SECURE_NODOTDOT);
+  const bool disk = !o.strip_prefix.empty();
+  int64_t bytes = 0, reported = 0;
+  auto too_big = [&] {
+    return Status::Error(o.what + ": unpacked size exceeds the template cache's free room (" +
+                             std::to_string(o.limit) + " bytes)",
+                         ENOSPC);
+  };
   archive_entry* entry;
   for (;;) {
-    int r = archive_read_next_header(in.get(), &entry);
+    int r = archive_read_next_header(in, &entry);
     if (r == ARCHIVE_EOF) break;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-      return Status::Error(tarball + ": " + archive_error_string(in.get()), EINVAL);
+      return Status::Error(o.what + ": " + archive_error_string(in), EINVAL);
+    if (disk) archive_read_disk_descend(in);
     std::string name = archive_entry_pathname(entry);
+    if (disk) {
+      if (name == o.strip_prefix) continue;  // the root itself
+      if (name.rfind(o.strip_prefix + "/", 0) != 0)
+        return Status::Error(o.what + ": unexpected entry '" + name + "'", EIO);
+      name.erase(0, o.strip_prefix.size() + 1);
+    }
     while (name.rfind("./", 0) == 0) name.erase(0, 2);
     if (name.empty() || name == ".") continue;
     if (!SafeArchivePath(name))
-      return Status::Error(tarball + ": unsafe entry name '" + name + "'", EINVAL);
+      return Status::Error(o.what + ": unsafe entry name '" + name + "'", EINVAL);
     auto type = archive_entry_filetype(entry);
-    if (type == AE_IFCHR || type == AE_IFBLK) continue;  // devices are useless in a box: skipped
+    // Devices, sockets and fifos are useless in a box (it has its own /dev): skipped.
+    if (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFSOCK || type == AE_IFIFO) continue;
     // Names were checked above; the absolute destination is ours, so libarchive's absolute-path
     // refusal is not used, while its refusal to write through symlinks is.
     archive_entry_set_pathname(entry, (dest + "/" + name).c_str());
     if (const char* hl = archive_entry_hardlink(entry)) {
       std::string h = hl;
       while (h.rfind("./", 0) == 0) h.erase(0, 2);
-      if (!SafeArchivePath(h)) return Status::Error(tarball + ": unsafe link '" + h + "'", EINVAL);
+      if (!SafeArchivePath(h)) return Status::Error(o.what + ": unsafe link '" + h + "'", EINVAL);
       archive_entry_set_hardlink(entry, (dest + "/" + h).c_str());
     }
-    // Ownership shifted into the boxes' id range: root in the tarball is root in the box.
     auto uid = archive_entry_uid(entry), gid = archive_entry_gid(entry);
     if (uid < 0 || uid >= 65536 || gid < 0 || gid >= 65536)
-      return Status::Error(tarball + ": '" + name + "' has an id outside 0..65535", EINVAL);
-    archive_entry_set_uid(entry, id_base + uid);
-    archive_entry_set_gid(entry, id_base + gid);
+      return Status::Error(o.what + ": '" + name + "' has an id outside 0..65535", EINVAL);
     archive_entry_set_uname(entry, nullptr);
     archive_entry_set_gname(entry, nullptr);
+    bytes += kEntryOverheadBytes;
+    if (bytes > o.limit) return too_big();
     if (archive_write_header(out.get(), entry) != ARCHIVE_OK)
-      return Status::Error(tarball + ": " + archive_error_string(out.get()), EIO);
+      return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
     const void* buf;
     size_t size;
     la_int64_t offset;
-    while ((r = archive_read_data_block(in.get(), &buf, &size, &offset)) == ARCHIVE_OK) {
+    while ((r = archive_read_data_block(in, &buf, &size, &offset)) == ARCHIVE_OK) {
+      // Counted as written, sparse holes included: what unpacking may cost the disk.
+      bytes += static_cast<int64_t>(size);
+      if (bytes > o.limit) return too_big();
       if (archive_write_data_block(out.get(), buf, size, offset) != ARCHIVE_OK)
-        return Status::Error(tarball + ": " + archive_error_string(out.get()), EIO);
+        return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+      if (o.progress && bytes - reported >= (int64_t{64} << 20)) {
+        reported = bytes;
+        o.progress(bytes);
+      }
     }
-    if (r != ARCHIVE_EOF)
-      return Status::Error(tarball + ": " + archive_error_string(in.get()), EIO);
+    if (r != ARCHIVE_EOF) return Status::Error(o.what + ": " + archive_error_string(in), EIO);
     if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
-      return Status::Error(tarball + ": " + archive_error_string(out.get()), EIO);
+      return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
   }
-  return {};
+  if (archive_write_close(out.get()) != ARCHIVE_OK)
+    return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+  if (o.progress) o.progress(bytes);
+  return bytes;
+}
+
+using ArchivePtr = std::unique_ptr<archive, int (*)(archive*)>;
+
+Result<int64_t> ExtractTarball(const std::string& tarball, const std::string& dest,
+                               ExtractOptions o) {
+  ArchivePtr in(archive_read_new(), archive_read_free);
+  archive_read_support_format_all(in.get());
+  archive_read_support_filter_all(in.get());
+  if (archive_read_open_filename(in.get(), tarball.c_str(), 1 << 16) != ARCHIVE_OK)
+    return Status::Error("open " + tarball + ": " + archive_error_string(in.get()), EINVAL);
+  o.what = tarball;
+  o.strip_prefix.clear();
+  return Extract(in.get(), dest, o);
+}
+
+// Copies the tree at `src` (not following symlinks, not crossing into other mounts) below `dest`.
+Result<int64_t> CopyTree(const std::string& src, const std::string& dest, ExtractOptions o) {
+  ArchivePtr in(archive_read_disk_new(), archive_read_free);
+  archive_read_disk_set_symlink_physical(in.get());
+  archive_read_disk_set_behavior(in.get(), ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS |
+                                               ARCHIVE_READDISK_NO_XATTR |
+                                               ARCHIVE_READDISK_NO_FFLAGS);
+  if (archive_read_disk_open(in.get(), src.c_str()) != ARCHIVE_OK)
+    return Status::Error("open " + src + ": " + archive_error_string(in.get()), EINVAL);
+  o.what = src;
+  o.strip_prefix = src;
+  return Extract(in.get(), dest, o);
 }
 
 bool IsTarballName(const std::string& p) {
@@ -309,7 +375,232 @@ bool IsTarballName(const std::string& p) {
   return false;
 }
 
+// Size of a tree as Extract counts it.
+int64_t TreeBytes(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string c = e->d_name;
+        if (c != "." && c != "..") n += TreeBytes(path + "/" + c);
+      }
+      ::closedir(d);
+    }
+  }
+  return n;
+}
+
+bool ValidPart(std::string_view p) {
+  if (p.empty() || p.size() > 64) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    char c = p[i];
+    bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
+std::string LayersRoot(const TemplateStore& ts) { return ts.dir + "/layers"; }
+// Outside `dir`, so a run's private layer never counts against the cache (each run's own
+// directory is 0700, root's; the runtime opens it as host root).
+std::string RunRoot(const TemplateStore& ts) { return ts.dir + ".run"; }
+
+// The cache directory exists, root's only (also when an older sbx made it 0711).
+Status EnsureCacheDirs(const TemplateStore& ts) {
+  for (const std::string& d : {ts.dir, LayersRoot(ts)}) {
+    SBX_RETURN_IF_ERROR(MakeDirs(d, 0700));
+    if (::chmod(d.c_str(), 0700) != 0) return Status::Errno("chmod " + d);
+  }
+  return {};
+}
+
+// Holds <templates dir>/.lock: every change to the cache directory (a layer made or removed)
+// happens under it, in the daemon and in `sbx template` alike.
+class CacheLock {
+ public:
+  static Result<CacheLock> Take(const TemplateStore& ts) {
+    SBX_RETURN_IF_ERROR(EnsureCacheDirs(ts));
+    std::string path = ts.dir + "/.lock";
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return Status::Errno("open " + path);
+    while (::flock(fd.get(), LOCK_EX) != 0) {
+      if (errno != EINTR) return Status::Errno("lock " + path);
+    }
+    return CacheLock(std::move(fd));
+  }
+
+ private:
+  explicit CacheLock(UniqueFd fd) : fd_(std::move(fd)) {}
+  UniqueFd fd_;
+};
+
+// Removes a layer's directory. Caller holds the CacheLock and has forgotten the layer in the
+// store.
+void RemoveLayerDirs(const TemplateStore& ts, const std::string& id) { RemoveTree(LayerDir(ts, id)); }
+
+// Removes what a killed process left in the cache: layer directories the store does not know
+// (a build that died before recording its layer). Caller holds the CacheLock, under which every
+// layer is built and recorded.
+void SweepCache(const TemplateStore& ts, store::Store& st) {
+  for (const std::string& root : {LayersRoot(ts)}) {
+    DIR* d = ::opendir(root.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+    for (const auto& n : names) {
+      auto l = st.GetLayer(n);
+      if (l.ok() && !*l) RemoveTree(root + "/" + n);
+    }
+  }
+}
+
+Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t target_bytes) {
+  auto unused = st.UnusedLayers();
+  if (!unused.ok()) return unused.status();
+  auto total = st.LayerBytes();
+  if (!total.ok()) return total.status();
+  int64_t freed = 0;
+  for (const auto& l : *unused) {
+    if (target_bytes > 0 && *total - freed <= target_bytes) break;
+    Status s = st.DeleteLayer(l.id);
+    if (s.err() == EBUSY || s.err() == ENOENT) continue;  // used again since the listing
+    SBX_RETURN_IF_ERROR(s);
+    RemoveLayerDirs(ts, l.id);
+    freed += l.size_bytes;
+  }
+  return freed;
+}
+
+// Room for a new layer: the bound minus what layers in use take (unused ones can be evicted).
+Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st) {
+  auto total = st.LayerBytes();
+  if (!total.ok()) return total.status();
+  auto unused = st.UnusedLayers();
+  if (!unused.ok()) return unused.status();
+  int64_t evictable = 0;
+  for (const auto& l : *unused) evictable += l.size_bytes;
+  return ts.cache_bytes - (*total - evictable);
+}
+
+std::string HostLayerId() {
+  Fnv f;
+  f.Add(kHostTemplateVersion);
+  for (const char* e : kHostEtcCopies) Fingerprint(f, std::string("/etc/") + e);
+  Fingerprint(f, "/etc/ssl/certs/ca-certificates.crt");
+  Fingerprint(f, "/etc/resolv.conf");
+  return "host-" + f.Hex();
+}
+
+// The host template's layer for this host's current /etc: built and registered (as the layer of
+// the `host` template row) when /etc changed or on first use.
+Status EnsureHostLayer(const TemplateStore& ts, store::Store& st,
+                       const store::TemplateRecord& host) {
+  std::string id = HostLayerId();
+  struct stat sb {};
+  if (host.layers == std::vector<std::string>{id} && ::stat(LayerDir(ts, id).c_str(), &sb) == 0)
+    return {};
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  SBX_RETURN_IF_ERROR(BuildOnce(LayerDir(ts, id), BuildHostLayer).Wrap("build host template"));
+  int64_t size = TreeBytes(LayerDir(ts, id));
+  SBX_RETURN_IF_ERROR(st.PutLayer({id, size, 0, 0}));
+  store::TemplateRecord t = host;
+  t.layers = {id};
+  t.size_bytes = size;
+  SBX_RETURN_IF_ERROR(st.PutTemplate(t));
+  // The previous host layer is unused now (once its sandboxes end): keep the cache bounded.
+  auto evicted = EvictLocked(ts, st, ts.cache_bytes);
+  return evicted.ok() ? Status() : evicted.status();
+}
+
+Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& rec) {
+  Template t;
+  t.name = rec.name;
+  t.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"};
+  for (const auto& id : rec.layers) {
+    struct stat sb {};
+    if (::stat(LayerDir(ts, id).c_str(), &sb) != 0)
+      return Status::Error("template " + rec.name + ": layer " + id + " is missing from the cache",
+                           EIO);
+    t.layers.push_back(LayerDir(ts, id));
+  }
+  if (rec.kind == store::kTemplateHost) {
+    t.binds.push_back({"/usr", "/usr", true});
+    for (const char* l : kUsrLinks) {
+      struct stat st {};
+      std::string host = std::string("/") + l;
+      if (::lstat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        t.binds.push_back({host, host, true});
+    }
+  }
+  return t;
+}
+
+// The registered template `name` stands for, with the host layer built if it is the host.
+Result<store::TemplateRecord> Lookup(const TemplateStore& ts, store::Store& st,
+                                     const std::string& name, const std::string& pin_for,
+                                     bool pin) {
+  if (!IsValidTemplateName(name)) return TemplateNotFound(name);
+  SBX_RETURN_IF_ERROR(EnsureCacheDirs(ts));
+  auto rec = st.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return TemplateNotFound(name);
+  std::string target = (*rec)->kind == store::kTemplateAlias ? (*rec)->alias_of : name;
+  if (target == kHostTemplate) {
+    auto host = st.GetTemplate(kHostTemplate);
+    if (!host.ok()) return host.status();
+    if (!*host) return TemplateNotFound(name);
+    SBX_RETURN_IF_ERROR(EnsureHostLayer(ts, st, **host));
+  }
+  auto used = st.UseTemplate(name, pin ? pin_for : "");
+  if (!used.ok()) return used.status();
+  if (!*used) return TemplateNotFound(name);
+  return **used;
+}
+
+// Private layers of `sbx run --template TARBALL`: <templates>/run/<random>, each locked by its
+// run (flock on the directory) so that the next run can tell a dead run's leftovers.
+void ReapDeadRuns(const TemplateStore& ts) {
+  DIR* d = ::opendir(RunRoot(ts).c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  for (const auto& n : names) {
+    std::string p = RunRoot(ts) + "/" + n;
+    UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) RemoveTree(p);
+  }
+}
+
 }  // namespace
+
+bool IsValidTemplateName(std::string_view name) {
+  size_t colon = name.find(':');
+  if (colon == std::string_view::npos) return ValidPart(name);
+  return ValidPart(name.substr(0, colon)) && ValidPart(name.substr(colon + 1));
+}
+
+Status TemplateNotFound(const std::string& name) {
+  return Status::Error("template not found: " + name, EINVAL);
+}
+
+bool IsTemplateNotFound(const Status& s) {
+  return s.err() == EINVAL && s.what().rfind("template not found: ", 0) == 0;
+}
+
+std::string LayerDir(const TemplateStore& ts, const std::string& id) {
+  return LayersRoot(ts) + "/" + id;
+}
 
 std::vector<GeneratedFile> HostEtcFiles() {
   return {
@@ -328,56 +619,186 @@ std::vector<GeneratedFile> HostEtcFiles() {
   };
 }
 
-Result<Template> ResolveTemplate(const TemplateStore& store, const std::string& spec) {
-  SBX_RETURN_IF_ERROR(MakeDirs(store.dir, 0711));
+Result<Template> ResolveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name,
+                                 const std::string& pin_for) {
+  auto rec = Lookup(ts, st, name, pin_for, true);
+  if (!rec.ok()) return rec.status();
+  return Assemble(ts, *rec);
+}
+
+Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
+                                      const std::string& spec, std::function<void()>* cleanup) {
+  if (spec.empty() || spec[0] != '/') {
+    auto rec = Lookup(ts, st, spec, "", false);
+    if (!rec.ok()) {
+      return Status::Error(rec.status().message() +
+                               " (give a registered name, a rootfs directory or a tarball path)",
+                           rec.status().err());
+    }
+    return Assemble(ts, *rec);
+  }
   Template t;
   t.name = spec;
   t.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"};
-  if (spec == "host") {
-    Fnv f;
-    f.Add(kHostTemplateVersion);
-    f.Add(std::to_string(store.id_base));
-    for (const char* e : kHostEtcCopies) Fingerprint(f, std::string("/etc/") + e);
-    Fingerprint(f, "/etc/ssl/certs/ca-certificates.crt");
-    Fingerprint(f, "/etc/resolv.conf");
-    std::string dir = store.dir + "/host-" + f.Hex();
-    SBX_RETURN_IF_ERROR(BuildOnce(dir, [&](const std::string& tmp) {
-                          return BuildHostLayer(tmp, store.id_base);
-                        }).Wrap("build host template"));
-    t.layers = {dir};
-    t.binds.push_back({"/usr", "/usr", true});
-    for (const char* l : kUsrLinks) {
-      struct stat st {};
-      std::string host = std::string("/") + l;
-      if (::lstat(host.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        t.binds.push_back({host, host, true});
-    }
+  struct stat sb {};
+  if (::stat(spec.c_str(), &sb) != 0) return Status::Errno("template " + spec);
+  if (S_ISDIR(sb.st_mode)) {
+    t.layers = {spec};  // the local root user's own directory, used as it is
     return t;
   }
-  if (spec.empty() || spec[0] != '/')
-    return Status::Error("unknown template '" + spec +
-                             "' (use host, an absolute rootfs directory or a tarball path)",
-                         ENOENT);
-  struct stat st {};
-  if (::stat(spec.c_str(), &st) != 0) return Status::Errno("template " + spec);
-  if (S_ISDIR(st.st_mode)) {
-    t.layers = {spec};
-    return t;
-  }
-  if (!S_ISREG(st.st_mode) || !IsTarballName(spec))
+  if (!S_ISREG(sb.st_mode) || !IsTarballName(spec))
     return Status::Error("template " + spec + ": not a directory or a .tar[.gz|.zst|.xz|.bz2] file",
                          EINVAL);
-  auto sha = Sha256File(spec);
-  if (!sha.ok()) return sha.status();
-  std::string dir = store.dir + "/tar-" + sha->substr(0, 32);
-  SBX_RETURN_IF_ERROR(BuildOnce(dir, [&](const std::string& tmp) {
-                        Status s = ExtractTarball(spec, tmp, store.id_base);
-                        if (s.ok() && ::chown(tmp.c_str(), store.id_base, store.id_base) != 0)
-                          s = Status::Errno("chown " + tmp);
-                        return s;
-                      }).Wrap("unpack template " + spec));
-  t.layers = {dir};
+  SBX_RETURN_IF_ERROR(EnsureCacheDirs(ts));
+  SBX_RETURN_IF_ERROR(MakeDirs(RunRoot(ts), 0711));
+  if (::chmod(RunRoot(ts).c_str(), 0711) != 0) return Status::Errno("chmod " + RunRoot(ts));
+  ReapDeadRuns(ts);
+  int64_t room = ts.cache_bytes;
+  {
+    auto lock = CacheLock::Take(ts);
+    if (!lock.ok()) return lock.status();
+    auto r = RoomLocked(ts, st);
+    if (!r.ok()) return r.status();
+    room = *r;
+  }
+  std::string dir = RunRoot(ts) + "/" + RandomId(12);
+  if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
+  auto fd = std::make_shared<UniqueFd>(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!*fd || ::flock(fd->get(), LOCK_SH) != 0) {
+    Status s = Status::Errno("lock " + dir);
+    RemoveTree(dir);
+    return s;
+  }
+  // The layer keeps the tarball's owners: the runtime idmaps it into the box's range.
+  std::string root = dir + "/root";
+  ExtractOptions o;
+  o.limit = room;
+  Status s;
+  if (::mkdir(root.c_str(), 0755) != 0) s = Status::Errno("mkdir " + root);
+  if (s.ok() && ::chown(dir.c_str(), 0, 0) != 0)
+    s = Status::Errno("chown " + dir);
+  if (s.ok()) {
+    auto n = ExtractTarball(spec, root, o);
+    if (!n.ok()) s = n.status();
+  }
+  if (s.ok() && ::chown(root.c_str(), 0, 0) != 0)
+    s = Status::Errno("chown " + root);
+  if (!s.ok()) {
+    RemoveTree(dir);
+    return s.Wrap("unpack template " + spec);
+  }
+  *cleanup = [dir, fd] { RemoveTree(dir); };
+  t.layers = {root};
   return t;
+}
+
+Result<store::TemplateRecord> AddTemplate(const TemplateStore& ts, store::Store& st,
+                                          const std::string& name, const std::string& path,
+                                          const std::function<void(int64_t)>& progress) {
+  std::string what = "add template " + name;
+  if (!IsValidTemplateName(name))
+    return Status::Error(what + ": a name is [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG", EINVAL);
+  if (name == kHostTemplate) return Status::Error(what + ": host is built in", EPERM);
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (real == nullptr) return Status::Errno(what + ": " + path);
+  std::string src = real;
+  std::free(real);
+  struct stat sb {};
+  if (::stat(src.c_str(), &sb) != 0) return Status::Errno(what + ": " + src);
+  bool is_dir = S_ISDIR(sb.st_mode);
+  if (!is_dir && !(S_ISREG(sb.st_mode) && IsTarballName(src)))
+    return Status::Error(
+        what + ": " + src + " is not a directory or a .tar[.gz|.tgz|.zst|.xz|.bz2] file", EINVAL);
+
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  SweepCache(ts, st);
+  auto existing = st.GetTemplate(name);
+  if (!existing.ok()) return existing.status();
+  if (*existing) return Status::Error(what + ": a template of that name exists", EEXIST);
+
+  // A tarball's layer is named by its content, so adding it again under another name shares it;
+  // a directory is snapshotted anew each time (its content may have changed).
+  std::string id;
+  if (is_dir) {
+    id = "dir-" + RandomId(16);
+  } else {
+    auto sha = Sha256File(src);
+    if (!sha.ok()) return sha.status().Wrap(what);
+    id = "tar-" + sha->substr(0, 32);
+  }
+  auto known = st.GetLayer(id);
+  if (!known.ok()) return known.status();
+  int64_t size = 0;
+  bool made = false;
+  if (*known && ::stat(LayerDir(ts, id).c_str(), &sb) == 0) {
+    size = (*known)->size_bytes;
+  } else {
+    auto room = RoomLocked(ts, st);
+    if (!room.ok()) return room.status();
+    if (*room <= 0)
+      return Status::Error(what + ": the template cache is full (" +
+                               std::to_string(ts.cache_bytes) + " bytes, all in use)",
+                           ENOSPC);
+    RemoveTree(LayerDir(ts, id));
+    ExtractOptions o;
+    o.limit = *room;
+    o.progress = progress;
+    Status s = BuildOnce(LayerDir(ts, id), [&](const std::string& tmp) -> Status {
+      auto n = is_dir ? CopyTree(src, tmp, o) : ExtractTarball(src, tmp, o);
+      if (!n.ok()) return n.status();
+      size = *n;
+      return {};
+    });
+    if (!s.ok()) return s.Wrap(what);
+    SBX_RETURN_IF_ERROR(st.PutLayer({id, size, 0, 0}).Wrap(what));
+    made = true;
+  }
+  store::TemplateRecord t;
+  t.name = name;
+  t.kind = is_dir ? store::kTemplateDir : store::kTemplateTar;
+  t.source = src;
+  t.layers = {id};
+  t.size_bytes = size;
+  Status added = st.AddTemplate(t);
+  if (!added.ok()) {
+    if (made && st.DeleteLayer(id).ok()) RemoveLayerDirs(ts, id);
+    return added;
+  }
+  auto evicted = EvictLocked(ts, st, ts.cache_bytes);
+  if (!evicted.ok()) return evicted.status().Wrap(what + ": evict unused layers");
+  auto got = st.GetTemplate(name);
+  if (!got.ok()) return got.status();
+  if (!*got) return Status::Error(what + ": removed while being added", ENOENT);
+  return **got;
+}
+
+Status RemoveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name) {
+  std::string what = "remove template " + name;
+  if (name == kHostTemplate) return Status::Error(what + ": host is built in", EPERM);
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  auto rec = st.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return Status::Error(what + ": no such template", ENOENT);
+  SBX_RETURN_IF_ERROR(st.DeleteTemplate(name));
+  for (const auto& id : (*rec)->layers) {
+    Status s = st.DeleteLayer(id);
+    if (s.ok()) {
+      RemoveLayerDirs(ts, id);
+    } else if (s.err() != EBUSY && s.err() != ENOENT) {
+      return s.Wrap(what);
+    }
+  }
+  SweepCache(ts, st);
+  return {};
+}
+
+Result<int64_t> EvictUnusedLayers(const TemplateStore& ts, store::Store& st, int64_t target_bytes) {
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  SweepCache(ts, st);
+  return EvictLocked(ts, st, target_bytes);
 }
 
 }  // namespace sbx::storage

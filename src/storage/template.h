@@ -1,23 +1,38 @@
-// Templates: what a box's root is made of. A template resolves to an ordered stack of read-only
-// layers (topmost first) plus host bind mounts and defaults. Sources for now:
-//   "host"            the host's /usr read-only under a generated /etc (the zero-setup default)
-//   /path/to/rootfs   a directory used as the single layer, as is
-//   /path/to/x.tar    a tarball (.tar, .tar.gz, .tgz, .tar.zst, .tar.xz), unpacked once into the
-//                     template cache, keyed by the tarball's SHA-256
-// The on-disk layout is described in docs/storage.md.
+// Templates: what a box's root is made of. A template is a NAME in the one registry, the store's
+// `templates` table; it resolves to an ordered stack of read-only layers (topmost first) plus host
+// bind mounts and defaults. No API ever names a host path: registering a directory or tarball is
+// an operator action on the host (`sbx template add`). Kinds:
+//   host      built in: the host's /usr read-only under a generated /etc (the zero-setup default)
+//   alias     another name of a template (the E2B SDKs' default names stand for `host`)
+//   dir       a snapshot of a rootfs directory, copied into the template cache at add time
+//   tar       a rootfs tarball (.tar, .tar.gz, .tgz, .tar.zst, .tar.xz, .tar.bz2), unpacked into
+//             the template cache at add time
+// Layers keep their real ownership (root's files are uid 0); the runtime maps them into each
+// box's id range. The cache is bounded; unused layers are evicted least recently used first. The
+// on-disk layout, the names and the bound are described in docs/storage.md.
+//
+// Every function may be called from several processes at once (the daemon and `sbx template` on
+// the host): changes to the cache directory are serialized by a lock file inside it and recorded
+// in the store in the same order.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 #include "runtime/runtime.h"
+#include "store/store.h"
 
 namespace sbx::storage {
 
+inline constexpr char kHostTemplate[] = "host";
+inline constexpr int64_t kDefaultTemplateCacheBytes = int64_t{20} << 30;
+
 struct Template {
-  std::string name;
+  std::string name;  // the registered template (an alias resolved), recorded with the sandbox
   std::vector<std::string> layers;
   std::vector<runtime::BindMount> binds;
   std::vector<std::string> env;  // defaults, "K=V"
@@ -26,15 +41,53 @@ struct Template {
 };
 
 struct TemplateStore {
-  std::string dir = "/var/lib/sbx/templates";
-  // Host uid/gid that root inside a box maps to: template files are given to it so that root
-  // inside owns them (see runtime::NativeConfig::id_base).
-  uint32_t id_base = 1000000;
+  std::string dir = "/var/lib/sbx/templates";  // made 0700: nothing below it is reachable by users
+  int64_t cache_bytes = kDefaultTemplateCacheBytes;  // bound on the layers' unpacked size
 };
 
-// Resolves (and on first use builds) the template named `spec`. Safe to call concurrently from
-// several processes: a template is built in a temporary directory and renamed into place.
-Result<Template> ResolveTemplate(const TemplateStore& store, const std::string& spec);
+// [a-z0-9][a-z0-9._-]{0,63}, optionally followed by ":" and a tag [a-z0-9][a-z0-9._-]{0,63}.
+// Never a path: no '/', no leading '.'.
+bool IsValidTemplateName(std::string_view name);
+
+// The error every facade turns into 400 with the message "template not found: NAME", exactly
+// (its what(); errno EINVAL). IsTemplateNotFound tells it from other errors.
+Status TemplateNotFound(const std::string& name);
+bool IsTemplateNotFound(const Status& s);
+
+// Resolves the registered template `name` (or an alias of it) for sandbox `pin_for`: its layers
+// are pinned for that sandbox in the store (kept until it is no longer live) in the same
+// transaction as the lookup. Builds the host layer on first use. Anything that is not a
+// registered name, a path included, is TemplateNotFound and touches nothing on disk.
+Result<Template> ResolveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name,
+                                 const std::string& pin_for);
+
+// For `sbx run --template` (a local root action, not an API): a registered name as above
+// (without a pin), or an absolute host path: a directory used as the single layer as it is, or a
+// tarball unpacked into a private temporary layer that `cleanup` (set on success) removes.
+Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
+                                      const std::string& spec, std::function<void()>* cleanup);
+
+// ---- operator actions (`sbx template`) ----
+
+// Registers `path` (a rootfs directory, copied; or a tarball, unpacked) as template `name`.
+// Refuses an invalid or taken name (EINVAL, EEXIST) and a source whose unpacked size does not fit
+// in the cache bound after evicting every unused layer (ENOSPC, nothing left behind). Evicts
+// unused layers as needed. `progress` (may be empty) is called now and then with bytes unpacked.
+Result<store::TemplateRecord> AddTemplate(const TemplateStore& ts, store::Store& st,
+                                          const std::string& name, const std::string& path,
+                                          const std::function<void(int64_t)>& progress = {});
+
+// Unregisters `name` (refuses `host`: EPERM) and removes its layers from disk unless a live
+// sandbox still uses them (those go when it has ended and the cache next needs room, or at the
+// next `sbx template` action).
+Status RemoveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name);
+
+// Removes unused layers, least recently used first, until the cache holds at most `target_bytes`
+// (0: every unused layer). Returns the bytes freed.
+Result<int64_t> EvictUnusedLayers(const TemplateStore& ts, store::Store& st, int64_t target_bytes);
+
+// The directory of layer `id` inside the cache.
+std::string LayerDir(const TemplateStore& ts, const std::string& id);
 
 // The generated /etc of the host template, as relative path -> content (exposed for tests).
 struct GeneratedFile {

@@ -2,9 +2,12 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <functional>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -12,45 +15,53 @@
 namespace sbx::storage {
 namespace {
 
+struct Entry {
+  std::string name;
+  std::string content;  // "<dir>", "<link:TARGET>", or file content
+  int uid = 0;
+  int mode = 0644;
+};
+
 class TemplateTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/sbx-template-test-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    store_.dir = dir_ + "/templates";
-    store_.id_base = 1000000;
+    ts_.dir = dir_ + "/templates";
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    st_ = std::move(*st);
   }
   void TearDown() override { RemoveTree(dir_); }
 
-  // Writes a tarball with the given (name, content, uid) entries; content "<dir>" makes a dir.
-  std::string Tar(const std::string& name,
-                  const std::vector<std::tuple<std::string, std::string, int>>& entries) {
+  // Writes a gzip tarball of `entries`.
+  std::string Tar(const std::string& name, const std::vector<Entry>& entries) {
     std::string path = dir_ + "/" + name;
     archive* a = archive_write_new();
     archive_write_set_format_pax_restricted(a);
     archive_write_add_filter_gzip(a);
     archive_write_open_filename(a, path.c_str());
-    for (const auto& [n, content, uid] : entries) {
+    for (const auto& en : entries) {
       archive_entry* e = archive_entry_new();
-      archive_entry_set_pathname(e, n.c_str());
-      archive_entry_set_uid(e, uid);
-      archive_entry_set_gid(e, uid);
-      if (content.rfind("<link:", 0) == 0) {
+      archive_entry_set_pathname(e, en.name.c_str());
+      archive_entry_set_uid(e, en.uid);
+      archive_entry_set_gid(e, en.uid);
+      if (en.content.rfind("<link:", 0) == 0) {
         archive_entry_set_filetype(e, AE_IFLNK);
         archive_entry_set_perm(e, 0777);
-        archive_entry_set_symlink(e, content.substr(6, content.size() - 7).c_str());
+        archive_entry_set_symlink(e, en.content.substr(6, en.content.size() - 7).c_str());
         archive_write_header(a, e);
-      } else if (content == "<dir>") {
+      } else if (en.content == "<dir>") {
         archive_entry_set_filetype(e, AE_IFDIR);
         archive_entry_set_perm(e, 0755);
         archive_write_header(a, e);
       } else {
         archive_entry_set_filetype(e, AE_IFREG);
-        archive_entry_set_perm(e, 0644);
-        archive_entry_set_size(e, static_cast<la_int64_t>(content.size()));
+        archive_entry_set_perm(e, en.mode);
+        archive_entry_set_size(e, static_cast<la_int64_t>(en.content.size()));
         archive_write_header(a, e);
-        archive_write_data(a, content.data(), content.size());
+        archive_write_data(a, en.content.data(), en.content.size());
       }
       archive_entry_free(e);
     }
@@ -59,65 +70,181 @@ class TemplateTest : public ::testing::Test {
     return path;
   }
 
+  std::vector<std::string> Ls(const std::string& d) {
+    std::vector<std::string> out;
+    if (DIR* dd = ::opendir(d.c_str())) {
+      while (dirent* e = ::readdir(dd)) {
+        std::string n = e->d_name;
+        if (n != "." && n != "..") out.push_back(n);
+      }
+      ::closedir(dd);
+    }
+    return out;
+  }
+
+  struct stat Stat(const std::string& p) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+    return st;
+  }
+
+  // Nothing is in the cache: no layer directory, no layer record.
+  void ExpectCacheEmpty(const std::string& why) {
+    EXPECT_TRUE(Ls(ts_.dir + "/layers").empty()) << why;
+    EXPECT_EQ(*st_->LayerBytes(), 0) << why;
+  }
+
   std::string dir_;
-  TemplateStore store_;
+  TemplateStore ts_;
+  std::unique_ptr<store::Store> st_;
 };
 
-TEST_F(TemplateTest, HostTemplateHasGeneratedEtcAndNoHostSecrets) {
-  auto t = ResolveTemplate(store_, "host");
+TEST_F(TemplateTest, NamesAreNamesNeverPaths) {
+  for (const char* ok :
+       {"host", "base", "ubuntu-22.04", "py:3.12", "a", "code-interpreter-v1", "x_y", "0abc"})
+    EXPECT_TRUE(IsValidTemplateName(ok)) << ok;
+  for (const char* bad : {"", "/etc", "../x", "./x", ".hidden", "a/b", "Ubuntu", "a:", ":t",
+                          "a:b:c", "-x", "a b", "tpl.tar.gz/", "x\n"})
+    EXPECT_FALSE(IsValidTemplateName(bad)) << bad;
+  EXPECT_FALSE(IsValidTemplateName(std::string(65, 'a')));
+  EXPECT_TRUE(IsValidTemplateName(std::string(64, 'a')));
+}
+
+TEST_F(TemplateTest, HostTemplateHasGeneratedEtcWithRealOwnershipAndNoHostSecrets) {
+  auto t = ResolveTemplate(ts_, *st_, "host", "sb1");
   ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->name, "host");
   ASSERT_EQ(t->layers.size(), 1u);
   const std::string root = t->layers[0];
+  EXPECT_EQ(root.rfind(ts_.dir + "/layers/host-", 0), 0u) << root;
   auto passwd = ReadFile(root + "/etc/passwd");
   ASSERT_TRUE(passwd.ok());
   EXPECT_NE(passwd->find("root:x:0:0:"), std::string::npos);
   EXPECT_NE(passwd->find("user:x:1000:1000:"), std::string::npos);
-  struct stat st;
-  ASSERT_EQ(::stat((root + "/etc/passwd").c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, store_.id_base);  // root inside owns it
-  ASSERT_EQ(::stat((root + "/home/user").c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, store_.id_base + 1000);
-  ASSERT_EQ(::stat((root + "/tmp").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 01777u);
-  EXPECT_EQ(::stat((root + "/etc/ssl/certs/ca-certificates.crt").c_str(), &st), 0);
+  // Real owners: root's files are uid 0, the user's home is uid 1000 (the runtime maps them).
+  EXPECT_EQ(Stat(root + "/etc/passwd").st_uid, 0u);
+  EXPECT_EQ(Stat(root + "/root").st_uid, 0u);
+  EXPECT_EQ(Stat(root + "/root").st_mode & 07777, 0700u);
+  EXPECT_EQ(Stat(root + "/home/user").st_uid, 1000u);
+  EXPECT_EQ(Stat(root + "/home/user").st_gid, 1000u);
+  EXPECT_EQ(Stat(root + "/tmp").st_mode & 07777, 01777u);
+  EXPECT_EQ(::access((root + "/etc/ssl/certs/ca-certificates.crt").c_str(), F_OK), 0);
   for (const char* secret :
-       {"/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/npmrc", "/etc/pip.conf"})
+       {"/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/npmrc", "/etc/pip.conf"}) {
+    struct stat st {};
     EXPECT_NE(::lstat((root + secret).c_str(), &st), 0) << secret;
+  }
   bool has_usr = false;
   for (const auto& b : t->binds) has_usr |= b.source == "/usr" && b.target == "/usr" && b.read_only;
   EXPECT_TRUE(has_usr);
+  // Root-only: no host user can pass the cache directory (threats.md row 46).
+  EXPECT_EQ(Stat(ts_.dir).st_mode & 07777, 0700u);
+  EXPECT_EQ(Stat(ts_.dir).st_uid, 0u);
+  EXPECT_EQ(Stat(ts_.dir + "/layers").st_mode & 07777, 0700u);
 
-  // Cached: resolving again reuses the same layer.
-  auto again = ResolveTemplate(store_, "host");
+  // Cached and recorded: resolving again (through an alias too) reuses the same layer.
+  auto again = ResolveTemplate(ts_, *st_, "base", "sb2");
   ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->name, "host");
   EXPECT_EQ(again->layers, t->layers);
+  auto host = st_->GetTemplate("host");
+  ASSERT_TRUE(host.ok() && host->has_value());
+  ASSERT_EQ((*host)->layers.size(), 1u);
+  EXPECT_EQ(LayerDir(ts_, (*host)->layers[0]), root);
+  EXPECT_GT(*st_->LayerBytes(), 0);
 }
 
-TEST_F(TemplateTest, TarballIsUnpackedWithIdsShiftedIntoTheBoxRange) {
-  std::string tar = Tar("ok.tar.gz", {{"etc/", "<dir>", 0},
-                                      {"etc/hello", "hi\n", 0},
-                                      {"home/", "<dir>", 0},
-                                      {"home/u.txt", "u\n", 1000}});
-  auto t = ResolveTemplate(store_, tar);
+TEST_F(TemplateTest, PathsAndUnknownNamesAreNotFoundAndTouchNothing) {
+  std::string tar = Tar("root-only.tar.gz", {{"etc/", "<dir>"}, {"etc/secret", "s\n", 0, 0600}});
+  ASSERT_EQ(::chmod(tar.c_str(), 0600), 0);
+  for (const std::string& name :
+       {std::string("/etc"), tar, dir_, dir_ + "/templates", std::string("../etc"),
+        std::string("nope"), std::string("ubuntu:22.04"), std::string("Base")}) {
+    auto t = ResolveTemplate(ts_, *st_, name, "sb1");
+    ASSERT_FALSE(t.ok()) << name;
+    EXPECT_EQ(t.status().err(), EINVAL) << name;
+    EXPECT_EQ(t.status().what(), "template not found: " + name);
+    EXPECT_TRUE(IsTemplateNotFound(t.status()));
+    ExpectCacheEmpty(name);
+  }
+}
+
+TEST_F(TemplateTest, AddedTarballKeepsRealOwnershipAndSetIdBitsBelowTheRootOnlyCache) {
+  std::string tar = Tar("ok.tar.gz", {{"./", "<dir>"},
+                                      {"etc/", "<dir>"},
+                                      {"etc/hello", "hi\n"},
+                                      {"home/", "<dir>"},
+                                      {"home/u.txt", "u\n", 1000},
+                                      {"bin/", "<dir>"},
+                                      {"bin/suid", "#!/bin/sh\n", 0, 04755}});
+  std::vector<int64_t> progress;
+  auto rec = AddTemplate(ts_, *st_, "alpine:3", tar, [&](int64_t n) { progress.push_back(n); });
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  EXPECT_EQ(rec->kind, store::kTemplateTar);
+  EXPECT_EQ(rec->source, tar);
+  EXPECT_GT(rec->size_bytes, 0);
+  EXPECT_FALSE(progress.empty());
+  auto t = ResolveTemplate(ts_, *st_, "alpine:3", "sb1");
   ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->name, "alpine:3");
+  ASSERT_EQ(t->layers.size(), 1u);
   const std::string root = t->layers[0];
   EXPECT_EQ(*ReadFile(root + "/etc/hello"), "hi\n");
-  struct stat st;
-  ASSERT_EQ(::stat((root + "/etc/hello").c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, store_.id_base);
-  ASSERT_EQ(::stat((root + "/home/u.txt").c_str(), &st), 0);
-  EXPECT_EQ(st.st_uid, store_.id_base + 1000);
+  EXPECT_EQ(Stat(root + "/etc/hello").st_uid, 0u);
+  EXPECT_EQ(Stat(root + "/home/u.txt").st_uid, 1000u);
+  EXPECT_EQ(Stat(root + "/bin/suid").st_mode & 07777, 04755u);  // kept: reachable only in a box
+  EXPECT_EQ(Stat(ts_.dir).st_mode & 07777, 0700u);
+  EXPECT_EQ(Stat(ts_.dir + "/layers").st_mode & 07777, 0700u);
+
+  // The same name again is refused; the same tarball under another name shares its layer.
+  EXPECT_EQ(AddTemplate(ts_, *st_, "alpine:3", tar).status().err(), EEXIST);
+  auto twin = AddTemplate(ts_, *st_, "alpine", tar);
+  ASSERT_TRUE(twin.ok()) << twin.status().message();
+  EXPECT_EQ(twin->layers, rec->layers);
+  EXPECT_EQ(Ls(ts_.dir + "/layers").size(), 1u);
+}
+
+TEST_F(TemplateTest, AddedDirectoryIsASnapshot) {
+  std::string src = dir_ + "/rootfs";
+  ASSERT_EQ(::system(("mkdir -p " + src + "/etc && echo one > " + src + "/etc/v && ln -s /etc " +
+                      src + "/hostetc && chown -R 1000:1000 " + src + "/etc")
+                         .c_str()),
+            0);
+  auto rec = AddTemplate(ts_, *st_, "mine", src);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  EXPECT_EQ(rec->kind, store::kTemplateDir);
+  ASSERT_TRUE(WriteFile(src + "/etc/v", "two\n").ok());  // later host changes do not reach it
+  auto t = ResolveTemplate(ts_, *st_, "mine", "sb1");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(*ReadFile(t->layers[0] + "/etc/v"), "one\n");
+  EXPECT_EQ(Stat(t->layers[0] + "/etc/v").st_uid, 1000u);
+  EXPECT_TRUE(S_ISLNK(Stat(t->layers[0] + "/hostetc").st_mode));  // copied, not followed
+  EXPECT_NE(t->layers[0].find("/layers/dir-"), std::string::npos);
+}
+
+TEST_F(TemplateTest, AddRefusesBadNamesHostAndNonRootfsSources) {
+  std::string tar = Tar("ok.tar.gz", {{"a", "x"}});
+  EXPECT_EQ(AddTemplate(ts_, *st_, "/etc", tar).status().err(), EINVAL);
+  EXPECT_EQ(AddTemplate(ts_, *st_, "Bad", tar).status().err(), EINVAL);
+  EXPECT_EQ(AddTemplate(ts_, *st_, "host", tar).status().err(), EPERM);
+  EXPECT_EQ(AddTemplate(ts_, *st_, "base", tar).status().err(), EEXIST);  // an alias
+  ASSERT_TRUE(WriteFile(dir_ + "/notes.txt", "x").ok());
+  EXPECT_EQ(AddTemplate(ts_, *st_, "notes", dir_ + "/notes.txt").status().err(), EINVAL);
+  EXPECT_EQ(AddTemplate(ts_, *st_, "gone", dir_ + "/missing.tar").status().err(), ENOENT);
+  EXPECT_EQ(RemoveTemplate(ts_, *st_, "host").err(), EPERM);
+  EXPECT_EQ(RemoveTemplate(ts_, *st_, "nope").err(), ENOENT);
+  ExpectCacheEmpty("refused adds");
 }
 
 TEST_F(TemplateTest, TarballWithEscapingNamesIsRejectedAndLeavesNothing) {
   for (const char* bad : {"../escape", "a/../../escape", "/etc/abs"}) {
-    std::string tar = Tar("bad.tar.gz", {{"ok", "x", 0}, {bad, "pwned", 0}});
-    auto t = ResolveTemplate(store_, tar);
-    EXPECT_FALSE(t.ok()) << bad;
-    struct stat st;
+    std::string tar = Tar("bad.tar.gz", {{"ok", "x"}, {bad, "pwned"}});
+    auto t = AddTemplate(ts_, *st_, "bad", tar);
+    EXPECT_EQ(t.status().err(), EINVAL) << bad;
+    struct stat st {};
     EXPECT_NE(::stat((dir_ + "/escape").c_str(), &st), 0);
-    // No cached layer and no temporary directory left behind.
-    EXPECT_EQ(::system(("test -z \"$(ls -A " + store_.dir + ")\"").c_str()), 0) << bad;
+    ExpectCacheEmpty(bad);
+    EXPECT_FALSE(st_->GetTemplate("bad")->has_value());
     ::unlink(tar.c_str());
   }
 }
@@ -125,19 +252,79 @@ TEST_F(TemplateTest, TarballWithEscapingNamesIsRejectedAndLeavesNothing) {
 TEST_F(TemplateTest, TarballSymlinkThenFileCannotWriteOutside) {
   std::string outside = dir_ + "/outside";
   ASSERT_EQ(::mkdir(outside.c_str(), 0755), 0);
-  std::string tar = Tar("link.tar.gz", {{"a", "<link:" + outside + ">", 0}, {"a/pwned", "x", 0}});
-  auto t = ResolveTemplate(store_, tar);
-  EXPECT_FALSE(t.ok());
-  struct stat st;
+  std::string tar = Tar("link.tar.gz", {{"a", "<link:" + outside + ">"}, {"a/pwned", "x"}});
+  EXPECT_FALSE(AddTemplate(ts_, *st_, "link", tar).ok());
+  struct stat st {};
   EXPECT_NE(::stat((outside + "/pwned").c_str(), &st), 0);
+  ExpectCacheEmpty("symlink");
 }
 
-TEST_F(TemplateTest, UnknownTemplateIsAClearError) {
-  auto t = ResolveTemplate(store_, "ubuntu");
+TEST_F(TemplateTest, DecompressionBombStopsAtTheCacheBound) {
+  ts_.cache_bytes = 1 << 20;
+  // 256 MiB of zeros: a few hundred KB compressed.
+  std::string tar = Tar("bomb.tar.gz", {{"zeros", std::string(256 << 20, '\0')}});
+  auto t = AddTemplate(ts_, *st_, "bomb", tar);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.status().message().find("unknown template 'ubuntu'"), std::string::npos);
-  auto missing = ResolveTemplate(store_, "/nonexistent/rootfs");
-  EXPECT_FALSE(missing.ok());
+  EXPECT_EQ(t.status().err(), ENOSPC);
+  EXPECT_NE(t.status().message().find("exceeds the template cache's free room"), std::string::npos)
+      << t.status().message();
+  ExpectCacheEmpty("bomb");  // and no temporary directory: unpacking stopped at 1 MiB
+}
+
+TEST_F(TemplateTest, UnusedLayersAreEvictedLeastRecentlyUsedFirstAndLiveOnesKept) {
+  std::string a = Tar("a.tar.gz", {{"a", std::string(600 << 10, 'a')}});
+  std::string b = Tar("b.tar.gz", {{"b", std::string(600 << 10, 'b')}});
+  ts_.cache_bytes = 1 << 20;  // room for one of them
+  ASSERT_TRUE(AddTemplate(ts_, *st_, "a", a).ok());
+  auto ta = ResolveTemplate(ts_, *st_, "a", "sb1");
+  ASSERT_TRUE(ta.ok());
+  store::SandboxRecord sb;
+  sb.id = "sb1";
+  sb.state = store::kStateRunning;
+  ASSERT_TRUE(st_->PutSandbox(sb).ok());
+
+  // Removed while sb1 uses it: its layer stays, and counts, until sb1 has ended.
+  ASSERT_TRUE(RemoveTemplate(ts_, *st_, "a").ok());
+  EXPECT_FALSE(st_->GetTemplate("a")->has_value());
+  EXPECT_EQ(::access(ta->layers[0].c_str(), F_OK), 0);
+  auto refused = AddTemplate(ts_, *st_, "b", b);
+  EXPECT_EQ(refused.status().err(), ENOSPC) << refused.status().message();
+  EXPECT_EQ(::access(ta->layers[0].c_str(), F_OK), 0);
+
+  sb.state = store::kStateKilled;
+  ASSERT_TRUE(st_->PutSandbox(sb).ok());
+  auto added = AddTemplate(ts_, *st_, "b", b);
+  ASSERT_TRUE(added.ok()) << added.status().message();
+  EXPECT_NE(::access(ta->layers[0].c_str(), F_OK), 0);  // evicted
+  EXPECT_EQ(Ls(ts_.dir + "/layers"), std::vector<std::string>{added->layers[0]});
+  EXPECT_LE(*st_->LayerBytes(), ts_.cache_bytes);
+}
+
+TEST_F(TemplateTest, RemovedTemplateWithoutSandboxesLeavesNothing) {
+  ASSERT_TRUE(AddTemplate(ts_, *st_, "t", Tar("t.tar.gz", {{"f", "x"}})).ok());
+  ASSERT_TRUE(RemoveTemplate(ts_, *st_, "t").ok());
+  ExpectCacheEmpty("rm");
+  EXPECT_EQ(ResolveTemplate(ts_, *st_, "t", "").status().what(), "template not found: t");
+}
+
+TEST_F(TemplateTest, LocalRunTakesAPathIntoAPrivateLayerItRemoves) {
+  std::string tar = Tar("run.tar.gz", {{"etc/", "<dir>"}, {"etc/x", "y"}});
+  std::function<void()> cleanup;
+  auto t = ResolveLocalTemplate(ts_, *st_, tar, &cleanup);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  ASSERT_TRUE(cleanup);
+  EXPECT_EQ(*ReadFile(t->layers[0] + "/etc/x"), "y");
+  ExpectCacheEmpty("a run's layer is not in the registry's cache");
+  cleanup();
+  EXPECT_NE(::access(t->layers[0].c_str(), F_OK), 0);
+  std::function<void()> none;
+  auto dir = ResolveLocalTemplate(ts_, *st_, dir_, &none);
+  ASSERT_TRUE(dir.ok());
+  EXPECT_EQ(dir->layers, std::vector<std::string>{dir_});
+  auto name = ResolveLocalTemplate(ts_, *st_, "base", &none);
+  ASSERT_TRUE(name.ok());
+  EXPECT_EQ(name->name, "host");
+  EXPECT_FALSE(ResolveLocalTemplate(ts_, *st_, "nope", &none).ok());
 }
 
 }  // namespace

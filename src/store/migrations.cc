@@ -97,6 +97,43 @@ ALTER TABLE sandboxes ADD COLUMN id_base INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN idmapped INTEGER NOT NULL DEFAULT 0;
 )sql";
 
+// Version 5: the template registry is the one source of templates (issue 9). Templates are names
+// that the operator registered (`sbx template add`) or built in: `host` and the names the E2B SDKs
+// default to, seeded here as aliases of `host`. Layers are directories of the template cache,
+// counted against its size bound; a pin says a sandbox uses a layer, so it is kept while that
+// sandbox lives. Nothing wrote `templates` before this version (the E2B facade only read it).
+constexpr char kV5[] = R"sql(
+DELETE FROM templates;
+ALTER TABLE templates ADD COLUMN kind TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN alias_of TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE templates ADD COLUMN last_used_at INTEGER NOT NULL DEFAULT 0;
+
+CREATE TABLE template_layers (
+  id            TEXT PRIMARY KEY NOT NULL,
+  size_bytes    INTEGER NOT NULL DEFAULT 0,
+  created_at    INTEGER NOT NULL,
+  last_used_at  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX template_layers_by_use ON template_layers (last_used_at);
+
+CREATE TABLE layer_pins (
+  sandbox_id  TEXT NOT NULL,
+  layer_id    TEXT NOT NULL,
+  created_at  INTEGER NOT NULL,
+  PRIMARY KEY (sandbox_id, layer_id)
+) WITHOUT ROWID;
+CREATE INDEX layer_pins_by_layer ON layer_pins (layer_id);
+
+INSERT INTO templates (name, kind, source, created_at)
+  VALUES ('host', 'host', 'built in', CAST(strftime('%s', 'now') AS INTEGER) * 1000);
+INSERT INTO templates (name, kind, alias_of, source, created_at)
+  SELECT column1, 'alias', 'host', 'built in (E2B SDK default)',
+         CAST(strftime('%s', 'now') AS INTEGER) * 1000
+  FROM (VALUES ('base'), ('code-interpreter-v1'), ('code-interpreter-stateful'), ('desktop'),
+               ('mcp-gateway'));
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -105,6 +142,7 @@ const std::vector<Migration>& Migrations() {
       {2, "sandboxes.public_ports", kV2},
       {3, "api_keys.operator", kV3},
       {4, "id_ranges, sandboxes.id_base, sandboxes.idmapped", kV4},
+      {5, "template registry: kinds, aliases, template_layers, layer_pins", kV5},
   };
   return kAll;
 }

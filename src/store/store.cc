@@ -26,7 +26,9 @@ constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
-constexpr char kTemplateColumns[] = "name, source, layers, created_at";
+constexpr char kTemplateColumns[] =
+    "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at";
+constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at";
 
 Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
 
@@ -200,11 +202,32 @@ Result<TemplateRecord> ReadTemplate(const Statement& st) {
   if (!layers->is_array())
     return Status::Error("read template " + t.name + ": layers is not an array", EUCLEAN);
   for (const json& l : *layers) {
-    if (l.is_string()) t.layers.push_back(l.get<std::string>());
+    if (!l.is_string())
+      return Status::Error("read template " + t.name + ": a layer id is not a string", EUCLEAN);
+    t.layers.push_back(l.get<std::string>());
   }
   t.created_at = st.ColumnInt(3);
+  t.kind = st.ColumnText(4);
+  t.alias_of = st.ColumnText(5);
+  t.size_bytes = st.ColumnInt(6);
+  t.last_used_at = st.ColumnInt(7);
   return t;
 }
+
+LayerRecord ReadLayer(const Statement& st) {
+  return {st.ColumnText(0), st.ColumnInt(1), st.ColumnInt(2), st.ColumnInt(3)};
+}
+
+bool IsValidTemplateKind(std::string_view k) {
+  return k == kTemplateHost || k == kTemplateAlias || k == kTemplateDir || k == kTemplateTar;
+}
+
+// A layer is in use while a template references it or a pin holds it whose sandbox is live or
+// has no record yet (a create between resolving its template and recording its sandbox).
+constexpr char kLayerInUse[] =
+    "(EXISTS (SELECT 1 FROM templates t, json_each(t.layers) j WHERE j.value = l.id)"
+    " OR EXISTS (SELECT 1 FROM layer_pins p LEFT JOIN sandboxes s ON s.id = p.sandbox_id"
+    " WHERE p.layer_id = l.id AND (s.id IS NULL OR s.state IN ('creating', 'running', 'paused'))))";
 
 }  // namespace
 
@@ -683,28 +706,11 @@ Status Store::DeleteIdempotency(const std::string& key_id, const std::string& ke
 
 // ---- templates ----
 
-Status Store::PutTemplate(const TemplateRecord& t) {
-  std::string what = "put template " + t.name;
-  if (t.name.empty()) return Invalid("put template: empty name");
-  Result<std::string> layers = Dump(json(t.layers), what + ": layers");
-  if (!layers.ok()) return layers.status();
-  std::lock_guard<std::mutex> lock(mu_);
-  Result<Statement> st = db_->Prepare(
-      std::string("INSERT INTO templates (") + kTemplateColumns +
-      ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO UPDATE SET source = excluded.source,"
-      " layers = excluded.layers, created_at = excluded.created_at");
-  if (!st.ok()) return st.status().Wrap(what);
-  st->BindText(1, t.name)
-      .BindText(2, t.source)
-      .BindText(3, *layers)
-      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs());
-  return st->Run().Wrap(what);
-}
+namespace {
 
-Result<std::optional<TemplateRecord>> Store::GetTemplate(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+Result<std::optional<TemplateRecord>> GetTemplateIn(Db& db, const std::string& name) {
   Result<Statement> st =
-      db_->Prepare(std::string("SELECT ") + kTemplateColumns + " FROM templates WHERE name = ?1");
+      db.Prepare(std::string("SELECT ") + kTemplateColumns + " FROM templates WHERE name = ?1");
   if (!st.ok()) return st.status().Wrap("get template " + name);
   st->BindText(1, name);
   Result<bool> row = st->Step();
@@ -713,6 +719,93 @@ Result<std::optional<TemplateRecord>> Store::GetTemplate(const std::string& name
   Result<TemplateRecord> t = ReadTemplate(*st);
   if (!t.ok()) return t.status();
   return std::optional<TemplateRecord>(std::move(*t));
+}
+
+// Checks `t` against the rows it refers to; run inside the transaction that writes it.
+Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what) {
+  if (t.name.empty()) return Invalid(what + ": empty name");
+  if (!IsValidTemplateKind(t.kind)) return Invalid(what + ": unknown kind '" + t.kind + "'");
+  if (t.size_bytes < 0) return Invalid(what + ": negative size");
+  if (t.kind == kTemplateAlias) {
+    if (t.alias_of.empty() || t.alias_of == t.name)
+      return Invalid(what + ": an alias needs another template to stand for");
+    if (!t.layers.empty()) return Invalid(what + ": an alias has no layers of its own");
+    Result<std::optional<TemplateRecord>> target = GetTemplateIn(db, t.alias_of);
+    if (!target.ok()) return target.status();
+    if (!*target) return Invalid(what + ": no template '" + t.alias_of + "' to stand for");
+    if ((*target)->kind == kTemplateAlias)
+      return Invalid(what + ": '" + t.alias_of + "' is itself an alias");
+  } else if (!t.alias_of.empty()) {
+    return Invalid(what + ": only an alias stands for another template");
+  }
+  for (const std::string& id : t.layers) {
+    Result<Statement> st = db.Prepare("SELECT 1 FROM template_layers WHERE id = ?1");
+    if (!st.ok()) return st.status().Wrap(what);
+    st->BindText(1, id);
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap(what);
+    if (!*row) return Status::Error(what + ": no layer '" + id + "'", ENOENT);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status Store::AddTemplate(const TemplateRecord& t) {
+  std::string what = "add template " + t.name;
+  Result<std::string> layers = Dump(json(t.layers), what + ": layers");
+  if (!layers.ok()) return layers.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
+  Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, t.name)
+      .BindText(2, t.source)
+      .BindText(3, *layers)
+      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
+      .BindText(5, t.kind)
+      .BindText(6, t.alias_of)
+      .BindInt(7, t.size_bytes)
+      .BindInt(8, t.last_used_at);
+  Status s = st->Run();
+  if (s.err() == EEXIST) return Status::Error(what + ": a template of that name exists", EEXIST);
+  SBX_RETURN_IF_ERROR(s.Wrap(what));
+  return tx->Commit().Wrap(what);
+}
+
+Status Store::PutTemplate(const TemplateRecord& t) {
+  std::string what = "put template " + t.name;
+  Result<std::string> layers = Dump(json(t.layers), what + ": layers");
+  if (!layers.ok()) return layers.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
+  Result<Statement> st = db_->Prepare(
+      std::string("INSERT INTO templates (") + kTemplateColumns +
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (name) DO UPDATE SET"
+      " source = excluded.source, layers = excluded.layers, created_at = excluded.created_at,"
+      " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
+      " last_used_at = excluded.last_used_at");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, t.name)
+      .BindText(2, t.source)
+      .BindText(3, *layers)
+      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
+      .BindText(5, t.kind)
+      .BindText(6, t.alias_of)
+      .BindInt(7, t.size_bytes)
+      .BindInt(8, t.last_used_at);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  return tx->Commit().Wrap(what);
+}
+
+Result<std::optional<TemplateRecord>> Store::GetTemplate(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GetTemplateIn(*db_, name);
 }
 
 Result<std::vector<TemplateRecord>> Store::ListTemplates() {
@@ -732,15 +825,175 @@ Result<std::vector<TemplateRecord>> Store::ListTemplates() {
 }
 
 Status Store::DeleteTemplate(const std::string& name) {
+  std::string what = "delete template " + name;
   std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<Statement> aliases = db_->Prepare("SELECT name FROM templates WHERE alias_of = ?1");
+  if (!aliases.ok()) return aliases.status().Wrap(what);
+  aliases->BindText(1, name);
+  Result<bool> row = aliases->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (*row)
+    return Status::Error(what + ": '" + aliases->ColumnText(0) + "' is an alias of it", EBUSY);
   Result<Statement> st = db_->Prepare("DELETE FROM templates WHERE name = ?1");
-  if (!st.ok()) return st.status().Wrap("delete template " + name);
+  if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, name);
-  SBX_RETURN_IF_ERROR(st->Run().Wrap("delete template " + name));
-  if (db_->changes() == 0) {
-    return Status::Error("delete template " + name + ": no such template", ENOENT);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  if (db_->changes() == 0) return Status::Error(what + ": no such template", ENOENT);
+  return tx->Commit().Wrap(what);
+}
+
+Result<std::optional<TemplateRecord>> Store::UseTemplate(const std::string& name,
+                                                         const std::string& pin_for) {
+  std::string what = "use template " + name;
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<TemplateRecord>> t = GetTemplateIn(*db_, name);
+  if (!t.ok() || !*t) return t;
+  if ((*t)->kind == kTemplateAlias) {
+    t = GetTemplateIn(*db_, (*t)->alias_of);
+    if (!t.ok()) return t;
+    if (!*t || (*t)->kind == kTemplateAlias)
+      return Status::Error(what + ": its alias target is missing or an alias", EUCLEAN);
   }
-  return Status();
+  int64_t now = NowMs();
+  Result<Statement> touch =
+      db_->Prepare("UPDATE templates SET last_used_at = ?1 WHERE name IN (?2, ?3)");
+  if (!touch.ok()) return touch.status().Wrap(what);
+  touch->BindInt(1, now).BindText(2, name).BindText(3, (*t)->name);
+  SBX_RETURN_IF_ERROR(touch->Run().Wrap(what));
+  for (const std::string& id : (*t)->layers) {
+    Result<Statement> l =
+        db_->Prepare("UPDATE template_layers SET last_used_at = ?1 WHERE id = ?2");
+    if (!l.ok()) return l.status().Wrap(what);
+    l->BindInt(1, now).BindText(2, id);
+    SBX_RETURN_IF_ERROR(l->Run().Wrap(what));
+    if (pin_for.empty()) continue;
+    Result<Statement> pin = db_->Prepare(
+        "INSERT INTO layer_pins (sandbox_id, layer_id, created_at) VALUES (?1, ?2, ?3)"
+        " ON CONFLICT DO NOTHING");
+    if (!pin.ok()) return pin.status().Wrap(what);
+    pin->BindText(1, pin_for).BindText(2, id).BindInt(3, now);
+    SBX_RETURN_IF_ERROR(pin->Run().Wrap(what));
+  }
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  (*t)->last_used_at = now;
+  return t;
+}
+
+// ---- template layers ----
+
+Status Store::PutLayer(const LayerRecord& l) {
+  std::string what = "put layer " + l.id;
+  if (l.id.empty()) return Invalid("put layer: empty id");
+  if (l.size_bytes < 0) return Invalid(what + ": negative size");
+  int64_t created = l.created_at != 0 ? l.created_at : NowMs();
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare(
+      std::string("INSERT INTO template_layers (") + kLayerColumns +
+      ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO UPDATE SET size_bytes = excluded.size_bytes,"
+      " last_used_at = MAX(last_used_at, excluded.last_used_at)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, l.id)
+      .BindInt(2, l.size_bytes)
+      .BindInt(3, created)
+      .BindInt(4, l.last_used_at != 0 ? l.last_used_at : created);
+  return st->Run().Wrap(what);
+}
+
+Result<std::optional<LayerRecord>> Store::GetLayer(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kLayerColumns + " FROM template_layers WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap("get layer " + id);
+  st->BindText(1, id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("get layer " + id);
+  if (!*row) return std::optional<LayerRecord>();
+  return std::optional<LayerRecord>(ReadLayer(*st));
+}
+
+namespace {
+
+Result<std::vector<LayerRecord>> LayersWhere(Db& db, const std::string& where,
+                                             const std::string& what) {
+  Result<Statement> st =
+      db.Prepare(std::string("SELECT ") + kLayerColumns + " FROM template_layers l " + where +
+                 " ORDER BY last_used_at, id");
+  if (!st.ok()) return st.status().Wrap(what);
+  std::vector<LayerRecord> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap(what);
+    if (!*row) return out;
+    out.push_back(ReadLayer(*st));
+  }
+}
+
+}  // namespace
+
+Result<std::vector<LayerRecord>> Store::ListLayers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LayersWhere(*db_, "", "list layers");
+}
+
+Result<int64_t> Store::LayerBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<std::string> sum =
+      db_->QueryText("SELECT CAST(COALESCE(SUM(size_bytes), 0) AS TEXT) FROM template_layers");
+  if (!sum.ok()) return sum.status().Wrap("sum layer sizes");
+  return static_cast<int64_t>(std::strtoll(sum->c_str(), nullptr, 10));
+}
+
+Result<std::vector<LayerRecord>> Store::UnusedLayers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SBX_RETURN_IF_ERROR(
+      db_->Exec("DELETE FROM layer_pins WHERE sandbox_id IN (SELECT id FROM sandboxes WHERE"
+                " state NOT IN ('creating', 'running', 'paused'))")
+          .Wrap("forget pins of ended sandboxes"));
+  return LayersWhere(*db_, std::string("WHERE NOT ") + kLayerInUse, "list unused layers");
+}
+
+Status Store::DeleteLayer(const std::string& id) {
+  std::string what = "delete layer " + id;
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<Statement> used = db_->Prepare(std::string("SELECT ") + kLayerInUse +
+                                        " FROM template_layers l WHERE l.id = ?1");
+  if (!used.ok()) return used.status().Wrap(what);
+  used->BindText(1, id);
+  Result<bool> row = used->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (!*row) return Status::Error(what + ": no such layer", ENOENT);
+  if (used->ColumnInt(0) != 0) return Status::Error(what + ": in use", EBUSY);
+  Result<Statement> st = db_->Prepare("DELETE FROM template_layers WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, id);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  Result<Statement> pins = db_->Prepare("DELETE FROM layer_pins WHERE layer_id = ?1");
+  if (!pins.ok()) return pins.status().Wrap(what);
+  pins->BindText(1, id);
+  SBX_RETURN_IF_ERROR(pins->Run().Wrap(what));
+  return tx->Commit().Wrap(what);
+}
+
+Status Store::UnpinLayers(const std::string& sandbox_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM layer_pins WHERE sandbox_id = ?1");
+  if (!st.ok()) return st.status().Wrap("unpin layers of " + sandbox_id);
+  st->BindText(1, sandbox_id);
+  return st->Run().Wrap("unpin layers of " + sandbox_id);
+}
+
+Result<int64_t> Store::DropOrphanPins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SBX_RETURN_IF_ERROR(
+      db_->Exec("DELETE FROM layer_pins WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)")
+          .Wrap("forget orphan layer pins"));
+  return db_->changes();
 }
 
 // ---- id ranges ----

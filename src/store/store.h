@@ -138,11 +138,31 @@ struct IdempotencyRecord {
   int64_t created_at = 0;    // PutIdempotency sets it to now when 0
 };
 
+// Template kinds (column `kind`). See docs/storage.md for what each one is made of.
+inline constexpr char kTemplateHost[] = "host";    // the built-in host template
+inline constexpr char kTemplateAlias[] = "alias";  // another name of the template `alias_of`
+inline constexpr char kTemplateDir[] = "dir";      // a snapshot of a rootfs directory
+inline constexpr char kTemplateTar[] = "tar";      // an unpacked rootfs tarball
+
+// A registered template. Names are checked by storage (storage::IsValidTemplateName); the store
+// only refuses empty ones.
 struct TemplateRecord {
   std::string name;
-  std::string source;               // what the user asked for ("host", a path, an image)
-  std::vector<std::string> layers;  // resolved layer directories, topmost first
-  int64_t created_at = 0;           // PutTemplate sets it to now when 0
+  std::string kind;      // one of kTemplate*
+  std::string source;    // where it came from, for people: the path given to `sbx template add`
+  std::string alias_of;  // kind alias: the template it stands for (never itself an alias)
+  std::vector<std::string> layers;  // ids of template_layers rows, topmost first
+  int64_t size_bytes = 0;           // of its layers
+  int64_t created_at = 0;           // AddTemplate/PutTemplate set it to now when 0
+  int64_t last_used_at = 0;         // UseTemplate sets it
+};
+
+// A directory of the template cache (<templates dir>/layers/<id>), counted against its bound.
+struct LayerRecord {
+  std::string id;
+  int64_t size_bytes = 0;
+  int64_t created_at = 0;    // PutLayer sets it to now when 0
+  int64_t last_used_at = 0;  // PutLayer sets it to created_at when 0; UseTemplate bumps it
 };
 
 // One taken slot of the box id pool (a range of 65536 host ids; the runtime maps slot numbers to
@@ -230,10 +250,39 @@ class Store {
   Status DeleteIdempotency(const std::string& key_id, const std::string& key);
 
   // ---- templates ----
-  Status PutTemplate(const TemplateRecord& t);  // insert or replace
+  // Registers `t`. EEXIST if the name is taken; EINVAL for an empty name, an unknown kind, an
+  // alias of a missing template or of an alias; ENOENT if one of its layers is not recorded.
+  Status AddTemplate(const TemplateRecord& t);
+  // As AddTemplate, but replaces a template of the same name (the host template's layer).
+  Status PutTemplate(const TemplateRecord& t);
   Result<std::optional<TemplateRecord>> GetTemplate(const std::string& name);
   Result<std::vector<TemplateRecord>> ListTemplates();  // by name
-  Status DeleteTemplate(const std::string& name);       // ENOENT if missing
+  // ENOENT if missing; EBUSY while aliases point to it.
+  Status DeleteTemplate(const std::string& name);
+  // The template `name` stands for (an alias is followed), in one transaction with: pinning its
+  // layers for sandbox `pin_for` (unless empty) and noting the use (last_used_at) of the
+  // template, the alias and the layers. nullopt for an unknown name.
+  Result<std::optional<TemplateRecord>> UseTemplate(const std::string& name,
+                                                    const std::string& pin_for);
+
+  // ---- template layers ----
+  // Records a layer (or updates its size). EINVAL for an empty id or a negative size.
+  Status PutLayer(const LayerRecord& l);
+  Result<std::optional<LayerRecord>> GetLayer(const std::string& id);
+  Result<std::vector<LayerRecord>> ListLayers();  // least recently used first
+  Result<int64_t> LayerBytes();                   // the sum of every layer's size
+  // Layers that no template references and no pin of a live sandbox (or of a sandbox that has
+  // no record yet: a create in flight) holds, least recently used first. Pins of sandboxes that
+  // are no longer live are forgotten on the way.
+  Result<std::vector<LayerRecord>> UnusedLayers();
+  // Forgets an unused layer (see UnusedLayers), checked in the same transaction. ENOENT if
+  // missing, EBUSY if it is in use.
+  Status DeleteLayer(const std::string& id);
+  // Forgets the pins of `sandbox_id` (missing is fine).
+  Status UnpinLayers(const std::string& sandbox_id);
+  // Forgets pins of sandboxes that have no record: creates that died before recording their
+  // sandbox. Only correct while no create is in flight (the daemon calls it before serving).
+  Result<int64_t> DropOrphanPins();
 
   // ---- id ranges (the box id pool, shared by sbx serve and sbx run) ----
   // The slot `box_id` holds, or else the lowest free slot below `slots`, taken for it; in one

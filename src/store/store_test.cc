@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -677,22 +678,107 @@ TEST_F(StoreTest, IdempotencyKeys) {
 
 // ---- templates ----
 
-TEST_F(StoreTest, Templates) {
+TEST_F(StoreTest, RegistryIsSeededWithHostAndTheE2bDefaultNamesAsItsAliases) {
   auto store = OpenStore();
   ASSERT_TRUE(store);
-  TemplateRecord t{.name = "host", .source = "host", .layers = {"/l/2", "/l/1"}};
-  ASSERT_TRUE(store->PutTemplate(t).ok());
-  ASSERT_TRUE(store->PutTemplate({.name = "alpine", .source = "/x.tar", .layers = {"/l/a"}}).ok());
-  auto got = store->GetTemplate("host");
-  ASSERT_TRUE(got.ok() && got->has_value());
-  EXPECT_EQ((*got)->layers, (std::vector<std::string>{"/l/2", "/l/1"}));
-  EXPECT_GT((*got)->created_at, 0);
   auto all = store->ListTemplates();
   ASSERT_TRUE(all.ok());
-  ASSERT_EQ(all->size(), 2u);
-  EXPECT_EQ((*all)[0].name, "alpine");
+  std::map<std::string, TemplateRecord> by_name;
+  for (const auto& t : *all) by_name[t.name] = t;
+  ASSERT_TRUE(by_name.count("host"));
+  EXPECT_EQ(by_name["host"].kind, kTemplateHost);
+  for (const char* alias :
+       {"base", "code-interpreter-v1", "code-interpreter-stateful", "desktop", "mcp-gateway"}) {
+    ASSERT_TRUE(by_name.count(alias)) << alias;
+    EXPECT_EQ(by_name[alias].kind, kTemplateAlias);
+    EXPECT_EQ(by_name[alias].alias_of, "host");
+  }
+  EXPECT_EQ(all->size(), 6u);
+  // host is protected by storage; the store protects it as the target of aliases.
+  EXPECT_EQ(store->DeleteTemplate("host").err(), EBUSY);
+}
+
+TEST_F(StoreTest, TemplatesAreCheckedAgainstTheirLayersAndTargets) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  TemplateRecord t{.name = "alpine", .kind = kTemplateTar, .source = "/x.tar", .layers = {"l1"}};
+  EXPECT_EQ(store->AddTemplate(t).err(), ENOENT);  // no such layer yet
+  ASSERT_TRUE(store->PutLayer({.id = "l1", .size_bytes = 100}).ok());
+  ASSERT_TRUE(store->AddTemplate(t).ok());
+  EXPECT_EQ(store->AddTemplate(t).err(), EEXIST);
+  auto got = store->GetTemplate("alpine");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->layers, std::vector<std::string>{"l1"});
+  EXPECT_EQ((*got)->kind, kTemplateTar);
+  EXPECT_GT((*got)->created_at, 0);
+
+  EXPECT_EQ(store->AddTemplate({.name = "x", .kind = "image"}).err(), EINVAL);
+  EXPECT_EQ(store->AddTemplate({.name = "", .kind = kTemplateTar}).err(), EINVAL);
+  EXPECT_EQ(store->AddTemplate({.name = "a", .kind = kTemplateAlias, .alias_of = "nope"}).err(),
+            EINVAL);
+  EXPECT_EQ(store->AddTemplate({.name = "a", .kind = kTemplateAlias, .alias_of = "base"}).err(),
+            EINVAL);  // an alias of an alias
+  ASSERT_TRUE(store->AddTemplate({.name = "a", .kind = kTemplateAlias, .alias_of = "alpine"}).ok());
+  EXPECT_EQ(store->DeleteTemplate("alpine").err(), EBUSY);
+  ASSERT_TRUE(store->DeleteTemplate("a").ok());
   ASSERT_TRUE(store->DeleteTemplate("alpine").ok());
   EXPECT_EQ(store->DeleteTemplate("alpine").err(), ENOENT);
+}
+
+TEST_F(StoreTest, UseTemplateFollowsAliasesAndPinsLayersWhileTheSandboxLives) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->PutLayer({.id = "hostlayer", .size_bytes = 10}).ok());
+  auto host = store->GetTemplate("host");
+  ASSERT_TRUE(host.ok() && host->has_value());
+  TemplateRecord h = **host;
+  h.layers = {"hostlayer"};
+  ASSERT_TRUE(store->PutTemplate(h).ok());
+
+  auto used = store->UseTemplate("base", "sb1");
+  ASSERT_TRUE(used.ok() && used->has_value());
+  EXPECT_EQ((*used)->name, "host");
+  EXPECT_EQ((*used)->layers, std::vector<std::string>{"hostlayer"});
+  EXPECT_GT((*store->GetLayer("hostlayer"))->last_used_at, 0);
+  EXPECT_FALSE(store->UseTemplate("nope", "sb1")->has_value());
+
+  // Unregistered (the host moves to a new layer): the pin of sb1 keeps the old one while sb1 has
+  // no record yet (a create in flight) and while it is live.
+  ASSERT_TRUE(store->PutLayer({.id = "hostlayer2", .size_bytes = 10}).ok());
+  h.layers = {"hostlayer2"};
+  ASSERT_TRUE(store->PutTemplate(h).ok());
+  EXPECT_TRUE(store->UnusedLayers()->empty());
+  EXPECT_EQ(store->DeleteLayer("hostlayer").err(), EBUSY);
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1")).ok());
+  EXPECT_TRUE(store->UnusedLayers()->empty());
+  EXPECT_EQ(*store->LayerBytes(), 20);
+
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1", 0, kStateKilled)).ok());
+  auto unused = store->UnusedLayers();
+  ASSERT_TRUE(unused.ok());
+  ASSERT_EQ(unused->size(), 1u);
+  EXPECT_EQ((*unused)[0].id, "hostlayer");
+  EXPECT_EQ(store->DeleteLayer("hostlayer2").err(), EBUSY);  // the host's
+  ASSERT_TRUE(store->DeleteLayer("hostlayer").ok());
+  EXPECT_EQ(store->DeleteLayer("hostlayer").err(), ENOENT);
+  EXPECT_EQ(*store->LayerBytes(), 10);
+}
+
+TEST_F(StoreTest, OrphanPinsAreDroppedAndUnusedLayersComeLeastRecentlyUsedFirst) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  ASSERT_TRUE(store->PutLayer({.id = "old", .size_bytes = 1, .last_used_at = 100}).ok());
+  ASSERT_TRUE(store->PutLayer({.id = "new", .size_bytes = 1, .last_used_at = 200}).ok());
+  ASSERT_TRUE(store->AddTemplate({.name = "t", .kind = kTemplateDir, .layers = {"old"}}).ok());
+  ASSERT_TRUE(store->UseTemplate("t", "ghost").ok());  // a create that died before its record
+  ASSERT_TRUE(store->DeleteTemplate("t").ok());
+  EXPECT_EQ(store->UnusedLayers()->size(), 1u);  // "old" is held by the pin of "ghost"
+  EXPECT_EQ(*store->DropOrphanPins(), 1);
+  auto unused = store->UnusedLayers();
+  ASSERT_TRUE(unused.ok());
+  ASSERT_EQ(unused->size(), 2u);
+  EXPECT_EQ((*unused)[0].id, "new");  // "old" was used (by "ghost") after "new" was made
+  ASSERT_TRUE(store->UnpinLayers("ghost").ok());
 }
 
 // ---- crashes and concurrency ----

@@ -56,7 +56,7 @@ for (const [name, sdk] of SDKS) {
       const since = desc.find((s) => s.sandboxId === created[0]).startedAt
       const later = await Sandbox.list({ query: { metadata: { suite }, startedAfter: since }, order: 'asc' }).nextItems()
       assert.deepEqual(later.map((s) => s.sandboxId), created.slice(1))
-      // E2B template names that are not sbx templates mean sbx's host template, in list as in create.
+      // E2B's default template name 'base' is an alias of sbx's host template, in list as in create.
       const base = await Sandbox.list({ query: { metadata: { suite }, template: 'base' } }).nextItems()
       assert.equal(base.length, 3)
 

@@ -43,8 +43,11 @@ class RuntimeTest : public ::testing::Test {
     auto rt = NativeRuntime::Open(cfg);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
     rt_ = std::move(rt).value();
-    // Template layers with their real owners (id base 0), as the runtime expects them.
-    auto t = storage::ResolveTemplate({dir_ + "/templates", 0}, "host");
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    storage::TemplateStore ts;
+    ts.dir = dir_ + "/templates";
+    auto t = storage::ResolveTemplate(ts, **st, "host", "");
     ASSERT_TRUE(t.ok()) << t.status().message();
     tmpl_ = *t;
   }

@@ -8,6 +8,7 @@
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
 #include "common/encoding.h"
+#include "storage/template.h"
 
 namespace sbx::api::e2b {
 namespace {
@@ -175,12 +176,14 @@ Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRec
   return rec;
 }
 
-// The sbx template an E2B template ID stands for. E2B's names ("base", "code-interpreter-v1",
-// ...) mean nothing here: anything that is not a registered sbx template is the default (host)
-// template, "". Create and the list filter resolve names alike.
+// The sbx template an E2B template ID stands for in a list filter: the registered template it
+// names (an alias, such as E2B's default "base", stands for its target), or the ID itself, which
+// then matches nothing. Create passes the ID to the manager, which answers 400 "template not
+// found: ID" for an unknown one.
 std::string SbxTemplate(ApiContext& ctx, const std::string& e2b_template) {
   auto known = ctx.store.GetTemplate(e2b_template);
-  return (known.ok() && *known) ? e2b_template : "";
+  if (!known.ok() || !*known) return e2b_template;
+  return (*known)->kind == store::kTemplateAlias ? (*known)->alias_of : e2b_template;
 }
 
 awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key,
@@ -190,7 +193,8 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   if (!j->contains("templateID") || !(*j)["templateID"].is_string())
     co_return co_await Error(ex, 400, "templateID: required string");
   sandbox::CreateRequest req;
-  req.template_name = SbxTemplate(ctx, (*j)["templateID"].get<std::string>());
+  req.template_name = (*j)["templateID"].get<std::string>();
+  if (req.template_name.empty()) co_return co_await Error(ex, 400, "template not found: ");
   auto md = StringMap(*j, "metadata");
   if (!md.ok()) co_return co_await Fail(ex, md.status());
   auto env = StringMap(*j, "envVars");
@@ -206,6 +210,8 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
   sandbox::QuotaExceeded quota;
   auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
+  if (storage::IsTemplateNotFound(rec.status()))
+    co_return co_await Error(ex, 400, rec.status().what());
   if (!rec.ok()) {
     if (rec.status().err() == EAGAIN) {
       http::Headers h = {
@@ -294,8 +300,7 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
     f.created_after = *ms;
   }
   if (auto tmpl = ex.query().Get("template"); v2 && tmpl && !tmpl->empty()) {
-    std::string name = SbxTemplate(ctx, *tmpl);
-    f.template_name = name.empty() ? ctx.manager.default_template() : name;
+    f.template_name = SbxTemplate(ctx, *tmpl);
   }
   auto page = ctx.manager.List(key, f);
   if (!page.ok()) co_return co_await Fail(ex, page.status());

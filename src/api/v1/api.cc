@@ -21,6 +21,7 @@
 #include "api/v1/box_files.h"
 #include "common/encoding.h"
 #include "protocol/wire.h"
+#include "storage/template.h"
 
 namespace sbx::api {
 namespace {
@@ -531,6 +532,8 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
            sandbox::QuotaExceeded quota;
            auto rec =
                co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, *req, &quota); });
+           if (storage::IsTemplateNotFound(rec.status()))
+             co_return co_await ex.RespondError(400, "invalid_argument", rec.status().what());
            if (!rec.ok()) {
              http::Headers h;
              if (rec.status().err() == EAGAIN)

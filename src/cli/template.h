@@ -1,0 +1,26 @@
+// `sbx template add|ls|rm`: the operator's side of the template registry (docs/storage.md). Runs
+// on the host as root, on the store (<data dir>/sbx.db) and the template cache directly, also
+// while the daemon runs. Also the one place the CLI (serve, run, template) builds its
+// storage::TemplateStore from, so that all three agree on the cache and its bound.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "cli/run.h"
+#include "cli/verbs.h"
+#include "storage/template.h"
+
+namespace sbx::cli {
+
+// The template cache of `data_dir` with bound `cache_bytes` (0: the bound `sbx serve` last
+// recorded, else the default).
+storage::TemplateStore CliTemplateStore(const std::string& data_dir, int64_t cache_bytes);
+
+// Records the daemon's bound in the cache directory, for `sbx template add` to honour it.
+Status RecordTemplateCacheBytes(const storage::TemplateStore& ts);
+
+void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
+
+}  // namespace sbx::cli
