@@ -438,7 +438,9 @@ class CacheLock {
 
 // Removes a layer's directory. Caller holds the CacheLock and has forgotten the layer in the
 // store.
-void RemoveLayerDirs(const TemplateStore& ts, const std::string& id) { RemoveTree(LayerDir(ts, id)); }
+void RemoveLayerDirs(const TemplateStore& ts, const std::string& id) {
+  RemoveTree(LayerDir(ts, id));
+}
 
 // Removes what a killed process left in the cache: layer directories the store does not know
 // (a build that died before recording its layer). Caller holds the CacheLock, under which every
@@ -675,14 +677,12 @@ Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
   o.limit = room;
   Status s;
   if (::mkdir(root.c_str(), 0755) != 0) s = Status::Errno("mkdir " + root);
-  if (s.ok() && ::chown(dir.c_str(), 0, 0) != 0)
-    s = Status::Errno("chown " + dir);
+  if (s.ok() && ::chown(dir.c_str(), 0, 0) != 0) s = Status::Errno("chown " + dir);
   if (s.ok()) {
     auto n = ExtractTarball(spec, root, o);
     if (!n.ok()) s = n.status();
   }
-  if (s.ok() && ::chown(root.c_str(), 0, 0) != 0)
-    s = Status::Errno("chown " + root);
+  if (s.ok() && ::chown(root.c_str(), 0, 0) != 0) s = Status::Errno("chown " + root);
   if (!s.ok()) {
     RemoveTree(dir);
     return s.Wrap("unpack template " + spec);
