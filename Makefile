@@ -31,7 +31,8 @@ build: deps $(BUILD)/build.ninja
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
-	@cat $(BUILD)/battery-report.txt 2>/dev/null || true
+	@cat $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt 2>/dev/null || true
+	@awk -F': ' '/^probes run: /{r+=$$2} /^passed: /{p+=$$2} /^failed: /{f+=$$2} /^skipped: /{s+=$$2} /^host leaks: /{l+=$$2} END{if (r) printf "\nsecurity battery total: probes run %d, passed %d, failed %d, skipped %d, host leaks %d\n", r, p, f, s, l}' $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt 2>/dev/null || true
 
 # Starts the daemon on 127.0.0.1:7777 with the embedded defaults (SQLite under /var/lib/sbx, the
 # native runtime, the host template, no network). Ctrl-C stops it; sandboxes keep running.

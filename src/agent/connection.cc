@@ -10,6 +10,7 @@ namespace sbx::agent {
 void Connection::Send(protocol::Type type, uint32_t id, const protocol::Writer& payload) {
   out_.push_back(protocol::EncodeFrame(type, id, payload));
   queued_ += out_.back().size();
+  budget_->Charge(MemoryBudget::kSend, out_.back().size());
 }
 
 bool Connection::Flush(bool* would_block) {
@@ -36,6 +37,7 @@ bool Connection::Flush(bool* would_block) {
     }
     size_t left = static_cast<size_t>(w);
     queued_ -= left;
+    budget_->Release(MemoryBudget::kSend, left);
     while (left > 0) {
       size_t rest = out_.front().size() - out_front_;
       if (left >= rest) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/budget.h"
 #include "agent/files.h"
 #include "agent/stream.h"
 #include "common/fd.h"
@@ -21,14 +22,26 @@ class Connection : public FrameSink {
   // Past this many queued bytes the connection is Full(): process output and READ pause and no
   // further requests are read from it (docs/agent-protocol.md, "Bounds").
   static constexpr size_t kSendQueueLimit = 4u << 20;
+  // Past this many, it is also Full() while the box-wide budget is at its send ceiling. Every
+  // connection may always queue this much, so none is ever starved by the others.
+  static constexpr size_t kSendQueueFloor = 16u << 10;
   static constexpr size_t kMaxOpenWrites = 16;
 
-  Connection(uint64_t id, UniqueFd fd) : id_(id), fd_(std::move(fd)) {}
+  // Queued bytes are charged to `budget`, which must outlive the connection.
+  Connection(uint64_t id, UniqueFd fd, MemoryBudget* budget)
+      : id_(id), fd_(std::move(fd)), budget_(budget) {}
+  ~Connection() override { budget_->Release(MemoryBudget::kSend, queued_); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   uint64_t id() const { return id_; }
   int fd() const { return fd_.get(); }
 
-  bool Full() const override { return queued_ >= kSendQueueLimit; }
+  bool Full() const override {
+    return queued_ >= kSendQueueLimit ||
+           (queued_ >= kSendQueueFloor &&
+            budget_->used(MemoryBudget::kSend) >= budget_->SendThreshold());
+  }
   void Send(protocol::Type type, uint32_t id, const protocol::Writer& payload) override;
   bool HasOutput() const { return queued_ > 0; }
 
@@ -52,6 +65,7 @@ class Connection : public FrameSink {
   std::deque<std::string> out_;
   size_t out_front_ = 0;  // bytes of out_.front() already sent
   size_t queued_ = 0;
+  MemoryBudget* budget_;
   std::deque<std::unique_ptr<Stream>> streams_;
   std::map<uint32_t, std::unique_ptr<PendingWrite>> writes_;
 };

@@ -40,7 +40,11 @@ int64_t RealtimeNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-Agent::Agent(AgentOptions options) : options_(options), listen_fd_(options.listen_fd) {}
+Agent::Agent(AgentOptions options)
+    : options_(options),
+      budget_(options.memory_cap, kMaxConnections * Connection::kSendQueueFloor),
+      listen_fd_(options.listen_fd),
+      watcher_(&budget_) {}
 
 Status Agent::Init() {
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -180,7 +184,7 @@ void Agent::Accept() {
       continue;
     }
     uint64_t id = next_conn_++;
-    auto c = std::make_unique<Connection>(id, UniqueFd(fd));
+    auto c = std::make_unique<Connection>(id, UniqueFd(fd), &budget_);
     c->epoll_events = EPOLLIN;
     if (!EpollSet(fd, Key(kConn, id), EPOLLIN, true)) {
       Log("epoll_ctl: %s", strerror(errno));
@@ -302,7 +306,10 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
       return true;
     }
     Writer w;
-    w.Int(Tag::kVersion, protocol::kProtocolVersion).Str(Tag::kAgentVersion, kAgentVersion);
+    w.Int(Tag::kVersion, protocol::kProtocolVersion)
+        .Str(Tag::kAgentVersion, kAgentVersion)
+        .Int(Tag::kMemoryCap, static_cast<int64_t>(budget_.cap()))
+        .Int(Tag::kMemoryUsed, static_cast<int64_t>(budget_.used()));
     c.Send(Type::kHello, h.id, w);
     return true;
   }

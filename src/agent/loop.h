@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/budget.h"
 #include "agent/connection.h"
 #include "agent/process.h"
 #include "agent/users.h"
@@ -28,6 +29,8 @@ struct AgentOptions {
   bool pid1 = false;        // running as the sandbox's init
   struct rlimit child_nofile = {RLIM_INFINITY, RLIM_INFINITY};  // restored in children
   bool restore_nofile = false;
+  // Box-wide cap on the agent's buffers (MemoryBudget); at least MemoryBudget::kMinCap.
+  size_t memory_cap = MemoryBudget::kDefaultCap;
 };
 
 class Agent {
@@ -93,9 +96,13 @@ class Agent {
   void Reap();
   void CheckDeadlines();
   void PruneFinished();
+  // Drops finished processes no connection is receiving, oldest first, until `bytes` fit under
+  // the ring ceiling (or none is left to drop).
+  void EvictFinished(size_t bytes);
   void RemoveProcess(pid_t pid);
 
   AgentOptions options_;
+  MemoryBudget budget_;  // before everything that holds reservations on it
   UniqueFd listen_fd_, epoll_fd_, signal_fd_;
   Watcher watcher_;
   UserDb users_;

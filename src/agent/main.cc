@@ -4,6 +4,8 @@
 //   sbx-agent --listen-fd N      serve on an inherited listening unix socket
 //   sbx-agent --listen PATH      bind PATH itself (tests)
 //   --max-procs N                tracked-process bound (default 1024; tests lower it)
+//   --memory-cap BYTES           box-wide cap on the agent's buffers (default 64 MiB, at least
+//                                8 MiB; a K, M or G suffix multiplies by 1024s)
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "agent/log.h"
@@ -26,7 +29,7 @@ namespace {
 using sbx::agent::Log;
 
 int Usage() {
-  Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N]");
+  Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N] [--memory-cap BYTES]");
   return 2;
 }
 
@@ -50,6 +53,30 @@ int BindPath(const std::string& path) {
     return -1;
   }
   return fd;
+}
+
+// "64M" and the like; nullopt for anything else or past 1 TiB.
+std::optional<size_t> ParseBytes(std::string v) {
+  size_t shift = 0;
+  if (!v.empty()) {
+    switch (v.back()) {
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        break;
+    }
+    if (shift) v.pop_back();
+  }
+  auto n = sbx::agent::ParseId(v);
+  if (!n || *n > (uint64_t{1} << 40) >> shift) return std::nullopt;
+  return static_cast<size_t>(*n << shift);
 }
 
 }  // namespace
@@ -82,6 +109,10 @@ int main(int argc, char** argv) {
       auto n = sbx::agent::ParseId(v);
       if (!n || *n == 0) return Usage();
       opts.max_procs = *n;
+    } else if (a == "--memory-cap") {
+      auto n = ParseBytes(v);
+      if (!n || *n < sbx::agent::MemoryBudget::kMinCap) return Usage();
+      opts.memory_cap = *n;
     } else {
       return Usage();
     }

@@ -244,6 +244,34 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
   int64_t timeout_ms = r.Int(Tag::kTimeoutMs, 0);
   if (timeout_ms < 0) return SendError(c, id, EINVAL, what + ": bad timeout_ms");
 
+  // The rings come out of the box-wide budget before anything starts. The last quarter of the
+  // ring pool is kept for processes with the smallest rings (so hundreds can still start when
+  // the budget is nearly spent); above it, a process may take at most half of what is left, so
+  // rings shrink as the pool fills. Past the point where not even the smallest rings fit, SPAWN
+  // is refused (docs/agent-protocol.md, "Memory cap").
+  std::string_view tag = r.Str(Tag::kTag);
+  size_t record = sizeof(Process) + tag.size() + plan.cwd.size();
+  for (const auto& a : plan.argv) record += a.size() + sizeof(std::string);
+  const size_t streams = plan.pty ? 1 : 2;  // a PTY has one output stream
+  const auto pool = MemoryBudget::kRings;
+  const size_t small_reserve = budget_.Limit(pool) / 4;
+  const size_t want = small_reserve + 2 * (record + streams * buffer_bytes);
+  if (budget_.Room(pool) < want) EvictFinished(want);
+  size_t room = budget_.Room(pool);
+  if (room < record + streams * kMinBuffer) {
+    return SendError(
+        c, id, EAGAIN,
+        what + ": the agent's buffers are at the box's cap (" + std::to_string(budget_.used(pool)) +
+            " of " + std::to_string(budget_.Limit(pool)) + " bytes of rings in use, " +
+            std::to_string(procs_.size()) + " processes tracked); wait for processes to end");
+  }
+  size_t above = room > small_reserve + record ? room - small_reserve - record : 0;
+  size_t fair = above / 2 / streams;
+  if (buffer_bytes > fair) buffer_bytes = std::max(kMinBuffer, fair & ~size_t{4095});
+  Reservation memory(&budget_, pool);
+  if (!memory.TryAdd(record + streams * buffer_bytes))
+    return SendError(c, id, EAGAIN, what + ": the agent's buffers are at the box's cap");
+
   auto child = sbx::agent::Spawn(plan);
   if (!child.ok()) {
     Status s = child.status();
@@ -251,10 +279,11 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
   }
   pid_t pid = child->pid;
   RemoveProcess(pid);  // a finished process whose pid the kernel has reused
-  auto p = std::make_unique<Process>(buffer_bytes);
+  auto p = std::make_unique<Process>(buffer_bytes, plan.pty ? 1 : buffer_bytes, std::move(memory),
+                                     &budget_);
   p->pid = pid;
   p->argv = std::move(plan.argv);
-  p->tag = std::string(r.Str(Tag::kTag));
+  p->tag = std::string(tag);
   p->cwd = plan.cwd;
   p->pty = plan.pty;
   p->started_ns = RealtimeNs();
@@ -268,7 +297,7 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
   procs_[pid] = std::move(p);
   UpdateProcessEvents(ref);
   Writer w;
-  w.Int(Tag::kPid, pid);
+  w.Int(Tag::kPid, pid).Int(Tag::kBufferBytes, static_cast<int64_t>(buffer_bytes));
   c.Send(Type::kOk, id, w);
 }
 
@@ -299,6 +328,8 @@ void Agent::WriteStdin(Connection& c, uint32_t id, Process& p, std::string_view 
   if (!p.in || (p.in_close_pending && !p.pty)) return SendError(c, id, EPIPE, what + ": closed");
   if (p.in_queue.size() + data.size() > kStdinQueueLimit)
     return SendError(c, id, EAGAIN, what + ": process is not reading its input");
+  if (!p.in_memory.TryAdd(data.size()))
+    return SendError(c, id, EAGAIN, what + ": the agent's buffers are at the box's cap");
   p.in_queue.append(data);
   FlushStdin(p);
   c.Send(Type::kOk, id, Writer());
@@ -314,7 +345,9 @@ void Agent::FlushStdin(Process& p) {
       return;
     }
     p.in_queue.erase(0, static_cast<size_t>(n));
+    p.in_memory.Sub(static_cast<size_t>(n));
   }
+  if (p.in_queue.empty()) p.in_queue.shrink_to_fit();  // a drained queue holds no memory
   if (!p.in) return;
   if (p.in_queue.empty() && p.in_close_pending) {
     CloseStdin(p);
@@ -335,6 +368,8 @@ void Agent::CloseStdin(Process& p) {
   p.in_polled = false;
   p.in.reset();
   p.in_queue.clear();
+  p.in_queue.shrink_to_fit();
+  p.in_memory.Reset();
   p.in_close_pending = false;
 }
 
@@ -523,6 +558,18 @@ void Agent::PruneFinished() {
   size_t excess = finished.size() > kMaxFinished ? finished.size() - kMaxFinished : 0;
   for (size_t i = 0; i < finished.size(); ++i) {
     if (i < excess || now - finished[i].first > kFinishedTtlMs) RemoveProcess(finished[i].second);
+  }
+}
+
+void Agent::EvictFinished(size_t bytes) {
+  std::vector<std::pair<int64_t, pid_t>> finished;
+  for (const auto& [pid, p] : procs_) {
+    if (p->finished() && p->subs.empty()) finished.push_back({p->finished_ms, pid});
+  }
+  std::sort(finished.begin(), finished.end());
+  for (const auto& [when, pid] : finished) {
+    if (budget_.Room(MemoryBudget::kRings) >= bytes) return;
+    RemoveProcess(pid);
   }
 }
 

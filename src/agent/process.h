@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/budget.h"
 #include "agent/ring_buffer.h"
 #include "common/fd.h"
 
@@ -23,7 +24,12 @@ struct Subscriber {
 };
 
 struct Process {
-  Process(size_t buffer_bytes) : ring{RingBuffer(buffer_bytes), RingBuffer(buffer_bytes)} {}
+  // `rings_and_record` holds the rings' capacity and the record's strings (argv, tag, cwd) from
+  // the box-wide budget; `budget` is where queued stdin is reserved.
+  Process(size_t out_bytes, size_t err_bytes, Reservation rings_and_record, MemoryBudget* budget)
+      : ring{RingBuffer(out_bytes), RingBuffer(err_bytes)},
+        memory(std::move(rings_and_record)),
+        in_memory(budget, MemoryBudget::kStdin) {}
 
   pid_t pid = -1;
   std::vector<std::string> argv;
@@ -49,6 +55,9 @@ struct Process {
   int64_t finished_ms = 0;  // when it became finished (exited and output drained)
 
   std::vector<Subscriber> subs;
+
+  Reservation memory;     // rings and record
+  Reservation in_memory;  // in_queue's bytes
 
   bool finished() const { return exited && !out[0].valid() && !out[1].valid(); }
 };

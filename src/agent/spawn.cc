@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 // Steps of the child, reported with errno through the exec-status pipe.
-enum ChildStage : int { kStageSetup = 1, kStageIds, kStageChdir, kStageExec };
+enum ChildStage : int { kStageSetup = 1, kStageIds, kStageChdir, kStageExec, kStageOomScore };
 
 struct ChildReport {
   int stage;
@@ -66,6 +66,33 @@ void CloseFrom(unsigned first, unsigned last_excluded_or_max, bool to_end) {
   for (unsigned fd = first; fd < last_excluded_or_max; ++fd) ::close(static_cast<int>(fd));
 }
 
+// The runtime makes the agent (PID 1) unkillable by the OOM killer (oom_score_adj -1000), and
+// children inherit the value: a memory bomb the agent spawned would be unkillable too, and the
+// OOM killer, finding no victim, would leave the box stuck. So a child of an agent below 0 goes
+// back to 0 (raising is always allowed). Done before the ids change: afterwards the process is no
+// longer dumpable and its /proc files are no longer its own. False (errno set) when it cannot.
+bool ResetOomScore() {
+  int fd = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[16];
+  ssize_t n;
+  do {
+    n = ::pread(fd, buf, sizeof buf - 1, 0);
+  } while (n < 0 && errno == EINTR);
+  bool ok = n > 0;
+  if (ok && buf[0] == '-') {
+    // Only "0" is written, so the value read needs no parsing beyond its sign.
+    do {
+      n = ::pwrite(fd, "0", 1, 0);
+    } while (n < 0 && errno == EINTR);
+    ok = n == 1;
+  }
+  int saved = errno;
+  ::close(fd);
+  errno = saved;
+  return ok;
+}
+
 // Runs in the child. Async-signal-safe calls only.
 [[noreturn]] void ChildMain(const ChildArgs& a) {
   sigset_t none;
@@ -77,6 +104,8 @@ void CloseFrom(unsigned first, unsigned last_excluded_or_max, bool to_end) {
   // through signalfd, so restore both.
   for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  if (!ResetOomScore()) ChildFail(a.report_fd, kStageOomScore);
 
   if (::setsid() < 0) ChildFail(a.report_fd, kStageSetup);
   int in = a.in_fd, out = a.out_fd, err = a.err_fd;
@@ -137,6 +166,8 @@ const char* StageName(int stage) {
       return "chdir";
     case kStageExec:
       return "exec";
+    case kStageOomScore:
+      return "reset oom_score_adj";
     default:
       return "set up";
   }

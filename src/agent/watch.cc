@@ -46,39 +46,76 @@ Status Watcher::Add(uint64_t conn, uint32_t id, const std::string& path,
   if (::stat(path.c_str(), &st) != 0) return Status::Errno("watch " + path);
   if (!S_ISDIR(st.st_mode)) return Status::Error("watch " + path, ENOTDIR);
   watches_[key] = Watch{conn, id, path, options};
-  int wd = ::inotify_add_watch(fd_.get(), path.c_str(), kMask);
-  if (wd < 0) {
-    int e = errno;
+  if (!AddOne(key, path)) {
+    int e = errno;  // 0: the budget refused it
     watches_.erase(key);
+    if (e == 0)
+      return Status::Error("watch " + path + ": the agent's buffers are at the box's cap", ENOSPC);
     return Status::Error("watch " + path, e);
   }
-  uses_[wd].push_back({key, path});
-  if (options.recursive) AddTree(key, path, 0, nullptr);
+  if (options.recursive && !AddTree(key, path, 0, nullptr)) {
+    Drop(key);
+    return Status::Error("watch " + path + ": the agent's buffers are at the box's cap", ENOSPC);
+  }
   return {};
 }
 
-bool Watcher::AddOne(uint64_t key, const std::string& dir) {
-  int wd = ::inotify_add_watch(fd_.get(), dir.c_str(), kMask);
-  if (wd < 0) return false;
-  auto& v = uses_[wd];
-  for (auto& u : v) {
-    if (u.key == key) {
-      u.dir = dir;  // a directory moved inside the tree: same inode, new path
-      return true;
-    }
+bool Watcher::Reserve(size_t n) {
+  if (!budget_->TryReserve(MemoryBudget::kRings, n)) {
+    if (!budget_logged_) Log("watch: the agent's buffers are at the box's cap; directory skipped");
+    budget_logged_ = true;
+    return false;
   }
-  v.push_back({key, dir});
+  reserved_ += n;
   return true;
 }
 
-void Watcher::AddTree(uint64_t key, const std::string& dir, int depth, const EventFn* report) {
-  if (depth > kMaxTreeDepth) return;
+void Watcher::Release(size_t n) {
+  n = n <= reserved_ ? n : reserved_;
+  reserved_ -= n;
+  budget_->Release(MemoryBudget::kRings, n);
+  budget_logged_ = false;
+}
+
+bool Watcher::AddOne(uint64_t key, const std::string& dir) {
+  // Reserved first: an inotify watch we could not keep a record of would never be removed.
+  Use use{key, dir};
+  if (!Reserve(Cost(use))) {
+    errno = 0;
+    return false;
+  }
+  int wd = ::inotify_add_watch(fd_.get(), dir.c_str(), kMask);
+  if (wd < 0) {
+    int e = errno;
+    Release(Cost(use));
+    errno = e;
+    return false;
+  }
+  auto& v = uses_[wd];
+  for (auto& u : v) {
+    if (u.key == key) {
+      Release(Cost(u));  // a directory moved inside the tree: same inode, new path
+      u.dir = dir;
+      return true;
+    }
+  }
+  v.push_back(std::move(use));
+  return true;
+}
+
+void Watcher::EraseUses(std::map<int, std::vector<Use>>::iterator it) {
+  for (const Use& u : it->second) Release(Cost(u));
+  uses_.erase(it);
+}
+
+bool Watcher::AddTree(uint64_t key, const std::string& dir, int depth, const EventFn* report) {
+  if (depth > kMaxTreeDepth) return true;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return;
+  if (fd < 0) return true;
   DIR* d = ::fdopendir(fd);
   if (!d) {
     ::close(fd);
-    return;
+    return true;
   }
   std::vector<std::string> subdirs;
   while (struct dirent* de = ::readdir(d)) {
@@ -100,15 +137,24 @@ void Watcher::AddTree(uint64_t key, const std::string& dir, int depth, const Eve
   }
   ::closedir(d);
   for (const auto& s : subdirs) {
-    if (AddOne(key, s)) AddTree(key, s, depth + 1, report);
+    if (AddOne(key, s)) {
+      if (!AddTree(key, s, depth + 1, report)) return false;
+    } else if (errno == 0) {
+      return false;  // the budget, not a directory that went away
+    }
   }
+  return true;
 }
 
 void Watcher::Drop(uint64_t key) {
   watches_.erase(key);
   for (auto it = uses_.begin(); it != uses_.end();) {
     auto& v = it->second;
-    std::erase_if(v, [key](const Use& u) { return u.key == key; });
+    std::erase_if(v, [this, key](const Use& u) {
+      if (u.key != key) return false;
+      Release(Cost(u));
+      return true;
+    });
     if (v.empty()) {
       ::inotify_rm_watch(fd_.get(), it->first);
       it = uses_.erase(it);
@@ -153,7 +199,7 @@ void Watcher::OnReadable(const EventFn& fn) {
       auto it = uses_.find(ev->wd);
       if (it == uses_.end()) continue;
       if (ev->mask & IN_IGNORED) {
-        uses_.erase(it);
+        EraseUses(it);
         continue;
       }
       std::string name = ev->len ? std::string(ev->name) : std::string();
@@ -181,6 +227,7 @@ void Watcher::OnReadable(const EventFn& fn) {
           fn(w->second.conn, w->second.id, w->second.options, kind, path,
              Relative(w->second.root, path));
         if (kind == WatchEvent::kCreate && (ev->mask & IN_ISDIR) && w->second.options.recursive) {
+          // Past the budget the new directory is not watched (logged once).
           if (AddOne(u.key, path)) AddTree(u.key, path, 0, &fn);
         }
       }

@@ -57,6 +57,8 @@ Result<AgentConnection> AgentConnection::Connect(const std::string& socket_path,
       reply->fields.Int(Tag::kVersion, -1) != kProtocolVersion)
     return Status::Error("hello " + socket_path + ": unexpected reply", EPROTO);
   conn.agent_version_ = std::string(reply->fields.Str(Tag::kAgentVersion));
+  conn.memory_cap_ = reply->fields.Int(Tag::kMemoryCap, 0);
+  conn.memory_used_ = reply->fields.Int(Tag::kMemoryUsed, 0);
   return conn;
 }
 

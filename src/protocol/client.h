@@ -60,6 +60,10 @@ class AgentConnection {
   int fd() const { return fd_.get(); }
   // The agent's version string from its HELLO.
   const std::string& agent_version() const { return agent_version_; }
+  // The agent's buffer cap and the bytes of it in use, as its HELLO reported them (0 from an
+  // agent that does not say).
+  int64_t memory_cap() const { return memory_cap_; }
+  int64_t memory_used() const { return memory_used_; }
   // A fresh request id (never 0).
   uint32_t NextId();
   // True when a frame is already read from the socket and waiting, so polling fd() for it would
@@ -95,6 +99,7 @@ class AgentConnection {
   size_t queued_bytes_ = 0;
   uint32_t next_id_ = 1;
   std::string agent_version_;
+  int64_t memory_cap_ = 0, memory_used_ = 0;
 };
 
 }  // namespace sbx::protocol

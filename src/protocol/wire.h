@@ -72,6 +72,8 @@ enum class Tag : uint16_t {
   kErrno = 2,         // int
   kMessage = 3,       // string
   kAgentVersion = 4,  // string
+  kMemoryCap = 5,     // int: the agent's box-wide buffer cap in bytes (HELLO reply)
+  kMemoryUsed = 6,    // int: bytes of it in use when the HELLO was answered
   // processes
   kArgv = 16,          // string, repeated
   kEnv = 17,           // "KEY=VALUE", repeated

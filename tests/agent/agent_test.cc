@@ -12,10 +12,12 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "protocol/client.h"
 
@@ -768,6 +770,184 @@ bool ClosedByPeer(int fd) {
     if (n == 0) return true;
     if (n < 0) return errno == ECONNRESET;
   }
+}
+
+// The runtime makes the agent unkillable by the OOM killer (oom_score_adj -1000); what it spawns
+// must not be, or a memory bomb would be unkillable too.
+TEST_F(AgentTest, ChildrenDoNotInheritANegativeOomScore) {
+  auto c = Connect();  // the agent is up
+  std::string adj = "/proc/" + std::to_string(pid_) + "/oom_score_adj";
+  auto agent_score = [&] {
+    std::ifstream in(adj);
+    std::string v;
+    in >> v;
+    return v;
+  };
+  // A score of 0 or more is the parent's business and is inherited unchanged (raising needs no
+  // privilege).
+  std::ofstream(adj) << "300";
+  ASSERT_EQ(agent_score(), "300");
+  Run r = RunToEnd(c, Argv({"cat", "/proc/self/oom_score_adj"}));
+  EXPECT_EQ(r.out, "300\n");
+
+  // Lowering below 0 needs CAP_SYS_RESOURCE, which the runtime has on the host.
+  { std::ofstream(adj) << "-1000"; }
+  if (agent_score() != "-1000")
+    GTEST_SKIP() << "this machine's root lacks CAP_SYS_RESOURCE: no process can get a negative "
+                    "oom_score_adj here, so there is nothing for a child to reset";
+  r = RunToEnd(
+      c, Argv({"sh", "-c", "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"}));
+  EXPECT_EQ(r.out, "0\n0\n");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // As another user too (the score is reset before the ids change).
+  r = RunToEnd(c, Argv({"cat", "/proc/self/oom_score_adj"}).Str(Tag::kUser, "65534"));
+  EXPECT_EQ(r.out, "0\n");
+  EXPECT_EQ(agent_score(), "-1000");
+}
+
+// The rings of the processes come out of the box-wide budget: they shrink as it fills, then SPAWN
+// is refused with EAGAIN; a finished process nobody is receiving gives its room back.
+TEST_F(AgentTest, RingsShrinkThenSpawnIsRefusedAtTheMemoryCap) {
+  Stop();
+  Start({"--memory-cap", "8M"});
+  auto c = Connect();
+  EXPECT_EQ(c.memory_cap(), 8 << 20);
+  // The record counts too: a 300 KiB tag makes each process cost at least that.
+  std::string tag(300 << 10, 't');
+  std::vector<Run> runs;
+  std::vector<int64_t> sizes;
+  Status refused;
+  for (int i = 0; i < 20; ++i) {
+    auto ok = c.Call(Type::kSpawn, Argv({"sleep", "100"}).Str(Tag::kTag, tag));
+    if (!ok.ok()) {
+      refused = ok.status();
+      break;
+    }
+    Run r;
+    r.id = ok->id();
+    r.pid = ok->fields.Int(Tag::kPid);
+    runs.push_back(r);
+    sizes.push_back(ok->fields.Int(Tag::kBufferBytes));
+  }
+  ASSERT_FALSE(refused.ok()) << "20 spawns with 300 KiB records each fit under an 8 MiB cap";
+  EXPECT_EQ(refused.err(), EAGAIN);
+  EXPECT_NE(refused.message().find("at the box's cap"), std::string::npos) << refused.message();
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_LT(sizes[0], 1 << 20) << "the default 1 MiB rings do not fit twice in the ring ceiling";
+  for (size_t i = 1; i < sizes.size(); ++i) {
+    EXPECT_LE(sizes[i], sizes[i - 1]);
+    EXPECT_GE(sizes[i], 4096);
+  }
+  EXPECT_LT(sizes[1], sizes[0]);
+  EXPECT_EQ(sizes.back(), 4096) << "the last ones before the refusal get the smallest rings";
+  int64_t rings = 0;
+  for (int64_t s : sizes) rings += 2 * s;
+  EXPECT_LE(rings, 8 << 20);
+
+  // The first one ends and its EXIT is delivered: the next SPAWN may drop it to make room.
+  ASSERT_TRUE(
+      c.Call(Type::kSignal, Writer().Int(Tag::kPid, runs[0].pid).Int(Tag::kSignal, 9)).ok());
+  Collect(c, &runs[0]);
+  EXPECT_EQ(runs[0].signal, 9);
+  auto again = c.Call(Type::kSpawn, Argv({"/bin/echo", "room"}).Str(Tag::kTag, tag));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  std::vector<Frame> entries;
+  ASSERT_TRUE(c.Call(Type::kListProcs, Writer(), &entries).ok());
+  for (const auto& e : entries) EXPECT_NE(e.fields.Int(Tag::kPid), runs[0].pid);
+}
+
+// Queued stdin is reserved from the same budget: one process that does not read its input cannot
+// take the room of every other.
+TEST_F(AgentTest, StdinQueuesStopAtTheMemoryCap) {
+  Stop();
+  Start({"--memory-cap", "8M"});
+  auto c = Connect();
+  auto a = Spawn(c, Argv({"sleep", "100"}).Int(Tag::kStdinOpen, 1));
+  auto b = Spawn(c, Argv({"cat"}).Int(Tag::kStdinOpen, 1));
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::string chunk(256 << 10, 'x');
+  Status full;
+  int64_t queued = 0;
+  for (int i = 0; i < 64 && full.ok(); ++i) {
+    auto r = c.Call(Type::kStdin, Writer().Int(Tag::kPid, a->pid).Str(Tag::kData, chunk));
+    if (r.ok())
+      queued += static_cast<int64_t>(chunk.size());
+    else
+      full = r.status();
+  }
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.err(), EAGAIN);
+  // Under the 4 MiB per-process bound: the cap (8 MiB minus the connections' floors) came first.
+  EXPECT_NE(full.message().find("at the box's cap"), std::string::npos) << full.message();
+  EXPECT_LT(queued, 4 << 20);
+  auto refused = c.Call(Type::kStdin, Writer().Int(Tag::kPid, b->pid).Str(Tag::kData, chunk));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().err(), EAGAIN);
+
+  // The process that holds it ends: its queue goes, and the other one's input flows.
+  ASSERT_TRUE(c.Call(Type::kSignal, Writer().Int(Tag::kPid, a->pid).Int(Tag::kSignal, 9)).ok());
+  Collect(c, &a.value());
+  ASSERT_TRUE(c.Call(Type::kStdin, Writer().Int(Tag::kPid, b->pid).Str(Tag::kData, "tail")).ok());
+  ASSERT_TRUE(c.Call(Type::kCloseStdin, Writer().Int(Tag::kPid, b->pid)).ok());
+  Collect(c, &b.value());
+  EXPECT_EQ(b->out, "tail");
+}
+
+long VmRssKb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+// Send queues have their pool of the budget: connections that never read their floods hold the
+// agent at the pool's bound (not 4 MiB each), new processes still start (their rings have their
+// own pool), and a connection that reads is still served.
+TEST_F(AgentTest, UnreadConnectionsStopAtTheMemoryCap) {
+  Stop();
+  Start({"--memory-cap", "8M"});
+  std::vector<AgentConnection> floods;
+  int64_t rings = 0;  // what the floods' rings and records reserved
+  for (int i = 0; i < 6; ++i) {
+    floods.push_back(Connect());
+    auto ok = floods.back().Call(Type::kSpawn, Argv({"head", "-c", "256M", "/dev/zero"}));
+    ASSERT_TRUE(ok.ok()) << i << ": " << ok.status().message();
+    rings += 2 * ok->fields.Int(Tag::kBufferBytes) + 1024;
+  }
+  // The floods fill their queues until the send pool (a quarter of the cap) reaches its threshold
+  // (the pool minus 64 connections x 16 KiB).
+  const int64_t threshold = (2 << 20) - 64 * (16 << 10);
+  int64_t sent = 0;
+  for (int i = 0; i < 2000; ++i) {
+    sent = Connect().memory_used() - rings;
+    if (sent >= threshold) break;
+    ::usleep(10000);
+  }
+  ASSERT_GE(sent, threshold) << "the floods never filled the send pool";
+  auto c = Connect();
+  Run r = RunToEnd(c, Argv({"/bin/echo", "served"}));
+  EXPECT_EQ(r.out, "served\n");
+  sent = Connect().memory_used() - rings;
+  // At most its floor and one frame (256 KiB of data) more per connection.
+  EXPECT_LE(sent, threshold + 8 * (kMaxChunk + (16 << 10) + 4096)) << sent;
+  // Without the cap: 6 x (4 MiB queue + 2 x 1 MiB rings) = 36 MiB.
+  long rss = VmRssKb(pid_);
+  EXPECT_GT(rss, 0);
+  EXPECT_LT(rss, 14 * 1024) << "agent RSS " << rss << " KiB";
+}
+
+TEST_F(AgentTest, MemoryCapFlagIsChecked) {
+  Stop();
+  for (const char* bad : {"1M", "abc", "9999999999999G"}) {
+    Start({"--memory-cap", bad});
+    int st;
+    ASSERT_EQ(::waitpid(pid_, &st, 0), pid_);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << bad;
+    pid_ = -1;
+    Stop();
+  }
+  Start({});
 }
 
 TEST_F(AgentTest, GarbageClosesTheConnectionButNotTheAgent) {

@@ -10,15 +10,23 @@
 // It prints one line (PASS/FAIL/SKIP <case>: ...). Figures go to battery-report.txt in the build
 // directory and to stdout.
 //
+// Also here, for issue 9: rows 42 (per-user kernel limits across boxes), 43 (memory bomb, then a
+// new command; PID 1's oom_score_adj), 46 (a host user and the template cache / writable layers)
+// and row 21 for two boxes at once. Cases that need another piece of issue 9 SKIP with "gated:"
+// and the condition they detected (see RunRow43 and after).
+//
 // Not covered here: rows 24 (the file API part) and 25 need the agent's file API and archive
-// upload; row 37 (ports) is tests/e2e/ports.test.mjs; rows 32, 33, 35, 36, 38-40 need egress
-// policies, secrets, the daemon or its API.
+// upload; row 37 (ports) is tests/e2e/ports.test.mjs; rows 38, 41, 44, 45 (and 43 through the
+// API) are tenant_test.cc, through a real daemon; rows 32, 33, 35, 36, 39, 40 need egress
+// policies, secrets or daemon restarts.
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -35,6 +43,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -622,7 +631,7 @@ class Battery {
       if (o.word == "SKIP") ++skipped;
     }
     os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API, "
-          "row 34 for network none)\n"
+          "row 34 for network none, rows 42, 43 and 46 inside boxes)\n"
        << "sbx: " << SBX_BIN << "\n"
        << "probes run: " << run << "\npassed: " << passed << "\nfailed: " << failed
        << "\nskipped: " << skipped << "\nhost leaks: " << leaks_ << "\n";
@@ -632,8 +641,9 @@ class Battery {
     os << "covered elsewhere: row 24 file-API part (tests/integration/runtime_test "
           "FileApiStaysInsideTheBox), row 25 for template tarballs (src/storage/template_test); "
           "row 37 (another sandbox's ports need its token: tests/e2e/ports.test.mjs); "
-          "not yet applicable: row 25 archive upload, rows 32, 33, 35, 36 and 38-40 (egress "
-          "policies, secrets, daemon, API)\n";
+          "rows 38, 41, 43 (through the API), 44, 45: tenant_test (tenant-report.txt); "
+          "not yet applicable: row 25 archive upload, rows 32, 33, 35, 36, 39, 40 (egress "
+          "policies, secrets, daemon restarts)\n";
     if (!host_.foreign().empty()) {
       os << "processes in new namespaces not ours (other activity on this machine, not counted):";
       for (const auto& f : host_.foreign()) os << " " << f;
@@ -734,6 +744,331 @@ bool HostCanFork(int n) {
     if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return false;
   }
   return true;
+}
+
+// Creates `path` inside every live box (through /proc/<pid>/root), which a probe waiting in
+// hold_until() takes as its release.
+void ReleaseBoxes(Host& host, const std::string& path) {
+  for (pid_t p : host.BoxPids()) {
+    int fd = open(("/proc/" + std::to_string(p) + "/root" + path).c_str(),
+                  O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd >= 0) close(fd);
+  }
+}
+
+// Host paths under <data dir>/run named `name` (the writable layers are plain directories).
+std::vector<std::string> FindInRun(Host& host, const std::string& name) {
+  std::vector<std::string> out;
+  std::string cmd = "find '" + host.data_dir() + "/run' -xdev -name '" + name + "' 2>/dev/null";
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+      std::string l = line;
+      if (!l.empty() && l.back() == '\n') l.pop_back();
+      out.push_back(l);
+    }
+    pclose(f);
+  }
+  return out;
+}
+
+// Waits (bounded) until FindInRun finds `name`.
+std::string WaitInRun(Host& host, const std::string& name, double timeout_s) {
+  auto t0 = Clock::now();
+  while (SecondsSince(t0) < timeout_s) {
+    auto found = FindInRun(host, name);
+    if (!found.empty()) return found[0];
+    usleep(50000);
+  }
+  return "";
+}
+
+// Whether a host user who is neither owner nor group could walk from `from` down to `path`
+// according to the mode bits: every directory on the way needs o+x. `*blocking` names the first
+// one that stops them.
+bool TraversableByOthers(const std::string& from, const std::string& path, std::string* blocking) {
+  std::string cur = from;
+  std::string rest = path.substr(from.size());
+  std::vector<std::string> dirs = {cur};
+  for (const auto& part : Split(rest, '/')) {
+    if (part.empty()) continue;
+    cur += "/" + part;
+    dirs.push_back(cur);
+  }
+  dirs.pop_back();  // the target itself need not be a directory
+  for (const auto& d : dirs) {
+    struct stat st;
+    if (stat(d.c_str(), &st) != 0) continue;
+    if (!(st.st_mode & S_IXOTH)) {
+      *blocking = Fmt("%s is %04o", d.c_str(), st.st_mode & 07777);
+      return false;
+    }
+  }
+  return true;
+}
+
+// What host uid 65534 gets trying to stat and exec `path`: "EACCES" etc., or "ok" (with what the
+// exec printed).
+std::string AsNobody(const std::string& path, bool exec) {
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    // Only write(2) here: stdio buffers would be lost at _exit.
+    auto say = [](const std::string& s) { (void)!write(1, s.data(), s.size()); };
+    dup2(pfd[1], 1);
+    if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0) {
+      say("setresuid failed");
+      _exit(1);
+    }
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+      say(std::string("stat ") + strerrorname_np(errno));
+      _exit(0);
+    }
+    say(exec ? "stat ok; exec: " : "stat ok");
+    if (!exec) _exit(0);
+    execl(path.c_str(), path.c_str(), "whoami", (char*)nullptr);
+    say(strerrorname_np(errno));
+    _exit(0);
+  }
+  close(pfd[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(pfd[0], buf, sizeof buf)) > 0) out.append(buf, n);
+  close(pfd[0]);
+  waitpid(pid, nullptr, 0);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// Row 43: a memory bomb in a --memory 64M box is SIGKILLed; PID 1 lives and a new command runs.
+// The probe's own check of PID 1's oom_score_adj is gated on the runtime setting it.
+void RunRow43(Battery& b) {
+  {
+    RunResult r;
+    Parsed v = b.RunProbe("43a-bomb-then-exec", {}, {"--memory", "64M", "--timeout", "60s"},
+                          b.ProbeOptions(90), &r);
+    std::vector<std::string> failures;
+    if (v.word != "PASS") failures.push_back("probe: " + v.word + " " + v.detail);
+    if (r.err.find("out of memory") == std::string::npos)
+      failures.push_back("expected sbx to report the kernel's OOM kill, got stderr '" +
+                         r.err.substr(0, 300) + "'");
+    b.RecordChecks("43a-bomb-then-exec", "43", failures,
+                   v.detail + Fmt("; sbx exit %d", r.exit_code));
+  }
+  Parsed v = b.RunProbe("43b-oom-score", {});
+  b.Record("43b-oom-score", "43", v.word, v.detail);
+}
+
+// Row 21 with two boxes at once: their root users are different host ids; the host's /usr shows
+// its real owners inside.
+void RunRow21PerBox(Battery& b) {
+  Host& host = b.host();
+  std::string base = "sbx-battery-ids-" + std::to_string(getpid());
+  std::string release = "/tmp/" + base + "-release";
+  std::vector<std::unique_ptr<SbxProcess>> boxes;
+  for (int i = 0; i < 2; ++i) {
+    std::string token = base + "-" + std::to_string(i);
+    boxes.push_back(std::make_unique<SbxProcess>(
+        b.ProbeRun("21-root-owner", {"token=" + token, "release=" + release, "hold=30"}),
+        b.ProbeOptions(60)));
+  }
+  std::vector<std::string> failures;
+  uid_t owner[2] = {0, 0};
+  std::string seen;
+  for (int i = 0; i < 2; ++i) {
+    std::string token = base + "-" + std::to_string(i);
+    std::string f = WaitInRun(host, token, 30);
+    struct stat st;
+    if (f.empty() || stat(f.c_str(), &st) != 0) {
+      failures.push_back("box " + std::to_string(i) + "'s file " + token +
+                         " never appeared under <data dir>/run");
+      continue;
+    }
+    owner[i] = st.st_uid;
+    seen += Fmt("box %d root file owned by host %u:%u; ", i, st.st_uid, st.st_gid);
+  }
+  ReleaseBoxes(host, release);
+  for (auto& p : boxes) {
+    RunResult r = p->Wait();
+    if (r.exit_code != 0)
+      failures.push_back(Fmt("a box exited %d: %s", r.exit_code, r.err.substr(0, 200).c_str()));
+  }
+  bool distinct = owner[0] && owner[1] && owner[0] != owner[1];
+  if (!failures.empty()) {
+    b.RecordChecks("21b-two-boxes-ids", "21", failures, "");
+  } else if (!distinct) {
+    b.Record(
+        "21b-two-boxes-ids", "21", "SKIP",
+        "gated: per-box id ranges not built: " + seen + "both boxes' root is the same host uid");
+  } else {
+    b.Record("21b-two-boxes-ids", "21", "PASS", seen + "different host ids");
+  }
+  Parsed v = b.RunProbe("21c-usr-owner", {});
+  b.Record("21c-usr-owner", "21", v.word, v.detail);
+}
+
+// Row 42: one box exhausts its inotify instances and holds them while another box creates one
+// and watches; the host still can too. And no user namespace can be made inside, by the box's own
+// limit.
+void RunRow42(Battery& b) {
+  Host& host = b.host();
+  {
+    std::string release = "/tmp/sbx-battery-inotify-" + std::to_string(getpid());
+    std::atomic<bool> reported{false};
+    std::string line;
+    RunOptions o = b.ProbeOptions(60);
+    o.on_first_line = [&](const std::string& l) {
+      line = l;
+      reported = true;
+    };
+    SbxProcess a(b.ProbeRun("42b-inotify-exhaust", {"release=" + release, "hold=30"}), o);
+    auto t0 = Clock::now();
+    while (!reported && SecondsSince(t0) < 30) usleep(20000);
+    std::vector<std::string> failures, limited;  // limited: what a per-box limit must prevent
+    std::string detail;
+    Parsed nb{"", ""};
+    if (!reported) {
+      failures.push_back("the exhausting box never reported");
+    } else {
+      detail = line.substr(line.find(": ") == std::string::npos ? 0 : line.find(": ") + 2);
+      if (!StartsWith(line, "PASS ")) failures.push_back("exhausting box: " + line);
+      nb = b.RunProbe("42b-inotify-watch", {});
+      if (nb.word != "PASS") limited.push_back("neighbour box: " + nb.word + " " + nb.detail);
+      // The host, as root and as an unprivileged user, still gets an inotify instance. Every
+      // box's user namespace is created by root, and the kernel charges a namespace's counts to
+      // its creator in the parent namespace too: without per-box limits, one box exhausting its
+      // instances exhausts host root's.
+      for (uid_t uid : {0u, 65534u}) {
+        pid_t pid = fork();
+        if (pid == 0) {
+          if (uid && (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0)) _exit(2);
+          int fd = inotify_init1(IN_CLOEXEC);
+          _exit(fd >= 0 ? 0 : 1);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+          (uid == 0 ? limited : failures)
+              .push_back(Fmt("the host (uid %u) could not create an inotify instance", uid));
+      }
+    }
+    ReleaseBoxes(host, release);
+    RunResult ra = a.Wait();
+    if (ra.exit_code != 0) failures.push_back(Fmt("exhausting box exited %d", ra.exit_code));
+    std::string what;
+    for (const auto& l : limited) what += (what.empty() ? "" : "; ") + l;
+    if (!failures.empty()) {
+      b.RecordChecks("42b-inotify-neighbour", "42", failures, "");
+    } else if (limited.empty()) {
+      b.Record("42b-inotify-neighbour", "42", "PASS",
+               "exhausting box: " + detail + "; neighbour: " + nb.detail +
+                   "; host root and uid 65534 unaffected");
+    } else if (detail.find("max_inotify_instances reads 2147483647") != std::string::npos) {
+      b.Record("42b-inotify-neighbour", "42", "SKIP",
+               "gated: per-box /proc/sys/user limits not built (max_inotify_instances reads the "
+               "new-namespace default 2147483647), so the box ran into host root's limit: " +
+                   what + "; exhausting box: " + detail);
+    } else {
+      b.Record("42b-inotify-neighbour", "42", "FAIL", what + "; exhausting box: " + detail);
+    }
+  }
+  std::string host_max = Split(ReadFile("/proc/sys/user/max_user_namespaces"), '\n')[0];
+  Parsed v = b.RunProbe("42a-userns-limit", {"hostmaxuserns=" + host_max});
+  b.Record("42a-userns-limit", "42", v.word, v.detail);
+}
+
+// Row 46: a host user (uid 65534) cannot stat or run anything under the template cache or a box's
+// writable layer, setuid files included. Gated while the mode bits still let others through.
+void RunRow46Templates(Battery& b) {
+  Host& host = b.host();
+  // A tarball template with a setuid-root copy of the probe, so the cache holds one.
+  std::string tdir = host.data_dir() + "/../tmpl-src";
+  std::string tar = host.data_dir() + "/../tmpl.tar";
+  std::string cmd = "mkdir -p '" + tdir + "/bin' '" + tdir + "/tmp' && cp '" PROBE_BIN "' '" +
+                    tdir + "/bin/probe' && chmod 4755 '" + tdir + "/bin/probe' && tar -C '" + tdir +
+                    "' -cf '" + tar + "' .";
+  std::vector<std::string> failures;
+  if (system(cmd.c_str()) != 0) failures.push_back("could not build the template tarball");
+  RunResult tr;
+  {
+    SbxProcess p(b.SbxRun({"--template", tar}, {"/bin/probe", "whoami"}), RunOptions());
+    tr = p.Wait();
+  }
+  // Every file the cache holds, found as root.
+  std::vector<std::string> cached;
+  std::string tpl = host.data_dir() + "/templates";
+  if (FILE* f = popen(("find '" + tpl + "' -xdev -type f -name probe 2>/dev/null").c_str(), "r")) {
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+      std::string l = line;
+      if (!l.empty() && l.back() == '\n') l.pop_back();
+      cached.push_back(l);
+    }
+    pclose(f);
+  }
+  std::string detail;
+  bool gated = false;
+  auto check = [&](const std::string& what, const std::string& path) {
+    std::string blocking;
+    bool open_modes = TraversableByOthers(host.data_dir(), path, &blocking);
+    std::string got = AsNobody(path, true);
+    bool refused = StartsWith(got, "stat EACCES");
+    detail +=
+        what + ": " + got + (open_modes ? " (path open to others)" : " (" + blocking + ")") + "; ";
+    if (refused) return;
+    if (open_modes)
+      gated = true;
+    else
+      failures.push_back("uid 65534 on " + path + ": expected stat EACCES, got " + got);
+  };
+  if (tr.exit_code != 0) {
+    failures.push_back(Fmt("the tarball template did not run: exit %d, %s", tr.exit_code,
+                           tr.err.substr(0, 200).c_str()));
+  } else if (cached.empty()) {
+    failures.push_back("no bin/probe found under " + tpl + " after a tarball template ran");
+  } else {
+    check("template cache " + cached[0].substr(host.data_dir().size()), cached[0]);
+  }
+  // A live box's writable layer, with a setuid file made inside by its root.
+  std::string token = "sbx-battery-suid-" + std::to_string(getpid());
+  std::string release = "/tmp/" + token + "-release";
+  {
+    RunOptions o = b.ProbeOptions(60);
+    SbxProcess box(
+        b.SbxRun({"-i"}, {"/bin/sh", "-c",
+                          "cat > /tmp/probe && chmod +x /tmp/probe && cp /tmp/probe /root/" +
+                              token + " && chmod 4755 /root/" + token +
+                              " && exec /tmp/probe 21-root-owner token=" + token +
+                              "-mark release=" + release + " hold=30"}),
+        o);
+    std::string f = WaitInRun(host, token, 30);
+    if (f.empty()) {
+      failures.push_back("the box's setuid file never appeared under <data dir>/run");
+    } else {
+      std::string id_dir = f.substr(0, f.find('/', (host.data_dir() + "/run/").size()));
+      check("box dir " + id_dir.substr(host.data_dir().size()), id_dir + "/.");
+      check("setuid file in the writable layer", f);
+    }
+    ReleaseBoxes(host, release);
+    RunResult r = box.Wait();
+    if (r.exit_code != 0)
+      failures.push_back(Fmt("the box exited %d: %s", r.exit_code, r.err.substr(0, 200).c_str()));
+  }
+  std::string rm = "rm -rf '" + tdir + "' '" + tar + "'";
+  if (system(rm.c_str()) != 0) failures.push_back("could not remove the template source");
+  if (!failures.empty())
+    b.RecordChecks("46-host-user-layers", "46", failures, "");
+  else if (gated)
+    b.Record("46-host-user-layers", "46", "SKIP",
+             "gated: template and layer directories not root-only yet (mode bits let others "
+             "through): " +
+                 detail);
+  else
+    b.Record("46-host-user-layers", "46", "PASS", detail);
 }
 
 TEST(SecurityBattery, AllCases) {
@@ -1106,6 +1441,14 @@ TEST(SecurityBattery, AllCases) {
     Parsed v = b.RunProbe("31-zombies", {"n=3000"}, {"--timeout", "60s"}, b.ProbeOptions(90));
     b.Record("31-zombies", "31", v.word, v.detail);
   }
+
+  // Rows 43, 42, 21 (per-box ids) and 46: the tenant-boundary cases inside boxes. Some assert
+  // what the runtime and template pieces of issue 9 build; until then they SKIP on a condition
+  // named in their detail (the report lists every gate).
+  RunRow43(b);
+  RunRow21PerBox(b);
+  RunRow42(b);
+  RunRow46Templates(b);
 
   b.RecordChecks("00-leak-detector", "-", detector_failures, detector);
 

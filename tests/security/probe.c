@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/klog.h>
 #include <sys/mman.h>
@@ -267,6 +268,8 @@ static const char* scratch_path(const char* name) {
   snprintf(b, 256, "%s/%s", scratch(), name);
   return b;
 }
+
+static void hold_until(const char* path, double secs);
 
 // Runs fn in a forked child and returns its errno (0 = the call succeeded, -1 = child died).
 static int in_child(int (*fn)(void*), void* arg) {
@@ -1375,7 +1378,10 @@ static void c_root_owner(void) {
   printf("PASS %s: %s\n", g_case, g_detail);
   fflush(stdout);
   // Stay alive while the runner looks at the files from the host.
-  sleep(ctx("hold") ? atoi(ctx("hold")) : 4);
+  if (ctx("release"))
+    hold_until(ctx("release"), ctx("hold") ? atof(ctx("hold")) : 4);
+  else
+    sleep(ctx("hold") ? atoi(ctx("hold")) : 4);
   _exit(0);
 }
 
@@ -1766,6 +1772,197 @@ static void c_zombies(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Rows 42, 43, 21 (per-box ids): what one box does to per-user kernel limits, to its PID 1, and
+// which ids its files show. Cases marked "gated" SKIP on a detectable condition until the runtime
+// builds the feature (battery_test.cc lists the gates in the report).
+
+// Waits until `path` exists (the runner creates it through /proc/<pid>/root) or `secs` pass.
+static void hold_until(const char* path, double secs) {
+  double end = now_s() + secs;
+  while (now_s() < end) {
+    if (path && access(path, F_OK) == 0) return;
+    usleep(20000);
+  }
+}
+
+static long read_long(const char* path, int* err) {
+  char buf[64];
+  if (read_file(path, buf, sizeof buf, err) <= 0) return -1;
+  return atol(buf);
+}
+
+// Row 43: a child allocates until the OOM killer takes it; then PID 1 is alive and a new command
+// runs in the same box.
+static void c_bomb_then_exec(void) {
+  refuse_on_host();
+  int err;
+  long adj1 = read_long("/proc/1/oom_score_adj", &err);
+  long self = read_long("/proc/self/oom_score_adj", &err);
+  pid_t bomb = fork();
+  if (bomb < 0) fail("expected to fork the bomb, got %s", ename(errno));
+  if (bomb == 0) {
+    size_t step = (size_t)16 << 20;
+    for (size_t done = 0; done < ((size_t)1 << 30); done += step) {
+      char* p = mmap(NULL, step, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) _exit(3);
+      memset(p, 0x5a, step);
+    }
+    _exit(4);
+  }
+  int st;
+  while (waitpid(bomb, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL)
+    fail("expected the bomb to die of SIGKILL (the OOM killer), got %s %d",
+         WIFSIGNALED(st) ? "signal" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+  if (kill(1, 0) != 0) fail("expected PID 1 alive after the bomb, got kill(1, 0) %s", ename(errno));
+  char status[4096];
+  if (read_file("/proc/1/status", status, sizeof status, &err) <= 0)
+    fail("expected /proc/1/status after the bomb, got %s", ename(err));
+  char* state = strstr(status, "State:");
+  if (!state || strchr("ZX", state[7])) fail("expected PID 1 running, got '%.20s'", state);
+  char comm[64] = "";
+  read_file("/proc/1/comm", comm, sizeof comm, &err);
+  comm[strcspn(comm, "\n")] = 0;
+  // A new command: fork and exec a shell that prints a word.
+  int pfd[2];
+  if (pipe(pfd) != 0) fail("expected a pipe, got %s", ename(errno));
+  pid_t sh = fork();
+  if (sh == 0) {
+    dup2(pfd[1], 1);
+    execl("/bin/sh", "sh", "-c", "echo after", (char*)NULL);
+    _exit(127);
+  }
+  close(pfd[1]);
+  char out[64] = "";
+  ssize_t n = read(pfd[0], out, sizeof out - 1);
+  if (n > 0) out[n] = 0;
+  waitpid(sh, &st, 0);
+  if (strcmp(out, "after\n") != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail("expected `sh -c 'echo after'` to print after and exit 0, got '%s' status %d", out, st);
+  pass(
+      "bomb SIGKILLed; PID 1 (%s, oom_score_adj %ld) alive; the probe's oom_score_adj %ld; "
+      "sh -c 'echo after' ran after it",
+      comm, adj1, self);
+}
+
+// Row 43: PID 1 is the OOM killer's last choice, and nothing the box runs can undo that.
+static void c_oom_score(void) {
+  refuse_on_host();
+  int err;
+  long self = read_long("/proc/self/oom_score_adj", &err);
+  if (self != 0)
+    fail("expected a process the agent spawned to have oom_score_adj 0, got %ld", self);
+  long adj1 = read_long("/proc/1/oom_score_adj", &err);
+  if (adj1 != -1000) {
+    if (adj1 == 0)
+      skip("gated: the runtime does not set PID 1's oom_score_adj yet (reads 0); own score 0");
+    fail("expected PID 1's oom_score_adj -1000, got %ld", adj1);
+  }
+  note("PID 1 oom_score_adj -1000, own 0");
+  // Lowering one's own score again: only a writer with CAP_SYS_RESOURCE on the host may.
+  pid_t child = fork();
+  if (child == 0) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) _exit(errno & 0xff);
+    _exit(write(fd, "-1000", 5) == 5 ? 0 : (errno & 0xff));
+  }
+  int st;
+  waitpid(child, &st, 0);
+  int e = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (e == 0)
+    fail(
+        "expected writing -1000 to its own oom_score_adj to fail with EACCES, got success (the "
+        "agent's oom_score_adj_min is -1000: the runtime set it with CAP_SYS_RESOURCE through "
+        "oom_score_adj instead of the legacy oom_adj)");
+  if (e != EACCES) fail("expected EACCES lowering its own oom_score_adj, got %d", e);
+  note("lowering own score: EACCES");
+  // Raising PID 1's score would make the agent the victim: opening it for writing must fail.
+  EXPECT_ERR("open /proc/1/oom_score_adj for writing", open("/proc/1/oom_score_adj", O_WRONLY),
+             ERRS(EACCES, EPERM, EROFS));
+  EXPECT_ERR("open /proc/1/oom_adj for writing", open("/proc/1/oom_adj", O_WRONLY),
+             ERRS(EACCES, EPERM, EROFS, ENOENT));
+  pass("%s", g_detail);
+}
+
+// Row 42: no new user namespaces inside, by the box's own limit (gated on that limit).
+static void c_userns_limit(void) {
+  int err;
+  long max = read_long("/proc/sys/user/max_user_namespaces", &err);
+  const char* host = ctx("hostmaxuserns");
+  errno = 0;
+  long rc = unshare(CLONE_NEWUSER);
+  int e = errno;
+  if (rc == 0) fail("expected unshare(CLONE_NEWUSER) to fail, got success");
+  if (e != EPERM && e != ENOSPC && e != EUSERS)
+    fail("expected unshare(CLONE_NEWUSER) to fail with EPERM/ENOSPC/EUSERS, got %s", ename(e));
+  if (max != 0) {
+    // A new user namespace starts with every /proc/sys/user limit at INT_MAX: nobody set it.
+    if (max == 2147483647 || (host && max == atol(host)))
+      skip(
+          "gated: per-box /proc/sys/user limits not built: max_user_namespaces reads %ld (the "
+          "default of a new user namespace); unshare(CLONE_NEWUSER) %s",
+          max, ename(e));
+    fail("expected /proc/sys/user/max_user_namespaces to read 0, got %ld", max);
+  }
+  pass("max_user_namespaces 0; unshare(CLONE_NEWUSER) %s", ename(e));
+}
+
+// Row 42, the exhausting box: inotify instances until the limit; holds them while a neighbour
+// box tries (the runner starts it on this line and then creates release=PATH).
+static void c_inotify_exhaust(void) {
+  refuse_on_host();
+  int count = 0, e = 0;
+  for (; count < 1000000; ++count) {
+    if (inotify_init1(IN_CLOEXEC) < 0) {
+      e = errno;
+      break;
+    }
+  }
+  if (e != EMFILE && e != ENFILE && e != ENOSPC)
+    fail("expected inotify_init1 to fail with EMFILE at the per-user limit, got %s after %d",
+         ename(e), count);
+  int err;
+  long max = read_long("/proc/sys/user/max_inotify_instances", &err);
+  printf("PASS %s: inotify_init1 %s after %d instances (max_inotify_instances reads %ld)\n", g_case,
+         ename(e), count, max);
+  fflush(stdout);
+  hold_until(ctx("release"), ctx("hold") ? atof(ctx("hold")) : 20);
+  _exit(0);
+}
+
+// Row 42, the neighbour: one inotify instance and a watch that sees an event.
+static void c_inotify_watch(void) {
+  int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd < 0)
+    fail("expected inotify_init1 to work next to the exhausting box, got %s", ename(errno));
+  const char* dir = scratch();
+  if (inotify_add_watch(fd, dir, IN_CREATE) < 0)
+    fail("expected inotify_add_watch to work, got %s", ename(errno));
+  int f = open(scratch_path("x"), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  if (f >= 0) close(f);
+  struct pollfd p = {fd, POLLIN, 0};
+  if (poll(&p, 1, 5000) != 1) fail("expected an inotify event for a new file, got none in 5 s");
+  pass("inotify_init1, add_watch and an IN_CREATE event work");
+}
+
+// Row 21: files of the host's /usr show their real owners inside (idmapped layers; gated on the
+// overflow id that unmapped owners show today).
+static void c_usr_owner(void) {
+  const char* files[] = {"/usr/bin/passwd", "/usr/bin/sudo", "/usr/bin/su", "/usr/bin/env"};
+  for (size_t i = 0; i < sizeof files / sizeof *files; ++i) {
+    struct stat st;
+    if (stat(files[i], &st) != 0) continue;
+    if (st.st_uid == 0 && st.st_gid == 0) pass("%s shows 0:0", files[i]);
+    if (st.st_uid == 65534)
+      skip("gated: idmapped layers not built: %s shows %u:%u (the overflow id)", files[i],
+           st.st_uid, st.st_gid);
+    fail("expected %s to show 0:0 inside, got %u:%u", files[i], st.st_uid, st.st_gid);
+  }
+  skip("no root-owned file of /usr to look at");
+}
+
+// ---------------------------------------------------------------------------------------------
 
 typedef struct {
   const char* id;
@@ -1858,6 +2055,15 @@ static const probe_case kCases[] = {
     {"29-cpu-hog", "29", c_cpu_hog, 0, "spins (host checks its usage against the quota)"},
     {"29-latency", "29", c_latency, 0, "neighbour work-unit latency figures"},
     {"31-zombies", "31", c_zombies, 0, "orphans reaped by PID 1"},
+    {"42a-userns-limit", "42", c_userns_limit, 0,
+     "max_user_namespaces 0 inside; unshare(CLONE_NEWUSER) fails"},
+    {"42b-inotify-exhaust", "42", c_inotify_exhaust, 0, "inotify_init1 until EMFILE; holds them"},
+    {"42b-inotify-watch", "42", c_inotify_watch, 0, "a neighbour's inotify works"},
+    {"43a-bomb-then-exec", "43", c_bomb_then_exec, 0,
+     "bomb child SIGKILLed; PID 1 alive; a new command runs"},
+    {"43b-oom-score", "43", c_oom_score, 0,
+     "own oom_score_adj 0; PID 1 -1000; neither lowered nor PID 1's raised from inside"},
+    {"21c-usr-owner", "21", c_usr_owner, 0, "host /usr files show 0:0 inside (idmapped)"},
     {"whoami", "-", c_whoami, 0, "helper for 22b"},
 };
 

@@ -1,0 +1,639 @@
+// Boost 1.74 headers use std::exchange without including <utility>.
+// clang-format off
+#include <utility>
+// clang-format on
+
+// The daemon half of the security battery (threats.md rows 38, 41, 43-45): a real `sbx serve` on
+// loopback with two tenants' keys, driven as a hostile tenant or an anonymous client would drive
+// it. Each case asserts an exact answer and is followed by the host-side leak check (no box
+// directories, cgroups or mounts of the daemon's once its sandboxes are gone). Figures go to
+// tenant-report.txt beside battery-report.txt; `make test` prints both and their total.
+//
+// Some cases assert what other pieces of issue 9 build (templates by name, aggregated auth
+// denials, connection limits, strict HTTP, keyed metrics, HMAC tokens). Until they are merged
+// such a case SKIPs with "gated: ..." and the condition it detected; the report lists every gate.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/http/client.h"
+#include "common/fs.h"
+#include "daemon_process.h"
+#include "sbx_process.h"
+#include "store/store.h"
+
+#ifndef TENANT_REPORT
+#define TENANT_REPORT "tenant-report.txt"
+#endif
+
+namespace sbx::test {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> ListDirNames(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+struct Outcome {
+  std::string id, row, word, detail;
+  int leaks = 0;
+};
+
+class Tenants : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-tenant-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    parent_ = "sbx-tenant-test-" + std::to_string(::getpid());
+    ::setenv("SBX_CGROUP_PARENT", parent_.c_str(), 1);
+    d_ = std::make_unique<DaemonProcess>(dir_);
+    d_->Start();
+    a_key_ = d_->key();
+    auto r = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "create", "--name", "tenant-b"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    b_key_ = r.out.substr(0, r.out.find('\n'));
+    ASSERT_EQ(b_key_.rfind("sbx_", 0), 0u) << r.out;
+  }
+  void TearDown() override { (void)RemoveTree(dir_); }
+
+  http::Response Call(const std::string& key, const std::string& method, const std::string& target,
+                      const std::string& body = "", http::ClientHeaders headers = {}) {
+    if (!key.empty()) headers.insert(headers.begin(), {"Authorization", "Bearer " + key});
+    if (!body.empty()) headers.push_back({"Content-Type", "application/json"});
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, method, target, headers,
+                           body, std::chrono::seconds(60));
+    return r.ok() ? *r : http::Response{};
+  }
+  http::Response E2b(const std::string& key, const std::string& method, const std::string& target,
+                     const std::string& body = "") {
+    http::ClientHeaders h = {{"X-API-KEY", key}};
+    if (!body.empty()) h.push_back({"Content-Type", "application/json"});
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, method, target, h, body,
+                           std::chrono::seconds(60));
+    return r.ok() ? *r : http::Response{};
+  }
+  std::string Create(const std::string& key, const json& body = json::object()) {
+    auto r = Call(key, "POST", "/v1/sandboxes", body.dump());
+    EXPECT_EQ(r.status, 201) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    return j.is_object() ? j.value("id", "") : "";
+  }
+  void Kill(const std::string& key, const std::string& id) {
+    if (!id.empty()) Call(key, "DELETE", "/v1/sandboxes/" + id);
+  }
+  // Kills what each key still has.
+  void KillAll() {
+    for (const std::string& key : {a_key_, b_key_}) {
+      json list = json::parse(Call(key, "GET", "/v1/sandboxes").body, nullptr, false);
+      if (!list.is_object() || !list["sandboxes"].is_array()) continue;
+      for (const auto& s : list["sandboxes"]) Kill(key, s.value("id", ""));
+    }
+  }
+  int AccessDenied(const std::string& key) {
+    json j = json::parse(Call(key, "GET", "/v1/audit?type=sandbox.access_denied&limit=10000").body,
+                         nullptr, false);
+    return j.is_object() && j["events"].is_array() ? static_cast<int>(j["events"].size()) : -1;
+  }
+
+  // The host side: nothing of the daemon's boxes once they are gone.
+  std::string Leaks() {
+    std::string what;
+    std::string mounts = Slurp("/proc/self/mountinfo");
+    if (mounts.find(dir_ + "/") != std::string::npos) what += "mounts under the data dir; ";
+    std::string run = dir_ + "/run";
+    if (::system(("test -z \"$(ls -A " + run + " 2>/dev/null)\"").c_str()) != 0)
+      what += "box directories under " + run + "; ";
+    for (const auto& d : CgroupParentDirs(parent_)) {
+      if (::system(("test -z \"$(find " + d + " -mindepth 1 -type d 2>/dev/null)\"").c_str()) != 0)
+        what += "cgroups under " + d + "; ";
+    }
+    return what;
+  }
+  void Record(const std::string& id, const std::string& row, const std::string& word,
+              const std::string& detail) {
+    KillAll();
+    std::string leaks = Leaks();
+    outcomes_.push_back({id, row, word, detail + (leaks.empty() ? "" : " | LEAKS: " + leaks),
+                         leaks.empty() ? 0 : 1});
+    fprintf(stderr, "[tenant] %-28s %s %s%s\n", id.c_str(), word.c_str(), detail.c_str(),
+            leaks.empty() ? "" : (" LEAK " + leaks).c_str());
+  }
+  void RecordChecks(const std::string& id, const std::string& row,
+                    const std::vector<std::string>& failures, const std::string& pass_detail) {
+    if (failures.empty()) return Record(id, row, "PASS", pass_detail);
+    std::string d;
+    for (const auto& f : failures) d += (d.empty() ? "" : "; ") + f;
+    Record(id, row, "FAIL", d);
+  }
+
+  void Report(double seconds) {
+    int run = 0, passed = 0, failed = 0, skipped = 0, leaks = 0;
+    for (const auto& o : outcomes_) {
+      ++run;
+      passed += o.word == "PASS";
+      failed += o.word == "FAIL";
+      skipped += o.word == "SKIP";
+      leaks += o.leaks;
+    }
+    std::ostringstream os;
+    os << "\nsbx tenant battery (threats.md rows 38, 41, 43-45 through a real sbx serve)\n"
+       << "probes run: " << run << "\npassed: " << passed << "\nfailed: " << failed
+       << "\nskipped: " << skipped << "\nhost leaks: " << leaks << "\n";
+    for (const auto& o : outcomes_)
+      if (o.word == "SKIP") os << "  skipped " << o.id << ": " << o.detail << "\n";
+    char t[64];
+    snprintf(t, sizeof t, "run time: %.0f s\n\n", seconds);
+    os << t << "case                         row  outcome  leaks  detail\n";
+    for (const auto& o : outcomes_) {
+      char head[96];
+      snprintf(head, sizeof head, "%-28s %-4s %-8s %-6d ", o.id.c_str(), o.row.c_str(),
+               o.word.c_str(), o.leaks);
+      os << head << o.detail << "\n";
+    }
+    printf("%s", os.str().c_str());
+    std::ofstream(TENANT_REPORT) << os.str();
+  }
+
+  void Row38();
+  void Row41();
+  void Row43();
+  void Row44();
+  void Row45();
+
+  std::string dir_, parent_, a_key_, b_key_;
+  std::unique_ptr<DaemonProcess> d_;
+  std::vector<Outcome> outcomes_;
+};
+
+// Row 38: tenant B names tenant A's sandbox on every route: 404 as for no sandbox at all, and an
+// audit event sandbox.access_denied for each; envd requests without A's token get envd's 401.
+void Tenants::Row38() {
+  std::string id = Create(a_key_);
+  ASSERT_FALSE(id.empty());
+  std::string s = "/v1/sandboxes/" + id;
+  struct Route {
+    std::string method, target, body;
+  };
+  std::vector<Route> v1 = {
+      {"GET", s, ""},
+      {"POST", s + "/timeout", R"({"timeout":60})"},
+      {"POST", s + "/commands", R"({"argv":["true"]})"},
+      {"GET", s + "/commands", ""},
+      {"GET", s + "/commands/1/output", ""},
+      {"POST", s + "/commands/1/stdin", R"({"data":"eA=="})"},
+      {"POST", s + "/commands/1/stdin/close", ""},
+      {"POST", s + "/commands/1/signal", R"({"signal":9})"},
+      {"GET", s + "/files?path=/etc/hostname", ""},
+      {"PUT", s + "/files?path=/tmp/x", ""},
+      {"GET", s + "/files/stat?path=/", ""},
+      {"GET", s + "/files/list?path=/", ""},
+      {"POST", s + "/files/mkdir", R"({"path":"/tmp/d"})"},
+      {"POST", s + "/files/move", R"({"from":"/tmp/a","to":"/tmp/b"})"},
+      {"DELETE", s + "/files?path=/tmp/x", ""},
+      {"GET", s + "/files/archive?path=/tmp", ""},
+      {"PUT", s + "/files/archive?path=/tmp", ""},
+      {"GET", "/v1/audit?sandbox=" + id, ""},
+      {"DELETE", s, ""},
+  };
+  std::vector<std::string> failures;
+  int routes = 0;
+  for (const auto& r : v1) {
+    int before = AccessDenied(b_key_);
+    auto resp = Call(b_key_, r.method, r.target, r.body);
+    ++routes;
+    if (resp.status != 404)
+      failures.push_back(r.method + " " + r.target + ": expected 404, got " +
+                         std::to_string(resp.status) + " " + resp.body.substr(0, 120));
+    if (resp.body.find(id) != std::string::npos &&
+        resp.body.find("no sandbox") == std::string::npos)
+      failures.push_back(r.method + " " + r.target + ": the answer names A's sandbox");
+    if (AccessDenied(b_key_) <= before)
+      failures.push_back(r.method + " " + r.target + ": no sandbox.access_denied audit event");
+  }
+  std::string e = "/sandboxes/" + id;
+  std::vector<Route> e2b = {
+      {"GET", e, ""},
+      {"POST", e + "/timeout", R"({"timeout":60})"},
+      {"POST", e + "/refreshes", R"({"duration":60})"},
+      {"POST", e + "/pause", ""},
+      {"POST", e + "/resume", R"({"timeout":60})"},
+      {"POST", e + "/connect", R"({"timeout":60})"},
+      {"GET", e + "/metrics", ""},
+      {"GET", e + "/logs", ""},
+      {"GET", "/v2" + e + "/logs", ""},
+      {"DELETE", e, ""},
+  };
+  for (const auto& r : e2b) {
+    int before = AccessDenied(b_key_);
+    auto resp = E2b(b_key_, r.method, r.target, r.body);
+    ++routes;
+    if (resp.status != 404)
+      failures.push_back("E2B " + r.method + " " + r.target + ": expected 404, got " +
+                         std::to_string(resp.status) + " " + resp.body.substr(0, 120));
+    if (resp.status == 404 && AccessDenied(b_key_) <= before)
+      failures.push_back("E2B " + r.method + " " + r.target +
+                         ": no sandbox.access_denied audit event");
+  }
+  // envd, addressed by header, with B's key and without A's access token.
+  std::vector<Route> envd = {
+      {"POST", "/process.Process/List", "{}"},
+      {"POST", "/filesystem.Filesystem/ListDir", R"({"path":"/"})"},
+      {"GET", "/files?path=/etc/hostname", ""},
+  };
+  for (const auto& r : envd) {
+    http::ClientHeaders h = {{"E2b-Sandbox-Id", id}, {"X-API-KEY", b_key_}};
+    if (!r.body.empty()) h.push_back({"Content-Type", "application/json"});
+    auto resp = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, r.method, r.target, h,
+                              r.body, std::chrono::seconds(30));
+    ++routes;
+    int status = resp.ok() ? resp->status : 0;
+    if (status != 401)
+      failures.push_back("envd " + r.target + ": expected 401 without A's access token, got " +
+                         std::to_string(status));
+  }
+  // A's sandbox is untouched by all of it.
+  auto mine = Call(a_key_, "GET", s);
+  if (mine.status != 200 || mine.body.find("\"running\"") == std::string::npos)
+    failures.push_back("A's sandbox is no longer running: " + std::to_string(mine.status));
+  RecordChecks("38-other-tenant-id", "38", failures,
+               std::to_string(routes) +
+                   " routes (v1, E2B control plane: 404 + audit each; envd: "
+                   "401 without the owner's token); A's sandbox untouched");
+}
+
+// Row 41: a template (or any request field) naming a host path is refused with 400 `template not
+// found: NAME` on both APIs. Gated: SKIP while creates still accept paths.
+void Tenants::Row41() {
+  std::string a = Create(a_key_);
+  ASSERT_FALSE(a.empty());
+  // A secret in A's box, so a "template" of A's writable layer would show it.
+  Call(a_key_, "PUT", "/v1/sandboxes/" + a + "/files?path=/root/secret.txt", "tenant A secret");
+  std::string upper;
+  for (const auto& e : ListDirNames(dir_ + "/run/" + a))
+    if (e == "upper" || e.find("upper") != std::string::npos) upper = dir_ + "/run/" + a + "/" + e;
+  if (upper.empty()) upper = dir_ + "/run/" + a + "/upper";
+  // Tarballs on the host: a root-only one and one with a setuid-root binary.
+  std::string src = dir_ + "/tsrc";
+  std::string cmd = "mkdir -p " + src + "/bin && cp /bin/true " + src + "/bin/suid && chmod 4755 " +
+                    src + "/bin/suid && tar -C " + src + " -cf " + dir_ + "/suid.tar . && tar -C " +
+                    src + " -cf " + dir_ + "/secret.tar . && chmod 0600 " + dir_ + "/secret.tar";
+  ASSERT_EQ(::system(cmd.c_str()), 0);
+  std::vector<std::string> names = {"/etc", upper, dir_ + "/run", dir_ + "/secret.tar",
+                                    dir_ + "/suid.tar"};
+  std::vector<std::string> failures, accepted;
+  std::string seen;
+  for (const auto& n : names) {
+    for (int api = 0; api < 2; ++api) {
+      http::Response r = api == 0
+                             ? Call(b_key_, "POST", "/v1/sandboxes", json{{"template", n}}.dump())
+                             : E2b(b_key_, "POST", "/sandboxes", json{{"templateID", n}}.dump());
+      std::string where = std::string(api == 0 ? "v1" : "E2B") + " template " + n;
+      json j = json::parse(r.body, nullptr, false);
+      if (r.status == 400) {
+        std::string msg = j.is_object() ? (j.contains("error") && j["error"].is_object()
+                                               ? j["error"].value("message", "")
+                                               : j.value("message", ""))
+                                        : "";
+        if (msg.find("template not found: " + n) == std::string::npos)
+          failures.push_back(where + ": 400 without `template not found: " + n + "`: " + r.body);
+      } else {
+        accepted.push_back(where + " -> " + std::to_string(r.status));
+        if (j.is_object()) {
+          std::string id = j.value("id", j.value("sandboxID", ""));
+          Kill(b_key_, id);
+        }
+      }
+    }
+  }
+  ::system(("rm -rf " + src + " " + dir_ + "/suid.tar " + dir_ + "/secret.tar").c_str());
+  if (!failures.empty()) return RecordChecks("41-template-host-path", "41", failures, "");
+  if (!accepted.empty()) {
+    std::string d;
+    for (const auto& x : accepted) d += (d.empty() ? "" : "; ") + x;
+    return Record("41-template-host-path", "41", "SKIP",
+                  "gated: templates by name not built: " + d);
+  }
+  Record("41-template-host-path", "41", "PASS",
+         "10 creates naming host paths (/etc, A's writable layer, <data dir>/run, a 0600 and a "
+         "setuid tarball; v1 and E2B): 400 template not found");
+}
+
+// Row 43 through the daemon: a memory bomb in a 64 MiB sandbox is SIGKILLed, then the same
+// sandbox runs a new command (the agent, PID 1, survived and still spawns).
+void Tenants::Row43() {
+  std::string id = Create(a_key_, {{"limits", {{"memory_bytes", 64 << 20}}}});
+  ASSERT_FALSE(id.empty());
+  auto exec = [&](const json& cmd, std::string* out) {
+    auto r = Call(a_key_, "POST", "/v1/sandboxes/" + id + "/commands", cmd.dump());
+    json exit;
+    std::istringstream lines(r.body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json e = json::parse(line, nullptr, false);
+      if (e.is_discarded()) continue;
+      if (e.value("type", "") == "exit") exit = e;
+      if (e.value("type", "") == "stdout" && out) *out += e.value("data", "");
+    }
+    return exit;
+  };
+  std::vector<std::string> failures;
+  json bomb = exec({{"argv", {"/usr/bin/python3", "-c", "b = bytearray(1 << 30)"}}}, nullptr);
+  if (!bomb.is_object() || bomb.value("signal", 0) != 9)
+    failures.push_back("expected the bomb to end with signal 9, got " + bomb.dump());
+  std::string out;
+  json after = exec({{"argv", {"/bin/echo", "after"}}}, &out);
+  if (!after.is_object() || after.value("exit_code", -1) != 0 || out != "YWZ0ZXIK")
+    failures.push_back("expected `echo after` to run after the bomb, got " + after.dump() +
+                       " stdout(base64) " + out);
+  RecordChecks("43c-bomb-then-exec-api", "43", failures,
+               "bomb SIGKILLed (" + bomb.dump() + "); `echo after` ran in the same sandbox");
+}
+
+// Row 44: the database and data directory, read without the per-install secret, give no token:
+// neither verbatim nor by recomputing it from the stored key hash. Gated while tokens are derived
+// from the key hash (today's scheme).
+void Tenants::Row44() {
+  auto r = E2b(a_key_, "POST", "/sandboxes", R"({"templateID":"base"})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  json j = json::parse(r.body);
+  std::string id = j.value("sandboxID", "");
+  std::string envd = j.value("envdAccessToken", ""), traffic = j.value("trafficAccessToken", "");
+  std::vector<std::string> failures;
+  if (envd.empty()) failures.push_back("no envdAccessToken in the create answer: " + r.body);
+  // Every file of the data dir, as a thief who copied it would have it.
+  std::string files;
+  FILE* f =
+      ::popen(("find " + dir_ + " -xdev -type f -not -path '*/run/*' 2>/dev/null").c_str(), "r");
+  std::vector<std::string> paths;
+  char line[4096];
+  while (f && fgets(line, sizeof line, f)) {
+    std::string p = line;
+    if (!p.empty() && p.back() == '\n') p.pop_back();
+    paths.push_back(p);
+  }
+  if (f) ::pclose(f);
+  for (const auto& p : paths) {
+    std::string content = Slurp(p);
+    for (const std::string& t : {envd, traffic})
+      if (!t.empty() && content.find(t) != std::string::npos)
+        failures.push_back("token stored verbatim in " + p.substr(dir_.size()));
+  }
+  // Recomputed from the database: the api_keys hashes and the sandbox id.
+  bool derivable = false;
+  sqlite3* db = nullptr;
+  std::string dbpath;
+  for (const auto& p : paths)
+    if (p.size() > 3 && p.compare(p.size() - 3, 3, ".db") == 0) dbpath = p;
+  if (!dbpath.empty() && sqlite3_open_v2(dbpath.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == 0) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db, "SELECT hash FROM api_keys", -1, &st, nullptr) == 0) {
+      while (sqlite3_step(st) == SQLITE_ROW) {
+        std::string hash = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+        if (store::Sha256Hex("sbx-e2b-envd-token\n" + hash + "\n" + id) == envd ||
+            store::Sha256Hex("sbx-e2b-traffic-token\n" + hash + "\n" + id) == traffic)
+          derivable = true;
+      }
+      sqlite3_finalize(st);
+    }
+  }
+  if (db) sqlite3_close(db);
+  if (!failures.empty()) return RecordChecks("44-tokens-from-database", "44", failures, "");
+  if (derivable)
+    return Record("44-tokens-from-database", "44", "SKIP",
+                  "gated: tokens are not HMACs under a per-install secret yet: the envd/traffic "
+                  "token is SHA-256 of the stored key hash and the id");
+  Record("44-tokens-from-database", "44", "PASS",
+         std::to_string(paths.size()) +
+             " data-dir files: no token verbatim, none recomputable from the stored key hashes");
+}
+
+// A raw TCP connection to the daemon.
+int Dial(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the peer sends until it closes or `ms` pass with nothing new.
+std::string ReadAll(int fd, int ms) {
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms) != 1) break;
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+int CountResponses(const std::string& s) {
+  int n = 0;
+  for (size_t p = 0; (p = s.find("HTTP/1.1 ", p)) != std::string::npos; ++p) ++n;
+  return n;
+}
+
+// Row 45: what clients without a key (or with a bad one) can cost.
+void Tenants::Row45() {
+  // 45a: 3000 requests with a bad key and a long path grow the database by less than 64 KiB.
+  {
+    std::string db;
+    for (const auto& n : ListDirNames(dir_))
+      if (n.size() > 3 && n.compare(n.size() - 3, 3, ".db") == 0) db = dir_ + "/" + n;
+    auto size = [&] { return FileSize(db) + FileSize(db + "-wal"); };
+    uint64_t before = size();
+    std::string path = "/v1/sandboxes/" + std::string(2000, 'x');
+    int non401 = 0;
+    for (int i = 0; i < 3000; ++i) {
+      auto r = Call("sbx_bad" + std::to_string(i), "GET", path);
+      if (r.status != 401) ++non401;
+    }
+    uint64_t grew = size() - std::min(size(), before);
+    std::string d = std::to_string(grew / 1024) + " KiB growth after 3000 bad-key requests";
+    if (non401)
+      Record("45a-bad-key-flood", "45", "FAIL", std::to_string(non401) + " answers were not 401");
+    else if (grew >= 64 << 10)
+      Record("45a-bad-key-flood", "45", "SKIP", "gated: auth.denied aggregation not built: " + d);
+    else
+      Record("45a-bad-key-flood", "45", "PASS", d + " (all 401)");
+  }
+  // 45b: 1100 idle connections, then a keyed request is served.
+  {
+    struct rlimit rl;
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < 4096) {
+      rl.rlim_cur = std::min<rlim_t>(4096, rl.rlim_max);
+      ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    std::vector<int> idle;
+    for (int i = 0; i < 1100; ++i) {
+      int fd = Dial(d_->port());
+      if (fd < 0) break;
+      idle.push_back(fd);
+    }
+    auto t0 = Clock::now();
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "GET", "/v1/sandboxes",
+                           {{"Authorization", "Bearer " + a_key_}}, "", std::chrono::seconds(5));
+    double took = SecondsSince(t0);
+    for (int fd : idle) ::close(fd);
+    char d[160];
+    snprintf(d, sizeof d, "%zu idle connections; keyed GET /v1/sandboxes: %d in %.2f s",
+             idle.size(), r.ok() ? r->status : 0, took);
+    if (idle.size() < 1100)
+      Record("45b-idle-connections", "45", "FAIL", std::string("could not open them: ") + d);
+    else if (!r.ok() || r->status != 200)
+      Record("45b-idle-connections", "45", "SKIP",
+             std::string("gated: connection limits not built: ") + d);
+    else
+      Record("45b-idle-connections", "45", "PASS", d);
+  }
+  // 45c: Transfer-Encoding other than chunked is a 400 and the connection closes: no second
+  // response for a request smuggled in the body.
+  {
+    int fd = Dial(d_->port());
+    std::string smuggled =
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + a_key_ + "\r\n\r\n";
+    std::string req = "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + a_key_ +
+                      "\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip\r\n\r\n" +
+                      smuggled;
+    ssize_t w = fd >= 0 ? ::write(fd, req.data(), req.size()) : -1;
+    std::string got = w > 0 ? ReadAll(fd, 3000) : "";
+    if (fd >= 0) ::close(fd);
+    int n = CountResponses(got);
+    std::string first = got.substr(0, got.find("\r\n"));
+    std::string d = first + ", " + std::to_string(n) + " response(s)";
+    if (first.rfind("HTTP/1.1 400", 0) == 0 && n == 1)
+      Record("45c-te-gzip-smuggling", "45", "PASS", d);
+    else
+      Record("45c-te-gzip-smuggling", "45", "SKIP", "gated: strict HTTP not built: " + d);
+    KillAll();  // a smuggled create, if one got through
+  }
+  // 45d: a 1 MiB path.
+  {
+    int fd = Dial(d_->port());
+    std::string req = "GET /" + std::string(1 << 20, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    ssize_t w = fd >= 0 ? ::write(fd, req.data(), req.size()) : -1;
+    (void)w;
+    std::string got = fd >= 0 ? ReadAll(fd, 3000) : "";
+    if (fd >= 0) ::close(fd);
+    std::string first = got.substr(0, got.find("\r\n"));
+    if (first.rfind("HTTP/1.1 414", 0) == 0 || first.rfind("HTTP/1.1 431", 0) == 0)
+      Record("45d-huge-path", "45", "PASS", "1 MiB path: " + first);
+    else
+      Record("45d-huge-path", "45", "FAIL", "1 MiB path: expected 414/431, got '" + first + "'");
+  }
+  // 45e: limits out of range are a 400 each.
+  {
+    std::vector<std::pair<std::string, json>> bad = {
+        {"memory_bytes 1 PiB", {{"memory_bytes", int64_t{1} << 50}}},
+        {"memory_bytes 1", {{"memory_bytes", 1}}},
+        {"memory_bytes -1", {{"memory_bytes", -1}}},
+        {"disk_bytes 1 PiB", {{"disk_bytes", int64_t{1} << 50}}},
+        {"disk_bytes 1", {{"disk_bytes", 1}}},
+        {"disk_bytes -1", {{"disk_bytes", -1}}},
+        {"pids -1", {{"pids", -1}}},
+        {"cpus -1", {{"cpus", -1}}},
+    };
+    std::vector<std::string> failures;
+    for (const auto& [what, limits] : bad) {
+      auto r = Call(b_key_, "POST", "/v1/sandboxes", json{{"limits", limits}}.dump());
+      if (r.status != 400)
+        failures.push_back(what + ": expected 400, got " + std::to_string(r.status));
+    }
+    KillAll();  // what was accepted
+    if (failures.empty()) {
+      Record("45e-limits-out-of-range", "45", "PASS",
+             std::to_string(bad.size()) + " creates with 1 PiB, 1 byte or negative limits: 400");
+    } else {
+      std::string d;
+      for (const auto& f : failures) d += (d.empty() ? "" : "; ") + f;
+      Record("45e-limits-out-of-range", "45", "SKIP", "gated: limit ranges not checked yet: " + d);
+    }
+  }
+  // 45f: /metrics without a key names no sandbox.
+  {
+    std::string id = Create(a_key_);
+    auto r = Call("", "GET", "/metrics");
+    bool named = !id.empty() && r.body.find(id) != std::string::npos;
+    if (r.status == 200 && named)
+      Record("45f-metrics-without-key", "45", "SKIP",
+             "gated: metrics auth not built: /metrics without a key names a live sandbox");
+    else if (named)
+      Record("45f-metrics-without-key", "45", "FAIL", "the answer names a sandbox");
+    else
+      Record("45f-metrics-without-key", "45", "PASS",
+             "/metrics without a key: " + std::to_string(r.status) + ", no sandbox id");
+  }
+}
+
+TEST_F(Tenants, AllCases) {
+  ASSERT_EQ(::geteuid(), 0u) << "sbx serve needs root";
+  ::signal(SIGPIPE, SIG_IGN);
+  auto t0 = Clock::now();
+  Row38();
+  Row41();
+  Row43();
+  Row44();
+  Row45();
+  d_->Stop();
+  Report(SecondsSince(t0));
+  ExpectNoCgroupsAndRemoveParent(parent_);
+  for (const auto& o : outcomes_) {
+    EXPECT_NE(o.word, "FAIL") << o.id << ": " << o.detail;
+    EXPECT_EQ(o.leaks, 0) << o.id << ": " << o.detail;
+  }
+}
+
+}  // namespace
+}  // namespace sbx::test
