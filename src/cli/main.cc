@@ -48,6 +48,14 @@ int main(int argc, char** argv) {
   sv->add_option("--threads", serve.threads, "I/O threads")->capture_default_str();
   sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
       ->capture_default_str();
+  sv->add_option("--audit-retention", serve.audit_retention,
+                 "Delete audit events older than this, e.g. 30d, 12h (0: keep forever)")
+      ->capture_default_str();
+  sv->add_option("--max-connections", serve.max_connections, "Open HTTP connections at most")
+      ->capture_default_str();
+  sv->add_option("--max-connections-per-address", serve.max_connections_per_address,
+                 "Open HTTP connections per remote address (0: no cap; loopback is exempt)")
+      ->capture_default_str();
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

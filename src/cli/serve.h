@@ -14,6 +14,9 @@ struct ServeOptions {
   std::string unix_socket;                // optional, in addition
   int threads = 2;
   int64_t default_timeout_s = 300;
+  std::string audit_retention = "30d";  // a duration (units.h); "0" keeps events forever
+  size_t max_connections = 1024;
+  size_t max_connections_per_address = 64;  // loopback clients are exempt
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -9,7 +9,9 @@
 // clang-format on
 
 #include <boost/asio/thread_pool.hpp>
+#include <memory>
 
+#include "api/auth.h"
 #include "api/http/router.h"
 #include "api/v1/metrics.h"
 #include "sandbox/manager.h"
@@ -22,6 +24,8 @@ struct ApiContext {
   store::Store& store;
   Metrics& metrics;
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
+  // auth.denied aggregation shared by every facade (api/auth.h); AuditKeeper flushes it.
+  std::shared_ptr<DenialLog> denials = std::make_shared<DenialLog>();
 };
 
 // Adds every route. `ctx` must outlive the server.
