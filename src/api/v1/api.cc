@@ -691,6 +691,7 @@ void Commands(http::Router& r, ApiContext& ctx) {
                   int64_t pid = std::atoll(ex.Param("pid").c_str());
                   auto ch = co_await ChannelOrFail(ctx, ex, key);
                   if (!ch) co_return;
+                  ex.AllowSlowBody();  // may be typed as it goes
                   std::string buf(protocol::kMaxChunk, '\0');
                   for (;;) {
                     auto n = co_await ex.ReadSome(buf.data(), buf.size());
