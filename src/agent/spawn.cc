@@ -66,31 +66,25 @@ void CloseFrom(unsigned first, unsigned last_excluded_or_max, bool to_end) {
   for (unsigned fd = first; fd < last_excluded_or_max; ++fd) ::close(static_cast<int>(fd));
 }
 
-// The runtime makes the agent (PID 1) unkillable by the OOM killer (oom_score_adj -1000), and
-// children inherit the value: a memory bomb the agent spawned would be unkillable too, and the
-// OOM killer, finding no victim, would leave the box stuck. So a child of an agent below 0 goes
-// back to 0 (raising is always allowed). Done before the ids change: afterwards the process is no
-// longer dumpable and its /proc files are no longer its own. False (errno set) when it cannot.
-bool ResetOomScore() {
-  int fd = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+// What the agent spawns is the OOM killer's first choice in the box: +500 (raising is always
+// allowed, lowering below the inherited minimum never is). Where the runtime could protect the
+// agent (-1000, see native_runtime.cc) a child would otherwise inherit that and be unkillable,
+// leaving the killer no victim; where it could not (no CAP_SYS_RESOURCE on the host), the agent
+// at 0 would be the victim of a box full of processes each smaller than it. Also, under memory
+// pressure on the host, a box's processes go before the host's own. Done before the ids change:
+// afterwards the process is no longer dumpable and its /proc files are no longer its own.
+// False (errno set) when it cannot.
+bool RaiseOomScore() {
+  int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  char buf[16];
   ssize_t n;
   do {
-    n = ::pread(fd, buf, sizeof buf - 1, 0);
+    n = ::write(fd, "500", 3);
   } while (n < 0 && errno == EINTR);
-  bool ok = n > 0;
-  if (ok && buf[0] == '-') {
-    // Only "0" is written, so the value read needs no parsing beyond its sign.
-    do {
-      n = ::pwrite(fd, "0", 1, 0);
-    } while (n < 0 && errno == EINTR);
-    ok = n == 1;
-  }
   int saved = errno;
   ::close(fd);
   errno = saved;
-  return ok;
+  return n == 3;
 }
 
 // Runs in the child. Async-signal-safe calls only.
@@ -105,7 +99,7 @@ bool ResetOomScore() {
   for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 
-  if (!ResetOomScore()) ChildFail(a.report_fd, kStageOomScore);
+  if (!RaiseOomScore()) ChildFail(a.report_fd, kStageOomScore);
 
   if (::setsid() < 0) ChildFail(a.report_fd, kStageSetup);
   int in = a.in_fd, out = a.out_fd, err = a.err_fd;

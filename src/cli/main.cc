@@ -65,6 +65,14 @@ int main(int argc, char** argv) {
   std::string template_cache_size;
   sv->add_option("--template-cache-size", template_cache_size,
                  "Bound of the unpacked template layers, e.g. 20G (default 20G)");
+  sv->add_option("--audit-retention", serve.audit_retention,
+                 "Delete audit events older than this, e.g. 30d, 12h (0: keep forever)")
+      ->capture_default_str();
+  sv->add_option("--max-connections", serve.max_connections, "Open HTTP connections at most")
+      ->capture_default_str();
+  sv->add_option("--max-connections-per-address", serve.max_connections_per_address,
+                 "Open HTTP connections per remote address (0: no cap; loopback is exempt)")
+      ->capture_default_str();
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

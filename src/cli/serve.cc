@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -11,11 +12,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include "api/audit_keeper.h"
 #include "api/e2b/e2b.h"
 #include "api/http/server.h"
 #include "api/v1/api.h"
-#include "cli/units.h"
 #include "cli/template.h"
+#include "cli/units.h"
 #include "common/fs.h"
 #include "common/secret.h"
 #include "runtime/native/native_runtime.h"
@@ -66,7 +68,21 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   so.port = static_cast<uint16_t>(std::atoi(o.listen.c_str() + colon + 1));
   so.unix_socket = o.unix_socket;
   so.threads = o.threads;
+  so.max_connections = o.max_connections;
+  so.max_connections_per_address = o.max_connections_per_address;
   so.access_log = http::SpdlogAccessLog();
+  auto retention = ParseDuration(o.audit_retention);
+  if (!retention.ok()) {
+    std::fprintf(stderr, "sbx: --audit-retention: %s\n", retention.status().message().c_str());
+    return kExitSbxError;
+  }
+  // Every connection is a descriptor, and so is much of what a sandbox holds: the soft limit
+  // (often 1024) would make accept fail before max_connections is reached.
+  if (rlimit nofile{};
+      ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   // SIGTERM/SIGINT end the daemon through a signalfd; SIGPIPE never kills it.
   sigset_t sigs;
@@ -167,6 +183,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   boost::asio::thread_pool blocking(4);
   api::Metrics metrics;
   api::ApiContext ctx{manager, **st, metrics, blocking, *secret};
+  api::AuditKeeperOptions ko;
+  ko.retention_ms = *retention;
+  api::AuditKeeper audit_keeper(**st, *ctx.denials, ko);
+  audit_keeper.Start();
   http::Router router;
   api::RegisterV1(router, ctx);
   api::RegisterE2b(router, ctx);
@@ -192,6 +212,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   }
   spdlog::info("signal {}: stopping; sandboxes keep running", si.ssi_signo);
   server.Stop();
+  audit_keeper.Stop();  // after the server: writes the denial counts still pending
   manager.Stop();
   blocking.join();
   ::close(sfd);

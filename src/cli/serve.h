@@ -21,6 +21,9 @@ struct ServeOptions {
   uint32_t id_pool_size = 8192;
   bool no_idmap = false;  // force the runtime's fallback (shared ids, shifted layer copies)
   int64_t template_cache_bytes = 0;  // --template-cache-size; 0: storage's default (20 GiB)
+  std::string audit_retention = "30d";  // a duration (units.h); "0" keeps events forever
+  size_t max_connections = 1024;
+  size_t max_connections_per_address = 64;  // loopback clients are exempt
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -60,8 +60,10 @@ Result<int64_t> ParseDuration(const std::string& text) {
     mult = 60'000;
   else if (unit == "h")
     mult = 3'600'000;
+  else if (unit == "d")
+    mult = 86'400'000;
   else
-    return Status::Error("invalid duration '" + text + "' (use ms, s, m or h)", EINVAL);
+    return Status::Error("invalid duration '" + text + "' (use ms, s, m, h or d)", EINVAL);
   double ms = v * mult;
   if (ms > 9.0e15) return Status::Error("duration too large: '" + text + "'", EINVAL);
   return static_cast<int64_t>(std::llround(ms));

@@ -1,5 +1,5 @@
 // Parsing of the human units the CLI takes: sizes ("64M", "1.5G", "512k", bytes) and durations
-// ("90s", "5m", "1h", "250ms", plain seconds).
+// ("90s", "5m", "1h", "30d", "250ms", plain seconds).
 #pragma once
 
 #include <cstdint>

@@ -24,8 +24,9 @@ TEST(Units, Durations) {
   EXPECT_EQ(*ParseDuration("250ms"), 250);
   EXPECT_EQ(*ParseDuration("1.5m"), 90'000);
   EXPECT_EQ(*ParseDuration("2h"), 7'200'000);
+  EXPECT_EQ(*ParseDuration("30d"), int64_t{30} * 86'400'000);
   EXPECT_FALSE(ParseDuration("soon").ok());
-  EXPECT_FALSE(ParseDuration("5d").ok());
+  EXPECT_FALSE(ParseDuration("5w").ok());
 }
 
 TEST(Units, Format) {

@@ -134,6 +134,12 @@ INSERT INTO templates (name, kind, alias_of, source, created_at)
                ('mcp-gateway'));
 )sql";
 
+// Version 6: the audit query filters by key in SQL (GET /v1/audit shows a key its own events), so
+// one key's flood of events costs another key's query nothing.
+constexpr char kV6[] = R"sql(
+CREATE INDEX audit_by_key ON audit_events (key_id, seq);
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -143,6 +149,7 @@ const std::vector<Migration>& Migrations() {
       {3, "api_keys.operator", kV3},
       {4, "id_ranges, sandboxes.id_base, sandboxes.idmapped", kV4},
       {5, "template registry: kinds, aliases, template_layers, layer_pins", kV5},
+      {6, "audit_by_key index", kV6},
   };
   return kAll;
 }

@@ -601,6 +601,7 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   size_t limit = std::clamp<size_t>(q.limit == 0 ? 100 : q.limit, 1, 10000);
   std::string sql = std::string("SELECT ") + kAuditColumns + " FROM audit_events WHERE seq > ?";
   if (!q.sandbox_id.empty()) sql += " AND sandbox_id = ?";
+  if (!q.key_id.empty()) sql += " AND key_id = ?";
   if (!q.type.empty()) sql += " AND type = ?";
   if (q.since != 0) sql += " AND time >= ?";
   if (q.until != 0) sql += " AND time < ?";
@@ -612,6 +613,7 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   int i = 1;
   st->BindInt(i++, q.after_seq);
   if (!q.sandbox_id.empty()) st->BindText(i++, q.sandbox_id);
+  if (!q.key_id.empty()) st->BindText(i++, q.key_id);
   if (!q.type.empty()) st->BindText(i++, q.type);
   if (q.since != 0) st->BindInt(i++, q.since);
   if (q.until != 0) st->BindInt(i++, q.until);
@@ -635,11 +637,16 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   }
 }
 
-Result<int64_t> Store::PurgeAuditBefore(int64_t before) {
+Result<int64_t> Store::PurgeAuditBefore(int64_t before, int64_t max_rows) {
+  if (max_rows < 0) return Invalid("purge audit events: negative max_rows");
   std::lock_guard<std::mutex> lock(mu_);
-  Result<Statement> st = db_->Prepare("DELETE FROM audit_events WHERE time < ?1");
+  Result<Statement> st = db_->Prepare(
+      max_rows == 0 ? "DELETE FROM audit_events WHERE time < ?1"
+                    : "DELETE FROM audit_events WHERE seq IN"
+                      " (SELECT seq FROM audit_events WHERE time < ?1 ORDER BY time LIMIT ?2)");
   if (!st.ok()) return st.status().Wrap("purge audit events");
   st->BindInt(1, before);
+  if (max_rows != 0) st->BindInt(2, max_rows);
   SBX_RETURN_IF_ERROR(st->Run().Wrap("purge audit events"));
   return db_->changes();
 }

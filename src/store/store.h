@@ -123,6 +123,7 @@ struct AuditEvent {
 
 struct AuditQuery {
   std::string sandbox_id;  // empty = any
+  std::string key_id;      // empty = any; applied in SQL, before `limit`
   std::string type;        // empty = any
   int64_t since = 0;       // time >= since; 0 = no bound
   int64_t until = 0;       // time < until; 0 = no bound
@@ -236,8 +237,10 @@ class Store {
   Result<int64_t> AppendAudit(const AuditEvent& e);
   // Matching events in seq order, at most q.limit of them.
   Result<std::vector<AuditEvent>> QueryAudit(const AuditQuery& q);
-  // Deletes events older than `before` (ms); returns how many. Seqs are never reused.
-  Result<int64_t> PurgeAuditBefore(int64_t before);
+  // Deletes events older than `before` (ms), at most `max_rows` of them (0 = all, in one
+  // transaction); returns how many. Retention deletes in batches so other calls are not held up
+  // behind one long delete. Seqs are never reused.
+  Result<int64_t> PurgeAuditBefore(int64_t before, int64_t max_rows = 0);
 
   // ---- idempotency keys ----
   // The record for (key_id, key) if one was stored in the last 24 hours.

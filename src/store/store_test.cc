@@ -632,6 +632,46 @@ TEST_F(StoreTest, AuditAppendAndQuery) {
   EXPECT_GT(*next, *now_seq);
 }
 
+// A flood of one key's events must not hide another key's: the key filter is applied in SQL,
+// before the limit.
+TEST_F(StoreTest, AuditKeyFilterComesBeforeTheLimit) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  for (int i = 0; i < 500; ++i) {
+    AuditEvent e;
+    e.type = "command.start";
+    e.key_id = "key_a";
+    e.time = 1000 + i;
+    ASSERT_TRUE(store->AppendAudit(e).ok());
+    if (i % 150 == 100) {  // at 1100, 1250 and 1400
+      e.key_id = "key_b";
+      ASSERT_TRUE(store->AppendAudit(e).ok());
+    }
+  }
+  AuditQuery q;
+  q.key_id = "key_b";
+  q.limit = 100;
+  auto r = store->QueryAudit(q);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 3u);
+  for (const auto& e : *r) EXPECT_EQ(e.key_id, "key_b");
+  EXPECT_LT((*r)[0].seq, (*r)[1].seq);
+
+  // Batched purge: at most max_rows per call, oldest first, until nothing is left to delete.
+  auto first = store->PurgeAuditBefore(1250, 100);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, 100);
+  int64_t total = *first;
+  for (;;) {
+    auto n = store->PurgeAuditBefore(1250, 100);
+    ASSERT_TRUE(n.ok());
+    total += *n;
+    if (*n < 100) break;
+  }
+  EXPECT_EQ(total, 250 + 1);  // key_a's 1000..1249 and key_b's at 1100
+  EXPECT_EQ(store->PurgeAuditBefore(1250, -1).status().err(), EINVAL);
+}
+
 // ---- idempotency ----
 
 TEST_F(StoreTest, IdempotencyKeys) {

@@ -774,7 +774,7 @@ bool ClosedByPeer(int fd) {
 
 // The runtime makes the agent unkillable by the OOM killer (oom_score_adj -1000); what it spawns
 // must not be, or a memory bomb would be unkillable too.
-TEST_F(AgentTest, ChildrenDoNotInheritANegativeOomScore) {
+TEST_F(AgentTest, SpawnedProcessesAreTheOomKillersFirstChoice) {
   auto c = Connect();  // the agent is up
   std::string adj = "/proc/" + std::to_string(pid_) + "/oom_score_adj";
   auto agent_score = [&] {
@@ -783,26 +783,24 @@ TEST_F(AgentTest, ChildrenDoNotInheritANegativeOomScore) {
     in >> v;
     return v;
   };
-  // A score of 0 or more is the parent's business and is inherited unchanged (raising needs no
-  // privilege).
-  std::ofstream(adj) << "300";
-  ASSERT_EQ(agent_score(), "300");
-  Run r = RunToEnd(c, Argv({"cat", "/proc/self/oom_score_adj"}));
-  EXPECT_EQ(r.out, "300\n");
-
-  // Lowering below 0 needs CAP_SYS_RESOURCE, which the runtime has on the host.
-  { std::ofstream(adj) << "-1000"; }
-  if (agent_score() != "-1000")
-    GTEST_SKIP() << "this machine's root lacks CAP_SYS_RESOURCE: no process can get a negative "
-                    "oom_score_adj here, so there is nothing for a child to reset";
-  r = RunToEnd(
-      c, Argv({"sh", "-c", "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"}));
-  EXPECT_EQ(r.out, "0\n0\n");
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  // As another user too (the score is reset before the ids change).
-  r = RunToEnd(c, Argv({"cat", "/proc/self/oom_score_adj"}).Str(Tag::kUser, "65534"));
-  EXPECT_EQ(r.out, "0\n");
-  EXPECT_EQ(agent_score(), "-1000");
+  // Whatever the agent's own score, what it spawns is at +500, nested children included, and as
+  // another user too (the score is set before the ids change).
+  for (const char* score : {"0", "300", "-1000"}) {
+    { std::ofstream(adj) << score; }
+    if (agent_score() != score) {
+      // A negative score needs CAP_SYS_RESOURCE, which some hosts withhold even from root.
+      EXPECT_EQ(score[0], '-') << "could not set the agent's score to " << score;
+      continue;
+    }
+    Run r = RunToEnd(
+        c,
+        Argv({"sh", "-c", "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"}));
+    EXPECT_EQ(r.out, "500\n500\n") << "agent at " << score;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = RunToEnd(c, Argv({"cat", "/proc/self/oom_score_adj"}).Str(Tag::kUser, "65534"));
+    EXPECT_EQ(r.out, "500\n") << "agent at " << score;
+    EXPECT_EQ(agent_score(), score);
+  }
 }
 
 // The rings of the processes come out of the box-wide budget: they shrink as it fills, then SPAWN

@@ -935,5 +935,49 @@ TEST_F(ServeTest, TokensComeFromTheInstallSecretWhichMustBePrivate) {
   EXPECT_EQ(old.status, 401) << old.body;
 }
 
+// Issue 9: each request with a bad key stored an audit row with its whole path (3000 of them grew
+// the database by 42 MB). Now both facades share one aggregated record per address and window.
+TEST_F(ServeTest, BadKeyFloodCostsTheStoreAFewRows) {
+  std::string long_path =
+      "/v1/sandboxes/" + std::string(3000, 'p') + "?q=" + std::string(3000, 'q');
+  for (int i = 0; i < 3000; ++i) {
+    http::ClientHeaders h;
+    std::string target;
+    if (i % 3 == 0) {  // E2B control plane
+      h = {{"X-API-Key", "e2b_wrong" + std::to_string(i)}};
+      target = "/sandboxes";
+    } else {
+      h = {{"Authorization", "Bearer sbx_wrong" + std::to_string(i)}};
+      target = i % 3 == 1 ? long_path : "/v1/sandboxes";
+    }
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "GET", target, h, "",
+                           std::chrono::seconds(10));
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->status, 401) << r->body;
+  }
+  d_->Stop();  // a clean stop writes the pending count
+  {
+    auto st = store::Store::Open(dir_ + "/" + store::kDbFileName);
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    store::AuditQuery q;
+    q.type = "auth.denied";
+    q.limit = 10000;
+    auto events = (*st)->QueryAudit(q);
+    ASSERT_TRUE(events.ok());
+    EXPECT_EQ(events->size(), 2u);
+    int64_t count = 0;
+    for (const auto& e : *events) {
+      count += e.detail.value("count", int64_t{0});
+      EXPECT_EQ(e.detail.value("remote", ""), "127.0.0.1");
+      EXPECT_LE(e.detail.value("path", "").size(), 256u);
+    }
+    EXPECT_EQ(count, 3000);
+  }
+  struct stat db {};
+  ASSERT_EQ(::stat((dir_ + "/" + store::kDbFileName).c_str(), &db), 0);
+  EXPECT_LT(db.st_size, 1 << 20);  // the whole file, schema included
+  d_->Start();
+}
+
 }  // namespace
 }  // namespace sbx::test

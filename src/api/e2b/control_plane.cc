@@ -116,13 +116,9 @@ http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
     ctx.metrics.requests++;
     std::string secret(ex.Header("X-API-Key"));
     if (secret.empty()) co_return co_await Error(ex, 401, "missing X-API-KEY header");
-    auto key = ctx.store.VerifyApiKey(secret);
+    auto key = VerifyKey(ctx.store, *ctx.denials, ex, secret);
     if (!key.ok()) co_return co_await Fail(ex, key.status());
-    if (!*key) {
-      ctx.manager.Audit("auth.denied", "", "",
-                        {{"path", std::string(ex.path())}, {"remote", std::string(ex.remote())}});
-      co_return co_await Error(ex, 401, "Invalid API key");
-    }
+    if (!*key) co_return co_await Error(ex, 401, "Invalid API key");
     co_await h(ex, **key);
   };
 }

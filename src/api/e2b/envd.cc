@@ -478,6 +478,7 @@ awaitable<Result<json>> ProcessUnary(AgentChannel& ch, const std::string& method
 // Input from a client stream (envelopes as they arrive in the request body): a `start` naming the
 // process, then `data` (stdin or pty bytes) and `keepalive`s. Answers once the stream ends.
 awaitable<void> StreamInput(http::Exchange& ex, AgentChannel& ch) {
+  ex.AllowSlowBody();  // keepalives only, while the process is quiet
   EnvelopeReader reader;
   std::optional<int64_t> pid;
   std::string buf(64 << 10, '\0');

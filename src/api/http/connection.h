@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "api/http/router.h"
 #include "api/http/server.h"
@@ -51,28 +52,55 @@ inline Status StatusFrom(std::string what, const boost::system::error_code& ec) 
 struct ServerState {
   ServerState(ServerOptions o, Router r) : options(std::move(o)), router(std::move(r)) {}
 
+  // A registered connection. `conn` stays valid while registered: ~Connection unregisters under
+  // `mu` before the object goes away, so the acceptor may read it under `mu`. Never drop a
+  // shared_ptr from `weak` while holding `mu` (~Connection takes it).
+  struct Entry {
+    std::weak_ptr<Connection> weak;
+    Connection* conn = nullptr;
+  };
+  // Open connections, and how many of them are marked to be evicted (they do not count against
+  // a cap any more: their slots are being freed).
+  struct Count {
+    size_t open = 0;
+    size_t marked = 0;
+  };
+
   const ServerOptions options;
   const Router router;
   std::atomic<bool> stopping{false};
 
   std::mutex mu;
   std::condition_variable all_closed;
-  std::map<uint64_t, std::weak_ptr<Connection>> connections;  // GUARDED_BY(mu)
-  uint64_t next_id = 0;                                       // GUARDED_BY(mu)
+  std::map<uint64_t, Entry> connections;               // GUARDED_BY(mu)
+  std::unordered_map<std::string, Count> per_address;  // GUARDED_BY(mu)
+  Count total;                                         // GUARDED_BY(mu)
+  uint64_t next_id = 0;                                // GUARDED_BY(mu)
   std::atomic<size_t> open{0};
+};
+
+// How willing a connection is to give up its slot, from most to least (see ServerOptions).
+enum class IdleKind : int {
+  kFresh,      // accepted, nothing read yet
+  kPartial,    // some of a request header read
+  kKeepAlive,  // served a request, waiting for the next
+  kBusy,       // a request is being served (or the connection was upgraded): never evicted
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   enum class Phase { kIdle, kHeader, kHandler, kStreaming, kUpgraded, kClosed };
 
-  Connection(ServerState& state, Socket socket, std::string remote);
+  Connection(ServerState& state, Socket socket, std::string remote, std::string address);
   ~Connection();
 
   // The connection's life: requests until close. Takes ownership through `self`.
   static net::awaitable<void> Run(std::shared_ptr<Connection> self);
   // Called on the strand by Server::Stop(): `force` closes whatever is going on.
   void OnStop(bool force);
+  // Called on the strand after the acceptor marked this connection to make room for a new one:
+  // closes it if it is still idle, otherwise unmarks it (it keeps its slot).
+  void OnEvict();
 
   net::any_io_executor executor() { return socket_.get_executor(); }
 
@@ -114,6 +142,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ServerState& state_;
   Socket socket_;
   std::string remote_;
+  const std::string address_;  // remote_ without the port: what per-address caps count
+  const std::chrono::steady_clock::time_point accepted_at_ = std::chrono::steady_clock::now();
+  // Written on the strand, read by the acceptor under state_.mu to pick whom to evict.
+  std::atomic<IdleKind> idle_kind_{IdleKind::kFresh};
+  std::atomic<int64_t> idle_since_{0};  // steady_clock ticks
+  bool evict_marked_ = false;           // GUARDED_BY(state_.mu)
+  bool evicted_ = false;                // on the strand: closing to make room
   beast::flat_buffer buffer_;
   std::optional<RequestParser> parser_;
   net::steady_timer deadline_;
@@ -125,6 +160,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t bytes_in_ = 0;
   uint64_t bytes_out_ = 0;
   uint64_t id_ = 0;
+
+  void SetIdle(IdleKind kind) {
+    idle_since_ = std::chrono::steady_clock::now().time_since_epoch().count();
+    idle_kind_ = kind;
+  }
 
  private:
   static net::awaitable<void> Watchdog(std::shared_ptr<Connection> self);

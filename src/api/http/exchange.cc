@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/beast/websocket/rfc6455.hpp>
 
 #include "api/http/connection.h"
@@ -81,6 +82,8 @@ std::optional<uint64_t> Exchange::content_length() const {
 
 std::string_view Exchange::remote() const { return conn_.remote_; }
 
+std::string_view Exchange::remote_address() const { return conn_.address_; }
+
 boost::asio::any_io_executor Exchange::executor() const { return conn_.executor(); }
 
 bool Exchange::stopping() const { return conn_.stop_requested_ || conn_.state_.stopping.load(); }
@@ -106,22 +109,54 @@ net::awaitable<Result<size_t>> Exchange::ReadSome(char* buf, size_t n) {
   if (conn_.broken_) co_return Status::Error("read request body: connection closed");
   Status continued = co_await SendContinueIfExpected();
   if (!continued.ok()) co_return continued;
+  const ServerOptions& opt = conn_.state_.options;
   while (true) {
     parser.get().body().data = buf;
     parser.get().body().size = n;
     boost::system::error_code ec;
     conn_.timed_out_ = false;
-    conn_.SetDeadline(conn_.state_.options.body_read_timeout);
+    auto limit = opt.body_read_timeout;
+    if (opt.min_body_rate > 0 && !slow_body_ok_) {
+      // What the bytes so far pay for: the grace plus 1 s per min_body_rate bytes, of waiting.
+      auto earned = opt.body_rate_grace +
+                    std::chrono::milliseconds(conn_.bytes_in_ * 1000 / opt.min_body_rate);
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(earned - body_wait_);
+      limit = std::clamp(left, std::chrono::milliseconds(0), limit);
+    }
+    conn_.SetDeadline(limit);
+    auto waited_from = std::chrono::steady_clock::now();
     co_await bhttp::async_read_some(conn_.socket_, conn_.buffer_, parser,
                                     net::redirect_error(net::use_awaitable, ec));
+    body_wait_ += std::chrono::steady_clock::now() - waited_from;
     conn_.ClearDeadline();
     size_t got = n - parser.get().body().size;
     parser.get().body().data = nullptr;
     if (ec == bhttp::error::need_buffer) ec = {};
-    if (ec) co_return conn_.Broken("read request body", ec);
+    if (ec) co_return co_await BodyReadFailed(ec);
     conn_.bytes_in_ += got;
     if (got > 0 || parser.is_done()) co_return got;
   }
+}
+
+net::awaitable<Status> Exchange::BodyReadFailed(boost::system::error_code ec) {
+  // Beast's own parse errors (bad chunk size or extension, a chunk line or trailer that does not
+  // fit the connection's buffer) are the client's malformed framing; the end of stream and a
+  // cut-off message are a client that went away.
+  bool framing = ec.category() == bhttp::make_error_code(bhttp::error::bad_chunk).category() &&
+                 ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message;
+  bool slow = conn_.timed_out_;
+  if (!(framing || slow) || state_ != State::kNone || conn_.broken_) {
+    co_return conn_.Broken("read request body", ec);
+  }
+  conn_.close_after_ = true;  // the rest of the body cannot be told from a next request
+  conn_.timed_out_ = false;
+  if (slow) {
+    co_await RespondError(408, "request_timeout", "request body arrived too slowly");
+    co_return Status::Error("read request body: too slow", ETIMEDOUT);
+  }
+  std::string message = "malformed request body: " + ec.message();
+  co_await RespondError(400, "bad_request", message);
+  co_return Status::Error(message, EBADMSG);
 }
 
 net::awaitable<Result<std::string>> Exchange::ReadBody() {

@@ -8,7 +8,8 @@
 //
 // `code` is a stable snake_case token for programs, `message` is for humans. Codes used by the
 // server itself: bad_request (400), not_found (404), method_not_allowed (405), request_timeout
-// (408), payload_too_large (413), header_too_large (431), internal (500), unavailable (503).
+// (408), payload_too_large (413), uri_too_long (414), header_too_large (431), internal (500),
+// not_implemented (501), unavailable (503).
 //
 // Threading: an Exchange lives on its connection's strand (`executor()`); call its methods only
 // from coroutines running there (the handler itself, or ones it co_spawns on `executor()`), one
@@ -20,6 +21,8 @@
 // clang-format on
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/system/error_code.hpp>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -73,7 +76,8 @@ class Exchange {
   const Query& query() const { return query_; }
   // Declared body length; nullopt for a chunked body (length unknown until the end).
   std::optional<uint64_t> content_length() const;
-  std::string_view remote() const;  // "127.0.0.1:5555" or "unix"
+  std::string_view remote() const;          // "127.0.0.1:5555" or "unix"
+  std::string_view remote_address() const;  // "127.0.0.1" (no port) or "unix"
   // The connection's strand: co_spawn helpers here to touch the Exchange or its WebSocket.
   boost::asio::any_io_executor executor() const;
   // True once Server::Stop() began: long handlers may wind down early.
@@ -88,8 +92,13 @@ class Exchange {
   boost::asio::awaitable<Result<nlohmann::json>> ReadJson();
   // Streams the body: fills up to `n` bytes of `buf`, returns how many, 0 at the end. Works for
   // Content-Length and chunked bodies; sends "100 Continue" first when the client asked for it.
-  // An error means the client is gone or stalled (body_read_timeout); the connection is dropped.
+  // An error means the client is gone, or the body is malformed (bad chunk framing: answered 400
+  // here), or too slow (a stall past body_read_timeout or under min_body_rate: answered 408 here
+  // when no response was started); the connection is closed after the exchange either way.
   boost::asio::awaitable<Result<size_t>> ReadSome(char* buf, size_t n);
+  // For a body that is a long-lived stream of messages which may pause (stdin, a client stream):
+  // exempts it from min_body_rate; body_read_timeout still applies. Call once authenticated.
+  void AllowSlowBody() { slow_body_ok_ = true; }
 
   // ---- Fixed response ----
   // Write failures are not reported: the connection is simply closed and logged.
@@ -150,6 +159,8 @@ class Exchange {
     body_limit_ = options.body_limit;
   }
   boost::asio::awaitable<Status> SendContinueIfExpected();
+  // A failed body read: answers 400 (framing) or 408 (too slow) when it still can.
+  boost::asio::awaitable<Status> BodyReadFailed(boost::system::error_code ec);
 
   Connection& conn_;
   PathParams params_;
@@ -158,7 +169,10 @@ class Exchange {
   State state_ = State::kNone;
   int status_ = 0;
   bool continue_sent_ = false;
+  bool slow_body_ok_ = false;
   std::optional<uint64_t> stream_length_;  // for a fixed-length stream: bytes still owed
+  // Time spent waiting for the client's body, not the handler's own: what min_body_rate judges.
+  std::chrono::steady_clock::duration body_wait_{};
 };
 
 }  // namespace sbx::http

@@ -40,6 +40,8 @@ struct Probe {
   std::atomic<int> upload_reads{0};
   std::promise<Clock::time_point> stream_failed;
   std::atomic<bool> stream_failed_set{false};
+  std::atomic<int> held{0};  // handlers of /hold running
+  std::atomic<bool> release{false};
 };
 
 net::awaitable<void> Sleep(std::chrono::milliseconds d) {
@@ -99,6 +101,15 @@ Router TestRouter(Probe& probe) {
           co_await ex.RespondJson(200, out);
         },
         {.body_limit = 0});
+  // A body that may pause (like stdin): exempt from the minimum rate.
+  r.Put("/pausing",
+        [](Exchange& ex) -> net::awaitable<void> {
+          ex.AllowSlowBody();
+          auto body = co_await ex.ReadBody();
+          if (!body.ok()) co_return;
+          co_await ex.Respond(200, *body);
+        },
+        {.body_limit = 1024});
   r.Get("/stream", [](Exchange& ex) -> net::awaitable<void> {
     int n = std::stoi(ex.query().Get("n").value_or("10"));
     if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
@@ -140,6 +151,13 @@ Router TestRouter(Probe& probe) {
     throw std::runtime_error("boom mid-stream");
   });
   r.Get("/noreply", [](Exchange&) -> net::awaitable<void> { co_return; });
+  // Busy until the test releases it (at most 10 s).
+  r.Get("/hold", [&probe](Exchange& ex) -> net::awaitable<void> {
+    probe.held++;
+    auto until = Clock::now() + 10s;
+    while (!probe.release && Clock::now() < until) co_await Sleep(5ms);
+    co_await ex.Respond(200, "released");
+  });
   r.Get("/slow", [](Exchange& ex) -> net::awaitable<void> {
     co_await Sleep(std::chrono::milliseconds(std::stoi(ex.query().Get("ms").value_or("100"))));
     co_await ex.Respond(200, "done");
@@ -587,25 +605,332 @@ TEST_F(HttpTest, UnixSocket) {
   EXPECT_EQ(nlohmann::json::parse(r->body)["id"], "u");
 }
 
-TEST_F(HttpTest, ConnectionLimit) {
+// Waits (at most `timeout`) until the server has closed `fd`; true if it did.
+bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
+  bool closed = false;
+  ReadUntilClose(fd, timeout, &closed);
+  return closed;
+}
+
+// True if `fd` is still open with nothing to read right now.
+bool StillOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+// A raw TCP connection to 127.0.0.1:port from `source` (another loopback address is another
+// remote address to the server).
+int ConnectFrom(const char* source, uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One request on a new connection from `source`; the response, or "" when there was none.
+std::string GetFrom(const char* source, uint16_t port, const std::string& target) {
+  int fd = ConnectFrom(source, port);
+  if (fd < 0) return {};
+  std::string pending;
+  std::string reply;
+  if (SendAll(fd, "GET " + target + " HTTP/1.1\r\nHost: x\r\n\r\n"))
+    reply = ReadOneResponse(fd, pending);
+  ::close(fd);
+  return reply;
+}
+
+// Waits (at most 5 s) until `n` handlers of /hold are running.
+bool WaitHeld(Probe& probe, int n) {
+  auto until = Clock::now() + 5s;
+  while (probe.held.load() < n && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  return probe.held.load() >= n;
+}
+
+TEST_F(HttpTest, AtTheCapTheOldestIdleConnectionMakesRoom) {
   ServerOptions options;
   options.max_connections = 2;
   StartServer(options);
   int a = Connect();
   int b = Connect();
-  std::this_thread::sleep_for(100ms);
-  int c = Connect();
-  ASSERT_GE(c, 0);
-  bool closed = false;
-  ReadUntilClose(c, 2s, &closed);
-  EXPECT_TRUE(closed);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  auto r = Get("/items/1");  // a third connection: `a`, idle the longest, is closed for it
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_TRUE(ClosedWithin(a, 5s));
+  EXPECT_TRUE(StillOpen(b));
   ::close(a);
   ::close(b);
+}
+
+TEST_F(HttpTest, AtTheCapBusyConnectionsKeepTheirSlots) {
+  ServerOptions options;
+  options.max_connections = 2;
+  StartServer(options);
+  int a = Connect();
+  int b = Connect();
+  ASSERT_TRUE(SendAll(a, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(SendAll(b, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(WaitHeld(probe_, 2));
+  int c = Connect();  // nothing to evict: refused (closed at once, no answer)
+  ASSERT_GE(c, 0);
+  bool closed = false;
+  EXPECT_TRUE(ReadUntilClose(c, 5s, &closed).empty());
+  EXPECT_TRUE(closed);
   ::close(c);
-  std::this_thread::sleep_for(100ms);
+  probe_.release = true;
+  std::string pending_a, pending_b;
+  EXPECT_NE(ReadOneResponse(a, pending_a).find("released"), std::string::npos);
+  EXPECT_NE(ReadOneResponse(b, pending_b).find("released"), std::string::npos);
+  ::close(a);
+  ::close(b);
+  auto until = Clock::now() + 5s;  // a and b's slots are freed once the server sees them close
+  Result<Response> r = Status::Error("not tried");
+  while (Clock::now() < until && !(r.ok() && r->status == 200)) r = Get("/items/1");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
+}
+
+// Issue 9: 1100 idle connections made every normal request fail.
+TEST_F(HttpTest, ElevenHundredIdleConnectionsDoNotStopAFreshRequest) {
+  StartServer();  // the defaults: 1024 connections, loopback exempt from the per-address cap
+  std::vector<int> idle;
+  for (int i = 0; i < 1100; ++i) {
+    int fd = Connect();
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
   auto r = Get("/items/1");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(GetFrom("127.0.0.2", server_->port(), "/items/2").find("HTTP/1.1 200"), 0u);
+  // The oldest idle ones were closed to make room.
+  EXPECT_TRUE(ClosedWithin(idle.front(), 5s));
+  for (int fd : idle) ::close(fd);
+}
+
+TEST_F(HttpTest, PerAddressCapClosesThatAddressesIdleConnectionsOnly) {
+  ServerOptions options;
+  options.max_connections_per_address = 8;
+  options.limit_loopback = true;  // so that 127.0.0.x stand for remote addresses
+  StartServer(options);
+  std::vector<int> from2;
+  for (int i = 0; i < 12; ++i) {
+    int fd = ConnectFrom("127.0.0.2", server_->port());
+    ASSERT_GE(fd, 0);
+    from2.push_back(fd);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(ClosedWithin(from2[i], 5s)) << i;
+  // Another address is not affected and does not evict anything of 127.0.0.2.
+  EXPECT_EQ(GetFrom("127.0.0.3", server_->port(), "/items/3").find("HTTP/1.1 200"), 0u);
+  for (int i = 4; i < 12; ++i) EXPECT_TRUE(StillOpen(from2[i])) << i;
+  // A fresh request from the capped address is still served, in place of its oldest idle one.
+  EXPECT_EQ(GetFrom("127.0.0.2", server_->port(), "/items/4").find("HTTP/1.1 200"), 0u);
+  EXPECT_TRUE(ClosedWithin(from2[4], 5s));
+  for (int fd : from2) ::close(fd);
+}
+
+// A client that dribbles its header gets header_timeout from accept in all, not per byte and not
+// after a silent start.
+TEST_F(HttpTest, SlowLorisHeaderIsCutAtTheFirstDeadline) {
+  ServerOptions options;
+  options.header_timeout = 2000ms;
+  StartServer(options);
+  int fd = Connect();
+  ASSERT_GE(fd, 0);
+  auto start = Clock::now();
+  pollfd p{fd, POLLIN, 0};
+  ::poll(&p, 1, 1500);  // silent for 1.5 s: the clock already runs
+  ASSERT_TRUE(SendAll(fd, "GET /items/1 HTTP/1.1\r\n"));
+  for (int i = 0; i < 500; ++i) {  // one field every 20 ms, never the end of the header
+    if (!SendAll(fd, "X-Slow: " + std::to_string(i) + "\r\n")) break;
+    if (::poll(&p, 1, 20) > 0) break;  // the server answered or closed
+  }
+  bool closed = false;
+  std::string reply = ReadUntilClose(fd, 5s, &closed);
+  auto elapsed = Clock::now() - start;
+  ::close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  EXPECT_TRUE(closed);
+  EXPECT_GE(elapsed, 1900ms);
+  EXPECT_LT(elapsed, 3300ms);  // per-phase deadlines would have allowed 3.5 s
+}
+
+TEST_F(HttpTest, StalledOrTricklingBodyGets408AndClose) {
+  ServerOptions options;
+  options.min_body_rate = 1000;
+  options.body_rate_grace = 300ms;
+  StartServer(options);
+  // Stalled after a few bytes.
+  int fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n{\"a\":"));
+  bool closed = false;
+  std::string reply = ReadUntilClose(fd, 5s, &closed);
+  ::close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  EXPECT_NE(reply.find("request_timeout"), std::string::npos);
+  EXPECT_TRUE(closed);
+
+  // Trickling: 1 byte per 20 ms is 50 bytes/s, far under the minimum.
+  fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "PUT /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"));
+  int sent = 0;
+  pollfd p{fd, POLLIN, 0};
+  for (; sent < 1000; ++sent) {
+    if (!SendAll(fd, "u")) break;
+    if (::poll(&p, 1, 20) > 0) break;
+  }
+  reply = ReadUntilClose(fd, 5s, &closed);
+  ::close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  EXPECT_TRUE(closed);
+  EXPECT_LT(sent, 1000);
+
+  // A body that may pause is judged by body_read_timeout only.
+  fd = Connect();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "PUT /pausing HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab"));
+  ::poll(&p, 1, 800);  // well past the grace, and the server says nothing meanwhile
+  p.revents = 0;
+  ASSERT_TRUE(SendAll(fd, "cd"));
+  std::string pending;
+  reply = ReadOneResponse(fd, pending);
+  ::close(fd);
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
+  EXPECT_EQ(reply.substr(reply.size() - 4), "abcd");
+
+  // A body at full speed is not affected.
+  auto r = Request("127.0.0.1", server_->port(), "POST", "/json", {}, R"({"fast":true})", 5s);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 200);
+}
+
+// Sends `request` on a new connection and reads until the server closes it (at most 5 s).
+struct RawReply {
+  std::string text;
+  bool closed = false;
+  int responses = 0;  // status lines seen
+};
+RawReply SendRaw(int fd, const std::string& request) {
+  RawReply out;
+  if (fd < 0 || !SendAll(fd, request)) return out;
+  out.text = ReadUntilClose(fd, 5s, &out.closed);
+  for (size_t at = 0; (at = out.text.find("HTTP/1.1 ", at)) != std::string::npos; ++at)
+    out.responses++;
+  ::close(fd);
+  return out;
+}
+
+// Issue 9: `Transfer-Encoding: gzip` was ignored and the body read as the next request, which a
+// proxy in front of sbx would have taken for part of this one (request smuggling).
+TEST_F(HttpTest, TransferEncodingOtherThanChunkedIsRefusedAndClosed) {
+  StartServer();
+  const std::string smuggled = "GET /items/smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  RawReply r = SendRaw(
+      Connect(), "POST /json HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n" + smuggled);
+  EXPECT_EQ(r.text.rfind("HTTP/1.1 400", 0), 0u) << r.text;
+  EXPECT_EQ(r.responses, 1) << r.text;
+  EXPECT_TRUE(r.closed);
+  EXPECT_EQ(r.text.find("smuggled"), std::string::npos);
+
+  struct Case {
+    std::string head;
+    const char* status;
+  };
+  const std::vector<Case> cases = {
+      {"Transfer-Encoding: chunked, gzip\r\n", "400"},
+      {"Transfer-Encoding: gzip, chunked\r\n", "501"},
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", "501"},
+      {"Transfer-Encoding: chunked, chunked\r\n", "400"},
+      {"Transfer-Encoding: chunked;x=1\r\n", "400"},
+      {"Transfer-Encoding: ,\r\n", "400"},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "400"},
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "400"},
+      {"Transfer-Encoding: gzip\r\nContent-Length: 44\r\n", "400"},
+      {"Content-Length: 44\r\nContent-Length: 44\r\n", "400"},
+      {"Content-Length: 44, 44\r\n", "400"},
+      {"Content-Length: 44\r\nContent-Length: 5\r\n", "400"},
+  };
+  for (const auto& c : cases) {
+    r = SendRaw(Connect(), "POST /json HTTP/1.1\r\nHost: x\r\n" + c.head + "\r\n" + smuggled);
+    EXPECT_EQ(r.text.rfind(std::string("HTTP/1.1 ") + c.status, 0), 0u) << c.head << r.text;
+    EXPECT_EQ(r.responses, 1) << c.head << r.text;
+    EXPECT_TRUE(r.closed) << c.head;
+  }
+  r = SendRaw(Connect(), "POST /json HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  EXPECT_EQ(r.text.rfind("HTTP/1.1 400", 0), 0u) << r.text;
+
+  // Exactly chunked, in any case, is fine and keeps the connection.
+  int fd = Connect();
+  ASSERT_TRUE(SendAll(fd,
+                      "POST /json HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ChunKed\r\n\r\n"
+                      "7\r\n{\"a\":1}\r\n0\r\n\r\nGET /items/next HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string pending;
+  EXPECT_NE(ReadOneResponse(fd, pending).find("{\"echo\":{\"a\":1}}"), std::string::npos);
+  EXPECT_NE(ReadOneResponse(fd, pending).find("\"next\""), std::string::npos);
+  ::close(fd);
+
+  server_->Stop();
+  std::lock_guard lock(log_mu_);
+  for (const auto& line : log_) EXPECT_EQ(line.find("smuggled"), std::string::npos) << line;
+}
+
+TEST_F(HttpTest, MalformedChunkFramingIs400AndClosed) {
+  StartServer();
+  const std::string head = "POST /json HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string next = "GET /items/after HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::vector<std::string> bodies = {
+      "zz\r\nabc\r\n0\r\n\r\n",                                  // not hex
+      "3\r\nabcX\r\n0\r\n\r\n",                                  // no CRLF after the data
+      "3 \r\nabc\r\n0\r\n\r\n",                                  // junk after the size
+      "-3\r\nabc\r\n0\r\n\r\n",                                  // a sign
+      "3;" + std::string(40'000, 'e') + "\r\nabc\r\n0\r\n\r\n",  // a huge chunk-size line
+      "ffffffffffffffffff\r\nabc\r\n",                           // a size past 64 bits
+  };
+  for (const auto& body : bodies) {
+    RawReply r = SendRaw(Connect(), head + body + next);
+    EXPECT_EQ(r.text.rfind("HTTP/1.1 400", 0), 0u) << body.substr(0, 20) << r.text;
+    EXPECT_EQ(r.responses, 1) << body.substr(0, 20) << r.text;
+    EXPECT_TRUE(r.closed);
+    EXPECT_NE(r.text.find("Connection: close"), std::string::npos) << r.text;
+  }
+}
+
+// Threat row 45: huge paths and headers are answered, not buffered.
+TEST_F(HttpTest, HugePathIs414AndHugeHeaderIs431) {
+  StartServer();
+  for (size_t n : {size_t{13'000}, size_t{15'000}, size_t{100'000}}) {
+    RawReply r =
+        SendRaw(Connect(), "GET /items/" + std::string(n, 'p') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(r.text.rfind("HTTP/1.1 414", 0), 0u) << n << r.text.substr(0, 200);
+    EXPECT_NE(r.text.find("uri_too_long"), std::string::npos);
+    EXPECT_TRUE(r.closed);
+  }
+  RawReply r =
+      SendRaw(Connect(), "GET /items/1 HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(100'000, 'h') +
+                             "\r\n\r\n");
+  EXPECT_EQ(r.text.rfind("HTTP/1.1 431", 0), 0u) << r.text.substr(0, 200);
+  EXPECT_TRUE(r.closed);
+  std::string many = "GET /items/1 HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 2000; ++i) many += "X-" + std::to_string(i) + ": v\r\n";
+  r = SendRaw(Connect(), many + "\r\n");
+  EXPECT_EQ(r.text.rfind("HTTP/1.1 431", 0), 0u) << r.text.substr(0, 200);
+  // A long but allowed path still works.
+  auto ok = Get("/items/" + std::string(8000, 'q'));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->status, 200);
 }
 
 TEST_F(HttpTest, GracefulStopFinishesInFlightAndRefusesNew) {

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -25,6 +27,87 @@ constexpr uint64_t kMaxDrain = 256 * 1024;
 constexpr auto kLingerTime = 1s;
 constexpr size_t kMaxLingerBytes = 1 << 20;
 
+// Room in a connection's read buffer beyond the header limit: what a chunk-size line (with its
+// extensions) or a trailer may take. A longer one fails the parse as buffer_overflow (400), so no
+// request can make the buffer grow without bound.
+constexpr size_t kBufferSlack = 16 * 1024;
+
+bool IsLoopback(std::string_view address) {
+  return address.starts_with("127.") || address == "::1" || address.starts_with("::ffff:127.");
+}
+
+struct Refusal {
+  int status;
+  const char* code;
+  std::string message;
+};
+
+// RFC 9112 section 6 message framing, beyond what Beast checks. Anything a proxy in front of sbx
+// could read differently is refused and the connection closed, so no body can be taken for a
+// next request (request smuggling):
+// - Content-Length more than once, or as a list ("5, 5"): 400 (section 6.3 allows rejecting).
+// - Content-Length together with Transfer-Encoding: 400 (section 6.1: "ought to be handled as an
+//   error"; Beast rejects some orders, not `Transfer-Encoding: gzip` then Content-Length).
+// - Transfer-Encoding in an HTTP/1.0 request: 400 (section 6.1: the framing is faulty).
+// - Transfer-Encoding whose final coding is not chunked (`gzip`, `chunked, gzip`), chunked twice,
+//   or an empty list: 400 (section 6.3: the length cannot be determined; "MUST respond with 400
+//   and then close the connection"). Beast would read such a body as empty and its bytes as the
+//   next request.
+// - Codings before the final chunked (`gzip, chunked`): the framing is sound but sbx decodes no
+//   other transfer coding, so 501 as section 6.1 says for a coding the server does not
+//   understand; the connection is closed too, as the body is not read.
+std::optional<Refusal> CheckFraming(const RequestParser& parser) {
+  const auto& req = parser.get();
+  size_t lengths = 0;
+  bool listed_length = false;
+  std::vector<std::string> codings;
+  bool has_te = false;
+  for (const auto& field : req) {
+    if (field.name() == bhttp::field::content_length) {
+      ++lengths;
+      if (field.value().find(',') != beast::string_view::npos) listed_length = true;
+    } else if (field.name() == bhttp::field::transfer_encoding) {
+      has_te = true;
+      auto v = field.value();
+      size_t start = 0;
+      while (start <= v.size()) {
+        size_t comma = std::min(v.find(',', start), v.size());
+        auto token = v.substr(start, comma - start);
+        while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
+          token.remove_prefix(1);
+        while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
+          token.remove_suffix(1);
+        if (!token.empty()) codings.emplace_back(token.data(), token.size());
+        start = comma + 1;
+      }
+    }
+  }
+  if (lengths > 1 || listed_length) {
+    return Refusal{400, "bad_request", "more than one Content-Length"};
+  }
+  if (!has_te) return std::nullopt;
+  if (lengths > 0) {
+    return Refusal{400, "bad_request", "both Content-Length and Transfer-Encoding"};
+  }
+  if (req.version() < 11) {
+    return Refusal{400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request"};
+  }
+  auto is_chunked = [](const std::string& c) { return beast::iequals(c, "chunked"); };
+  if (codings.empty() || !is_chunked(codings.back())) {
+    return Refusal{400, "bad_request", "Transfer-Encoding must end in chunked"};
+  }
+  if (std::count_if(codings.begin(), codings.end(), is_chunked) > 1) {
+    return Refusal{400, "bad_request", "chunked applied more than once"};
+  }
+  if (codings.size() > 1) {
+    return Refusal{
+        501, "not_implemented",
+        "transfer coding not supported: " + codings.front().substr(0, 64) + " (only chunked is)"};
+  }
+  if (!parser.chunked()) return Refusal{400, "bad_request", "malformed Transfer-Encoding"};
+  return std::nullopt;
+}
+
 bool IsQuietClose(boost::system::error_code ec) {
   return ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message ||
          ec == net::error::eof || ec == net::error::connection_reset ||
@@ -44,12 +127,15 @@ AccessLog SpdlogAccessLog() {
 // ---------------------------------------------------------------------------------------------
 // Connection
 
-Connection::Connection(ServerState& state, Socket socket, std::string remote)
+Connection::Connection(ServerState& state, Socket socket, std::string remote, std::string address)
     : state_(state),
       socket_(std::move(socket)),
       remote_(std::move(remote)),
+      address_(std::move(address)),
+      buffer_(state.options.max_header_bytes + kBufferSlack),
       deadline_(socket_.get_executor()) {
   ClearDeadline();
+  SetIdle(IdleKind::kFresh);
 }
 
 Connection::~Connection() {
@@ -57,8 +143,33 @@ Connection::~Connection() {
   socket_.close(ec);
   std::lock_guard lock(state_.mu);
   state_.connections.erase(id_);
+  auto it = state_.per_address.find(address_);
+  if (it != state_.per_address.end()) {
+    it->second.open--;
+    if (evict_marked_) it->second.marked--;
+    if (it->second.open == 0) state_.per_address.erase(it);
+  }
+  state_.total.open--;
+  if (evict_marked_) state_.total.marked--;
   state_.open.fetch_sub(1);
   state_.all_closed.notify_all();
+}
+
+void Connection::OnEvict() {
+  if (idle_kind_.load() != IdleKind::kBusy &&
+      (phase_ == Phase::kIdle || phase_ == Phase::kHeader)) {
+    evicted_ = true;
+    boost::system::error_code ec;
+    socket_.cancel(ec);
+    return;
+  }
+  // A request arrived in the meantime: it keeps its slot (the cap is exceeded until one closes).
+  std::lock_guard lock(state_.mu);
+  if (!evict_marked_) return;
+  evict_marked_ = false;
+  state_.total.marked--;
+  if (auto it = state_.per_address.find(address_); it != state_.per_address.end())
+    it->second.marked--;
 }
 
 Status Connection::Broken(const char* what, boost::system::error_code ec) {
@@ -118,48 +229,81 @@ net::awaitable<void> Connection::Run(std::shared_ptr<Connection> self) {
   net::co_spawn(self->executor(), Watchdog(self), net::detached);
   bool first = true;
   bool linger = false;
-  while (!self->stop_requested_ && !self->close_after_ && !self->broken_) {
+  // A new connection gets header_timeout from accept to the end of its first header, in all: one
+  // that says nothing, or dribbles its header, holds its slot no longer than that.
+  const auto first_deadline = self->accepted_at_ + opt.header_timeout;
+  while (!self->stop_requested_ && !self->close_after_ && !self->broken_ && !self->evicted_) {
     boost::system::error_code ec;
     if (self->buffer_.size() == 0) {
       // Nothing buffered: wait for the first byte of the next request. Silence here is an idle
       // keep-alive (or a client that connected and said nothing): close without an answer.
       self->phase_ = Phase::kIdle;
+      if (!first) self->SetIdle(IdleKind::kKeepAlive);
       self->timed_out_ = false;
-      self->SetDeadline(first ? opt.header_timeout : opt.idle_timeout);
+      if (first) {
+        self->deadline_.expires_at(first_deadline);
+      } else {
+        self->SetDeadline(opt.idle_timeout);
+      }
       size_t n = co_await self->socket_.async_read_some(
           self->buffer_.prepare(4096), net::redirect_error(net::use_awaitable, ec));
       self->ClearDeadline();
-      if (ec) break;
+      if (ec || self->evicted_) break;
       self->buffer_.commit(n);
     }
     self->phase_ = Phase::kHeader;
+    self->SetIdle(IdleKind::kPartial);
     self->parser_.emplace();
     self->parser_->header_limit(static_cast<uint32_t>(opt.max_header_bytes));
     // Per route: ReadBody() enforces it. Not boost::none: Boost 1.74 compares
     // `content_length > none` as true and rejects every Content-Length body.
     self->parser_->body_limit(std::numeric_limits<uint64_t>::max());
     self->timed_out_ = false;
-    self->SetDeadline(opt.header_timeout);
+    if (first) {
+      self->deadline_.expires_at(first_deadline);
+    } else {
+      self->SetDeadline(opt.header_timeout);
+    }
     co_await bhttp::async_read_header(self->socket_, self->buffer_, *self->parser_,
                                       net::redirect_error(net::use_awaitable, ec));
     self->ClearDeadline();
+    if (self->evicted_) break;
     if (ec) {
       linger = true;
       if (self->timed_out_) {
         co_await self->RespondEarly(408, "request_timeout", "request header not received in time");
-      } else if (ec == bhttp::error::header_limit) {
-        co_await self->RespondEarly(431, "header_too_large", "request header too large");
+      } else if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow) {
+        // Beast sets the target as soon as the request line is whole: without one, the line
+        // alone went past the header limit.
+        auto target = self->parser_->get().target();
+        if (target.empty() || target.size() > opt.max_target_bytes) {
+          co_await self->RespondEarly(414, "uri_too_long", "request target too long");
+        } else {
+          co_await self->RespondEarly(431, "header_too_large", "request header too large");
+        }
       } else if (!IsQuietClose(ec)) {
         co_await self->RespondEarly(400, "bad_request", "malformed request");
       }
       break;
     }
+    if (auto refused = CheckFraming(*self->parser_)) {
+      linger = true;
+      co_await self->RespondEarly(refused->status, refused->code, refused->message.c_str());
+      break;
+    }
+    if (self->parser_->get().target().size() > opt.max_target_bytes) {
+      linger = true;
+      co_await self->RespondEarly(414, "uri_too_long", "request target too long");
+      break;
+    }
+    self->SetIdle(IdleKind::kBusy);
     co_await self->ServeRequest();
     if (self->phase_ == Phase::kUpgraded) co_return;  // the WebSocket owns the socket now
     first = false;
   }
   if (self->parser_ && !self->parser_->is_done()) linger = true;
-  if (linger && !self->broken_) co_await self->LingeringClose();
+  // An evicted connection gives its slot back at once.
+  if (linger && !self->broken_ && !self->evicted_) co_await self->LingeringClose();
   boost::system::error_code ec;
   self->socket_.shutdown(net::socket_base::shutdown_both, ec);
   self->socket_.close(ec);
@@ -316,7 +460,8 @@ struct Server::Impl {
 
   template <typename Acceptor>
   net::awaitable<void> AcceptLoop(Acceptor& acceptor);
-  void Adopt(Socket socket, std::string remote);
+  void Adopt(Socket socket, std::string remote, std::string address);
+  Connection* PickVictim(const std::string* address);
   void Broadcast(bool force);
   bool WaitAllClosed(std::chrono::milliseconds timeout);
 };
@@ -336,32 +481,84 @@ net::awaitable<void> Server::Impl::AcceptLoop(Acceptor& acceptor) {
       continue;
     }
     std::string remote = "unix";
+    std::string address = "unix";
     if constexpr (std::is_same_v<Acceptor, tcp::acceptor>) {
       auto ep = socket.remote_endpoint(ec);
-      if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
+      if (!ec) {
+        address = ep.address().to_string();
+        remote = address + ":" + std::to_string(ep.port());
+      }
       // Streams are written as many small writes (a header, then one NDJSON line per event):
       // with Nagle on, each waits for the client's delayed ACK (~40 ms).
       socket.set_option(tcp::no_delay(true), ec);
     }
-    Adopt(Socket(std::move(socket)), std::move(remote));
+    Adopt(Socket(std::move(socket)), std::move(remote), std::move(address));
   }
 }
 
-void Server::Impl::Adopt(Socket socket, std::string remote) {
+// The connection to close for a new one (of `address` only, when given): never a busy one; the
+// oldest of those that have not sent a whole request header yet, else the longest idle keep-alive
+// one. nullptr when every connection is busy. Linear in the open connections, paid only at a cap.
+Connection* Server::Impl::PickVictim(const std::string* address) {
+  Connection* best = nullptr;
+  int best_rank = 0;
+  int64_t best_since = 0;
+  for (auto& [id, entry] : state.connections) {
+    Connection* c = entry.conn;
+    if (c->evict_marked_ || (address && c->address_ != *address)) continue;
+    IdleKind kind = c->idle_kind_.load();
+    if (kind == IdleKind::kBusy) continue;
+    int rank = kind == IdleKind::kKeepAlive ? 1 : 0;
+    int64_t since = c->idle_since_.load();
+    if (!best || rank < best_rank || (rank == best_rank && since < best_since)) {
+      best = c;
+      best_rank = rank;
+      best_since = since;
+    }
+  }
+  return best;
+}
+
+void Server::Impl::Adopt(Socket socket, std::string remote, std::string address) {
+  const ServerOptions& opt = state.options;
   std::shared_ptr<Connection> conn;
+  std::shared_ptr<Connection> victim;  // released outside the lock: ~Connection takes it
   {
     std::lock_guard lock(state.mu);
     // Checked under the lock that Stop() takes to broadcast, so no connection slips past it.
-    if (state.stopping.load() || state.open.load() >= state.options.max_connections) {
+    bool refuse = state.stopping.load();
+    Connection* evict = nullptr;
+    bool per_address = opt.max_connections_per_address > 0 && address != "unix" &&
+                       (opt.limit_loopback || !IsLoopback(address));
+    auto at = state.per_address.find(address);
+    if (!refuse && per_address && at != state.per_address.end() &&
+        at->second.open - at->second.marked >= opt.max_connections_per_address) {
+      evict = PickVictim(&address);
+      refuse = evict == nullptr;
+    } else if (!refuse && state.total.open - state.total.marked >= opt.max_connections) {
+      evict = PickVictim(nullptr);
+      refuse = evict == nullptr;
+    }
+    if (refuse) {
       boost::system::error_code ec;
       socket.close(ec);
       return;
     }
+    if (evict) {
+      evict->evict_marked_ = true;
+      state.total.marked++;
+      state.per_address[evict->address_].marked++;
+      victim = state.connections[evict->id_].weak.lock();  // null: it is going away anyway
+    }
     state.open.fetch_add(1);
-    conn = std::make_shared<Connection>(state, std::move(socket), std::move(remote));
+    state.total.open++;
+    state.per_address[address].open++;
+    conn = std::make_shared<Connection>(state, std::move(socket), std::move(remote),
+                                        std::move(address));
     conn->id_ = state.next_id++;
-    state.connections.emplace(conn->id_, conn);
+    state.connections.emplace(conn->id_, ServerState::Entry{conn, conn.get()});
   }
+  if (victim) net::post(victim->executor(), [victim] { victim->OnEvict(); });
   net::co_spawn(conn->executor(), Connection::Run(conn), net::detached);
 }
 
@@ -371,8 +568,8 @@ void Server::Impl::Broadcast(bool force) {
   std::vector<std::shared_ptr<Connection>> live;
   {
     std::lock_guard lock(state.mu);
-    for (auto& [id, weak] : state.connections) {
-      if (auto conn = weak.lock()) live.push_back(std::move(conn));
+    for (auto& [id, entry] : state.connections) {
+      if (auto conn = entry.weak.lock()) live.push_back(std::move(conn));
     }
   }
   for (auto& conn : live) {

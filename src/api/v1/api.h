@@ -9,7 +9,9 @@
 // clang-format on
 
 #include <boost/asio/thread_pool.hpp>
+#include <memory>
 
+#include "api/auth.h"
 #include "api/http/router.h"
 #include "api/v1/metrics.h"
 #include "common/secret.h"
@@ -24,6 +26,8 @@ struct ApiContext {
   Metrics& metrics;
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
   const InstallSecret& secret;         // every token the API hands out is an HMAC under it
+  // auth.denied aggregation shared by every facade (api/auth.h); AuditKeeper flushes it.
+  std::shared_ptr<DenialLog> denials = std::make_shared<DenialLog>();
 };
 
 // Adds every route. `ctx` must outlive the server.

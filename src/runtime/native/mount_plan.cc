@@ -15,8 +15,11 @@ constexpr const char* kMaskedProcFiles[] = {
 constexpr const char* kMaskedDirs[] = {"/proc/acpi",   "/proc/scsi",    "/proc/asound",
                                        "/proc/driver", "/sys/firmware", "/sys/kernel/debug"};
 // Writable kernel knobs under /proc: bound onto themselves read-only.
-constexpr const char* kReadOnlyProcPaths[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq",
-                                              "/proc/bus", "/proc/fs"};
+// /proc/1 is the agent (the child that runs the plan becomes it): its OOM score files are
+// read-only, so nothing in the box can make the agent the OOM killer's first choice.
+constexpr const char* kReadOnlyProcPaths[] = {
+    "/proc/sys", "/proc/sysrq-trigger",   "/proc/irq",      "/proc/bus",
+    "/proc/fs",  "/proc/1/oom_score_adj", "/proc/1/oom_adj"};
 // Device nodes bound from the host into the box's /dev. None of them reaches hardware.
 constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom", "tty"};
 

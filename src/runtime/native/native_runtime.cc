@@ -380,8 +380,11 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   SBX_RETURN_IF_ERROR(cgroup->AddProcess(box.init_pid));
   // The agent is never the OOM killer's victim: a memory bomb in the box dies instead of it.
   // Lowering a score needs CAP_SYS_RESOURCE, which some hosts withhold even from root (Open
-  // warns once); the box still works there, only without this protection.
-  if (Status adj = WriteFile("/proc/" + std::to_string(box.init_pid) + "/oom_score_adj", "-1000");
+  // warns once); the box still works there, only without this protection (the agent also puts
+  // what it spawns at +500, see src/agent/spawn.cc). The legacy file: -17 there is -1000, and
+  // unlike a privileged write of oom_score_adj it leaves oom_score_adj_min alone, so what the
+  // agent spawns can never lower itself back to -1000.
+  if (Status adj = WriteFile("/proc/" + std::to_string(box.init_pid) + "/oom_adj", "-17");
       !adj.ok() && !(adj.err() == EACCES && !can_protect_agent_)) {
     return adj;
   }
