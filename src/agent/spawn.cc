@@ -161,7 +161,7 @@ const char* StageName(int stage) {
     case kStageExec:
       return "exec";
     case kStageOomScore:
-      return "reset oom_score_adj";
+      return "set oom_score_adj";
     default:
       return "set up";
   }
