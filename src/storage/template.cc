@@ -442,23 +442,27 @@ void RemoveLayerDirs(const TemplateStore& ts, const std::string& id) {
   RemoveTree(LayerDir(ts, id));
 }
 
+// The names in directory `dir` (none when it cannot be read), read whole before anything below it
+// is changed.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
 // Removes what a killed process left in the cache: layer directories the store does not know
 // (a build that died before recording its layer). Caller holds the CacheLock, under which every
 // layer is built and recorded.
 void SweepCache(const TemplateStore& ts, store::Store& st) {
-  for (const std::string& root : {LayersRoot(ts)}) {
-    DIR* d = ::opendir(root.c_str());
-    if (d == nullptr) continue;
-    std::vector<std::string> names;
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-    for (const auto& n : names) {
-      auto l = st.GetLayer(n);
-      if (l.ok() && !*l) RemoveTree(root + "/" + n);
-    }
+  for (const auto& n : Entries(LayersRoot(ts))) {
+    auto l = st.GetLayer(n);
+    if (l.ok() && !*l) RemoveTree(LayersRoot(ts) + "/" + n);
   }
 }
 
@@ -569,15 +573,7 @@ Result<store::TemplateRecord> Lookup(const TemplateStore& ts, store::Store& st,
 // Private layers of `sbx run --template TARBALL`: <templates>/run/<random>, each locked by its
 // run (flock on the directory) so that the next run can tell a dead run's leftovers.
 void ReapDeadRuns(const TemplateStore& ts) {
-  DIR* d = ::opendir(RunRoot(ts).c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(n);
-  }
-  ::closedir(d);
-  for (const auto& n : names) {
+  for (const auto& n : Entries(RunRoot(ts))) {
     std::string p = RunRoot(ts) + "/" + n;
     UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
     if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) RemoveTree(p);

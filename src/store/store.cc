@@ -758,6 +758,20 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
 
 }  // namespace
 
+namespace {
+// Binds ?1..?8 of an INSERT INTO templates (kTemplateColumns) to `t`.
+void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers) {
+  st.BindText(1, t.name)
+      .BindText(2, t.source)
+      .BindText(3, layers)
+      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
+      .BindText(5, t.kind)
+      .BindText(6, t.alias_of)
+      .BindInt(7, t.size_bytes)
+      .BindInt(8, t.last_used_at);
+}
+}  // namespace
+
 Status Store::AddTemplate(const TemplateRecord& t) {
   std::string what = "add template " + t.name;
   Result<std::string> layers = Dump(json(t.layers), what + ": layers");
@@ -769,14 +783,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
   if (!st.ok()) return st.status().Wrap(what);
-  st->BindText(1, t.name)
-      .BindText(2, t.source)
-      .BindText(3, *layers)
-      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
-      .BindText(5, t.kind)
-      .BindText(6, t.alias_of)
-      .BindInt(7, t.size_bytes)
-      .BindInt(8, t.last_used_at);
+  BindTemplate(*st, t, *layers);
   Status s = st->Run();
   if (s.err() == EEXIST) return Status::Error(what + ": a template of that name exists", EEXIST);
   SBX_RETURN_IF_ERROR(s.Wrap(what));
@@ -798,14 +805,7 @@ Status Store::PutTemplate(const TemplateRecord& t) {
       " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
       " last_used_at = excluded.last_used_at");
   if (!st.ok()) return st.status().Wrap(what);
-  st->BindText(1, t.name)
-      .BindText(2, t.source)
-      .BindText(3, *layers)
-      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
-      .BindText(5, t.kind)
-      .BindText(6, t.alias_of)
-      .BindInt(7, t.size_bytes)
-      .BindInt(8, t.last_used_at);
+  BindTemplate(*st, t, *layers);
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   return tx->Commit().Wrap(what);
 }
