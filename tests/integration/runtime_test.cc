@@ -238,6 +238,33 @@ TEST_F(RuntimeTest, AnotherRuntimeAdoptsABoxOnlyOnceItsOwnerIsGone) {
   EXPECT_FALSE(gone.ok());
 }
 
+// Issue 10: Destroy signalled the recorded agent pid without checking it still was the agent. An
+// adopted agent is not our child, so after it died its pid could be any host process's.
+TEST_F(RuntimeTest, DestroyNeverSignalsAProcessThatIsNotTheBoxsAgent) {
+  auto box = rt_->Create(Spec());
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  pid_t stranger = ::fork();
+  if (stranger == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(stranger, 0);
+  Box stale = *box;
+  stale.init_pid = stranger;  // what a record says once the agent's pid was reused
+  EXPECT_TRUE(rt_->Destroy(stale).ok());
+  EXPECT_EQ(::kill(stranger, 0), 0) << "Destroy killed a process outside the box";
+  int status = 0;
+  EXPECT_EQ(::waitpid(stranger, &status, WNOHANG), 0) << "the stranger died";
+  // The box itself is gone all the same: its cgroup killed the agent.
+  EXPECT_NE(::access(box->dir.c_str(), F_OK), 0);
+  ::kill(stranger, SIGKILL);
+  ::waitpid(stranger, &status, 0);
+  // The real agent was our child and is reaped (no zombie left behind).
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+  EXPECT_EQ(::waitpid(box->init_pid, nullptr, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+}
+
 TEST_F(RuntimeTest, OrphansOfADeadOwnerAreReaped) {
   // A box whose owner lock is not held by anyone is an orphan; one we own is not.
   auto mine = rt_->Create(Spec());

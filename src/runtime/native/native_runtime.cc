@@ -138,6 +138,20 @@ bool IsOrphan(const std::string& dir, const std::string& owner) {
 // The box's ids and mode, for whoever adopts it later.
 constexpr char kIdsFile[] = "/ids";
 
+// A pidfd of the box's agent, if `box.init_pid` still is that agent: alive and in this box's
+// cgroup. Pids are reused, so the pid alone names whoever has it now; the pidfd pins the process,
+// and a signal 0 after the cgroup read tells that the read was of that process. ESRCH otherwise.
+Result<UniqueFd> AgentPidfd(const Box& box) {
+  if (box.init_pid <= 0) return Status::Error("no agent pid", ESRCH);
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, box.init_pid, 0)));
+  if (!pidfd) return Status::Errno("agent pid " + std::to_string(box.init_pid));
+  auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
+  if (!cg.ok() || cg->find("/" + box.id + "\n") == std::string::npos ||
+      ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0)
+    return Status::Error("its agent is gone", ESRCH);
+  return pidfd;
+}
+
 }  // namespace
 
 // Values and reasons: docs/isolation.md, "Per-box kernel limits".
@@ -453,17 +467,12 @@ Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box
 Status NativeRuntime::Thaw(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Thaw(); }
 Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type) {
   std::string what = "socket in box " + box.id;
-  // A pidfd pins the process; the cgroup check then tells it is still this box's agent and not
-  // a process that got its pid (pids are reused).
-  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, box.init_pid, 0)));
-  if (!pidfd) return Status::Errno(what + ": agent pid " + std::to_string(box.init_pid));
-  auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
-  if (!cg.ok() || cg->find("/" + box.id + "\n") == std::string::npos)
-    return Status::Error(what + ": its agent is gone", ESRCH);
+  auto pidfd = AgentPidfd(box);
+  if (!pidfd.ok()) return pidfd.status().Wrap(what);
   // setns() changes only the calling thread's namespace: do it on a thread of its own.
   int fd = -1, err = 0;
   std::thread t([&] {
-    if (::setns(pidfd.get(), CLONE_NEWNET) != 0) {
+    if (::setns(pidfd->get(), CLONE_NEWNET) != 0) {
       err = errno;
       return;
     }
@@ -485,12 +494,23 @@ Status NativeRuntime::Destroy(const Box& box) {
   // got out of the namespace's reach (it cannot, but the cgroup is the authority). A frozen box
   // is thawed first: frozen tasks (cgroup v1) do not die until they run again.
   std::unique_ptr<Cgroup> cgroup = Cgroup::Open(cgroups_, box.id);
-  if (box.init_pid > 0) {
-    ::kill(box.init_pid, SIGKILL);
+  // Only through a pidfd that is still this box's agent: an adopted agent is not our child, so
+  // once it has died its pid may belong to any host process (or to another box's agent, our
+  // child, whose wait would block here).
+  if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
+    ::syscall(SYS_pidfd_send_signal, pidfd->get(), SIGKILL, nullptr, 0);
     (void)cgroup->Thaw();
     // Reap it if it is our child; ECHILD after a daemon restart is fine.
-    while (::waitpid(box.init_pid, nullptr, __WALL) < 0 && errno == EINTR) {
+    siginfo_t info{};
+    while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd->get()), &info,
+                    WEXITED | __WALL) < 0 &&
+           errno == EINTR) {
     }
+  } else {
+    (void)cgroup->Thaw();
+    // A dead agent that was our child is a zombie until reaped (its pid cannot have been reused
+    // meanwhile); never wait for anything alive here.
+    if (box.init_pid > 0) ::waitpid(box.init_pid, nullptr, WNOHANG | __WALL);
   }
   Status cg = cgroup->Destroy();
   // A disk image still mounted on the host means its creator died mid-create.
