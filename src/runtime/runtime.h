@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,10 @@ class Runtime {
   // A new, unconnected socket (socket(2) arguments; close-on-exec) in the box's network
   // namespace, to reach what listens on the box's loopback. ESRCH when the box's agent is gone.
   virtual Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) = 0;
+  // nullopt while the box's agent lives; once it has exited, how: its exit status when this
+  // process was its parent (reaping it), and the tail of its log. Cheap: called for every live
+  // box twice a second.
+  virtual std::optional<std::string> AgentExit(const Box& box) = 0;
   // Kills every process of the box and removes everything Create made. Idempotent.
   virtual Status Destroy(const Box& box) = 0;
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.

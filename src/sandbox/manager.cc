@@ -597,6 +597,19 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   co_return *ch;
 }
 
+void Manager::MarkAgentExited(SandboxRecord rec, const std::string& how) {
+  spdlog::warn("sandbox {}: {}", rec.id, how);
+  Status destroyed = KillLocked(rec, "agent_exited", {{"error", how}});
+  auto failed = store_.UpdateSandbox(rec.id, [&](SandboxRecord& r) {
+    r.state = store::kStateFailed;
+    r.error = how;
+    return Status();
+  });
+  if (!destroyed.ok() || !failed.ok())
+    spdlog::error("sandbox {}: after its agent exited: {} {}", rec.id, destroyed.message(),
+                  failed.ok() ? "" : failed.status().message());
+}
+
 void Manager::ExpireDue() {
   auto live = store_.ListLiveSandboxes();
   if (!live.ok()) {
@@ -622,6 +635,16 @@ void Manager::ExpireDue() {
       else
         spdlog::info("sandbox {} killed: its key {} was revoked", rec.id, rec.owner_key_id);
       continue;
+    }
+    // A box whose agent died (killed from the host, crashed) is of no use: it fails, and what it
+    // held is freed now rather than at its timeout.
+    if (rec.state != store::kStateCreating) {
+      if (auto box = BoxOf(rec.id); box.ok()) {
+        if (auto exit = runtime_.AgentExit(*box)) {
+          MarkAgentExited(rec, *exit);
+          continue;
+        }
+      }
     }
     if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
     store::ApiKeyRecord owner;

@@ -153,6 +153,8 @@ class Manager {
                     nlohmann::json detail = nlohmann::json::object());
   // The limits checks of Create that depend on the host (memory, cpus, disk space).
   Status CheckHostLimits(const store::SandboxLimits& l);
+  // The box of `rec` lost its agent (`how`): its resources are freed and the record fails.
+  void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
 

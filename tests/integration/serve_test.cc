@@ -855,6 +855,33 @@ TEST_F(ServeTest, RevokingAKeyKillsItsSandboxes) {
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + kept_id)["state"], "running");
 }
 
+// Issue 10 finding 4: after kill -9 of a box's agent from the host the record stayed `running`,
+// with its cgroups and directory, until the TTL. The daemon notices within its scan (0.5 s).
+TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {
+  json made = d_->Json("POST", "/v1/sandboxes", json{{"timeout", 600}}, 201);
+  std::string id = made["id"];
+  auto pid = ReadFile(dir_ + "/run/" + id + "/pid", 64);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  ASSERT_EQ(::kill(std::atoi(pid->c_str()), SIGKILL), 0);
+  json rec;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    rec = d_->Json("GET", "/v1/sandboxes/" + id);
+    if (rec["state"] != "running") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a state change
+  }
+  EXPECT_EQ(rec["state"], "failed") << rec;
+  EXPECT_NE(rec.value("error", "").find("agent exited"), std::string::npos) << rec;
+  EXPECT_NE(rec.value("error", "").find("signal 9"), std::string::npos) << rec;
+  EXPECT_NE(::access((dir_ + "/run/" + id).c_str(), F_OK), 0) << "its box directory is left";
+  auto audit = d_->Json("GET", "/v1/audit?sandbox=" + id + "&type=sandbox.kill");
+  ASSERT_EQ(audit["events"].size(), 1u) << audit;
+  EXPECT_EQ(audit["events"][0]["detail"]["reason"], "agent_exited");
+  // A new sandbox works as before.
+  json next = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  EXPECT_EQ(next["state"], "running");
+}
+
 TEST_F(ServeTest, LimitsOutOfRangeAre400AndDiskThatDoesNotFitIs507) {
   const std::string pib = "1125899906842624";
   struct Case {

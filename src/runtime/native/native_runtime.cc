@@ -488,6 +488,26 @@ Result<BoxStats> NativeRuntime::Stats(const Box& box) {
   return Cgroup::Open(cgroups_, box.id)->Stats();
 }
 
+std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
+  if (AgentPidfd(box).ok()) return std::nullopt;
+  std::string how = "agent exited";
+  siginfo_t info{};
+  if (box.init_pid > 0 &&
+      ::waitid(P_PID, static_cast<id_t>(box.init_pid), &info, WEXITED | WNOHANG | __WALL) == 0 &&
+      info.si_pid == box.init_pid) {
+    how += info.si_code == CLD_EXITED ? " with status " + std::to_string(info.si_status)
+                                      : " on signal " + std::to_string(info.si_status);
+  }
+  auto log = ReadFile(config_.run_dir + "/" + box.id + "/agent.log", 1 << 20);
+  if (log.ok() && !log->empty()) {
+    constexpr size_t kTail = 512;
+    std::string tail = log->size() > kTail ? log->substr(log->size() - kTail) : *log;
+    while (!tail.empty() && tail.back() == '\n') tail.pop_back();
+    how += "; agent.log ends: " + tail;
+  }
+  return how;
+}
+
 Status NativeRuntime::Destroy(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that

@@ -57,6 +57,7 @@ class NativeRuntime : public Runtime {
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
+  std::optional<std::string> AgentExit(const Box& box) override;
   Status Destroy(const Box& box) override;
   Result<int> ReapOrphans(const std::string& owner) override;
   Result<Box> Adopt(const std::string& id) override;
