@@ -864,14 +864,14 @@ TEST_F(ServeTest, LimitsOutOfRangeAre400AndDiskThatDoesNotFitIs507) {
   for (const Case& c : std::vector<Case>{
            {R"({"memory_bytes":)" + pib + "}", "the host's memory"},
            {R"({"memory_bytes":1})", "at least 16 MiB"},
-           {R"({"memory_bytes":-1})", "must not be negative"},
+           {R"({"memory_bytes":-1})", "limits.memory_bytes: at least 16 MiB"},
            {R"({"disk_bytes":)" + pib + "}", "the size of the data directory's filesystem"},
            {R"({"disk_bytes":1})", "at least 16 MiB"},
-           {R"({"disk_bytes":-1})", "must not be negative"},
+           {R"({"disk_bytes":-1})", "limits.disk_bytes: at least 16 MiB"},
            {R"({"cpus":)" + pib + "}", "the host's CPUs"},
-           {R"({"cpus":-1})", "must be a positive number"},
+           {R"({"cpus":-1})", "limits.cpus: at least 0.01 CPUs"},
            {R"({"pids":)" + pib + "}", "from 1 to 4194304"},
-           {R"({"pids":-1})", "must not be negative"},
+           {R"({"pids":-1})", "limits.pids: from 1 to 4194304 processes"},
            {R"({"memory_bytes":18446744073709551615})", "out of range"}}) {
     auto r = d_->Call("POST", "/v1/sandboxes", R"({"limits":)" + c.limits + "}");
     EXPECT_EQ(r.status, 400) << c.limits << ": " << r.body;
@@ -977,6 +977,76 @@ TEST_F(ServeTest, BadKeyFloodCostsTheStoreAFewRows) {
   ASSERT_EQ(::stat((dir_ + "/" + store::kDbFileName).c_str(), &db), 0);
   EXPECT_LT(db.st_size, 1 << 20);  // the whole file, schema included
   d_->Start();
+}
+
+// Issue 10 item 7: every number is range-checked before any arithmetic, and a value out of range
+// is a 400 naming the field and the allowed range in its unit, on both APIs.
+TEST_F(ServeTest, NumbersOutOfRangeAreRefusedNamingTheFieldAndTheRange) {
+  auto expect400 = [&](const std::string& method, const std::string& target,
+                       const std::string& body, const std::string& message,
+                       http::ClientHeaders h = {}) {
+    auto r = d_->Call(method, target, body, h);
+    EXPECT_EQ(r.status, 400) << method << " " << target << " " << body << ": " << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos)
+        << method << " " << target << " " << body << ": " << r.body;
+  };
+  const std::vector<std::string> bad_seconds = {"0.0001", "-1", "0", "1e300", "86401", "\"soon\""};
+  // Native: a sandbox's timeout (create and set-timeout), a command's timeout.
+  // The value as the message quotes it (a string's quotes are escaped in the JSON body).
+  auto got = [](const std::string& t) {
+    json v = json::parse(t);
+    return v.is_string() ? std::string() : v.dump() + ")";
+  };
+  for (const std::string& t : bad_seconds)
+    expect400("POST", "/v1/sandboxes", R"({"timeout":)" + t + "}",
+              "timeout: a number of seconds from 1 to 86400 (got " + got(t));
+  std::string id = Create({{"timeout", 600.5}});
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["timeout"], 600.5);
+  for (const std::string& t : bad_seconds)
+    expect400("POST", "/v1/sandboxes/" + id + "/timeout", R"({"timeout":)" + t + "}",
+              "timeout: a number of seconds from 1 to 86400 (got " + got(t));
+  expect400("POST", "/v1/sandboxes/" + id + "/timeout", "{}", "timeout: required");
+  for (const char* t : {"0.0001", "-1", "1e300"})
+    expect400("POST", "/v1/sandboxes/" + id + "/commands",
+              R"({"argv":["true"],"timeout":)" + std::string(t) + "}",
+              "timeout: a number of seconds from 0.001 to 10000000 (got " + got(t));
+  // Limits: each message names limits.<field> and the range in the field's unit.
+  for (const auto& [limits, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"pids":1.5})", "limits.pids: must be a whole number of processes"},
+           {R"({"pids":5000000})", "limits.pids: from 1 to 4194304 processes, 0 for the default"},
+           {R"({"memory_bytes":"1G"})", "limits.memory_bytes: must be a whole number of bytes"},
+           {R"({"cpu_weight":10001})", "limits.cpu_weight: from 1 to 10000"},
+           {R"({"cpus":"two"})", "limits.cpus: must be a number of CPUs"}})
+    expect400("POST", "/v1/sandboxes", R"({"limits":)" + limits + "}", message);
+
+  // E2B: timeout (create v1 and v2, set-timeout, connect, resume) and duration (refreshes) are
+  // whole seconds from 1 to the maximum; never multiplied unchecked.
+  const http::ClientHeaders e2b = {{"X-API-Key", d_->key()}};
+  const std::vector<std::string> bad_e2b = {"0.0001", "-5",    "0",        "1e300",
+                                            "1.5",    "86401", "\"soon\"", "9223372036854775807"};
+  auto range = [&](const std::string& field, const std::string& t) {
+    return field + ": a whole number of seconds from 1 to 86400 (got " + got(t);
+  };
+  for (const std::string& t : bad_e2b) {
+    for (const char* path : {"/sandboxes", "/v2/sandboxes"})
+      expect400("POST", path, R"({"templateID":"base","timeout":)" + t + "}", range("timeout", t),
+                e2b);
+    expect400("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/connect", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/resume", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/refreshes", R"({"duration":)" + t + "}",
+              range("duration", t), e2b);
+  }
+  // In range is fine, a whole number written as 60.0 too.
+  EXPECT_EQ(d_->Call("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":60.0})", e2b).status,
+            204);
+  EXPECT_EQ(
+      d_->Call("POST", "/sandboxes/" + id + "/refreshes", R"({"duration":86400})", e2b).status,
+      204);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "running");
 }
 
 }  // namespace
