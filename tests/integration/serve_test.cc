@@ -1049,5 +1049,67 @@ TEST_F(ServeTest, NumbersOutOfRangeAreRefusedNamingTheFieldAndTheRange) {
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "running");
 }
 
+// Issue 10 item 7: the files API answers what is wrong with the request, not 500: a depth over
+// the maximum, a read-only mount (EROFS, 409), a socket (ENXIO, 400), a watch on a missing path
+// (404), a mode above 07777; on the native API and envd alike.
+TEST_F(ServeTest, FilesAnswersSayWhatIsWrongNotInternal) {
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"];
+  const std::string f = "/v1/sandboxes/" + id + "/files";
+  auto expect = [&](int status, const std::string& method, const std::string& target,
+                    const std::string& message, const std::string& body = "",
+                    http::ClientHeaders h = {}) {
+    auto r = d_->Call(method, target, body, h);
+    EXPECT_EQ(r.status, status) << method << " " << target << ": " << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos) << method << " " << target << ": " << r.body;
+  };
+  // depth: 1 to 16, refused past it (it used to be cut there, or 500 "reply too large").
+  expect(400, "GET", f + "/list?path=/&depth=17", "depth: a whole number from 1 to 16 (got 17)");
+  expect(400, "GET", f + "/list?path=/&depth=100000000000", "depth: a whole number from 1 to 16");
+  EXPECT_EQ(d_->Call("GET", f + "/list?path=/tmp&depth=16").status, 200);
+  // /proc/acpi is an empty read-only tmpfs in every box.
+  expect(409, "POST", f + "/mkdir", "Read-only file system", R"({"path":"/proc/acpi/x"})");
+  expect(409, "PUT", f + "?path=/proc/acpi/x", "Read-only file system", "data");
+  // A socket is no file to read.
+  auto sock = d_->Exec(id, {{"argv",
+                             {"perl", "-MIO::Socket::UNIX", "-e",
+                              "IO::Socket::UNIX->new(Local => '/tmp/sock', Listen => 1) or die"}}});
+  ASSERT_EQ(sock.exit_code, 0) << sock.err;
+  expect(400, "GET", f + "?path=/tmp/sock", "invalid_argument");
+  // A watch on a missing path.
+  expect(404, "GET", f + "/watch?path=/no/such/dir", "not_found");
+  // mode: octal, at most 07777.
+  expect(400, "PUT", f + "?path=/tmp/m&mode=10000", "mode: octal from 0 to 7777 (got 10000)", "x");
+  expect(400, "PUT", f + "?path=/tmp/m&mode=9", "mode: octal from 0 to 7777 (got 9)", "x");
+  expect(400, "PUT", f + "?path=/tmp/m&mode=0640x", "mode: octal", "x");
+  EXPECT_EQ(d_->Call("PUT", f + "?path=/tmp/m&mode=0640", "x").status, 200);
+  EXPECT_EQ(d_->Json("GET", f + "/stat?path=/tmp/m")["mode"], 0640);
+
+  // envd: the same answers through Connect (the code E2B uses) and /files.
+  json e2b = json::parse(d_->Call("GET", "/sandboxes/" + id, "", {{"X-API-Key", d_->key()}}).body);
+  const http::ClientHeaders connect = {{"Content-Type", "application/json"},
+                                       {"E2b-Sandbox-Id", id},
+                                       {"X-Access-Token", e2b["envdAccessToken"]}};
+  const http::ClientHeaders files = {{"E2b-Sandbox-Id", id},
+                                     {"X-Access-Token", e2b["envdAccessToken"]}};
+  expect(400, "POST", "/filesystem.Filesystem/ListDir", "depth: a whole number from 1 to 16",
+         R"({"path":"/","depth":17})", connect);
+  expect(400, "POST", "/filesystem.Filesystem/ListDir", "invalid_argument",
+         R"({"path":"/","depth":"deep"})", connect);
+  EXPECT_EQ(
+      d_->Call("POST", "/filesystem.Filesystem/ListDir", R"({"path":"/tmp","depth":16})", connect)
+          .status,
+      200);
+  expect(400, "POST", "/filesystem.Filesystem/MakeDir", "failed_precondition",
+         R"({"path":"/proc/acpi/x"})", connect);
+  expect(404, "POST", "/filesystem.Filesystem/CreateWatcher", "not_found",
+         R"({"path":"/no/such/dir"})", connect);
+  expect(400, "GET", "/files?path=/tmp/sock", "", "", files);
+  expect(409, "POST", "/files?path=/proc/acpi/x", "Read-only file system", "data",
+         {{"E2b-Sandbox-Id", id},
+          {"X-Access-Token", e2b["envdAccessToken"]},
+          {"Content-Type", "application/octet-stream"}});
+}
+
 }  // namespace
 }  // namespace sbx::test

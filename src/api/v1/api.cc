@@ -106,7 +106,11 @@ HttpError ErrorFor(int err) {
     case EISDIR:
     case ENAMETOOLONG:
     case E2BIG:
+    case ENXIO:    // a FIFO without a reader, a socket: not a file to open
+    case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
       return {400, "invalid_argument"};
+    case EROFS:  // a read-only mount in the box: the request conflicts with the box's state
+      return {409, "conflict"};
     case EBUSY:
     case EPIPE:  // stdin of a process that exited or closed it
       return {409, "conflict"};
@@ -889,13 +893,20 @@ void Files(http::Router& r, ApiContext& ctx) {
                [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
                  auto path = PathQuery(ex);
                  if (!path.ok()) co_return co_await Fail(ex, path.status());
+                 // Only octal digits, at most 07777: "0100644" or "9" must not become another mode.
                  int64_t mode = 0;
-                 if (auto m = ex.query().Get("mode")) mode = std::strtoll(m->c_str(), nullptr, 8);
+                 if (auto m = ex.query().Get("mode")) {
+                   char* end = nullptr;
+                   errno = 0;
+                   mode = std::strtoll(m->c_str(), &end, 8);
+                   if (m->empty() || *end != '\0' || errno != 0 || mode < 0 || mode > 07777)
+                     co_return co_await ex.RespondError(
+                         400, "invalid_argument", "mode: octal from 0 to 7777 (got " + *m + ")");
+                 }
                  auto uid = IntQuery(ex, "uid", 0), gid = IntQuery(ex, "gid", 0);
-                 if (!uid.ok() || !gid.ok() || *uid < 0 || *gid < 0 || *uid > 65535 ||
-                     *gid > 65535 || mode < 0 || mode > 07777)
+                 if (!uid.ok() || !gid.ok() || *uid < 0 || *gid < 0 || *uid > 65535 || *gid > 65535)
                    co_return co_await ex.RespondError(400, "invalid_argument",
-                                                      "mode (octal), uid and gid (0..65535)");
+                                                      "uid and gid: from 0 to 65535");
                  auto ch = co_await ChannelOrFail(ctx, ex, key);
                  if (!ch) co_return;
                  protocol::Writer begin;
@@ -928,9 +939,11 @@ void Files(http::Router& r, ApiContext& ctx) {
           auto path = PathQuery(ex);
           auto depth = IntQuery(ex, "depth", 1);
           if (!path.ok()) co_return co_await Fail(ex, path.status());
-          if (!depth.ok() || *depth < 1)
-            co_return co_await ex.RespondError(400, "invalid_argument",
-                                               "depth: a positive integer");
+          if (!depth.ok() || *depth < 1 || *depth > protocol::kMaxListDepth)
+            co_return co_await ex.RespondError(
+                400, "invalid_argument",
+                "depth: a whole number from 1 to " + std::to_string(protocol::kMaxListDepth) +
+                    " (got " + std::string(ex.query().Get("depth").value_or("")) + ")");
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
           std::vector<protocol::Frame> entries;
