@@ -1111,5 +1111,35 @@ TEST_F(ServeTest, FilesAnswersSayWhatIsWrongNotInternal) {
           {"Content-Type", "application/octet-stream"}});
 }
 
+// Issue 10 item 7: a client that goes away mid-upload is logged as that, not as a 500.
+TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
+  std::string id = Create();
+  {
+    namespace asio = boost::asio;
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+    std::string req = "PUT /v1/sandboxes/" + id +
+                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
+    asio::write(s, asio::buffer(req));
+    // Wait until the daemon has the bytes (the temporary file exists), then go away.
+    for (int i = 0; i < 100; ++i) {
+      json ls = d_->Json("GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp");
+      if (ls.dump().find(".sbx-") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::string log;
+  for (int i = 0; i < 200; ++i) {
+    log = *ReadFile(dir_ + "/serve.log");
+    if (log.find("upload cut short") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(log.find("upload cut short: the client went away after "), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace sbx::test

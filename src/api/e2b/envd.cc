@@ -905,6 +905,10 @@ json WriteInfo(const std::string& path, const protocol::Frame& entry) {
 
 awaitable<void> UploadError(http::Exchange& ex, const Status& s) {
   if (ex.responded()) co_return;  // the body read already answered (413, 408)
+  if (IsClientGone(s)) {          // no one to answer, and no server error
+    spdlog::info("envd {} {}: {}", ex.method(), ex.path(), s.message());
+    co_return;
+  }
   co_await JsonError(ex, FilesStatus(s.err()), s.message());
 }
 
@@ -922,7 +926,8 @@ class UploadBody {
   awaitable<Result<std::string>> Next() {
     for (;;) {
       auto n = co_await ex_.ReadSome(buf_.data(), buf_.size());
-      if (!n.ok()) co_return n.status();
+      if (!n.ok()) co_return BodyReadFailure(ex_, n.status(), received_);
+      received_ += static_cast<int64_t>(*n);
       if (*n == 0) {
         if (gzip_) {
           Status s = gzip_->Finish();
@@ -942,6 +947,7 @@ class UploadBody {
   http::Exchange& ex_;
   std::unique_ptr<GzipInflater> gzip_;
   std::string buf_;
+  int64_t received_ = 0;
 };
 
 // A multipart upload: each `file` part streams into its own BoxWrite as it arrives.

@@ -134,6 +134,11 @@ HttpError ErrorFor(int err) {
 }
 
 awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& headers = {}) {
+  // A client that went away (mid-upload) is no server error, and there is no one to answer.
+  if (IsClientGone(s)) {
+    spdlog::info("{} {}: {}", ex.method(), ex.path(), s.message());
+    co_return;
+  }
   HttpError e = ErrorFor(s.err());
   if (e.status == 500) spdlog::error("{} {}: {}", ex.method(), ex.path(), s.message());
   co_await ex.RespondError(e.status, e.code, s.message(), headers);
