@@ -1133,12 +1133,14 @@ TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
   std::string log;
   for (int i = 0; i < 200; ++i) {
     log = *ReadFile(dir_ + "/serve.log");
-    if (log.find("upload cut short") != std::string::npos) break;
+    // The access log line comes last: the request is over when it is there.
+    if (log.find("\"PUT /v1/sandboxes/" + id + "/files\" 499") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_NE(log.find("upload cut short: the client went away after "), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("upload cut short: the client went away after "), std::string::npos) << log;
+  EXPECT_NE(log.find("\"PUT /v1/sandboxes/" + id + "/files\" 499"), std::string::npos) << log;
   EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\" 500 "), std::string::npos) << log;
 }
 
 }  // namespace

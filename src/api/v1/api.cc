@@ -134,10 +134,11 @@ HttpError ErrorFor(int err) {
 }
 
 awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& headers = {}) {
-  // A client that went away (mid-upload) is no server error, and there is no one to answer.
+  // A client that went away (mid-upload) is no server error. The answer goes nowhere; it is there
+  // for the access log (499, nginx's "client closed request").
   if (IsClientGone(s)) {
     spdlog::info("{} {}: {}", ex.method(), ex.path(), s.message());
-    co_return;
+    co_return co_await ex.RespondError(kClientGoneStatus, "client_closed_request", s.message());
   }
   HttpError e = ErrorFor(s.err());
   if (e.status == 500) spdlog::error("{} {}: {}", ex.method(), ex.path(), s.message());

@@ -48,9 +48,11 @@ boost::asio::awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Excha
                                                                      sandbox::AgentChannel& ch,
                                                                      protocol::Writer begin);
 
-// The errno of a request whose client went away: its connection is gone, so there is no one to
-// answer, and it is no server error (logged as what it is, not as a 500).
+// The errno of a request whose client went away: its connection is gone, so the answer reaches
+// no one, and it is no server error (logged as what it is, not as a 500). The status it is
+// answered with, for the access log: nginx's 499 "client closed request".
 inline constexpr int kClientGone = ECONNABORTED;
+inline constexpr int kClientGoneStatus = 499;
 inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
 
 // What a failed body read means: when the read already answered (408 too slow, 400 malformed,
