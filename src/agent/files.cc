@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/paths.h"
+#include "protocol/wire.h"
 
 namespace sbx::agent {
 namespace {
@@ -21,7 +22,6 @@ using protocol::Tag;
 using protocol::Type;
 using protocol::Writer;
 
-constexpr int kMaxListDepth = 16;
 constexpr int kMaxRemoveDepth = 512;
 
 int64_t TimeNs(const struct timespec& ts) {
@@ -290,7 +290,9 @@ Status StatEntry(const std::string& path, const UserDb& users, const std::string
 
 Result<std::unique_ptr<Stream>> StartList(const std::string& path, int64_t depth, uint32_t id,
                                           const UserDb& users, std::string xattr_prefix) {
-  int d = depth <= 0 ? 1 : depth > kMaxListDepth ? kMaxListDepth : static_cast<int>(depth);
+  int d = depth <= 0                        ? 1
+          : depth > protocol::kMaxListDepth ? static_cast<int>(protocol::kMaxListDepth)
+                                            : static_cast<int>(depth);
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return Status::Errno("list " + path);
   auto s = std::make_unique<ListStream>(id, d, users, std::move(xattr_prefix));

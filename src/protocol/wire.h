@@ -24,6 +24,8 @@ inline constexpr uint32_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
 inline constexpr uint32_t kMaxPayload = 1u << 20;  // 1 MiB
 inline constexpr uint32_t kMaxChunk = 256u << 10;  // largest data field the agent sends or takes
+// The deepest LIST the agent walks; the APIs refuse a deeper `depth` (400) rather than clamp it.
+inline constexpr int64_t kMaxListDepth = 16;
 
 // Message types. Requests go client -> agent and are answered with kOk or kError carrying the same
 // id (some with a stream of kData/kEntry frames first). Events (kOutput, kExit, kWatchEvent) go

@@ -79,28 +79,23 @@ std::string Number(double v) {
 // Manager::CheckHostLimits. 0 means "the default" for every field.
 Status ValidateLimits(const store::SandboxLimits& l) {
   auto invalid = [](const std::string& what) { return Status::Error(what, EINVAL); };
-  if (l.memory_bytes < 0)
-    return invalid("limits.memory_bytes: must not be negative (got " +
-                   std::to_string(l.memory_bytes) + ")");
+  // Each message names the field, its allowed range in its unit and the value; a negative value
+  // is below the minimum like any other (0 alone means "the default").
   if (l.memory_bytes != 0 && l.memory_bytes < kMinMemoryBytes)
-    return invalid("limits.memory_bytes: at least " + Bytes(kMinMemoryBytes) + " (got " +
-                   std::to_string(l.memory_bytes) + ")");
-  if (!std::isfinite(l.cpus) || l.cpus < 0)
-    return invalid("limits.cpus: must be a positive number of CPUs (got " + Number(l.cpus) + ")");
-  if (l.cpus != 0 && l.cpus < kMinCpus)
-    return invalid("limits.cpus: at least " + Number(kMinCpus) + " (got " + Number(l.cpus) + ")");
+    return invalid("limits.memory_bytes: at least " + Bytes(kMinMemoryBytes) +
+                   ", 0 for the default (got " + std::to_string(l.memory_bytes) + ")");
+  if (!std::isfinite(l.cpus) || (l.cpus != 0 && l.cpus < kMinCpus))
+    return invalid("limits.cpus: at least " + Number(kMinCpus) + " CPUs, 0 for the default (got " +
+                   Number(l.cpus) + ")");
   if (l.pids < 0 || l.pids > kMaxPids)
-    return invalid("limits.pids: from 1 to " + std::to_string(kMaxPids) + " (got " +
-                   std::to_string(l.pids) + ")");
+    return invalid("limits.pids: from 1 to " + std::to_string(kMaxPids) +
+                   " processes, 0 for the default (got " + std::to_string(l.pids) + ")");
   if (l.cpu_weight < 0 || l.cpu_weight > kMaxCpuWeight)
-    return invalid("limits.cpu_weight: from 1 to " + std::to_string(kMaxCpuWeight) + " (got " +
-                   std::to_string(l.cpu_weight) + ")");
-  if (l.disk_bytes < 0)
-    return invalid("limits.disk_bytes: must not be negative (got " + std::to_string(l.disk_bytes) +
-                   ")");
+    return invalid("limits.cpu_weight: from 1 to " + std::to_string(kMaxCpuWeight) +
+                   ", 0 for the kernel's default (got " + std::to_string(l.cpu_weight) + ")");
   if (l.disk_bytes != 0 && l.disk_bytes < kMinDiskBytes)
-    return invalid("limits.disk_bytes: at least " + Bytes(kMinDiskBytes) + " (got " +
-                   std::to_string(l.disk_bytes) + ")");
+    return invalid("limits.disk_bytes: at least " + Bytes(kMinDiskBytes) +
+                   ", 0 for no limit (got " + std::to_string(l.disk_bytes) + ")");
   return {};
 }
 

@@ -891,14 +891,14 @@ TEST_F(ServeTest, LimitsOutOfRangeAre400AndDiskThatDoesNotFitIs507) {
   for (const Case& c : std::vector<Case>{
            {R"({"memory_bytes":)" + pib + "}", "the host's memory"},
            {R"({"memory_bytes":1})", "at least 16 MiB"},
-           {R"({"memory_bytes":-1})", "must not be negative"},
+           {R"({"memory_bytes":-1})", "limits.memory_bytes: at least 16 MiB"},
            {R"({"disk_bytes":)" + pib + "}", "the size of the data directory's filesystem"},
            {R"({"disk_bytes":1})", "at least 16 MiB"},
-           {R"({"disk_bytes":-1})", "must not be negative"},
+           {R"({"disk_bytes":-1})", "limits.disk_bytes: at least 16 MiB"},
            {R"({"cpus":)" + pib + "}", "the host's CPUs"},
-           {R"({"cpus":-1})", "must be a positive number"},
+           {R"({"cpus":-1})", "limits.cpus: at least 0.01 CPUs"},
            {R"({"pids":)" + pib + "}", "from 1 to 4194304"},
-           {R"({"pids":-1})", "must not be negative"},
+           {R"({"pids":-1})", "limits.pids: from 1 to 4194304 processes"},
            {R"({"memory_bytes":18446744073709551615})", "out of range"}}) {
     auto r = d_->Call("POST", "/v1/sandboxes", R"({"limits":)" + c.limits + "}");
     EXPECT_EQ(r.status, 400) << c.limits << ": " << r.body;
@@ -1004,6 +1004,170 @@ TEST_F(ServeTest, BadKeyFloodCostsTheStoreAFewRows) {
   ASSERT_EQ(::stat((dir_ + "/" + store::kDbFileName).c_str(), &db), 0);
   EXPECT_LT(db.st_size, 1 << 20);  // the whole file, schema included
   d_->Start();
+}
+
+// Issue 10 item 7: every number is range-checked before any arithmetic, and a value out of range
+// is a 400 naming the field and the allowed range in its unit, on both APIs.
+TEST_F(ServeTest, NumbersOutOfRangeAreRefusedNamingTheFieldAndTheRange) {
+  auto expect400 = [&](const std::string& method, const std::string& target,
+                       const std::string& body, const std::string& message,
+                       http::ClientHeaders h = {}) {
+    auto r = d_->Call(method, target, body, h);
+    EXPECT_EQ(r.status, 400) << method << " " << target << " " << body << ": " << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos)
+        << method << " " << target << " " << body << ": " << r.body;
+  };
+  const std::vector<std::string> bad_seconds = {"0.0001", "-1", "0", "1e300", "86401", "\"soon\""};
+  // Native: a sandbox's timeout (create and set-timeout), a command's timeout.
+  // The value as the message quotes it (a string's quotes are escaped in the JSON body).
+  auto got = [](const std::string& t) {
+    json v = json::parse(t);
+    return v.is_string() ? std::string() : v.dump() + ")";
+  };
+  for (const std::string& t : bad_seconds)
+    expect400("POST", "/v1/sandboxes", R"({"timeout":)" + t + "}",
+              "timeout: a number of seconds from 1 to 86400 (got " + got(t));
+  std::string id = Create({{"timeout", 600.5}});
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["timeout"], 600.5);
+  for (const std::string& t : bad_seconds)
+    expect400("POST", "/v1/sandboxes/" + id + "/timeout", R"({"timeout":)" + t + "}",
+              "timeout: a number of seconds from 1 to 86400 (got " + got(t));
+  expect400("POST", "/v1/sandboxes/" + id + "/timeout", "{}", "timeout: required");
+  for (const char* t : {"0.0001", "-1", "1e300"})
+    expect400("POST", "/v1/sandboxes/" + id + "/commands",
+              R"({"argv":["true"],"timeout":)" + std::string(t) + "}",
+              "timeout: a number of seconds from 0.001 to 10000000 (got " + got(t));
+  // Limits: each message names limits.<field> and the range in the field's unit.
+  for (const auto& [limits, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"pids":1.5})", "limits.pids: must be a whole number of processes"},
+           {R"({"pids":5000000})", "limits.pids: from 1 to 4194304 processes, 0 for the default"},
+           {R"({"memory_bytes":"1G"})", "limits.memory_bytes: must be a whole number of bytes"},
+           {R"({"cpu_weight":10001})", "limits.cpu_weight: from 1 to 10000"},
+           {R"({"cpus":"two"})", "limits.cpus: must be a number of CPUs"}})
+    expect400("POST", "/v1/sandboxes", R"({"limits":)" + limits + "}", message);
+
+  // E2B: timeout (create v1 and v2, set-timeout, connect, resume) and duration (refreshes) are
+  // whole seconds from 1 to the maximum; never multiplied unchecked.
+  const http::ClientHeaders e2b = {{"X-API-Key", d_->key()}};
+  const std::vector<std::string> bad_e2b = {"0.0001", "-5",    "0",        "1e300",
+                                            "1.5",    "86401", "\"soon\"", "9223372036854775807"};
+  auto range = [&](const std::string& field, const std::string& t) {
+    return field + ": a whole number of seconds from 1 to 86400 (got " + got(t);
+  };
+  for (const std::string& t : bad_e2b) {
+    for (const char* path : {"/sandboxes", "/v2/sandboxes"})
+      expect400("POST", path, R"({"templateID":"base","timeout":)" + t + "}", range("timeout", t),
+                e2b);
+    expect400("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/connect", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/resume", R"({"timeout":)" + t + "}",
+              range("timeout", t), e2b);
+    expect400("POST", "/sandboxes/" + id + "/refreshes", R"({"duration":)" + t + "}",
+              range("duration", t), e2b);
+  }
+  // In range is fine, a whole number written as 60.0 too.
+  EXPECT_EQ(d_->Call("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":60.0})", e2b).status,
+            204);
+  EXPECT_EQ(
+      d_->Call("POST", "/sandboxes/" + id + "/refreshes", R"({"duration":86400})", e2b).status,
+      204);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "running");
+}
+
+// Issue 10 item 7: the files API answers what is wrong with the request, not 500: a depth over
+// the maximum, a read-only mount (EROFS, 409), a socket (ENXIO, 400), a watch on a missing path
+// (404), a mode above 07777; on the native API and envd alike.
+TEST_F(ServeTest, FilesAnswersSayWhatIsWrongNotInternal) {
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"];
+  const std::string f = "/v1/sandboxes/" + id + "/files";
+  auto expect = [&](int status, const std::string& method, const std::string& target,
+                    const std::string& message, const std::string& body = "",
+                    http::ClientHeaders h = {}) {
+    auto r = d_->Call(method, target, body, h);
+    EXPECT_EQ(r.status, status) << method << " " << target << ": " << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos) << method << " " << target << ": " << r.body;
+  };
+  // depth: 1 to 16, refused past it (it used to be cut there, or 500 "reply too large").
+  expect(400, "GET", f + "/list?path=/&depth=17", "depth: a whole number from 1 to 16 (got 17)");
+  expect(400, "GET", f + "/list?path=/&depth=100000000000", "depth: a whole number from 1 to 16");
+  EXPECT_EQ(d_->Call("GET", f + "/list?path=/tmp&depth=16").status, 200);
+  // /proc/acpi is an empty read-only tmpfs in every box.
+  expect(409, "POST", f + "/mkdir", "Read-only file system", R"({"path":"/proc/acpi/x"})");
+  expect(409, "PUT", f + "?path=/proc/acpi/x", "Read-only file system", "data");
+  // A socket is no file to read.
+  auto sock = d_->Exec(id, {{"argv",
+                             {"perl", "-MIO::Socket::UNIX", "-e",
+                              "IO::Socket::UNIX->new(Local => '/tmp/sock', Listen => 1) or die"}}});
+  ASSERT_EQ(sock.exit_code, 0) << sock.err;
+  expect(400, "GET", f + "?path=/tmp/sock", "invalid_argument");
+  // A watch on a missing path.
+  expect(404, "GET", f + "/watch?path=/no/such/dir", "not_found");
+  // mode: octal, at most 07777.
+  expect(400, "PUT", f + "?path=/tmp/m&mode=10000", "mode: octal from 0 to 7777 (got 10000)", "x");
+  expect(400, "PUT", f + "?path=/tmp/m&mode=9", "mode: octal from 0 to 7777 (got 9)", "x");
+  expect(400, "PUT", f + "?path=/tmp/m&mode=0640x", "mode: octal", "x");
+  EXPECT_EQ(d_->Call("PUT", f + "?path=/tmp/m&mode=0640", "x").status, 200);
+  EXPECT_EQ(d_->Json("GET", f + "/stat?path=/tmp/m")["mode"], 0640);
+
+  // envd: the same answers through Connect (the code E2B uses) and /files.
+  json e2b = json::parse(d_->Call("GET", "/sandboxes/" + id, "", {{"X-API-Key", d_->key()}}).body);
+  const http::ClientHeaders connect = {{"Content-Type", "application/json"},
+                                       {"E2b-Sandbox-Id", id},
+                                       {"X-Access-Token", e2b["envdAccessToken"]}};
+  const http::ClientHeaders files = {{"E2b-Sandbox-Id", id},
+                                     {"X-Access-Token", e2b["envdAccessToken"]}};
+  expect(400, "POST", "/filesystem.Filesystem/ListDir", "depth: a whole number from 1 to 16",
+         R"({"path":"/","depth":17})", connect);
+  expect(400, "POST", "/filesystem.Filesystem/ListDir", "invalid_argument",
+         R"({"path":"/","depth":"deep"})", connect);
+  EXPECT_EQ(
+      d_->Call("POST", "/filesystem.Filesystem/ListDir", R"({"path":"/tmp","depth":16})", connect)
+          .status,
+      200);
+  expect(400, "POST", "/filesystem.Filesystem/MakeDir", "failed_precondition",
+         R"({"path":"/proc/acpi/x"})", connect);
+  expect(404, "POST", "/filesystem.Filesystem/CreateWatcher", "not_found",
+         R"({"path":"/no/such/dir"})", connect);
+  expect(400, "GET", "/files?path=/tmp/sock", "", "", files);
+  expect(409, "POST", "/files?path=/proc/acpi/x", "Read-only file system", "data",
+         {{"E2b-Sandbox-Id", id},
+          {"X-Access-Token", e2b["envdAccessToken"]},
+          {"Content-Type", "application/octet-stream"}});
+}
+
+// Issue 10 item 7: a client that goes away mid-upload is logged as that, not as a 500.
+TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
+  std::string id = Create();
+  {
+    namespace asio = boost::asio;
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+    std::string req = "PUT /v1/sandboxes/" + id +
+                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
+    asio::write(s, asio::buffer(req));
+    // Wait until the daemon has the bytes (the temporary file exists), then go away.
+    for (int i = 0; i < 100; ++i) {
+      json ls = d_->Json("GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp");
+      if (ls.dump().find(".sbx-") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::string log;
+  for (int i = 0; i < 200; ++i) {
+    log = *ReadFile(dir_ + "/serve.log");
+    // The access log line comes last: the request is over when it is there.
+    if (log.find("\"PUT /v1/sandboxes/" + id + "/files\" 499") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(log.find("upload cut short: the client went away after "), std::string::npos) << log;
+  EXPECT_NE(log.find("\"PUT /v1/sandboxes/" + id + "/files\" 499"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\" 500 "), std::string::npos) << log;
 }
 
 }  // namespace

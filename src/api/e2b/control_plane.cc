@@ -151,15 +151,19 @@ Result<std::map<std::string, std::string>> StringMap(const json& j, const char* 
   return out;
 }
 
-// `timeout` in seconds, `def` when absent; EINVAL when not a positive integer.
-Result<int64_t> TimeoutField(const json& j, const char* field, int64_t def) {
+// `field` in whole seconds (E2B's are int32 seconds), `def` when absent or null. The range,
+// 1 to the manager's maximum, is checked on the JSON number before any arithmetic: 1e300, -1,
+// 0.0001 or 1.5 get a 400 naming the field and the range instead of overflowing or rounding.
+Result<int64_t> TimeoutField(const ApiContext& ctx, const json& j, const char* field, int64_t def) {
   if (!j.contains(field) || j[field].is_null()) return def;
-  if (!j[field].is_number() || !(j[field].get<double>() > 0) ||
-      !std::isfinite(j[field].get<double>()))
-    return Status::Error(std::string(field) + ": must be a positive number of seconds", EINVAL);
-  // Anything past 1e12 s is over the manager's maximum, which then says what that is; capping
-  // here keeps the milliseconds from overflowing.
-  return static_cast<int64_t>(std::ceil(std::min(j[field].get<double>(), 1e12)));
+  const json& v = j[field];
+  int64_t max_s = ctx.manager.max_timeout_ms() / 1000;
+  double secs = v.is_number() ? v.get<double>() : std::nan("");
+  if (!(secs >= 1 && secs <= static_cast<double>(max_s)) || secs != std::floor(secs))
+    return Status::Error(std::string(field) + ": a whole number of seconds from 1 to " +
+                             std::to_string(max_s) + " (got " + v.dump() + ")",
+                         EINVAL);
+  return static_cast<int64_t>(secs);
 }
 
 // A sandbox that exists for E2B: live and owned by `key` (killed ones are 404, as in E2B).
@@ -195,7 +199,7 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   if (!md.ok()) co_return co_await Fail(ex, md.status());
   auto env = StringMap(*j, "envVars");
   if (!env.ok()) co_return co_await Fail(ex, env.status());
-  auto timeout = TimeoutField(*j, "timeout", v2 ? kV2DefaultTimeoutS : kV1DefaultTimeoutS);
+  auto timeout = TimeoutField(ctx, *j, "timeout", v2 ? kV2DefaultTimeoutS : kV1DefaultTimeoutS);
   if (!timeout.ok()) co_return co_await Fail(ex, timeout.status());
   req.metadata = *md;
   req.env = *env;
@@ -224,7 +228,7 @@ awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
                                const store::ApiKeyRecord& key) {
   auto j = co_await BodyObject(ex);
   if (!j) co_return;
-  auto timeout = TimeoutField(*j, "timeout", kV2DefaultTimeoutS);
+  auto timeout = TimeoutField(ctx, *j, "timeout", kV2DefaultTimeoutS);
   if (!timeout.ok()) co_return co_await Fail(ex, timeout.status());
   std::string id = ex.Param("id");
   auto rec = LiveSandbox(ctx, key, id);
@@ -389,7 +393,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
            auto j = co_await BodyObject(ex);
            if (!j) co_return;
            if (!j->contains("timeout")) co_return co_await Error(ex, 400, "timeout: required");
-           auto t = TimeoutField(*j, "timeout", 0);
+           auto t = TimeoutField(ctx, *j, "timeout", 0);
            if (!t.ok()) co_return co_await Fail(ex, t.status());
            std::string id = ex.Param("id");
            auto rec = LiveSandbox(ctx, key, id);
@@ -403,7 +407,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
          Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
            auto j = co_await BodyObject(ex);
            if (!j) co_return;
-           auto d = TimeoutField(*j, "duration", kV2DefaultTimeoutS);
+           auto d = TimeoutField(ctx, *j, "duration", kV2DefaultTimeoutS);
            if (!d.ok()) co_return co_await Fail(ex, d.status());
            std::string id = ex.Param("id");
            auto rec = LiveSandbox(ctx, key, id);
@@ -432,7 +436,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
          Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
            auto j = co_await BodyObject(ex);
            if (!j) co_return;
-           auto t = TimeoutField(*j, "timeout", kV1DefaultTimeoutS);
+           auto t = TimeoutField(ctx, *j, "timeout", kV1DefaultTimeoutS);
            if (!t.ok()) co_return co_await Fail(ex, t.status());
            std::string id = ex.Param("id");
            auto rec = LiveSandbox(ctx, key, id);

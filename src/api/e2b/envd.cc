@@ -179,7 +179,25 @@ std::chrono::milliseconds KeepaliveInterval(const http::Exchange& ex) {
 int64_t ConnectTimeoutMs(const http::Exchange& ex) {
   std::string_view v = ex.Header("Connect-Timeout-Ms");
   if (v.empty()) return 0;
-  return std::max<int64_t>(0, std::strtoll(std::string(v).c_str(), nullptr, 10));
+  // At most a year: a deadline of now + LLONG_MAX ms would overflow the clock's nanoseconds.
+  constexpr int64_t kMaxMs = int64_t{366} * 24 * 3600 * 1000;
+  return std::clamp<int64_t>(std::strtoll(std::string(v).c_str(), nullptr, 10), 0, kMaxMs);
+}
+
+// A terminal's rows or columns (as the native API).
+constexpr int64_t kMaxPtySide = 1000;
+
+// An integer request field from `min` to `max`, `def` when absent or null; 400 naming the field
+// and the range for anything else (a string, 1.5, 1e300), where json::value() would throw.
+Result<int64_t> IntIn(const json& j, const char* field, int64_t def, int64_t min, int64_t max) {
+  if (!j.is_object() || !j.contains(field) || j[field].is_null()) return def;
+  const json& v = j[field];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max)) ||
+      v.get<int64_t>() < min || v.get<int64_t>() > max)
+    return Status::Error(std::string(field) + ": a whole number from " + std::to_string(min) +
+                             " to " + std::to_string(max) + " (got " + v.dump() + ")",
+                         EINVAL);
+  return v.get<int64_t>();
 }
 
 // ---- users ----
@@ -349,10 +367,12 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
   bool pty = req.contains("pty") && req["pty"].is_object();
   if (pty) {
     const json size = req["pty"].value("size", json::object());
-    w.Int(Tag::kPty, 1)
-        .Int(Tag::kRows, size.value("rows", 24))
-        .Int(Tag::kCols, size.value("cols", 80))
-        .Int(Tag::kStdinOpen, 1);
+    auto rows = IntIn(size, "rows", 24, 1, kMaxPtySide),
+         cols = IntIn(size, "cols", 80, 1, kMaxPtySide);
+    if (!rows.ok() || !cols.ok())
+      co_return co_await EndRpcStream(
+          ex, "invalid_argument", (rows.ok() ? cols : rows).status().Wrap("pty.size").message());
+    w.Int(Tag::kPty, 1).Int(Tag::kRows, *rows).Int(Tag::kCols, *cols).Int(Tag::kStdinOpen, 1);
   } else {
     // An absent `stdin` keeps stdin open (what envd does for old SDKs).
     bool open = !(req.contains("stdin") && req["stdin"].is_boolean() && !req["stdin"].get<bool>());
@@ -465,7 +485,11 @@ awaitable<Result<json>> ProcessUnary(AgentChannel& ch, const std::string& method
   } else if (method == "Update") {
     if (!req.contains("pty") || !req["pty"].is_object()) co_return json::object();
     const json size = req["pty"].value("size", json::object());
-    w.Int(Tag::kRows, size.value("rows", 24)).Int(Tag::kCols, size.value("cols", 80));
+    auto rows = IntIn(size, "rows", 24, 1, kMaxPtySide),
+         cols = IntIn(size, "cols", 80, 1, kMaxPtySide);
+    if (!rows.ok()) co_return rows.status().Wrap("pty.size");
+    if (!cols.ok()) co_return cols.status().Wrap("pty.size");
+    w.Int(Tag::kRows, *rows).Int(Tag::kCols, *cols);
     type = Type::kResize;
   } else {
     co_return Status::Error("process." + method + " is not implemented", ENOSYS);
@@ -558,8 +582,9 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
     co_return json{{"entry", EntryInfo(r->fields)}};
   }
   if (method == "ListDir") {
-    int64_t depth = req.value("depth", 1);
-    if (depth < 1) depth = 1;
+    // envd walks any depth; the agent at most kMaxListDepth, so deeper is refused, not cut.
+    auto depth = IntIn(req, "depth", 1, 1, protocol::kMaxListDepth);
+    if (!depth.ok()) co_return depth.status();
     auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
     if (!st.ok()) co_return st.status();
     if (st->fields.Int(Tag::kFileType) != 2)
@@ -568,7 +593,7 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
     auto r = co_await ch.Call(Type::kList,
                               protocol::Writer()
                                   .Str(Tag::kPath, path)
-                                  .Int(Tag::kDepth, depth)
+                                  .Int(Tag::kDepth, *depth)
                                   .Str(Tag::kXattrPrefix, kMetadataXattrPrefix),
                               &entries);
     if (!r.ok()) co_return r.status();
@@ -855,7 +880,10 @@ int FilesStatus(int err) {
     case EINVAL:
     case EISDIR:
     case ENOTDIR:
+    case ENXIO:  // a FIFO without a reader, a socket: not a file to open
       return 400;
+    case EROFS:  // a read-only mount in the box
+      return 409;
     case EACCES:
     case EPERM:
       return 401;
@@ -877,6 +905,10 @@ json WriteInfo(const std::string& path, const protocol::Frame& entry) {
 
 awaitable<void> UploadError(http::Exchange& ex, const Status& s) {
   if (ex.responded()) co_return;  // the body read already answered (413, 408)
+  if (IsClientGone(s)) {          // no one to answer, and no server error
+    spdlog::info("envd {} {}: {}", ex.method(), ex.path(), s.message());
+    co_return;
+  }
   co_await JsonError(ex, FilesStatus(s.err()), s.message());
 }
 
@@ -894,7 +926,8 @@ class UploadBody {
   awaitable<Result<std::string>> Next() {
     for (;;) {
       auto n = co_await ex_.ReadSome(buf_.data(), buf_.size());
-      if (!n.ok()) co_return n.status();
+      if (!n.ok()) co_return BodyReadFailure(ex_, n.status(), received_);
+      received_ += static_cast<int64_t>(*n);
       if (*n == 0) {
         if (gzip_) {
           Status s = gzip_->Finish();
@@ -914,6 +947,7 @@ class UploadBody {
   http::Exchange& ex_;
   std::unique_ptr<GzipInflater> gzip_;
   std::string buf_;
+  int64_t received_ = 0;
 };
 
 // A multipart upload: each `file` part streams into its own BoxWrite as it arrives.
@@ -1051,7 +1085,10 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
   }
   const std::string content_type = ContentTypeFor(name);
   std::string out;
-  if (st->fields.Int(Tag::kSize) == 0) {
+  // The empty answer only for an empty regular file: a socket or a FIFO (size 0 too) goes to the
+  // agent's READ, which says what it is (ENXIO: 400).
+  if (st->fields.Int(Tag::kSize) == 0 &&
+      st->fields.Int(Tag::kFileType) == static_cast<int64_t>(protocol::FileType::kFile)) {
     if (gzip) (void)gzip->Finish(&out);
     co_return co_await ex.Respond(200, out, content_type, headers);
   }

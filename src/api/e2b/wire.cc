@@ -63,6 +63,8 @@ const char* ConnectCode(int err) {
     case ENAMETOOLONG:
     case E2BIG:
     case ENOTTY:
+    case ENXIO:    // a FIFO without a reader, a socket: not a file to open
+    case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
       return "invalid_argument";
     case EEXIST:
     case ENOTEMPTY:
@@ -79,6 +81,7 @@ const char* ConnectCode(int err) {
       return "deadline_exceeded";
     case EBUSY:
     case EPIPE:
+    case EROFS:  // a read-only mount in the box
       return "failed_precondition";
     case ECONNRESET:
     case ECONNREFUSED:

@@ -10,11 +10,13 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <ctime>
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "api/http/exchange.h"
 #include "api/http/websocket.h"
@@ -104,7 +106,11 @@ HttpError ErrorFor(int err) {
     case EISDIR:
     case ENAMETOOLONG:
     case E2BIG:
+    case ENXIO:    // a FIFO without a reader, a socket: not a file to open
+    case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
       return {400, "invalid_argument"};
+    case EROFS:  // a read-only mount in the box: the request conflicts with the box's state
+      return {409, "conflict"};
     case EBUSY:
     case EPIPE:  // stdin of a process that exited or closed it
       return {409, "conflict"};
@@ -128,6 +134,12 @@ HttpError ErrorFor(int err) {
 }
 
 awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& headers = {}) {
+  // A client that went away (mid-upload) is no server error. The answer goes nowhere; it is there
+  // for the access log (499, nginx's "client closed request").
+  if (IsClientGone(s)) {
+    spdlog::info("{} {}: {}", ex.method(), ex.path(), s.message());
+    co_return co_await ex.RespondError(kClientGoneStatus, "client_closed_request", s.message());
+  }
   HttpError e = ErrorFor(s.err());
   if (e.status == 500) spdlog::error("{} {}: {}", ex.method(), ex.path(), s.message());
   co_await ex.RespondError(e.status, e.code, s.message(), headers);
@@ -192,29 +204,51 @@ Result<std::map<std::string, std::string>> StringMap(const json& j, const char* 
   return out;
 }
 
-Result<int64_t> SizeField(const json& j, const char* field) {
+// "86400", "0.001": a bound as people write it.
+std::string Number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.15g", v);
+  return b;
+}
+
+// A whole number of `unit` (bytes, processes) for limits.<field>, 0 when absent. Only the type is
+// checked here; the manager says the allowed range (which for memory and disk is the host's).
+Result<int64_t> SizeField(const json& j, const char* field, const char* unit) {
   if (!j.contains(field) || j[field].is_null()) return int64_t{0};
   const json& v = j[field];
+  std::string name = std::string("limits.") + field;
   // An unsigned above INT64_MAX would wrap to a negative int64: say what is wrong with it.
   if (v.is_number_unsigned() &&
       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return Status::Error(std::string(field) + ": " + v.dump() + " is out of range", EINVAL);
+    return Status::Error(name + ": " + v.dump() + " " + unit + " is out of range", EINVAL);
   if (!v.is_number_integer())
-    return Status::Error(std::string(field) + ": must be an integer", EINVAL);
-  if (v.get<int64_t>() < 0)
-    return Status::Error(std::string(field) + ": must not be negative (got " + v.dump() + ")",
-                         EINVAL);
+    return Status::Error(
+        name + ": must be a whole number of " + unit + ", 0 for the default (got " + v.dump() + ")",
+        EINVAL);
   return v.get<int64_t>();
 }
 
-Result<int64_t> SecondsField(const json& j, const char* field) {
+// A number of seconds from `min_s` to `max_s`, as milliseconds; 0 when absent. The range is
+// checked on the double before any arithmetic, so no value (1e300, -1, 0.0001) can overflow or
+// round to 0 (which would mean "the default").
+Result<int64_t> SecondsField(const json& j, const char* field, double min_s, double max_s) {
   if (!j.contains(field) || j[field].is_null()) return int64_t{0};
-  if (!j[field].is_number() || j[field].get<double>() <= 0 || j[field].get<double>() > 1e7)
-    return Status::Error(std::string(field) + ": must be a positive number of seconds", EINVAL);
-  return static_cast<int64_t>(j[field].get<double>() * 1000);
+  const json& v = j[field];
+  double secs = v.is_number() ? v.get<double>() : std::nan("");
+  if (!(secs >= min_s && secs <= max_s))  // also false for NaN and a non-number
+    return Status::Error(std::string(field) + ": a number of seconds from " + Number(min_s) +
+                             " to " + Number(max_s) + " (got " + v.dump() + ")",
+                         EINVAL);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(secs * 1000)));
 }
 
-Result<sandbox::CreateRequest> ParseCreate(const json& j) {
+// A command's timeout: a millisecond at least (less would round to 0, "no timeout").
+constexpr double kMinCommandTimeoutS = 0.001;
+constexpr double kMaxCommandTimeoutS = 1e7;
+// A sandbox's: at least a second; at most the manager's maximum.
+constexpr double kMinSandboxTimeoutS = 1;
+
+Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
   static const std::set<std::string> kKnown = {"template", "env",        "metadata",    "limits",
                                                "timeout",  "on_timeout", "public_ports"};
@@ -238,31 +272,27 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j) {
                                                   "disk_bytes"};
     for (const auto& [k, v] : l.items())
       if (!kLimits.count(k)) return Status::Error("limits: unknown field '" + k + "'", EINVAL);
-    for (auto [name, dst] :
-         {std::pair{"memory_bytes", &r.limits.memory_bytes}, std::pair{"pids", &r.limits.pids},
-          std::pair{"disk_bytes", &r.limits.disk_bytes},
-          std::pair{"cpu_weight", &r.limits.cpu_weight}}) {
-      auto v = SizeField(l, name);
-      if (!v.ok()) return v.status().Wrap("limits");
+    for (auto [name, unit, dst] :
+         {std::tuple{"memory_bytes", "bytes", &r.limits.memory_bytes},
+          std::tuple{"pids", "processes", &r.limits.pids},
+          std::tuple{"disk_bytes", "bytes", &r.limits.disk_bytes},
+          std::tuple{"cpu_weight", "weight units", &r.limits.cpu_weight}}) {
+      auto v = SizeField(l, name, unit);
+      if (!v.ok()) return v.status();
       *dst = *v;
     }
-    if (l.contains("cpus")) {
-      if (!l["cpus"].is_number()) return Status::Error("limits.cpus: must be a number", EINVAL);
+    if (l.contains("cpus") && !l["cpus"].is_null()) {
+      if (!l["cpus"].is_number())
+        return Status::Error("limits.cpus: must be a number of CPUs, 0 for the default (got " +
+                                 l["cpus"].dump() + ")",
+                             EINVAL);
       r.limits.cpus = l["cpus"].get<double>();
     }
   }
-  // The manager says what the allowed range is; here only what cannot be a duration at all.
-  if (j.contains("timeout") && !j["timeout"].is_null()) {
-    const json& t = j["timeout"];
-    if (!t.is_number()) return Status::Error("timeout: must be a number of seconds", EINVAL);
-    double secs = t.get<double>();
-    if (!std::isfinite(secs) || secs <= 0)
-      return Status::Error("timeout: must be a positive number of seconds (got " + t.dump() + ")",
-                           EINVAL);
-    // Past 1e12 s the milliseconds would overflow; any such value is over the maximum anyway.
-    r.timeout_ms = secs > 1e12 ? std::numeric_limits<int64_t>::max()
-                               : std::max<int64_t>(1, static_cast<int64_t>(secs * 1000));
-  }
+  auto timeout =
+      SecondsField(j, "timeout", kMinSandboxTimeoutS, static_cast<double>(max_timeout_ms) / 1000);
+  if (!timeout.ok()) return timeout.status();
+  r.timeout_ms = *timeout;
   if (j.contains("on_timeout")) {
     if (!j["on_timeout"].is_string()) return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
     r.on_timeout = j["on_timeout"].get<std::string>();
@@ -344,7 +374,7 @@ Result<protocol::Writer> SpawnPayload(const json& j, const store::SandboxRecord&
   if (!stdin_open.ok()) return stdin_open.status();
   if (!bg.ok()) return bg.status();
   if (*stdin_open) w.Int(Tag::kStdinOpen, 1);
-  auto t = SecondsField(j, "timeout");
+  auto t = SecondsField(j, "timeout", kMinCommandTimeoutS, kMaxCommandTimeoutS);
   if (!t.ok()) return t.status();
   if (*t > 0) w.Int(Tag::kTimeoutMs, *t);
   if (j.contains("tag")) {
@@ -523,7 +553,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
            json j = body->empty() ? json::object() : json::parse(*body, nullptr, false);
            if (j.is_discarded())
              co_return co_await ex.RespondError(400, "invalid_argument", "body: not valid JSON");
-           auto req = ParseCreate(j);
+           auto req = ParseCreate(j, ctx.manager.max_timeout_ms());
            if (!req.ok()) co_return co_await Fail(ex, req.status());
            req->idempotency_key = std::string(ex.Header("Idempotency-Key"));
            req->request_hash = Sha256Hex(j.dump());
@@ -597,10 +627,11 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
          Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
            auto j = co_await ex.ReadJson();
            if (!j.ok()) co_return co_await Fail(ex, j.status());
-           auto t = SecondsField(*j, "timeout");
-           if (!t.ok() || *t == 0)
-             co_return co_await ex.RespondError(400, "invalid_argument",
-                                                "timeout: a positive number of seconds");
+           if (!j->contains("timeout") || (*j)["timeout"].is_null())
+             co_return co_await ex.RespondError(400, "invalid_argument", "timeout: required");
+           auto t = SecondsField(*j, "timeout", kMinSandboxTimeoutS,
+                                 static_cast<double>(ctx.manager.max_timeout_ms()) / 1000);
+           if (!t.ok()) co_return co_await Fail(ex, t.status());
            auto rec = ctx.manager.SetTimeout(key, ex.Param("id"), *t);
            if (!rec.ok()) co_return co_await Fail(ex, rec.status());
            co_await ex.RespondJson(200, SandboxJson(ctx, key, *rec));
@@ -868,13 +899,20 @@ void Files(http::Router& r, ApiContext& ctx) {
                [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
                  auto path = PathQuery(ex);
                  if (!path.ok()) co_return co_await Fail(ex, path.status());
+                 // Only octal digits, at most 07777: "0100644" or "9" must not become another mode.
                  int64_t mode = 0;
-                 if (auto m = ex.query().Get("mode")) mode = std::strtoll(m->c_str(), nullptr, 8);
+                 if (auto m = ex.query().Get("mode")) {
+                   char* end = nullptr;
+                   errno = 0;
+                   mode = std::strtoll(m->c_str(), &end, 8);
+                   if (m->empty() || *end != '\0' || errno != 0 || mode < 0 || mode > 07777)
+                     co_return co_await ex.RespondError(
+                         400, "invalid_argument", "mode: octal from 0 to 7777 (got " + *m + ")");
+                 }
                  auto uid = IntQuery(ex, "uid", 0), gid = IntQuery(ex, "gid", 0);
-                 if (!uid.ok() || !gid.ok() || *uid < 0 || *gid < 0 || *uid > 65535 ||
-                     *gid > 65535 || mode < 0 || mode > 07777)
+                 if (!uid.ok() || !gid.ok() || *uid < 0 || *gid < 0 || *uid > 65535 || *gid > 65535)
                    co_return co_await ex.RespondError(400, "invalid_argument",
-                                                      "mode (octal), uid and gid (0..65535)");
+                                                      "uid and gid: from 0 to 65535");
                  auto ch = co_await ChannelOrFail(ctx, ex, key);
                  if (!ch) co_return;
                  protocol::Writer begin;
@@ -907,9 +945,11 @@ void Files(http::Router& r, ApiContext& ctx) {
           auto path = PathQuery(ex);
           auto depth = IntQuery(ex, "depth", 1);
           if (!path.ok()) co_return co_await Fail(ex, path.status());
-          if (!depth.ok() || *depth < 1)
-            co_return co_await ex.RespondError(400, "invalid_argument",
-                                               "depth: a positive integer");
+          if (!depth.ok() || *depth < 1 || *depth > protocol::kMaxListDepth)
+            co_return co_await ex.RespondError(
+                400, "invalid_argument",
+                "depth: a whole number from 1 to " + std::to_string(protocol::kMaxListDepth) +
+                    " (got " + std::string(ex.query().Get("depth").value_or("")) + ")");
           auto ch = co_await ChannelOrFail(ctx, ex, key);
           if (!ch) co_return;
           std::vector<protocol::Frame> entries;

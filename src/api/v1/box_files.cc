@@ -44,10 +44,12 @@ awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
   Status s = co_await w.Begin(std::move(begin));
   if (!s.ok()) co_return s;
   std::string buf(protocol::kMaxChunk, '\0');
+  int64_t received = 0;
   for (;;) {
     auto n = co_await ex.ReadSome(buf.data(), buf.size());
-    if (!n.ok()) s = n.status();
+    if (!n.ok()) s = BodyReadFailure(ex, n.status(), received);
     if (!s.ok() || *n == 0) break;
+    received += static_cast<int64_t>(*n);
     s = co_await w.Append(std::string_view(buf.data(), *n));
   }
   if (!s.ok()) {
@@ -55,6 +57,13 @@ awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
     co_return s;
   }
   co_return co_await w.End();
+}
+
+Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received) {
+  if (ex.responded()) return read;
+  return Status::Error("upload cut short: the client went away after " + std::to_string(received) +
+                           " bytes of the body (" + read.message() + ")",
+                       kClientGone);
 }
 
 }  // namespace sbx::api
