@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -222,9 +223,56 @@ int LoopbackUp() {
   return err;
 }
 
+// Closes every descriptor but the plan's own (async-signal-safe: a fixed array, no allocation).
+int CloseAllBut(const ChildPlan& plan) {
+  int keep[] = {plan.stdin_fd,  plan.log_fd,   plan.listen_fd,
+                plan.status_fd, plan.setup_fd, plan.agent_fd};
+  constexpr size_t n = sizeof keep / sizeof keep[0];
+  for (size_t i = 1; i < n; ++i) {  // insertion sort
+    for (size_t j = i; j > 0 && keep[j - 1] > keep[j]; --j) {
+      int t = keep[j];
+      keep[j] = keep[j - 1];
+      keep[j - 1] = t;
+    }
+  }
+  unsigned int next = 0;  // the lowest descriptor not yet handled
+  for (int fd : keep) {
+    if (fd < 0 || static_cast<unsigned int>(fd) < next) continue;
+    if (static_cast<unsigned int>(fd) > next &&
+        syscall(SYS_close_range, next, static_cast<unsigned int>(fd) - 1, 0U) != 0)
+      return errno;
+    next = static_cast<unsigned int>(fd) + 1;
+  }
+  if (syscall(SYS_close_range, next, ~0U, 0U) != 0) return errno;
+  return 0;
+}
+
+// True once the parent's end of the go-ahead channel is closed: the parent died (it holds its end
+// until we have exec'd or failed, and we hold no copy of it).
+bool ParentGone(int sock) {
+  pollfd pfd{sock, POLLIN, 0};
+  int n;
+  do {
+    n = poll(&pfd, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n < 0 || (pfd.revents & (POLLHUP | POLLERR)) != 0;
+}
+
 }  // namespace
 
 void RunChild(const ChildPlan& plan) {
+  // First, before anything can block: die with the thread that cloned us (it lives until we have
+  // exec'd or failed, see NativeRuntime::CreateIn). If the parent died before this call, the
+  // signal never comes; the go-ahead channel below then reads EOF instead, once we hold no
+  // copy of the parent's end of it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  // Every descriptor of the (multi-threaded) parent came along with the clone: the parent's end
+  // of our go-ahead channel and of our status pipe, other boxes' channels, pipes and owner locks
+  // being created at the same moment, the daemon's serve.lock, listening socket and database.
+  // Holding any of them could keep this process (or another box's) waiting forever after the
+  // parent died, and keep the daemon's locks held: close all but the plan's own, now.
+  if (CloseAllBut(plan) != 0) _exit(127);
+
   // The parent's signal dispositions and mask must not leak into the box: a daemon that ignores
   // SIGPIPE would otherwise make `yes | head` inside run forever.
   struct sigaction dfl {};
@@ -234,7 +282,7 @@ void RunChild(const ChildPlan& plan) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
 
-  // Move every descriptor we keep far up first, so placing them at 0..5 cannot clobber another.
+  // Move every descriptor we keep far up first, so placing them at 0..6 cannot clobber another.
   ChildPlan p = plan;
   int* fds[] = {&p.stdin_fd, &p.log_fd, &p.listen_fd, &p.status_fd, &p.setup_fd, &p.agent_fd};
   for (int* fd : fds) {
@@ -249,12 +297,13 @@ void RunChild(const ChildPlan& plan) {
   static Received received;  // a copy-on-write page of our own: no allocation
   if (int err = ReceiveSetup(p.setup_fd, received, 1 + p.mount_count))
     Fail(p, kStepWaitParent, err);
-  close(p.setup_fd);
 
   if (int err = SetRootIds()) Fail(p, kStepSetIds, err);
-  // After the id change, which clears the parent-death signal.
-  if (p.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
-    Fail(p, kStepSetIds, errno);
+  // The id change cleared the parent-death signal: set it again, then make sure the parent did
+  // not die in between (it keeps its end of the channel open until we have exec'd or failed).
+  // getppid() cannot tell: in our own pid namespace the parent is outside and it is always 0.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) Fail(p, kStepSetIds, errno);
+  if (ParentGone(p.setup_fd)) _exit(127);
   if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
   // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
   // per user namespace: the host's values are not touched). After our own namespaces exist.
@@ -291,10 +340,22 @@ void RunChild(const ChildPlan& plan) {
   // pipe (close-on-exec: EOF tells the parent the exec happened), 5 the agent image.
   if (Place(p.stdin_fd, 0, false) != 0 || Place(p.log_fd, 1, false) != 0 ||
       Place(p.log_fd, 2, false) != 0 || Place(p.listen_fd, 3, false) != 0 ||
-      Place(p.agent_fd, 5, true) != 0) {
+      Place(p.agent_fd, 5, true) != 0 || Place(p.setup_fd, 6, true) != 0) {
     Fail(p, kStepFds, errno);
   }
-  if (syscall(SYS_close_range, 6U, ~0U, 0U) != 0) Fail(p, kStepFds, errno);
+  p.setup_fd = 6;
+  if (syscall(SYS_close_range, 7U, ~0U, 0U) != 0) Fail(p, kStepFds, errno);
+
+  // A box that outlives its creator (the daemon's) stops dying with it only now: the parent has
+  // recorded our pid and holds the box's owner lock since before its go-ahead, so from here on a
+  // dead parent leaves a box its next start adopts or reaps (a record still `creating`, or none,
+  // is reaped; the cgroup kills what is in it). Checked once more after: a parent that died just
+  // before the clear must not leave an agent behind. The window left is between that check and
+  // the exec below (a few system calls); what it leaves is that reapable box.
+  if (!p.die_with_parent) {
+    if (prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0) != 0) Fail(p, kStepFds, errno);
+    if (ParentGone(p.setup_fd)) _exit(127);
+  }
 
   // Last: once loaded, the filter also governs the exec below.
   if (p.seccomp != nullptr) {
@@ -329,6 +390,12 @@ const char* ProbeStepName(int step) {
 }
 
 void RunProbeChild(int sock) {
+  // As RunChild: die with the parent, and hold none of its descriptors (its end of `sock` above
+  // all, so that a dead parent reads as EOF).
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (sock > 0 && syscall(SYS_close_range, 0U, static_cast<unsigned int>(sock) - 1, 0U) != 0)
+    _exit(1);
+  if (syscall(SYS_close_range, static_cast<unsigned int>(sock) + 1, ~0U, 0U) != 0) _exit(1);
   static Received received;
   if (ReceiveSetup(sock, received, 2) != 0) _exit(1);
   if (SetRootIds() != 0) _exit(2);

@@ -23,7 +23,7 @@
 
 namespace sbx::runtime {
 
-long CloneOwnedBy(unsigned long flags, uint32_t owner) {
+long CloneOwnedBy(unsigned long flags, uint32_t owner, int* pidfd) {
   const uid_t euid = ::geteuid();
   const gid_t egid = ::getegid();
   const int dumpable = ::prctl(PR_GET_DUMPABLE);
@@ -35,7 +35,10 @@ long CloneOwnedBy(unsigned long flags, uint32_t owner) {
     ::syscall(SYS_setresgid, -1, egid, -1);
     return -err;
   }
-  long pid = ::syscall(SYS_clone, flags | SIGCHLD, nullptr, nullptr, nullptr, nullptr);
+  // x86-64 clone(flags, stack, parent_tid, child_tid, tls): CLONE_PIDFD stores the pidfd at
+  // parent_tid.
+  if (pidfd != nullptr) flags |= CLONE_PIDFD;
+  long pid = ::syscall(SYS_clone, flags | SIGCHLD, nullptr, pidfd, nullptr, nullptr);
   if (pid == 0) return 0;
   int err = errno;
   // Back to root: with the effective uid 0 again the kernel restores the effective capabilities

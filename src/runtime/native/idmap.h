@@ -23,8 +23,9 @@ namespace sbx::runtime {
 // (inotify instances, user namespaces, processes...) of everything in it are charged to `owner`
 // on the host, not to root. Returns 0 in the child (effective ids `owner`, full capabilities in
 // its new user namespace only), the child's pid in the parent (ids and capabilities restored),
-// or -errno. The child may run only async-signal-safe code.
-long CloneOwnedBy(unsigned long flags, uint32_t owner);
+// or -errno. The child may run only async-signal-safe code. With `pidfd`, the parent also gets a
+// pidfd of the child (CLONE_PIDFD, close-on-exec) from the clone itself.
+long CloneOwnedBy(unsigned long flags, uint32_t owner, int* pidfd = nullptr);
 
 // Writes "0 <base> 65536" to /proc/<pid>/uid_map and gid_map.
 Status WriteIdMaps(pid_t pid, uint32_t base);

@@ -86,10 +86,14 @@ void DetachDisk(Box& box) {
   box.disk_mount.clear();
 }
 
-void KillAndReap(pid_t pid) {
-  if (pid <= 0) return;
-  ::kill(pid, SIGKILL);
-  while (::waitpid(pid, nullptr, __WALL) < 0 && errno == EINTR) {
+// Kills and reaps a box's first process through its pidfd (never a process that reused its pid).
+void KillAndReap(pid_t pid, const UniqueFd& pidfd) {
+  if (pid <= 0 || !pidfd) return;
+  ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0U);
+  siginfo_t info{};
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd.get()), &info,
+                  WEXITED | __WALL) < 0 &&
+         errno == EINTR) {
   }
 }
 
@@ -259,11 +263,12 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   box.id = spec.id;
   std::unique_ptr<Cgroup> cgroup;
   bool pooled = false;
-  auto r = CreateIn(spec, box, cgroup, pooled);
+  UniqueFd pidfd;
+  auto r = CreateIn(spec, box, cgroup, pooled, pidfd);
   if (!r.ok()) {
     // Undo in reverse: the process (its namespaces and mounts go with it), cgroups, directory,
     // and only once the directory is gone the id range.
-    KillAndReap(box.init_pid);
+    KillAndReap(box.init_pid, pidfd);
     DetachDisk(box);
     if (cgroup) cgroup->Destroy();
     bool removed = box.dir.empty() || RemoveTree(box.dir).ok();
@@ -274,7 +279,7 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
 }
 
 Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup,
-                                    bool& pooled) {
+                                    bool& pooled, UniqueFd& pidfd) {
   auto t = std::chrono::steady_clock::now();
   const std::string dir = config_.run_dir + "/" + spec.id;
   if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
@@ -383,12 +388,20 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
       CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
   // The user namespace is owned by the box's own host id, not root: the kernel charges per-user
   // counters (inotify, user namespaces, processes) of everything in the box to that id.
-  long pid = CloneOwnedBy(kFlags, own_base);
+  // The child dies with this thread (its parent-death signal), and this thread stays in here
+  // until the child has exec'd or failed: the daemon's request threads come and go, but never
+  // while one of them is inside Create.
+  int child_pidfd = -1;
+  long pid = CloneOwnedBy(kFlags, own_base, &child_pidfd);
   if (pid < 0) return Status::Error("clone", static_cast<int>(-pid));
   if (pid == 0) RunChild(plan);
+  pidfd.reset(child_pidfd);
   box.init_pid = static_cast<pid_t>(pid);
   status_w.reset();
   setup_child.reset();
+  // The agent's host pid, for whoever adopts this box after its owner died. Written before the
+  // go-ahead: a box that outlives its creator stops dying with it only after that (RunChild).
+  SBX_RETURN_IF_ERROR(WriteFile(dir + "/pid", std::to_string(box.init_pid) + "\n", 0600));
 
   SBX_RETURN_IF_ERROR(WriteIdMaps(box.init_pid, root_id));
   SBX_RETURN_IF_ERROR(cgroup->AddProcess(box.init_pid));
@@ -435,7 +448,8 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   std::vector<int> fds{fs_fd.get()};
   for (const auto& m : mounts) fds.push_back(m.get());
   SBX_RETURN_IF_ERROR(SendFds(setup_parent.get(), 'g', fds));
-  setup_parent.reset();
+  // setup_parent stays open until the exec or the failure: the child takes its hang-up for this
+  // process's death.
   mounts.clear();
   box.timings.clone_us = MicrosSince(t);
 
@@ -456,8 +470,6 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
     return Status::Error("box setup: " + what, failure.err);
   }
   box.timings.child_us = MicrosSince(t);
-  // The agent's host pid, for whoever adopts this box after its owner died.
-  SBX_RETURN_IF_ERROR(WriteFile(dir + "/pid", std::to_string(box.init_pid) + "\n", 0600));
   std::lock_guard<std::mutex> guard(mu_);
   owner_locks_[box.id] = std::move(lock).value();
   return box;

@@ -75,8 +75,9 @@ class NativeRuntime : public Runtime {
 
  private:
   NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image, bool idmapped);
-  Result<Box> CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup,
-                       bool& pooled);
+  // `pidfd` is the box's first process from its clone on (for the kill and wait on failure).
+  Result<Box> CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup, bool& pooled,
+                       UniqueFd& pidfd);
   // The read-only layers a box of host id `base` mounts: the spec's in idmapped mode, shifted
   // copies in the fallback.
   Result<std::vector<std::string>> LayersFor(const BoxSpec& spec, uint32_t base);
