@@ -587,9 +587,24 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   auto ex = co_await boost::asio::this_coro::executor;
   auto ch = co_await AgentChannel::Connect(ex, rec->agent_socket, std::chrono::milliseconds(5000));
   if (!ch.ok()) co_return ch.status().Wrap("sandbox " + id);
-  std::lock_guard<std::mutex> g(mu_);
-  channels_[id] = *ch;
-  co_return *ch;
+  // Callers that raced here each connected: the first to get here keeps its channel and the
+  // others close theirs (the agent serves a bounded number of connections, so none may be left
+  // open unused). A sandbox killed meanwhile gets none.
+  std::shared_ptr<AgentChannel> kept;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = channels_.find(id);
+    if (!boxes_.count(id)) {
+      kept = nullptr;
+    } else if (it != channels_.end() && !it->second->closed()) {
+      kept = it->second;
+    } else {
+      kept = channels_[id] = *ch;
+    }
+  }
+  if (kept != *ch) (*ch)->Close();
+  if (!kept) co_return Status::Error("sandbox " + id + " is gone", ENOENT);
+  co_return kept;
 }
 
 void Manager::MarkAgentExited(SandboxRecord rec, const std::string& how) {
