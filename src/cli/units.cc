@@ -69,20 +69,4 @@ Result<int64_t> ParseDuration(const std::string& text) {
   return static_cast<int64_t>(std::llround(ms));
 }
 
-std::string FormatSize(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0 || v == std::floor(v))
-    std::snprintf(buf, sizeof buf, "%.0f %s", v, kUnits[u]);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
-  return buf;
-}
-
 }  // namespace sbx::cli

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/encoding.h"  // FormatSize
 #include "common/status.h"
 
 namespace sbx::cli {
@@ -13,7 +14,5 @@ namespace sbx::cli {
 Result<int64_t> ParseSize(const std::string& text);
 // Returns milliseconds.
 Result<int64_t> ParseDuration(const std::string& text);
-// "64 MiB", "1.5 GiB", "512 B".
-std::string FormatSize(int64_t bytes);
 
 }  // namespace sbx::cli

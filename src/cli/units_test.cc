@@ -29,11 +29,5 @@ TEST(Units, Durations) {
   EXPECT_FALSE(ParseDuration("5w").ok());
 }
 
-TEST(Units, Format) {
-  EXPECT_EQ(FormatSize(64 << 20), "64 MiB");
-  EXPECT_EQ(FormatSize(1536LL << 20), "1.5 GiB");
-  EXPECT_EQ(FormatSize(10), "10 B");
-}
-
 }  // namespace
 }  // namespace sbx::cli

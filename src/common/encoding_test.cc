@@ -32,5 +32,12 @@ TEST(Encoding, Rfc3339) {
     EXPECT_FALSE(ParseRfc3339Millis(bad).ok()) << bad;
 }
 
+TEST(Encoding, FormatSize) {
+  EXPECT_EQ(FormatSize(64 << 20), "64 MiB");
+  EXPECT_EQ(FormatSize(1536LL << 20), "1.5 GiB");
+  EXPECT_EQ(FormatSize(10), "10 B");
+  EXPECT_EQ(FormatSize(int64_t{1} << 50), "1 PiB");
+}
+
 }  // namespace
 }  // namespace sbx

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
 
@@ -53,21 +54,7 @@ constexpr int64_t kMaxCpuWeight = 10000;
 constexpr double kMinCpus = 0.01;
 
 // "1.5 GiB (1610612736 bytes)": people read the first part, scripts the second.
-std::string Bytes(int64_t n) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  char human[32];
-  if (u == 0 || v == std::floor(v))
-    std::snprintf(human, sizeof human, "%.0f %s", v, kUnits[u]);
-  else
-    std::snprintf(human, sizeof human, "%.1f %s", v, kUnits[u]);
-  return std::string(human) + " (" + std::to_string(n) + " bytes)";
-}
+std::string Bytes(int64_t n) { return FormatSize(n) + " (" + std::to_string(n) + " bytes)"; }
 
 std::string Number(double v) {
   char buf[32];
