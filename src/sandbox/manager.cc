@@ -454,7 +454,8 @@ Result<runtime::Box> Manager::BoxOf(const std::string& id) {
   return it->second;
 }
 
-Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohmann::json detail) {
+Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohmann::json detail,
+                           const char* end_state) {
   runtime::Box box{rec.id};
   if (auto b = BoxOf(rec.id); b.ok()) box = *b;
   std::shared_ptr<AgentChannel> channel;
@@ -469,11 +470,11 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
     std::lock_guard<std::mutex> g(mu_);
     boxes_.erase(rec.id);
   }
-  rec.state = store::kStateKilled;
+  rec.state = end_state;
   rec.ended_at = NowMs();
   rec.expires_at = 0;
   rec.updated_at = 0;
-  if (!s.ok()) rec.error = s.message();
+  if (!s.ok()) rec.error = rec.error.empty() ? s.message() : rec.error + "; " + s.message();
   SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
   detail["reason"] = reason;
   Audit("sandbox.kill", rec.id, rec.owner_key_id, std::move(detail));
@@ -596,15 +597,9 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
 
 void Manager::MarkAgentExited(SandboxRecord rec, const std::string& how) {
   spdlog::warn("sandbox {}: {}", rec.id, how);
-  Status destroyed = KillLocked(rec, "agent_exited", {{"error", how}});
-  auto failed = store_.UpdateSandbox(rec.id, [&](SandboxRecord& r) {
-    r.state = store::kStateFailed;
-    r.error = how;
-    return Status();
-  });
-  if (!destroyed.ok() || !failed.ok())
-    spdlog::error("sandbox {}: after its agent exited: {} {}", rec.id, destroyed.message(),
-                  failed.ok() ? "" : failed.status().message());
+  rec.error = how;
+  Status s = KillLocked(rec, "agent_exited", {{"error", how}}, store::kStateFailed);
+  if (!s.ok()) spdlog::error("sandbox {}: after its agent exited: {}", rec.id, s.message());
 }
 
 void Manager::ExpireDue() {

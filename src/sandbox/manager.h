@@ -149,8 +149,11 @@ class Manager {
   enum class Access { kInspect, kKill, kUse };
   Result<store::SandboxRecord> Owned(const store::ApiKeyRecord& key, const std::string& id,
                                      Access access);
+  // Destroys the box of `rec` and records it ended, in `end_state` (killed, or failed for a box
+  // that lost its agent), in one write; rec.error, if set, is kept.
   Status KillLocked(store::SandboxRecord rec, const std::string& reason,
-                    nlohmann::json detail = nlohmann::json::object());
+                    nlohmann::json detail = nlohmann::json::object(),
+                    const char* end_state = store::kStateKilled);
   // The limits checks of Create that depend on the host (memory, cpus, disk space).
   Status CheckHostLimits(const store::SandboxLimits& l);
   // The box of `rec` lost its agent (`how`): its resources are freed and the record fails.
