@@ -23,6 +23,7 @@
 #include <boost/beast/websocket.hpp>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -149,6 +150,20 @@ class ServeTest : public ::testing::Test {
     return s.value("id", "");
   }
   std::string dir_;
+  // A client announces a 1 MB upload to /tmp/u.txt of sandbox `id`, sends 1000 bytes, runs
+  // `before_close` and goes away.
+  void UploadCutShort(const std::string& id, const std::function<void()>& before_close) {
+    namespace asio = boost::asio;
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+    std::string req = "PUT /v1/sandboxes/" + id +
+                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
+    asio::write(s, asio::buffer(req));
+    before_close();
+  }
+
   std::unique_ptr<Daemon> d_;
 };
 
@@ -315,18 +330,7 @@ TEST_F(ServeTest, Files) {
 TEST_F(ServeTest, UploadCutShortKeepsTheOldFileAndLeavesNoTemporaryFile) {
   std::string id = Create();
   ASSERT_EQ(d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/u.txt", "old").status, 200);
-  {
-    // A client announces 1 MB, sends 1000 bytes and goes away.
-    namespace asio = boost::asio;
-    asio::io_context io;
-    asio::ip::tcp::socket s(io);
-    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
-    std::string req = "PUT /v1/sandboxes/" + id +
-                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
-    asio::write(s, asio::buffer(req));
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  UploadCutShort(id, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
   // The sandbox's agent connection stays open (it is shared), so only WRITE_ABORT removes the
   // temporary file, and promptly.
   std::string names;
@@ -1179,22 +1183,14 @@ TEST_F(ServeTest, FilesAnswersSayWhatIsWrongNotInternal) {
 // Issue 10 item 7: a client that goes away mid-upload is logged as that, not as a 500.
 TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
   std::string id = Create();
-  {
-    namespace asio = boost::asio;
-    asio::io_context io;
-    asio::ip::tcp::socket s(io);
-    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
-    std::string req = "PUT /v1/sandboxes/" + id +
-                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
-    asio::write(s, asio::buffer(req));
+  UploadCutShort(id, [&] {
     // Wait until the daemon has the bytes (the temporary file exists), then go away.
     for (int i = 0; i < 100; ++i) {
       json ls = d_->Json("GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp");
       if (ls.dump().find(".sbx-") != std::string::npos) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-  }
+  });
   std::string log;
   for (int i = 0; i < 200; ++i) {
     log = *ReadFile(dir_ + "/serve.log");
