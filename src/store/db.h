@@ -30,7 +30,7 @@ class Db;
 struct WriteHealth {
   Status error;               // OK: the last write succeeded (or none was tried)
   int64_t failing_since = 0;  // the first failure of the current run of failures; 0 when OK
-  int64_t last_write = 0;     // the last write tried, failed or not; 0 = none yet
+  int64_t last_write = 0;     // the last write that failed or committed a change; 0 = none
   bool ok() const { return error.ok(); }
 };
 

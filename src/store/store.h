@@ -202,8 +202,8 @@ class Store {
   // write that commits a change. Costs no I/O.
   store::WriteHealth WriteHealth();
   // WriteHealth, first refreshed with a small write (a row inserted and deleted in one
-  // transaction, so nothing is kept) when no write has been tried for `probe_after_ms`: a store
-  // that is failing learns when it can write again without waiting for a real write, and an
+  // transaction, so nothing is kept) when no write failed or changed anything for `probe_after_ms`:
+  // a store that is failing learns when it can write again without waiting for a real write, and an
   // idle one learns that its disk filled. At most one probe per `probe_after_ms`, whoever asks.
   store::WriteHealth CheckWritable(int64_t probe_after_ms);
   // The queue that writes audit events for callers that must not fail (see audit_queue.h).
