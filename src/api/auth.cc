@@ -1,8 +1,7 @@
 #include "api/auth.h"
 
-#include <spdlog/spdlog.h>
-
 #include "api/http/exchange.h"
+#include "store/audit_queue.h"
 
 namespace sbx::api {
 namespace {
@@ -87,8 +86,7 @@ void WriteDenials(store::Store& store, const std::vector<nlohmann::json>& events
     store::AuditEvent e;
     e.type = "auth.denied";
     e.detail = detail;
-    if (auto r = store.AppendAudit(e); !r.ok())
-      spdlog::error("audit auth.denied: {}", r.status().message());
+    store.audit_queue().Append(std::move(e));
   }
 }
 

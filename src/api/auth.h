@@ -82,7 +82,8 @@ Result<std::optional<store::ApiKeyRecord>> VerifyKey(store::Store& store, Denial
                                                      const http::Exchange& ex,
                                                      const std::string& secret);
 
-// Appends `events` (from DenialLog) as auth.denied audit events under no key; failures are logged.
+// Appends `events` (from DenialLog) as auth.denied audit events under no key, through the store's
+// AuditQueue (kept and retried when the store cannot write).
 void WriteDenials(store::Store& store, const std::vector<nlohmann::json>& events);
 
 }  // namespace sbx::api

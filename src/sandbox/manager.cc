@@ -13,6 +13,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "store/audit_queue.h"
 
 namespace sbx::sandbox {
 namespace {
@@ -178,8 +179,7 @@ void Manager::Audit(const std::string& type, const std::string& sandbox_id,
   e.sandbox_id = sandbox_id;
   e.key_id = key_id;
   e.detail = std::move(detail);
-  if (auto r = store_.AppendAudit(e); !r.ok())
-    spdlog::error("audit {} {}: {}", type, sandbox_id, r.status().message());
+  store_.audit_queue().Append(std::move(e));  // kept and retried when the store cannot write
 }
 
 Status Manager::Reconcile() {

@@ -128,7 +128,8 @@ class Manager {
   boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Channel(
       const store::ApiKeyRecord& key, const std::string& id);
 
-  // Records an audit event (failures are logged, never returned: auditing must not fail a call).
+  // Records an audit event through the store's AuditQueue: never fails a call; an event the
+  // store cannot take is counted, kept in memory and retried (store/audit_queue.h).
   void Audit(const std::string& type, const std::string& sandbox_id, const std::string& key_id,
              nlohmann::json detail = nlohmann::json::object());
 

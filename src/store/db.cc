@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 
 #include "common/fd.h"
 
@@ -61,6 +62,30 @@ int ErrnoFor(sqlite3* db, int rc) {
   }
 }
 
+// Failures that say the file cannot be written, whatever is written: the disk is full, the
+// device fails, the file is read-only or damaged. Not contention (BUSY, LOCKED: another writer
+// holds the lock) nor a bad statement or value.
+bool IsStorageFailure(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+    case SQLITE_PERM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Sets `path` (if it exists) to mode 0600 without following a symlink.
 Status Tighten(const std::string& path, bool must_exist) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
@@ -89,6 +114,7 @@ Status SqliteStatus(sqlite3* db, int rc, const std::string& what) {
 Statement::Statement(Statement&& o) noexcept
     : stmt_(std::exchange(o.stmt_, nullptr)),
       db_(std::exchange(o.db_, nullptr)),
+      owner_(std::exchange(o.owner_, nullptr)),
       bind_error_(std::move(o.bind_error_)) {}
 
 Statement& Statement::operator=(Statement&& o) noexcept {
@@ -96,6 +122,7 @@ Statement& Statement::operator=(Statement&& o) noexcept {
     sqlite3_finalize(stmt_);
     stmt_ = std::exchange(o.stmt_, nullptr);
     db_ = std::exchange(o.db_, nullptr);
+    owner_ = std::exchange(o.owner_, nullptr);
     bind_error_ = std::move(o.bind_error_);
   }
   return *this;
@@ -136,9 +163,17 @@ Statement& Statement::BindNull(int index) {
 Result<bool> Statement::Step() {
   if (!bind_error_.ok()) return bind_error_;
   int rc = sqlite3_step(stmt_);
+  bool write = owner_ != nullptr && sqlite3_stmt_readonly(stmt_) == 0;
   if (rc == SQLITE_ROW) return true;
-  if (rc == SQLITE_DONE) return false;
-  return SqliteStatus(db_, rc, "sqlite step `" + Abbrev(sqlite3_sql(stmt_)) + "`");
+  if (rc == SQLITE_DONE) {
+    // Outside a transaction a write commits by itself here; inside one, Commit says.
+    if (write && sqlite3_get_autocommit(db_) != 0)
+      owner_->NoteWrite(rc, Status(), sqlite3_changes64(db_) > 0);
+    return false;
+  }
+  Status s = SqliteStatus(db_, rc, "sqlite step `" + Abbrev(sqlite3_sql(stmt_)) + "`");
+  if (write) owner_->NoteWrite(rc, s, false);
+  return s;
 }
 
 Status Statement::Run() {
@@ -228,7 +263,7 @@ Result<Statement> Db::Prepare(std::string_view sql) {
     sqlite3_finalize(stmt);
     return SqliteStatus(db_, rc, "sqlite prepare `" + Abbrev(std::string(sql).c_str()) + "`");
   }
-  return Statement(stmt, db_);
+  return Statement(stmt, db_, this);
 }
 
 Result<std::string> Db::QueryText(const std::string& sql) {
@@ -246,11 +281,34 @@ int64_t Db::last_insert_rowid() const { return sqlite3_last_insert_rowid(db_); }
 
 bool Db::in_transaction() const { return sqlite3_get_autocommit(db_) == 0; }
 
+void Db::NoteWrite(int rc, const Status& failure, bool changed) {
+  int64_t now = WallMs();
+  if (rc == SQLITE_OK || rc == SQLITE_DONE) {
+    if (!changed) return;
+    health_ = WriteHealth{.error = Status(), .failing_since = 0, .last_write = now};
+    return;
+  }
+  if (!IsStorageFailure(rc)) return;
+  if (health_.ok()) health_.failing_since = now;
+  health_.error = failure;
+  health_.last_write = now;
+}
+
+Status Db::ExecWrite(const std::string& sql, bool changed) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
+  sqlite3_free(err);
+  Status s;
+  if (rc != SQLITE_OK) s = SqliteStatus(db_, rc, "sqlite exec `" + Abbrev(sql.c_str()) + "`");
+  NoteWrite(rc, s, changed);
+  return s;
+}
+
 // ---- Transaction ----
 
 Result<Transaction> Transaction::Begin(Db& db) {
-  SBX_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
-  return Transaction(&db);
+  SBX_RETURN_IF_ERROR(db.ExecWrite("BEGIN IMMEDIATE", /*changed=*/false));
+  return Transaction(&db, sqlite3_total_changes64(db.db_));
 }
 
 Transaction::~Transaction() {
@@ -261,7 +319,8 @@ Transaction::~Transaction() {
 
 Status Transaction::Commit() {
   if (db_ == nullptr) return Status::Error("commit: no open transaction", EINVAL);
-  SBX_RETURN_IF_ERROR(db_->Exec("COMMIT"));
+  bool changed = sqlite3_total_changes64(db_->db_) != changes_at_begin_;
+  SBX_RETURN_IF_ERROR(db_->ExecWrite("COMMIT", changed));
   db_ = nullptr;
   return Status();
 }

@@ -21,6 +21,19 @@ struct sqlite3_stmt;
 
 namespace sbx::store {
 
+class Db;
+
+// Whether the connection's file could be written, as its last write found: the error of the last
+// write that failed for want of storage (a full disk, an I/O error, a read-only or damaged file),
+// cleared by the next write that commits a change. Contention (SQLITE_BUSY) and bad input are not
+// storage failures and leave it unchanged. Times are ms since the Unix epoch.
+struct WriteHealth {
+  Status error;               // OK: the last write succeeded (or none was tried)
+  int64_t failing_since = 0;  // the first failure of the current run of failures; 0 when OK
+  int64_t last_write = 0;     // the last write that failed or committed a change; 0 = none
+  bool ok() const { return error.ok(); }
+};
+
 // A prepared statement. Binding is chainable and never fails on its own: the first bind error is
 // kept and returned by the next Step()/Run(), so call sites read like the SQL they fill in.
 // Parameter and column indexes follow SQLite: parameters count from 1, columns from 0.
@@ -53,11 +66,12 @@ class Statement {
 
  private:
   friend class Db;
-  Statement(sqlite3_stmt* stmt, sqlite3* db) : stmt_(stmt), db_(db) {}
+  Statement(sqlite3_stmt* stmt, sqlite3* db, Db* owner) : stmt_(stmt), db_(db), owner_(owner) {}
   void NoteBind(int rc, int index);
 
   sqlite3_stmt* stmt_ = nullptr;
   sqlite3* db_ = nullptr;
+  Db* owner_ = nullptr;  // told how each write went (Db::NoteWrite)
   Status bind_error_;
 };
 
@@ -84,11 +98,23 @@ class Db {
   int64_t last_insert_rowid() const;
   bool in_transaction() const;
   const std::string& path() const { return path_; }
+  // What the last write found (see WriteHealth). Writes are the statements that are not
+  // read-only and the commits of Transaction.
+  const WriteHealth& write_health() const { return health_; }
 
  private:
+  friend class Statement;
+  friend class Transaction;
   Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  // Notes the outcome `rc` of a write: a storage failure sets health_, a write that committed
+  // `changed` rows clears it (one that changed nothing wrote nothing, so it proves nothing).
+  void NoteWrite(int rc, const Status& failure, bool changed);
+  // Exec that notes its outcome as a write (BEGIN IMMEDIATE, COMMIT).
+  Status ExecWrite(const std::string& sql, bool changed);
+
   sqlite3* db_;
   std::string path_;
+  WriteHealth health_;
 };
 
 // A write transaction (BEGIN IMMEDIATE: the write lock is taken up front, so two writers never
@@ -96,7 +122,8 @@ class Db {
 class Transaction {
  public:
   static Result<Transaction> Begin(Db& db);
-  Transaction(Transaction&& o) noexcept : db_(std::exchange(o.db_, nullptr)) {}
+  Transaction(Transaction&& o) noexcept
+      : db_(std::exchange(o.db_, nullptr)), changes_at_begin_(o.changes_at_begin_) {}
   Transaction& operator=(Transaction&&) = delete;
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;
@@ -105,8 +132,9 @@ class Transaction {
   Status Commit();
 
  private:
-  explicit Transaction(Db* db) : db_(db) {}
-  Db* db_;  // null once committed or rolled back
+  Transaction(Db* db, int64_t changes) : db_(db), changes_at_begin_(changes) {}
+  Db* db_;                        // null once committed or rolled back
+  int64_t changes_at_begin_ = 0;  // the connection's total changes when it began
 };
 
 // The Status for SQLite result code `rc` on connection `db` (which may be null): "`what`: <sqlite

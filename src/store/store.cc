@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "common/fs.h"
+#include "store/audit_queue.h"
 #include "store/migrations.h"
 
 namespace sbx::store {
@@ -275,6 +276,41 @@ Status Store::CheckIntegrity() {
   if (!r.ok()) return r.status().Wrap("check " + path_);
   if (*r != "ok") return Status::Error("check " + path_ + ": " + *r, EUCLEAN);
   return Status();
+}
+
+Store::Store(std::unique_ptr<Db> db, std::string path, int version)
+    : path_(std::move(path)),
+      schema_version_(version),
+      db_(std::move(db)),
+      audit_queue_(std::make_unique<AuditQueue>(*this)) {}
+
+Store::~Store() { audit_queue_.reset(); }
+
+store::WriteHealth Store::WriteHealth() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->write_health();
+}
+
+store::WriteHealth Store::CheckWritable(int64_t probe_after_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (NowMs() - db_->write_health().last_write < probe_after_ms) return db_->write_health();
+  // A row no caller can have (idempotency keys belong to a key id, never ""), inserted and
+  // deleted in one transaction: its pages are written to the WAL like any change, so the probe
+  // needs the space a real write needs, and leaves nothing behind.
+  auto probe = [&]() -> Status {
+    Result<Transaction> tx = Transaction::Begin(*db_);
+    if (!tx.ok()) return tx.status();
+    Result<Statement> ins = db_->Prepare(
+        "INSERT OR REPLACE INTO idempotency_keys (key_id, idem_key, request_hash, created_at)"
+        " VALUES ('', 'sbx write probe', '', ?1)");
+    if (!ins.ok()) return ins.status();
+    SBX_RETURN_IF_ERROR(ins->BindInt(1, NowMs()).Run());
+    SBX_RETURN_IF_ERROR(db_->Exec(
+        "DELETE FROM idempotency_keys WHERE key_id = '' AND idem_key = 'sbx write probe'"));
+    return tx->Commit();
+  };
+  (void)probe();  // its outcome is in write_health()
+  return db_->write_health();
 }
 
 Status Store::Ping() {

@@ -29,6 +29,8 @@
 
 namespace sbx::store {
 
+class AuditQueue;
+
 // The file name of the store inside the data directory.
 inline constexpr char kDbFileName[] = "sbx.db";
 
@@ -185,6 +187,7 @@ class Store {
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
+  ~Store();  // writes what the audit queue still holds, if it can
 
   const std::string& path() const { return path_; }
   // The schema version of the open database (== LatestSchemaVersion() after Open).
@@ -194,6 +197,17 @@ class Store {
   Status CheckIntegrity();
   // A trivial read of the database (its schema version): cheap enough for every /healthz.
   Status Ping();
+  // Whether the store could write when it last tried (see WriteHealth in db.h): the error of
+  // the last write that failed for want of storage (ENOSPC, EIO, EROFS...), cleared by the next
+  // write that commits a change. Costs no I/O.
+  store::WriteHealth WriteHealth();
+  // WriteHealth, first refreshed with a small write (a row inserted and deleted in one
+  // transaction, so nothing is kept) when no write failed or changed anything for `probe_after_ms`:
+  // a store that is failing learns when it can write again without waiting for a real write, and an
+  // idle one learns that its disk filled. At most one probe per `probe_after_ms`, whoever asks.
+  store::WriteHealth CheckWritable(int64_t probe_after_ms);
+  // The queue that writes audit events for callers that must not fail (see audit_queue.h).
+  AuditQueue& audit_queue() { return *audit_queue_; }
 
   // ---- sandboxes ----
   // Inserts `r` or replaces the record with the same id. EINVAL for an unknown state or
@@ -296,8 +310,7 @@ class Store {
   Result<std::vector<IdSlot>> ListIdSlots();  // by slot
 
  private:
-  Store(std::unique_ptr<Db> db, std::string path, int version)
-      : path_(std::move(path)), schema_version_(version), db_(std::move(db)) {}
+  Store(std::unique_ptr<Db> db, std::string path, int version);
 
   Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id);
   Status PutSandboxLocked(const SandboxRecord& r);
@@ -306,6 +319,8 @@ class Store {
   const int schema_version_;
   std::mutex mu_;
   std::unique_ptr<Db> db_;  // guarded by mu_
+  // Declared after db_: destroyed (and flushed) while the database is still open.
+  std::unique_ptr<AuditQueue> audit_queue_;
 };
 
 // Milliseconds since the Unix epoch, from the system clock.

@@ -18,6 +18,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 #include "store/migrations.h"
+#include "store/small_fs_test.h"
 
 namespace sbx::store {
 namespace {
@@ -1003,6 +1004,62 @@ TEST_F(StoreTest, SandboxRecordKeepsItsIdBase) {
   ASSERT_TRUE(got.ok() && got->has_value());
   EXPECT_EQ((*got)->id_base, 0x10010000);
   EXPECT_TRUE((*got)->idmapped);
+}
+
+}  // namespace
+}  // namespace sbx::store
+
+namespace sbx::store {
+namespace {
+
+// A real full disk (a tmpfs filled to the last byte): the store says it cannot write, names
+// the error, and says it can again after the first write that succeeds.
+TEST_F(StoreTest, WriteHealthNamesAFullDiskAndClearsWithTheNextWrite) {
+  SmallFs fs(dir_ + "/data", 2 << 20);
+  ASSERT_TRUE(fs.mounted());
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1")).ok());
+  EXPECT_TRUE(store->WriteHealth().ok());
+
+  fs.Fill();
+  int64_t filled_at = NowMs();
+  Status put = store->PutSandbox(Sandbox("sb2"));
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.err(), ENOSPC) << put.message();
+  WriteHealth h = store->WriteHealth();
+  EXPECT_FALSE(h.ok());
+  EXPECT_EQ(h.error.err(), ENOSPC) << h.error.message();
+  EXPECT_GE(h.failing_since, filled_at);
+  // Reads still work, and a write refused for its input says nothing about the disk.
+  auto got = store->GetSandbox("sb1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->has_value());
+  EXPECT_FALSE(store->PutSandbox(Sandbox("")).ok());
+  EXPECT_EQ(store->WriteHealth().failing_since, h.failing_since);
+  // The probe needs real space too.
+  EXPECT_FALSE(store->CheckWritable(0).ok());
+  AuditEvent e;
+  e.type = "x";
+  EXPECT_EQ(store->AppendAudit(e).status().err(), ENOSPC);
+
+  fs.Free();
+  EXPECT_FALSE(store->WriteHealth().ok());  // nothing has written since
+  // Within the probe interval the last failure stands; past it the probe finds out.
+  EXPECT_FALSE(store->CheckWritable(int64_t{1} << 40).ok());
+  WriteHealth again = store->CheckWritable(0);
+  EXPECT_TRUE(again.ok()) << again.error.message();
+  EXPECT_EQ(again.failing_since, 0);
+  auto probe_row = store->GetIdempotency("", "sbx write probe");
+  ASSERT_TRUE(probe_row.ok());
+  EXPECT_FALSE(probe_row->has_value());  // the probe leaves nothing behind
+  // A real write clears a failure as well.
+  fs.Fill();
+  EXPECT_FALSE(store->PutSandbox(Sandbox("sb3")).ok());
+  EXPECT_FALSE(store->WriteHealth().ok());
+  fs.Free();
+  EXPECT_TRUE(store->PutSandbox(Sandbox("sb3")).ok());
+  EXPECT_TRUE(store->WriteHealth().ok());
 }
 
 }  // namespace

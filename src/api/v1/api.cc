@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <mutex>
@@ -24,6 +25,7 @@
 #include "common/encoding.h"
 #include "protocol/wire.h"
 #include "storage/template.h"
+#include "store/audit_queue.h"
 
 namespace sbx::api {
 namespace {
@@ -1224,10 +1226,28 @@ struct IntegrityCache {
   Status last;                               // guarded by mu
 };
 
+// How long /healthz trusts the store's last write to say whether it can write: a daemon that
+// wrote nothing for longer gets a small probe write (Store::CheckWritable), so a disk that filled
+// while it was idle shows within this time, and one that was freed too.
+constexpr int64_t kWriteProbeAfterMs = 2000;
+
+// "store cannot write: No space left on device (since ...; the last failure: ...)".
+Status CannotWrite(const store::WriteHealth& h) {
+  std::string reason = h.error.err() != 0 ? std::strerror(h.error.err()) : h.error.what();
+  return Status::Error("store cannot write: " + reason + " (since " + IsoTime(h.failing_since) +
+                           "; the last failure: " + h.error.message() + ")",
+                       h.error.err());
+}
+
 void Health(http::Router& r, ApiContext& ctx) {
   auto cache = std::make_shared<IntegrityCache>();
   r.Get("/healthz", [&ctx, cache](http::Exchange& ex) -> awaitable<void> {
-    Status s = co_await OnPool(ctx.blocking, [&] { return ctx.store.Ping(); });
+    Status s = co_await OnPool(ctx.blocking, [&] {
+      Status read = ctx.store.Ping();
+      if (!read.ok()) return read;
+      store::WriteHealth h = ctx.store.CheckWritable(kWriteProbeAfterMs);
+      return h.ok() ? Status() : CannotWrite(h);
+    });
     {
       std::lock_guard<std::mutex> g(cache->mu);
       auto now = Clock::now();
@@ -1274,6 +1294,25 @@ void Health(http::Router& r, ApiContext& ctx) {
               "sbx_sandbox_creation_failures_total counter\n";
           out +=
               "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
+          auto audit = ctx.store.audit_queue().counters();
+          out +=
+              "# HELP sbx_audit_queued Audit events in memory, waiting for the store to write "
+              "again.\n# TYPE sbx_audit_queued gauge\nsbx_audit_queued " +
+              std::to_string(audit.queued) + "\n";
+          out +=
+              "# HELP sbx_audit_queued_total Audit events the store could not take at once "
+              "(queued and retried).\n# TYPE sbx_audit_queued_total counter\n"
+              "sbx_audit_queued_total " +
+              std::to_string(audit.queued_total) + "\n";
+          out +=
+              "# HELP sbx_audit_dropped_total Audit events lost (the queue was full, or held "
+              "them at shutdown).\n# TYPE sbx_audit_dropped_total counter\n"
+              "sbx_audit_dropped_total " +
+              std::to_string(audit.dropped_total) + "\n";
+          out +=
+              "# HELP sbx_store_writable 1 when the store's last write succeeded, 0 when it failed "
+              "for want of storage.\n# TYPE sbx_store_writable gauge\nsbx_store_writable " +
+              std::string(ctx.store.WriteHealth().ok() ? "1" : "0") + "\n";
           out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
           out += "sbx_commands_total " + std::to_string(ctx.metrics.commands.load()) + "\n";
           ctx.metrics.create_seconds.Render("sbx_create_seconds",

@@ -1,0 +1,75 @@
+// AuditQueue: how audit events reach the store when a caller must not fail for them (a kill, a
+// command, a denied key). An event the store cannot take (a full disk, an I/O error, a lock held
+// too long) is kept in memory, in order, and written by a retry thread once the store can write
+// again; events that come while others wait queue behind them, so the log keeps the order in
+// which things happened (each event keeps the time it happened, and gets its seq when it lands).
+// The queue is bounded: past the bound the oldest event is dropped. Nothing is lost silently:
+// every queued and every dropped event is counted (sbx_audit_queued, sbx_audit_queued_total,
+// sbx_audit_dropped_total in /metrics) and logged.
+//
+// The Store owns one (Store::audit_queue()); tests may make their own.
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "store/store.h"
+
+namespace sbx::store {
+
+struct AuditQueueOptions {
+  // Events kept while the store cannot write. At a few hundred bytes each, the default holds
+  // minutes of a busy daemon's events in a few MiB.
+  size_t max_events = 10000;
+  // How often the retry thread tries the oldest queued event while the store cannot write.
+  std::chrono::milliseconds retry_period{1000};
+};
+
+struct AuditQueueCounters {
+  uint64_t queued = 0;         // in memory now, waiting for the store
+  uint64_t queued_total = 0;   // events that could not be written at once (since start)
+  uint64_t dropped_total = 0;  // events lost: past the bound, invalid, or still queued at Stop
+};
+
+class AuditQueue {
+ public:
+  AuditQueue(Store& store, AuditQueueOptions options = {});
+  ~AuditQueue();  // Stop()s
+  AuditQueue(const AuditQueue&) = delete;
+  AuditQueue& operator=(const AuditQueue&) = delete;
+
+  // Writes `e` (its time set to now when 0), or queues it when events are already waiting or
+  // the store fails. Never fails. Blocks for one store write at most.
+  void Append(AuditEvent e);
+  // Writes queued events, oldest first, until the queue is empty or the store fails; returns how
+  // many were written. The retry thread calls it; tests and shutdown may too.
+  size_t Flush();
+  AuditQueueCounters counters();
+  // Stops the retry thread after a last Flush. Events still queued are counted dropped and
+  // logged with their number. Idempotent; Append still works after it (without retries).
+  void Stop();
+
+ private:
+  // Queues `e` (mu_ held), dropping the oldest past the bound, and wakes the retry thread.
+  void PushLocked(AuditEvent e);
+  void Loop();
+
+  Store& store_;
+  AuditQueueOptions options_;  // max_events at least 1
+  // Held for each write to the store, so events land in the order they were appended.
+  std::mutex write_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<AuditEvent> queue_;  // guarded by mu_; oldest first
+  AuditQueueCounters counters_;   // guarded by mu_ (queued is queue_.size())
+  bool stopping_ = false;         // guarded by mu_
+  std::thread thread_;            // started with the first queued event
+};
+
+}  // namespace sbx::store
