@@ -151,7 +151,7 @@ class Manager {
   // E2B's connect, as one transition: a paused sandbox is resumed with a timeout of
   // `timeout_ms` from now; a running one's timeout is set to `timeout_ms` from now only if that
   // is later than its current expiry (connect never shortens a sandbox's life). EINVAL for a
-  // timeout out of range, ENOENT for an ended sandbox, EBUSY while it is being created. Blocking.
+  // timeout out of range, ENOENT for an ended sandbox; one being created is waited for. Blocking.
   Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
                             int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
