@@ -11,6 +11,7 @@
 #include <set>
 
 #include "cli/units.h"
+#include "common/clock.h"
 #include "common/fd.h"
 #include "store/store.h"
 
@@ -48,12 +49,6 @@ class Table {
 };
 
 void PrintJson(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // "2024-05-01T12:00:03.123Z" (the API's times) or "...Z" / "+HH:MM" offsets -> ms since the epoch.
 Result<int64_t> ParseTime(const std::string& text) {

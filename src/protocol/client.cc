@@ -12,18 +12,19 @@
 namespace sbx::protocol {
 namespace {
 
-int64_t NowMs() {
+// Deadlines are on the monotonic clock (the wall clock may jump), hence not common/clock.h's NowMs.
+int64_t MonotonicMs() {
   struct timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
-int64_t Deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : NowMs() + timeout_ms; }
+int64_t Deadline(int timeout_ms) { return timeout_ms < 0 ? -1 : MonotonicMs() + timeout_ms; }
 
 // Milliseconds left for poll(); -1 = forever.
 int Left(int64_t deadline_ms) {
   if (deadline_ms < 0) return -1;
-  int64_t left = deadline_ms - NowMs();
+  int64_t left = deadline_ms - MonotonicMs();
   return left < 0 ? 0 : static_cast<int>(left);
 }
 
@@ -50,7 +51,7 @@ Result<AgentConnection> AgentConnection::Connect(const std::string& socket_path,
   AgentConnection conn(std::move(fd));
   uint32_t id = conn.NextId();
   SBX_RETURN_IF_ERROR(conn.Send(Type::kHello, id, Writer().Int(Tag::kVersion, kProtocolVersion)));
-  auto reply = conn.ReadFrame(deadline < 0 ? -1 : std::max(deadline, NowMs() + 1000));
+  auto reply = conn.ReadFrame(deadline < 0 ? -1 : std::max(deadline, MonotonicMs() + 1000));
   if (!reply.ok()) return reply.status().Wrap("hello " + socket_path);
   if (reply->type() == Type::kError) return ErrorFromFrame(*reply).Wrap("hello " + socket_path);
   if (reply->type() != Type::kHello || reply->id() != id ||

@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <cmath>
 #include <cstdio>
 
@@ -19,12 +23,6 @@ namespace sbx::sandbox {
 namespace {
 
 using store::SandboxRecord;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr size_t kMaxMetadataEntries = 64;
 constexpr size_t kMaxKeyBytes = 256;
@@ -120,12 +118,102 @@ runtime::Limits ToRuntime(const store::SandboxLimits& l) {
 Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::TemplateStore templates,
                  store::Store& store)
     : config_(std::move(config)),
+      clock_(config_.clock ? *config_.clock : SystemClock()),
       runtime_(runtime),
       templates_(std::move(templates)),
-      store_(store) {
+      store_(store),
+      ttl_waiter_(clock_.NewWaiter()) {
+  config_.clock = &clock_;
   if (config_.max_memory_bytes <= 0) config_.max_memory_bytes = HostMemoryBytes();
   if (config_.max_cpus <= 0)
     config_.max_cpus = static_cast<double>(::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// ---- per-sandbox transitions ----
+
+struct Manager::TransitionEntry {
+  std::mutex mu;  // held for the whole transition
+  int users = 0;  // Transitions holding or waiting for mu; guarded by Manager::mu_
+};
+
+Manager::Transition::Transition(Manager& m, const std::string& id, const char* op)
+    : m_(m), id_(id) {
+  {
+    std::lock_guard<std::mutex> g(m_.mu_);
+    auto& e = m_.transitions_[id_];
+    if (!e) e = std::make_unique<TransitionEntry>();
+    ++e->users;
+    entry_ = e.get();
+  }
+  if (!entry_->mu.try_lock()) {
+    if (m_.config_.on_transition_wait) m_.config_.on_transition_wait(id_, op);
+    entry_->mu.lock();
+  }
+}
+
+Manager::Transition::~Transition() {
+  entry_->mu.unlock();
+  std::lock_guard<std::mutex> g(m_.mu_);
+  if (--entry_->users == 0) m_.transitions_.erase(id_);
+}
+
+Result<std::optional<SandboxRecord>> Manager::Record(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = unwritten_.find(id); it != unwritten_.end())
+      return std::optional<SandboxRecord>(it->second);
+  }
+  return store_.GetSandbox(id);
+}
+
+Result<SandboxRecord> Manager::LiveRecord(const std::string& id) {
+  auto rec = Record(id);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return Status::Error("no sandbox '" + id + "'", ENOENT);
+  if (!store::IsLiveState((*rec)->state))
+    return Status::Error("sandbox " + id + " is " + (*rec)->state, ENOENT);
+  return **rec;
+}
+
+void Manager::WriteEnded(const SandboxRecord& rec) {
+  // The box is already gone, so the record must not stay live: try twice now (destroying the box
+  // may just have freed the space a full disk lacked), then keep it for the TTL scan to retry.
+  // Until it is written, this manager answers with it; if the daemon dies first, the reconciler
+  // finds a live record without a box and marks it failed.
+  Status put = store_.PutSandbox(rec);
+  if (!put.ok()) put = store_.PutSandbox(rec);
+  std::lock_guard<std::mutex> g(mu_);
+  if (put.ok()) {
+    unwritten_.erase(rec.id);
+    return;
+  }
+  spdlog::error("sandbox {}: recording it {} failed, retried later: {}", rec.id, rec.state,
+                put.message());
+  unwritten_[rec.id] = rec;
+}
+
+void Manager::RetryUnwritten() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& [id, rec] : unwritten_) ids.push_back(id);
+  }
+  for (const auto& id : ids) {
+    Transition t(*this, id, "retry");
+    std::optional<SandboxRecord> rec;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (auto it = unwritten_.find(id); it != unwritten_.end()) rec = it->second;
+    }
+    if (!rec) continue;
+    if (Status put = store_.PutSandbox(*rec); !put.ok()) {
+      spdlog::warn("sandbox {}: recording it {} failed again: {}", id, rec->state, put.message());
+      continue;
+    }
+    spdlog::info("sandbox {}: recorded {} after an earlier failed write", id, rec->state);
+    std::lock_guard<std::mutex> g(mu_);
+    unwritten_.erase(id);
+  }
 }
 
 Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
@@ -211,7 +299,7 @@ Status Manager::Reconcile() {
     if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
     rec.state = store::kStateFailed;
     rec.error = why;
-    rec.ended_at = NowMs();
+    rec.ended_at = clock_.NowMs();
     rec.updated_at = 0;
     SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
     Audit("sandbox.lost", rec.id, rec.owner_key_id, {{"reason", why}});
@@ -232,7 +320,7 @@ Status Manager::Reconcile() {
 bool Manager::TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s) {
   if (key.creates_per_second <= 0) return true;
   std::lock_guard<std::mutex> g(mu_);
-  auto now = std::chrono::steady_clock::now();
+  auto now = clock_.Steady();
   auto [it, fresh] = buckets_.try_emplace(key.id);
   Bucket& b = it->second;
   // Burst of one second's worth (at least one).
@@ -254,7 +342,7 @@ bool Manager::TakeCreateToken(const store::ApiKeyRecord& key, double* retry_afte
 
 Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const CreateRequest& req,
                                       QuotaExceeded* quota) {
-  auto started = std::chrono::steady_clock::now();
+  auto started = clock_.Steady();
   // Input first: nothing is made for a bad request.
   SBX_RETURN_IF_ERROR(ValidateMap(req.env, "env", kMaxEnvEntries, true));
   SBX_RETURN_IF_ERROR(ValidateMap(req.metadata, "metadata", kMaxMetadataEntries, false));
@@ -264,24 +352,20 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
         "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
   if (req.on_timeout != store::kOnTimeoutKill && req.on_timeout != store::kOnTimeoutPause)
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
+  if (req.idempotency_key.size() > 256)
+    return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
   std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
 
-  // Against the host: what the request asks for (the defaults are the operator's choice, even on
-  // a host smaller than them), and the disk it will get. Checked again below, under the lock
-  // that promises the disk; here so that a bad request fails before any quota is spent.
-  store::SandboxLimits wanted = req.limits;
-  if (wanted.disk_bytes == 0) wanted.disk_bytes = config_.default_limits.disk_bytes;
-  SBX_RETURN_IF_ERROR(CheckHostLimits(wanted));
-  // Idempotency: a retried request gets the sandbox the first one created.
+  // Idempotency before anything that depends on the host's state now: a retried request gets
+  // the sandbox the first one created, even when the host could not fit another one (its disk
+  // is taken by that very sandbox).
   if (!req.idempotency_key.empty()) {
-    if (req.idempotency_key.size() > 256)
-      return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
     auto prior = store_.GetIdempotency(key.id, req.idempotency_key);
     if (!prior.ok()) return prior.status();
     if (*prior) {
       if ((*prior)->request_hash != req.request_hash)
         return Status::Error("Idempotency-Key was used with a different request", EEXIST);
-      auto rec = store_.GetSandbox((*prior)->sandbox_id);
+      auto rec = Record((*prior)->sandbox_id);
       if (!rec.ok()) return rec.status();
       if (*rec) return **rec;
     }
@@ -299,16 +383,24 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     }
   } release{this, req.idempotency_key.empty() ? "" : key.id + "\n" + req.idempotency_key};
 
-  // Quotas: concurrent sandboxes, then the creation rate.
+  // Against the host: what the request asks for (the defaults are the operator's choice, even on
+  // a host smaller than them), and the disk it will get. Checked again below, under the lock
+  // that promises the disk; here so that a bad request fails before any quota is spent.
+  store::SandboxLimits wanted = req.limits;
+  if (wanted.disk_bytes == 0) wanted.disk_bytes = config_.default_limits.disk_bytes;
+  SBX_RETURN_IF_ERROR(CheckHostLimits(wanted));
+
+  // Quotas: concurrent sandboxes, then the creation rate. This count is only the early answer
+  // that spends no creation token; the one that holds is made with the insert, below.
+  std::string over_quota =
+      "this key may have at most " + std::to_string(key.max_sandboxes) + " live sandboxes";
   if (key.max_sandboxes > 0) {
     auto n = store_.CountSandboxes(
         key.id, {store::kStateCreating, store::kStateRunning, store::kStatePaused});
     if (!n.ok()) return n.status();
     if (*n >= key.max_sandboxes) {
       if (quota) quota->retry_after_s = 1;
-      return Status::Error(
-          "this key may have at most " + std::to_string(key.max_sandboxes) + " live sandboxes",
-          EAGAIN);
+      return Status::Error(over_quota, EAGAIN);
     }
   }
   double retry_after = 1;
@@ -354,8 +446,21 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
   rec.public_ports = req.public_ports;
-  rec.created_at = NowMs();
-  SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
+  rec.created_at = clock_.NowMs();
+  rec.updated_at = rec.created_at;
+
+  // The whole creation is one transition: a kill (or anything else) arriving while the box is
+  // being made waits for it, then acts on the sandbox as creation left it.
+  Transition transition(*this, rec.id, "create");
+  if (config_.on_create_insert) config_.on_create_insert(rec.id);
+  // The quota check that holds: counted and inserted in one store transaction.
+  if (Status put = store_.InsertSandbox(rec, key.max_sandboxes); !put.ok()) {
+    if (Status unpin = store_.UnpinLayers(rec.id); !unpin.ok())
+      spdlog::warn("create: {}", unpin.message());
+    if (put.err() != EDQUOT) return put;
+    if (quota) quota->retry_after_s = 1;
+    return Status::Error(over_quota, EAGAIN);
+  }
 
   runtime::BoxSpec spec;
   spec.id = rec.id;
@@ -364,13 +469,13 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   spec.limits = ToRuntime(rec.limits);
   spec.owner = "serve";
   auto box = runtime_.Create(spec);
-  int64_t now = NowMs();
+  int64_t now = clock_.NowMs();
   if (!box.ok()) {
     rec.state = store::kStateFailed;
     rec.error = box.status().message();
     rec.ended_at = now;
     rec.updated_at = 0;
-    (void)store_.PutSandbox(rec);
+    WriteEnded(rec);
     {
       std::lock_guard<std::mutex> g(mu_);
       ++counters_.creation_failures;
@@ -378,47 +483,64 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
     return box.status();
   }
-  rec.state = store::kStateRunning;
-  rec.init_pid = box->init_pid;
-  rec.agent_socket = box->agent_socket;
-  rec.box_dir = box->dir;
-  rec.id_base = box->id_base;
-  rec.idmapped = box->idmapped;
-  rec.expires_at = now + rec.timeout_ms;
-  rec.updated_at = 0;
+  SandboxRecord made = rec;
+  made.state = store::kStateRunning;
+  made.init_pid = box->init_pid;
+  made.agent_socket = box->agent_socket;
+  made.box_dir = box->dir;
+  made.id_base = box->id_base;
+  made.idmapped = box->idmapped;
+  made.expires_at = now + rec.timeout_ms;
+  made.updated_at = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    boxes_[rec.id] = *box;
+    boxes_[made.id] = *box;  // before the record says running: Channel looks for it
+  }
+  if (Status put = store_.PutSandbox(made); !put.ok()) {
+    // A box recorded as `creating` is one the reconciler would remove after a restart, and no
+    // call can use it meanwhile: remove it now, and record the sandbox failed.
+    Status destroyed = runtime_.Destroy(*box);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      boxes_.erase(made.id);
+    }
+    rec.state = store::kStateFailed;
+    rec.error = "its box was made but could not be recorded: " + put.message();
+    if (!destroyed.ok()) rec.error += "; " + destroyed.message();
+    rec.ended_at = clock_.NowMs();
+    rec.updated_at = 0;
+    WriteEnded(rec);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++counters_.creation_failures;
+    }
+    Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
+    return put;
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
     ++counters_.creations;
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    double secs = std::chrono::duration<double>(clock_.Steady() - started).count();
     if (counters_.create_seconds.size() >= 4096)
       counters_.create_seconds.erase(counters_.create_seconds.begin());
     counters_.create_seconds.push_back(secs);
   }
-  Status put = store_.PutSandbox(rec);
-  if (!put.ok()) {
-    // Without a record nothing could ever find the box again: remove it.
-    (void)runtime_.Destroy(*box);
-    std::lock_guard<std::mutex> g(mu_);
-    boxes_.erase(rec.id);
-    return put;
-  }
   if (!req.idempotency_key.empty()) {
-    store::IdempotencyRecord ir{key.id, req.idempotency_key, req.request_hash, rec.id, 0};
+    store::IdempotencyRecord ir{key.id, req.idempotency_key, req.request_hash, made.id, 0};
     if (Status s = store_.PutIdempotency(ir); !s.ok()) spdlog::warn("idempotency: {}", s.message());
   }
-  Audit("sandbox.create", rec.id, key.id,
-        {{"template", rec.template_name},
-         {"timeout_ms", rec.timeout_ms},
-         {"memory_bytes", rec.limits.memory_bytes},
-         {"cpus", rec.limits.cpus},
-         {"pids", rec.limits.pids}});
-  return rec;
+  Audit("sandbox.create", made.id, key.id,
+        {{"template", made.template_name},
+         {"timeout_ms", made.timeout_ms},
+         {"memory_bytes", made.limits.memory_bytes},
+         {"cpus", made.limits.cpus},
+         {"pids", made.limits.pids}});
+  return made;
 }
 
 Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::string& id,
                                      Access access) {
-  auto rec = store_.GetSandbox(id);
+  auto rec = Record(id);
   if (!rec.ok()) return rec.status();
   bool allowed =
       *rec && ((*rec)->owner_key_id == key.id || (key.is_operator && access != Access::kUse));
@@ -444,7 +566,22 @@ Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
   for (const auto& s : filter.states) {
     if (!store::IsValidState(s)) return Status::Error("unknown state '" + s + "'", EINVAL);
   }
-  return store_.ListSandboxes(filter);
+  auto page = store_.ListSandboxes(filter);
+  if (!page.ok()) return page;
+  // Ended records still waiting for their write (WriteEnded) are shown as they are.
+  std::lock_guard<std::mutex> g(mu_);
+  if (unwritten_.empty()) return page;
+  auto& items = page->items;
+  for (auto& item : items)
+    if (auto it = unwritten_.find(item.id); it != unwritten_.end()) item = it->second;
+  if (!filter.states.empty())
+    items.erase(std::remove_if(items.begin(), items.end(),
+                               [&](const SandboxRecord& r) {
+                                 return std::find(filter.states.begin(), filter.states.end(),
+                                                  r.state) == filter.states.end();
+                               }),
+                items.end());
+  return page;
 }
 
 Result<runtime::Box> Manager::BoxOf(const std::string& id) {
@@ -465,63 +602,106 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
     channels_.erase(rec.id);
   }
   if (channel) channel->Close();
+  // The host first: a sandbox must never be recorded ended while its box still runs (nothing
+  // would ever stop it), and a kill on a full disk must still free the box's disk. The record
+  // follows; WriteEnded keeps it consistent if that write fails.
   Status s = runtime_.Destroy(box);
   {
     std::lock_guard<std::mutex> g(mu_);
     boxes_.erase(rec.id);
   }
   rec.state = end_state;
-  rec.ended_at = NowMs();
+  rec.ended_at = clock_.NowMs();
   rec.expires_at = 0;
   rec.updated_at = 0;
   if (!s.ok()) rec.error = rec.error.empty() ? s.message() : rec.error + "; " + s.message();
-  SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
+  WriteEnded(rec);
   detail["reason"] = reason;
   Audit("sandbox.kill", rec.id, rec.owner_key_id, std::move(detail));
   return s;
 }
 
 Status Manager::Kill(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id, Access::kKill);
+  auto owned = Owned(key, id, Access::kKill);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "kill");
+  auto rec = LiveRecord(id);
   if (!rec.ok()) return rec.status();
-  if (!store::IsLiveState(rec->state))
-    return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
   if (rec->owner_key_id != key.id) return KillLocked(*rec, "operator", {{"by_key_id", key.id}});
   return KillLocked(*rec, "requested");
 }
 
-Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id, Access::kUse);
-  if (!rec.ok()) return rec.status();
-  if (rec->state == store::kStatePaused)
-    return Status::Error("sandbox " + id + " is already paused", EBUSY);
-  if (rec->state != store::kStateRunning)
-    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
-  auto box = BoxOf(id);
+Status Manager::FailUnrecordable(SandboxRecord rec, const Status& why, const Status& undo) {
+  spdlog::error("sandbox {}: {}; undoing it failed: {}", rec.id, why.message(), undo.message());
+  rec.error = why.message() + "; undoing it failed: " + undo.message();
+  (void)KillLocked(rec, "unrecordable", {{"error", rec.error}}, store::kStateFailed);
+  return why;
+}
+
+Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
+  auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
+  // Freeze, then record. A pause the store cannot record (a full disk) is undone: a `running`
+  // record over a frozen box would hang every command until its timeout.
   SBX_RETURN_IF_ERROR(runtime_.Freeze(*box));
-  rec->state = store::kStatePaused;
-  rec->expires_at = 0;  // a paused sandbox waits for resume, however long
-  rec->updated_at = 0;
-  SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
-  Audit("sandbox.pause", id, key.id);
+  SandboxRecord paused = rec;
+  paused.state = store::kStatePaused;
+  paused.expires_at = 0;  // a paused sandbox waits for resume, however long
+  paused.updated_at = 0;
+  if (Status put = store_.PutSandbox(paused); !put.ok()) {
+    Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
+    if (Status thawed = runtime_.Thaw(*box); !thawed.ok())
+      return FailUnrecordable(rec, why, thawed);
+    return why;
+  }
+  rec = paused;
+  Audit("sandbox.pause", rec.id, key_id);
   return {};
 }
 
-Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id, Access::kUse);
-  if (!rec.ok()) return rec.status();
-  if (rec->state != store::kStatePaused)
-    return Status::Error("sandbox " + id + " is not paused", EBUSY);
-  auto box = BoxOf(id);
+Status Manager::ResumeLocked(SandboxRecord& rec, const std::string& key_id) {
+  auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   SBX_RETURN_IF_ERROR(runtime_.Thaw(*box));
-  rec->state = store::kStateRunning;
-  rec->expires_at = NowMs() + rec->timeout_ms;
-  rec->updated_at = 0;
-  SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
-  Audit("sandbox.resume", id, key.id);
+  SandboxRecord running = rec;
+  running.state = store::kStateRunning;
+  running.expires_at = clock_.NowMs() + rec.timeout_ms;
+  running.updated_at = 0;
+  if (Status put = store_.PutSandbox(running); !put.ok()) {
+    // Frozen again, as its record still says: a running box recorded paused would never expire.
+    Status why = put.Wrap("resume " + rec.id + ": not recorded, so not resumed");
+    if (Status frozen = runtime_.Freeze(*box); !frozen.ok())
+      return FailUnrecordable(rec, why, frozen);
+    return why;
+  }
+  rec = running;
+  Audit("sandbox.resume", rec.id, key_id);
   return {};
+}
+
+Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "pause");
+  auto rec = Record(id);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return Status::Error("no sandbox '" + id + "'", ENOENT);
+  if ((*rec)->state == store::kStatePaused)
+    return Status::Error("sandbox " + id + " is already paused", EBUSY);
+  if ((*rec)->state != store::kStateRunning)
+    return Status::Error("sandbox " + id + " is " + (*rec)->state, EBUSY);
+  return PauseLocked(**rec, key.id);
+}
+
+Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "resume");
+  auto rec = Record(id);
+  if (!rec.ok()) return rec.status();
+  if (!*rec || (*rec)->state != store::kStatePaused)
+    return Status::Error("sandbox " + id + " is not paused", EBUSY);
+  return ResumeLocked(**rec, key.id);
 }
 
 Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
@@ -529,16 +709,48 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
   if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
     return Status::Error(
         "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
-  auto rec = Owned(key, id, Access::kUse);
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "timeout");
+  auto rec = LiveRecord(id);
   if (!rec.ok()) return rec.status();
-  if (!store::IsLiveState(rec->state))
-    return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
   rec->timeout_ms = timeout_ms;
-  if (rec->state == store::kStateRunning) rec->expires_at = NowMs() + timeout_ms;
+  if (rec->state == store::kStateRunning) rec->expires_at = clock_.NowMs() + timeout_ms;
   rec->updated_at = 0;
   SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
   Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
   return *rec;
+}
+
+Result<Connected> Manager::Connect(const store::ApiKeyRecord& key, const std::string& id,
+                                   int64_t timeout_ms) {
+  if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
+    return Status::Error(
+        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "connect");
+  auto rec = LiveRecord(id);
+  if (!rec.ok()) return rec.status();
+  Connected out;
+  if (rec->state == store::kStatePaused) {
+    rec->timeout_ms = timeout_ms;
+    SBX_RETURN_IF_ERROR(ResumeLocked(*rec, key.id));
+    out.resumed = true;
+  } else if (rec->state == store::kStateRunning) {
+    int64_t until = clock_.NowMs() + timeout_ms;
+    if (rec->expires_at < until) {
+      rec->timeout_ms = timeout_ms;
+      rec->expires_at = until;
+      rec->updated_at = 0;
+      SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
+      Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
+    }
+  } else {
+    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
+  }
+  out.record = *rec;
+  return out;
 }
 
 Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::string& id) {
@@ -559,6 +771,59 @@ Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const s
   return runtime_.Stats(*box);
 }
 
+// One connect in flight for a sandbox: the caller that started it publishes its result, and every
+// caller that arrived meanwhile waits for it (on its own executor).
+struct Manager::Connecting {
+  // A waiting coroutine's completion handler, posted to its executor when the result is in.
+  struct Wake {
+    virtual ~Wake() = default;
+    virtual void Post() = 0;
+  };
+  template <typename Handler>
+  struct WakeHandler : Wake {
+    explicit WakeHandler(Handler h) : handler(std::move(h)) {}
+    void Post() override {
+      auto ex = boost::asio::get_associated_executor(handler);
+      boost::asio::post(ex, std::move(handler));
+    }
+    Handler handler;
+  };
+
+  std::mutex mu;
+  bool done = false;                                                               // guarded by mu
+  Result<std::shared_ptr<AgentChannel>> result = std::shared_ptr<AgentChannel>();  // by mu
+  std::vector<std::unique_ptr<Wake>> waiters;                                      // guarded by mu
+
+  void Publish(Result<std::shared_ptr<AgentChannel>> r) {
+    std::vector<std::unique_ptr<Wake>> wake;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (done) return;
+      done = true;
+      result = std::move(r);
+      wake.swap(waiters);
+    }
+    for (auto& w : wake) w->Post();
+  }
+
+  // Completes (on the awaiting coroutine's executor) once the result is published.
+  boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Await() {
+    co_await boost::asio::async_initiate<decltype(boost::asio::use_awaitable), void()>(
+        [this](auto handler) {
+          std::unique_lock<std::mutex> lock(mu);
+          if (done) {
+            lock.unlock();
+            WakeHandler<decltype(handler)>(std::move(handler)).Post();
+            return;
+          }
+          waiters.push_back(std::make_unique<WakeHandler<decltype(handler)>>(std::move(handler)));
+        },
+        boost::asio::use_awaitable);
+    std::lock_guard<std::mutex> g(mu);
+    co_return result;
+  }
+};
+
 boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
     const store::ApiKeyRecord& key, const std::string& id) {
   auto rec = Owned(key, id, Access::kUse);
@@ -567,32 +832,59 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
     co_return Status::Error("sandbox " + id + " is paused", EBUSY);
   if (rec->state != store::kStateRunning)
     co_return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+  std::shared_ptr<Connecting> flight;
+  bool leader = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = channels_.find(id);
     if (it != channels_.end() && !it->second->closed()) co_return it->second;
+    auto& f = connecting_[id];
+    if (!f) {
+      f = std::make_shared<Connecting>();
+      leader = true;
+    }
+    flight = f;
   }
+  if (!leader) co_return co_await flight->Await();
+
+  // This caller connects for everyone. Whatever ends this coroutine (a result, an exception, the
+  // executor being destroyed) ends the flight, so no waiter is left waiting.
+  struct EndFlight {
+    Manager& m;
+    const std::string& id;
+    std::shared_ptr<Connecting> flight;
+    Result<std::shared_ptr<AgentChannel>> result =
+        Status::Error("connect abandoned (the daemon is stopping)", ECANCELED);
+    ~EndFlight() {
+      {
+        std::lock_guard<std::mutex> g(m.mu_);
+        if (auto it = m.connecting_.find(id); it != m.connecting_.end() && it->second == flight)
+          m.connecting_.erase(it);
+      }
+      flight->Publish(std::move(result));
+    }
+  } end{*this, id, flight};
+
   auto ex = co_await boost::asio::this_coro::executor;
   auto ch = co_await AgentChannel::Connect(ex, rec->agent_socket, std::chrono::milliseconds(5000));
-  if (!ch.ok()) co_return ch.status().Wrap("sandbox " + id);
-  // Callers that raced here each connected: the first to get here keeps its channel and the
-  // others close theirs (the agent serves a bounded number of connections, so none may be left
-  // open unused). A sandbox killed meanwhile gets none.
-  std::shared_ptr<AgentChannel> kept;
+  if (!ch.ok()) {
+    end.result = ch.status().Wrap("sandbox " + id);
+    co_return end.result;
+  }
+  // A sandbox killed meanwhile gets none (its kill closed the channels it knew of).
+  bool alive;
   {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = channels_.find(id);
-    if (!boxes_.count(id)) {
-      kept = nullptr;
-    } else if (it != channels_.end() && !it->second->closed()) {
-      kept = it->second;
-    } else {
-      kept = channels_[id] = *ch;
-    }
+    alive = boxes_.count(id) > 0;
+    if (alive) channels_[id] = *ch;
   }
-  if (kept != *ch) (*ch)->Close();
-  if (!kept) co_return Status::Error("sandbox " + id + " is gone", ENOENT);
-  co_return kept;
+  if (!alive) {
+    (*ch)->Close();
+    end.result = Status::Error("sandbox " + id + " is gone", ENOENT);
+  } else {
+    end.result = *ch;
+  }
+  co_return end.result;
 }
 
 void Manager::MarkAgentExited(SandboxRecord rec, const std::string& how) {
@@ -603,6 +895,7 @@ void Manager::MarkAgentExited(SandboxRecord rec, const std::string& how) {
 }
 
 void Manager::ExpireDue() {
+  RetryUnwritten();
   auto live = store_.ListLiveSandboxes();
   if (!live.ok()) {
     spdlog::error("ttl: {}", live.status().message());
@@ -617,10 +910,16 @@ void Manager::ExpireDue() {
   } else {
     spdlog::error("ttl: {}", keys.status().message());
   }
-  int64_t now = NowMs();
-  for (auto& rec : *live) {
+  for (const auto& listed : *live) {
     // A sandbox still being created is left to its create; the next scan sees it running.
-    if (rec.state != store::kStateCreating && revoked.count(rec.owner_key_id)) {
+    if (listed.state == store::kStateCreating) continue;
+    // Decided on the record as it is under the sandbox's lock, not as listed: a pause, resume,
+    // timeout or kill may have happened since.
+    Transition t(*this, listed.id, "ttl");
+    auto cur = LiveRecord(listed.id);
+    if (!cur.ok() || cur->state == store::kStateCreating) continue;
+    SandboxRecord& rec = *cur;
+    if (revoked.count(rec.owner_key_id)) {
       Status s = KillLocked(rec, "key_revoked");
       if (!s.ok())
         spdlog::error("revoked key {}: sandbox {}: {}", rec.owner_key_id, rec.id, s.message());
@@ -630,20 +929,17 @@ void Manager::ExpireDue() {
     }
     // A box whose agent died (killed from the host, crashed) is of no use: it fails, and what it
     // held is freed now rather than at its timeout.
-    if (rec.state != store::kStateCreating) {
-      if (auto box = BoxOf(rec.id); box.ok()) {
-        if (auto exit = runtime_.AgentExit(*box)) {
-          MarkAgentExited(rec, *exit);
-          continue;
-        }
+    if (auto box = BoxOf(rec.id); box.ok()) {
+      if (auto exit = runtime_.AgentExit(*box)) {
+        MarkAgentExited(rec, *exit);
+        continue;
       }
     }
+    int64_t now = clock_.NowMs();
     if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
-    store::ApiKeyRecord owner;
-    owner.id = rec.owner_key_id;
     Status s;
     if (rec.on_timeout == store::kOnTimeoutPause) {
-      s = Pause(owner, rec.id);
+      s = PauseLocked(rec, rec.owner_key_id);
       Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
     } else {
       s = KillLocked(rec, "timeout");
@@ -658,23 +954,12 @@ void Manager::ExpireDue() {
 
 void Manager::StartTtlLoop(std::chrono::milliseconds period) {
   ttl_thread_ = std::thread([this, period] {
-    std::unique_lock<std::mutex> lock(ttl_mu_);
-    while (!stopping_) {
-      ttl_cv_.wait_for(lock, period, [this] { return stopping_; });
-      if (stopping_) break;
-      lock.unlock();
-      ExpireDue();
-      lock.lock();
-    }
+    while (!ttl_waiter_->WaitUntil(clock_.Steady() + period)) ExpireDue();
   });
 }
 
 void Manager::Stop() {
-  {
-    std::lock_guard<std::mutex> g(ttl_mu_);
-    stopping_ = true;
-  }
-  ttl_cv_.notify_all();
+  ttl_waiter_->Wake();
   if (ttl_thread_.joinable()) ttl_thread_.join();
 }
 

@@ -5,6 +5,21 @@
 //
 // Thread-safe. Create, Kill and the other lifecycle calls block for the time the runtime needs
 // (milliseconds): call them off the I/O threads (see api/v1 for how).
+//
+// Transitions are atomic per sandbox: every call that changes a sandbox (create, kill, pause,
+// resume, timeout, connect, the TTL scan's kill or pause, a dead agent's failure) holds that
+// sandbox's lock from reading its record to writing it back, host action included, so two of them
+// never interleave (a pause racing a TTL kill, a kill during create). The host action and the
+// record write are ordered so that a failure of either leaves them consistent (docs/api.md,
+// "States"):
+// - kill: destroy, then write `killed`; a write that fails is retried once, then kept in memory
+//   (calls see the ended record) and retried by every TTL scan; after a crash the reconciler
+//   finds the live record without a box and marks it failed. Never left `running`.
+// - pause/resume: freeze (thaw), then write; a failed write is undone (thaw, freeze again) and
+//   the call fails with the write's errno (ENOSPC on a full disk: the facades' 507). If the undo
+//   fails too, the box is destroyed and recorded failed, as for kill.
+// - create: the `creating` record is inserted (with the quota check, one transaction) before the
+//   box is made; a box whose `running` record cannot be written is destroyed and recorded failed.
 #pragma once
 
 // Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
@@ -15,7 +30,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
-#include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
@@ -50,6 +66,21 @@ struct ManagerConfig {
   // CPUs), read when the manager is made.
   int64_t max_memory_bytes = 0;
   double max_cpus = 0;
+  // Where time comes from: record times, expiry, the creation-rate buckets and the TTL loop's
+  // period. Null: the system clock. Must outlive the manager.
+  Clock* clock = nullptr;
+  // For tests: called when a call (`op`: "kill", "pause", "ttl"...) on sandbox `id` finds another
+  // transition of it in progress, just before it waits for that one to finish.
+  std::function<void(const std::string& id, const char* op)> on_transition_wait;
+  // For tests: called by Create for sandbox `id` after the early quota count and before the
+  // insert that decides (see Create).
+  std::function<void(const std::string& id)> on_create_insert;
+};
+
+// What Manager::Connect did.
+struct Connected {
+  store::SandboxRecord record;  // as it is now
+  bool resumed = false;         // it was paused and is running again
 };
 
 struct CreateRequest {
@@ -117,14 +148,21 @@ class Manager {
   // Sets the timeout to `timeout_ms` from now (resets the TTL).
   Result<store::SandboxRecord> SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
                                           int64_t timeout_ms);
+  // E2B's connect, as one transition: a paused sandbox is resumed with a timeout of
+  // `timeout_ms` from now; a running one's timeout is set to `timeout_ms` from now only if that
+  // is later than its current expiry (connect never shortens a sandbox's life). EINVAL for a
+  // timeout out of range, ENOENT for an ended sandbox; one being created is waited for. Blocking.
+  Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
+                            int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
   // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
   // reach a port on its loopback. EBUSY when the sandbox is paused.
   Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);
 
   // The agent connection of a running sandbox (EBUSY when paused), shared by every caller and
-  // re-established after the agent connection drops. A new connection runs on the calling
-  // coroutine's executor.
+  // re-established after the agent connection drops. Single-flight: while one caller connects,
+  // the others wait for its result, so a sandbox never has more than one connection from the
+  // daemon. A new connection runs on the executor of the caller that made it.
   boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Channel(
       const store::ApiKeyRecord& key, const std::string& id);
 
@@ -135,9 +173,11 @@ class Manager {
 
   // Kills or pauses every sandbox whose timeout has passed, and kills every live sandbox whose
   // owner key has been revoked (`sbx key revoke` writes the store directly, from another
-  // process: this scan is how the daemon learns of it). Called by the TTL loop; public for tests.
+  // process: this scan is how the daemon learns of it). Also retries the record writes that
+  // failed after a box was destroyed. Called by the TTL loop; public for tests.
   void ExpireDue();
-  // Starts the TTL thread, which calls ExpireDue every `period` until Stop().
+  // Starts the TTL thread, which calls ExpireDue every `period` (of the config's clock) until
+  // Stop().
   void StartTtlLoop(std::chrono::milliseconds period = std::chrono::milliseconds(500));
   void Stop();
 
@@ -150,11 +190,46 @@ class Manager {
   enum class Access { kInspect, kKill, kUse };
   Result<store::SandboxRecord> Owned(const store::ApiKeyRecord& key, const std::string& id,
                                      Access access);
+  // The record of `id` as the manager knows it: an ended record whose write is still pending
+  // (unwritten_) wins over the store's.
+  Result<std::optional<store::SandboxRecord>> Record(const std::string& id);
+
+  // Holds the per-sandbox lock of one id for one transition (see the top of this file). Lock
+  // order: a Transition, then mu_, then the store's own lock; never two Transitions at once.
+  struct TransitionEntry;
+  class Transition {
+   public:
+    Transition(Manager& m, const std::string& id, const char* op);
+    ~Transition();
+    Transition(const Transition&) = delete;
+    Transition& operator=(const Transition&) = delete;
+
+   private:
+    Manager& m_;
+    std::string id_;
+    TransitionEntry* entry_;
+  };
+  // Under the sandbox's Transition: the record as it is now, if it is still live (ENOENT "is
+  // killed" otherwise, with the state).
+  Result<store::SandboxRecord> LiveRecord(const std::string& id);
+  // Writes a record that ends a sandbox whose box is gone; see the top of this file for what a
+  // failed write does. Under the sandbox's Transition.
+  void WriteEnded(const store::SandboxRecord& rec);
+  // Writes the ended records kept by WriteEnded; those written are forgotten.
+  void RetryUnwritten();
   // Destroys the box of `rec` and records it ended, in `end_state` (killed, or failed for a box
-  // that lost its agent), in one write; rec.error, if set, is kept.
+  // that lost its agent), in one write; rec.error, if set, is kept. Under the sandbox's
+  // Transition.
   Status KillLocked(store::SandboxRecord rec, const std::string& reason,
                     nlohmann::json detail = nlohmann::json::object(),
                     const char* end_state = store::kStateKilled);
+  // Freeze and thaw with their record writes (undone when the write fails). Under the sandbox's
+  // Transition; `rec` is its live record, updated on success.
+  Status PauseLocked(store::SandboxRecord& rec, const std::string& key_id);
+  Status ResumeLocked(store::SandboxRecord& rec, const std::string& key_id);
+  // The record write of a pause or resume failed (`why`) and could not be undone (`undo`): the
+  // box and its record would disagree, so the box is destroyed and the record fails.
+  Status FailUnrecordable(store::SandboxRecord rec, const Status& why, const Status& undo);
   // The limits checks of Create that depend on the host (memory, cpus, disk space).
   Status CheckHostLimits(const store::SandboxLimits& l);
   // The box of `rec` lost its agent (`how`): its resources are freed and the record fails.
@@ -162,17 +237,24 @@ class Manager {
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
 
-  ManagerConfig config_;  // max_memory_bytes and max_cpus filled in by the constructor
+  ManagerConfig config_;  // max_memory_bytes, max_cpus and clock filled in by the constructor
+  Clock& clock_;
   runtime::Runtime& runtime_;
   const storage::TemplateStore templates_;
   store::Store& store_;
 
   std::mutex mu_;
-  std::map<std::string, runtime::Box> boxes_;                      // guarded by mu_
-  std::map<std::string, std::shared_ptr<AgentChannel>> channels_;  // guarded by mu_
+  std::map<std::string, std::unique_ptr<TransitionEntry>> transitions_;  // guarded by mu_
+  std::map<std::string, runtime::Box> boxes_;                            // guarded by mu_
+  std::map<std::string, std::shared_ptr<AgentChannel>> channels_;        // guarded by mu_
+  // A connect in flight per sandbox (Channel's single flight); guarded by mu_.
+  struct Connecting;
+  std::map<std::string, std::shared_ptr<Connecting>> connecting_;
+  // Ended records whose write failed after their box was destroyed, by id; guarded by mu_.
+  std::map<std::string, store::SandboxRecord> unwritten_;
   struct Bucket {
     double tokens = 0;
-    std::chrono::steady_clock::time_point last;
+    Clock::SteadyTime last;
   };
   std::map<std::string, Bucket> buckets_;  // guarded by mu_
   std::set<std::string> creating_keys_;    // idempotency keys in flight; guarded by mu_
@@ -180,9 +262,7 @@ class Manager {
   int64_t disk_in_flight_ = 0;  // disk limits of creates between the space check and the box
                                 // existing (its image then shows in statvfs); guarded by mu_
   ManagerCounters counters_;    // guarded by mu_
-  std::mutex ttl_mu_;
-  std::condition_variable ttl_cv_;
-  bool stopping_ = false;  // guarded by ttl_mu_
+  std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };
 

@@ -241,12 +241,6 @@ bool IsLiveState(std::string_view state) {
   return state == kStateCreating || state == kStateRunning || state == kStatePaused;
 }
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string Sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -258,7 +252,7 @@ std::string Sha256Hex(std::string_view data) {
 
 // ---- Store ----
 
-Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path, Clock& clock) {
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     SBX_RETURN_IF_ERROR(MakeDirs(path.substr(0, slash), 0711).Wrap("open store " + path));
@@ -267,7 +261,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   if (!db.ok()) return db.status();
   Result<int> version = Migrate(**db);
   if (!version.ok()) return version.status();
-  return std::unique_ptr<Store>(new Store(std::move(*db), path, *version));
+  return std::unique_ptr<Store>(new Store(std::move(*db), path, *version, clock));
 }
 
 Status Store::CheckIntegrity() {
@@ -278,9 +272,10 @@ Status Store::CheckIntegrity() {
   return Status();
 }
 
-Store::Store(std::unique_ptr<Db> db, std::string path, int version)
+Store::Store(std::unique_ptr<Db> db, std::string path, int version, Clock& clock)
     : path_(std::move(path)),
       schema_version_(version),
+      clock_(&clock),
       db_(std::move(db)),
       audit_queue_(std::make_unique<AuditQueue>(*this)) {}
 
@@ -344,7 +339,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
                  {"cpu_weight", r.limits.cpu_weight},
                  {"pids", r.limits.pids},
                  {"disk_bytes", r.limits.disk_bytes}};
-  int64_t now = NowMs();
+  int64_t now = clock_->NowMs();
 
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
@@ -383,6 +378,27 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   return st->Run().Wrap(what);
 }
 
+Status Store::InsertSandbox(const SandboxRecord& r, int64_t max_live) {
+  std::string what = "insert sandbox " + r.id;
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<SandboxRecord>> existing = GetSandboxLocked(r.id);
+  if (!existing.ok()) return existing.status();
+  if (existing->has_value()) return Status::Error(what + ": the id is taken", EEXIST);
+  if (max_live > 0) {
+    Result<int64_t> live =
+        CountSandboxesLocked(r.owner_key_id, {kStateCreating, kStateRunning, kStatePaused});
+    if (!live.ok()) return live.status().Wrap(what);
+    if (*live >= max_live)
+      return Status::Error(what + ": key " + r.owner_key_id + " has " + std::to_string(*live) +
+                               " live sandboxes, its quota is " + std::to_string(max_live),
+                           EDQUOT);
+  }
+  SBX_RETURN_IF_ERROR(PutSandboxLocked(r));
+  return tx->Commit().Wrap(what);
+}
+
 Result<std::optional<SandboxRecord>> Store::GetSandbox(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   return GetSandboxLocked(id);
@@ -413,7 +429,7 @@ Result<SandboxRecord> Store::UpdateSandbox(const std::string& id,
   SandboxRecord r = std::move(**current);
   SBX_RETURN_IF_ERROR(change(r));
   if (r.id != id) return Invalid(what + ": the id of a sandbox cannot change");
-  r.updated_at = NowMs();
+  r.updated_at = clock_->NowMs();
   SBX_RETURN_IF_ERROR(PutSandboxLocked(r));
   SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
   return r;
@@ -498,10 +514,15 @@ Status Store::DeleteSandbox(const std::string& id) {
 
 Result<int64_t> Store::CountSandboxes(const std::string& owner_key_id,
                                       const std::vector<std::string>& states) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CountSandboxesLocked(owner_key_id, states);
+}
+
+Result<int64_t> Store::CountSandboxesLocked(const std::string& owner_key_id,
+                                            const std::vector<std::string>& states) {
   std::string sql = "SELECT count(*) FROM sandboxes WHERE 1";
   if (!owner_key_id.empty()) sql += " AND owner_key_id = ?";
   if (!states.empty()) AppendIn(&sql, "state", states.size());
-  std::lock_guard<std::mutex> lock(mu_);
   Result<Statement> st = db_->Prepare(sql);
   if (!st.ok()) return st.status().Wrap("count sandboxes");
   int i = 1;
@@ -526,7 +547,7 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   k.record.name = name;
   k.record.hash = Sha256Hex(k.secret);
   k.record.prefix = k.secret.substr(0, 8);
-  k.record.created_at = NowMs();
+  k.record.created_at = clock_->NowMs();
   k.record.max_sandboxes = max_sandboxes;
   k.record.creates_per_second = creates_per_second;
   k.record.is_operator = is_operator;
@@ -602,7 +623,7 @@ Status Store::RevokeApiKey(const std::string& id) {
       "UPDATE api_keys SET revoked_at = CASE WHEN revoked_at = 0 THEN ?2 ELSE revoked_at END"
       " WHERE id = ?1");
   if (!st.ok()) return st.status().Wrap(what);
-  st->BindText(1, id).BindInt(2, NowMs());
+  st->BindText(1, id).BindInt(2, clock_->NowMs());
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   if (db_->changes() == 0) return Status::Error(what + ": no such key", ENOENT);
   return Status();
@@ -624,7 +645,7 @@ Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
       "INSERT INTO audit_events (time, sandbox_id, key_id, type, detail)"
       " VALUES (?1, ?2, ?3, ?4, ?5)");
   if (!st.ok()) return st.status().Wrap("append audit event");
-  st->BindInt(1, e.time != 0 ? e.time : NowMs())
+  st->BindInt(1, e.time != 0 ? e.time : clock_->NowMs())
       .BindText(2, e.sandbox_id)
       .BindText(3, e.key_id)
       .BindText(4, e.type)
@@ -696,7 +717,7 @@ Result<std::optional<IdempotencyRecord>> Store::GetIdempotency(const std::string
                                       " FROM idempotency_keys"
                                       " WHERE key_id = ?1 AND idem_key = ?2 AND created_at >= ?3");
   if (!st.ok()) return st.status().Wrap("get idempotency key");
-  st->BindText(1, key_id).BindText(2, key).BindInt(3, NowMs() - kIdempotencyTtlMs);
+  st->BindText(1, key_id).BindText(2, key).BindInt(3, clock_->NowMs() - kIdempotencyTtlMs);
   Result<bool> row = st->Step();
   if (!row.ok()) return row.status().Wrap("get idempotency key");
   if (!*row) return std::optional<IdempotencyRecord>();
@@ -712,7 +733,7 @@ Result<std::optional<IdempotencyRecord>> Store::GetIdempotency(const std::string
 Status Store::PutIdempotency(const IdempotencyRecord& r) {
   if (r.key.empty()) return Invalid("put idempotency key: empty key");
   std::string what = "put idempotency key '" + r.key + "' of " + r.key_id;
-  int64_t now = NowMs();
+  int64_t now = clock_->NowMs();
   std::lock_guard<std::mutex> lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
@@ -796,11 +817,11 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
 
 namespace {
 // Binds ?1..?8 of an INSERT INTO templates (kTemplateColumns) to `t`.
-void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers) {
+void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers, int64_t now) {
   st.BindText(1, t.name)
       .BindText(2, t.source)
       .BindText(3, layers)
-      .BindInt(4, t.created_at != 0 ? t.created_at : NowMs())
+      .BindInt(4, t.created_at != 0 ? t.created_at : now)
       .BindText(5, t.kind)
       .BindText(6, t.alias_of)
       .BindInt(7, t.size_bytes)
@@ -819,7 +840,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
   if (!st.ok()) return st.status().Wrap(what);
-  BindTemplate(*st, t, *layers);
+  BindTemplate(*st, t, *layers, clock_->NowMs());
   Status s = st->Run();
   if (s.err() == EEXIST) return Status::Error(what + ": a template of that name exists", EEXIST);
   SBX_RETURN_IF_ERROR(s.Wrap(what));
@@ -841,7 +862,7 @@ Status Store::PutTemplate(const TemplateRecord& t) {
       " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
       " last_used_at = excluded.last_used_at");
   if (!st.ok()) return st.status().Wrap(what);
-  BindTemplate(*st, t, *layers);
+  BindTemplate(*st, t, *layers, clock_->NowMs());
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   return tx->Commit().Wrap(what);
 }
@@ -901,7 +922,7 @@ Result<std::optional<TemplateRecord>> Store::UseTemplate(const std::string& name
     if (!*t || (*t)->kind == kTemplateAlias)
       return Status::Error(what + ": its alias target is missing or an alias", EUCLEAN);
   }
-  int64_t now = NowMs();
+  int64_t now = clock_->NowMs();
   Result<Statement> touch =
       db_->Prepare("UPDATE templates SET last_used_at = ?1 WHERE name IN (?2, ?3)");
   if (!touch.ok()) return touch.status().Wrap(what);
@@ -932,7 +953,7 @@ Status Store::PutLayer(const LayerRecord& l) {
   std::string what = "put layer " + l.id;
   if (l.id.empty()) return Invalid("put layer: empty id");
   if (l.size_bytes < 0) return Invalid(what + ": negative size");
-  int64_t created = l.created_at != 0 ? l.created_at : NowMs();
+  int64_t created = l.created_at != 0 ? l.created_at : clock_->NowMs();
   std::lock_guard<std::mutex> lock(mu_);
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO template_layers (") + kLayerColumns +
@@ -1070,7 +1091,7 @@ Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
   Result<Statement> put =
       db_->Prepare("INSERT INTO id_ranges (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
   if (!put.ok()) return put.status().Wrap(what);
-  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, NowMs());
+  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, clock_->NowMs());
   SBX_RETURN_IF_ERROR(put->Run().Wrap(what));
   SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
   return slot;

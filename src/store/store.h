@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "store/db.h"
 
@@ -184,7 +185,9 @@ class Store {
   // Opens the store at `path` (normally <data dir>/sbx.db), creating the file (0600) and any
   // missing parent directory (0711) and applying pending migrations. Fails with ENOTSUP if the
   // file was written by a newer sbx.
-  static Result<std::unique_ptr<Store>> Open(const std::string& path);
+  // Times it stamps (created_at, updated_at, audit times, idempotency expiry) come from `clock`,
+  // which must outlive the store.
+  static Result<std::unique_ptr<Store>> Open(const std::string& path, Clock& clock = SystemClock());
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
   ~Store();  // writes what the audit queue still holds, if it can
@@ -213,6 +216,10 @@ class Store {
   // Inserts `r` or replaces the record with the same id. EINVAL for an unknown state or
   // on_timeout, an empty id, or strings that are not valid UTF-8 in metadata/env.
   Status PutSandbox(const SandboxRecord& r);
+  // Inserts a new record (EEXIST if the id is taken) in one transaction with a quota check: when
+  // `max_live` > 0 and r.owner_key_id already has that many live sandboxes, nothing is written
+  // and the answer is EDQUOT. Concurrent creates at the quota therefore never exceed it.
+  Status InsertSandbox(const SandboxRecord& r, int64_t max_live = 0);
   Result<std::optional<SandboxRecord>> GetSandbox(const std::string& id);
   // Reads, changes and writes back one record atomically: `change` runs under the store's lock
   // with the current record (it must not call the Store). If it returns an error nothing is
@@ -310,21 +317,25 @@ class Store {
   Result<std::vector<IdSlot>> ListIdSlots();  // by slot
 
  private:
-  Store(std::unique_ptr<Db> db, std::string path, int version);
+  Store(std::unique_ptr<Db> db, std::string path, int version, Clock& clock);
 
   Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id);
   Status PutSandboxLocked(const SandboxRecord& r);
+  Result<int64_t> CountSandboxesLocked(const std::string& owner_key_id,
+                                       const std::vector<std::string>& states);
 
   const std::string path_;
   const int schema_version_;
+  Clock* const clock_;
   std::mutex mu_;
   std::unique_ptr<Db> db_;  // guarded by mu_
   // Declared after db_: destroyed (and flushed) while the database is still open.
   std::unique_ptr<AuditQueue> audit_queue_;
 };
 
-// Milliseconds since the Unix epoch, from the system clock.
-int64_t NowMs();
+// Milliseconds since the Unix epoch, from the system clock: common/clock.h's, named here too for
+// the callers that have always found it in the store.
+using ::sbx::NowMs;
 // SHA-256 of `data` as lowercase hex (used for key secrets; callers may use it for request
 // hashes of idempotent creates).
 std::string Sha256Hex(std::string_view data);

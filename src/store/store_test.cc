@@ -98,6 +98,49 @@ TEST_F(StoreTest, OpenCreatesPrivateWalDatabase) {
   EXPECT_TRUE(store->CheckIntegrity().ok());
 }
 
+// The quota is counted in the insert's own transaction, across connections (as two processes
+// would hold them): the one over it gets EDQUOT and writes nothing.
+TEST_F(StoreTest, InsertSandboxChecksTheQuotaInItsTransaction) {
+  auto a = OpenStore();
+  auto b = OpenStore();
+  ASSERT_TRUE(a && b);
+  auto live = [](const std::string& id, const std::string& state) {
+    SandboxRecord r = Sandbox(id, 0, state);
+    r.owner_key_id = "key_q";
+    return r;
+  };
+  ASSERT_TRUE(a->InsertSandbox(live("s1", kStateCreating), 2).ok());
+  EXPECT_EQ(a->InsertSandbox(live("s1", kStateCreating), 2).err(), EEXIST);
+  ASSERT_TRUE(b->InsertSandbox(live("s2", kStatePaused), 2).ok());
+  Status over = a->InsertSandbox(live("s3", kStateCreating), 2);
+  EXPECT_EQ(over.err(), EDQUOT) << over.message();
+  EXPECT_FALSE(*b->GetSandbox("s3"));
+  // Ended sandboxes and other keys do not count; 0 is no quota.
+  ASSERT_TRUE(a->PutSandbox(live("s2", kStateKilled)).ok());
+  EXPECT_TRUE(b->InsertSandbox(live("s3", kStateCreating), 2).ok());
+  SandboxRecord other = Sandbox("o1", 0, kStateCreating);
+  other.owner_key_id = "key_other";
+  EXPECT_TRUE(a->InsertSandbox(other, 1).ok());
+  EXPECT_TRUE(a->InsertSandbox(live("s4", kStateCreating), 0).ok());
+}
+
+// Times the store stamps come from its clock.
+TEST_F(StoreTest, TimesComeFromTheStoresClock) {
+  FakeClock clock(1234567);
+  auto s = Store::Open(path_, clock);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_TRUE((*s)->PutSandbox(Sandbox("t1")).ok());
+  EXPECT_EQ((**(*s)->GetSandbox("t1")).created_at, 1234567);
+  clock.Advance(std::chrono::milliseconds(5));
+  auto updated = (*s)->UpdateSandbox("t1", [](SandboxRecord&) { return Status(); });
+  ASSERT_TRUE(updated.ok());
+  EXPECT_EQ(updated->updated_at, 1234572);
+  AuditEvent e;
+  e.type = "x";
+  ASSERT_TRUE((*s)->AppendAudit(e).ok());
+  EXPECT_EQ((*s)->QueryAudit({})->at(0).time, 1234572);
+}
+
 TEST_F(StoreTest, OpenTightensLooseModes) {
   ASSERT_TRUE(MakeDirs(dir_ + "/data").ok());
   ASSERT_TRUE(WriteFile(path_, "", 0644).ok());

@@ -301,12 +301,10 @@ TEST_F(FullDiskTest, AFullDiskIsReportedNothingIsHalfMadeAndNoAuditEventIsLost) 
 }
 
 // What kill and pause leave on a full disk: the record and the host must agree whatever the
-// answer was. Today a kill destroys the box and then fails to record it (a `running` record
-// with no box), and a pause freezes the box and then fails to record it (a `running` record
-// whose commands hang). DISABLED_ until the manager's atomic lifecycle work (issue 10, deliver
-// 2: a failed store write after the host action is retried or refused before acting) is merged;
-// the lead enables it then.
-TEST_F(FullDiskTest, DISABLED_KillAndPauseOnAFullDiskLeaveRecordsThatMatchTheHost) {
+// answer was. Before the manager ordered host actions and record writes (see manager.h), a kill
+// destroyed the box and then failed to record it (a `running` record with no box), and a pause
+// froze the box and then failed to record it (a `running` record whose commands hung).
+TEST_F(FullDiskTest, KillAndPauseOnAFullDiskLeaveRecordsThatMatchTheHost) {
   std::string killed = Create();
   std::string paused = Create();
   ASSERT_FALSE(killed.empty());

@@ -378,16 +378,16 @@ TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", json{{"public_ports", "yes"}}.dump()).status, 400);
 }
 
-TEST_F(ServeTest, TimeoutKillsAndSettingItResets) {
+// The daemon runs its TTL loop. What the TTL does (kill, pause, a reset timeout) is proved on a
+// fake clock in src/sandbox/manager_test.cc; here only that it fires, waited for as an event.
+TEST_F(ServeTest, TheTtlLoopRunsInTheDaemon) {
   std::string id = Create({{"timeout", 1}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "killed");
-  std::string p = Create({{"timeout", 1}, {"on_timeout", "pause"}});
-  std::string keep = Create({{"timeout", 1}});
-  d_->Json("POST", "/v1/sandboxes/" + keep + "/timeout", {{"timeout", 60}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + p)["state"], "paused");
-  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + keep)["state"], "running");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string state;
+  while ((state = d_->Json("GET", "/v1/sandboxes/" + id)["state"]) == "running" &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a state change
+  EXPECT_EQ(state, "killed");
 }
 
 TEST_F(ServeTest, ClientGoneMidStreamLeavesTheProcessRunning) {

@@ -233,21 +233,12 @@ awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
   std::string id = ex.Param("id");
   auto rec = LiveSandbox(ctx, key, id);
   if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-  int64_t timeout_ms = *timeout * 1000;
-  int status = 200;
-  if (rec->state == store::kStatePaused) {
-    auto set = ctx.manager.SetTimeout(key, id, timeout_ms);
-    if (!set.ok()) co_return co_await Fail(ex, set.status());
-    Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Resume(key, id); });
-    if (!s.ok()) co_return co_await Fail(ex, s);
-    status = 201;
-  } else if (rec->expires_at < store::NowMs() + timeout_ms) {
-    auto set = ctx.manager.SetTimeout(key, id, timeout_ms);
-    if (!set.ok()) co_return co_await Fail(ex, set.status());
-  }
-  auto now = ctx.manager.Get(key, id);
-  if (!now.ok()) co_return co_await Fail(ex, now.status());
-  co_await ex.RespondJson(status, SandboxJson(ctx, key, *now));
+  // One manager transition: a kill, pause or TTL scan cannot slip between the resume and the
+  // timeout, nor between reading the expiry and extending it.
+  auto done =
+      co_await OnPool(ctx.blocking, [&] { return ctx.manager.Connect(key, id, *timeout * 1000); });
+  if (!done.ok()) co_return co_await Fail(ex, done.status());
+  co_await ex.RespondJson(done->resumed ? 201 : 200, SandboxJson(ctx, key, done->record));
 }
 
 awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key, bool v2) {

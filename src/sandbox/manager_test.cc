@@ -1,0 +1,642 @@
+// Manager against an in-memory Runtime (FakeRuntime below) and a FakeClock, with a real SQLite
+// store. Every interleaving is forced with gates (a runtime call that blocks until the test lets
+// it go) and the manager's on_transition_wait hook (a call that found the sandbox busy), so the
+// tests never sleep and never depend on the machine's speed. Issue 10, finding 2 and deliver 6.
+#include "sandbox/manager.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "common/fs.h"
+#include "protocol/wire.h"
+
+namespace sbx::sandbox {
+namespace {
+
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+// A one-shot rendezvous: the runtime call that reaches it reports it was entered and waits until
+// the test opens it.
+class Gate {
+ public:
+  void Pass(const std::string& id) {
+    std::unique_lock<std::mutex> l(mu_);
+    id_ = id;
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return open_; });
+  }
+  // The id of the box whose call entered (bounded wait: a broken manager fails, not hangs).
+  std::string AwaitEntered() {
+    std::unique_lock<std::mutex> l(mu_);
+    EXPECT_TRUE(cv_.wait_for(l, 30s, [&] { return entered_; })) << "gate never reached";
+    return id_;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> g(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false, open_ = false;
+  std::string id_;
+};
+
+// A latch for the manager's on_transition_wait hook: who waited, for which sandbox.
+class Waited {
+ public:
+  void Note(const std::string& id, const char* op) {
+    std::lock_guard<std::mutex> g(mu_);
+    seen_.push_back(id + " " + op);
+    cv_.notify_all();
+  }
+  void Await(const std::string& what) {
+    std::unique_lock<std::mutex> l(mu_);
+    EXPECT_TRUE(cv_.wait_for(
+        l, 30s, [&] { return std::find(seen_.begin(), seen_.end(), what) != seen_.end(); }))
+        << "nobody waited: " << what;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> seen_;
+};
+
+// In-memory boxes. Gates, when set, stop the next call of their kind; fail_* make calls fail.
+class FakeRuntime : public runtime::Runtime {
+ public:
+  struct FakeBox {
+    bool frozen = false;
+    std::optional<std::string> exited;
+  };
+
+  std::string agent_socket = "/nonexistent";
+  std::shared_ptr<Gate> create_gate, freeze_gate, destroy_gate;
+  // Called on every Create before the box exists (after create_gate).
+  std::function<void(const std::string&)> on_create;
+  Status fail_thaw;
+
+  Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
+    if (auto g = Take(create_gate)) g->Pass(spec.id);
+    if (on_create) on_create(spec.id);
+    std::lock_guard<std::mutex> l(mu_);
+    boxes_[spec.id] = FakeBox{};
+    runtime::Box b;
+    b.id = spec.id;
+    b.init_pid = 4242;
+    b.agent_socket = agent_socket;
+    b.dir = "/fake/" + spec.id;
+    return b;
+  }
+  Status Freeze(const runtime::Box& box) override {
+    if (auto g = Take(freeze_gate)) g->Pass(box.id);
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = boxes_.find(box.id);
+    if (it == boxes_.end()) return Status::Error("freeze " + box.id + ": no box", ESRCH);
+    it->second.frozen = true;
+    return {};
+  }
+  Status Thaw(const runtime::Box& box) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!fail_thaw.ok()) return fail_thaw;
+    auto it = boxes_.find(box.id);
+    if (it == boxes_.end()) return Status::Error("thaw " + box.id + ": no box", ESRCH);
+    it->second.frozen = false;
+    return {};
+  }
+  Result<runtime::BoxStats> Stats(const runtime::Box&) override { return runtime::BoxStats{}; }
+  Result<UniqueFd> OpenSocket(const runtime::Box& box, int, int) override {
+    return Status::Error("socket " + box.id + ": not in the fake", ENOTSUP);
+  }
+  std::optional<std::string> AgentExit(const runtime::Box& box) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = boxes_.find(box.id);
+    return it == boxes_.end() ? std::nullopt : it->second.exited;
+  }
+  Status Destroy(const runtime::Box& box) override {
+    if (auto g = Take(destroy_gate)) g->Pass(box.id);
+    std::lock_guard<std::mutex> l(mu_);
+    boxes_.erase(box.id);
+    return {};
+  }
+  Result<int> ReapOrphans(const std::string&) override { return 0; }
+  Result<runtime::Box> Adopt(const std::string& id) override {
+    return Status::Error("adopt " + id + ": not in the fake", ESRCH);
+  }
+  Result<std::vector<std::string>> ListBoxes() override {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::string> ids;
+    for (const auto& [id, b] : boxes_) ids.push_back(id);
+    return ids;
+  }
+
+  std::optional<FakeBox> Box(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = boxes_.find(id);
+    if (it == boxes_.end()) return std::nullopt;
+    return it->second;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu_);
+    return boxes_.size();
+  }
+
+ private:
+  std::shared_ptr<Gate> Take(std::shared_ptr<Gate>& g) {
+    std::lock_guard<std::mutex> l(mu_);
+    return std::exchange(g, nullptr);
+  }
+  std::mutex mu_;
+  std::map<std::string, FakeBox> boxes_;
+};
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-manager-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    OpenStore(dir_ + "/sbx.db");
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+    if (!mount_.empty()) ::umount2(mount_.c_str(), MNT_DETACH);
+    RemoveTree(dir_);
+  }
+
+  void OpenStore(const std::string& path) {
+    manager_.reset();
+    store_.reset();
+    auto st = store::Store::Open(path, clock_);
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    store_ = std::move(*st);
+    auto k = store_->CreateApiKey("tenant", 0, 0);
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    key_ = k->record;
+  }
+
+  Manager& M() {
+    if (!manager_) {
+      ManagerConfig c;
+      c.clock = &clock_;
+      c.max_memory_bytes = int64_t{64} << 30;
+      c.max_cpus = 64;
+      c.on_transition_wait = [this](const std::string& id, const char* op) {
+        waited_.Note(id, op);
+      };
+      storage::TemplateStore ts;
+      ts.dir = dir_ + "/templates";
+      manager_ = std::make_unique<Manager>(c, rt_, ts, *store_);
+    }
+    return *manager_;
+  }
+
+  std::string Create(int64_t timeout_ms = 60000, const std::string& on_timeout = "kill") {
+    CreateRequest r;
+    r.timeout_ms = timeout_ms;
+    r.on_timeout = on_timeout;
+    auto rec = M().Create(key_, r);
+    EXPECT_TRUE(rec.ok()) << rec.status().message();
+    return rec.ok() ? rec->id : "";
+  }
+  // The record as the store has it (not the manager's view).
+  store::SandboxRecord Stored(const std::string& id) {
+    auto r = store_->GetSandbox(id);
+    EXPECT_TRUE(r.ok() && *r);
+    return r.ok() && *r ? **r : store::SandboxRecord{};
+  }
+  std::string State(const std::string& id) {
+    auto r = M().Get(key_, id);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r->state : "";
+  }
+
+  std::string dir_, mount_;
+  FakeClock clock_;
+  FakeRuntime rt_;
+  Waited waited_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<Manager> manager_;
+  store::ApiKeyRecord key_;
+};
+
+// ---- TTL on the fake clock (was ServeTest.TimeoutKillsAndSettingItResets, 2 x 2.5 s asleep) ----
+
+TEST_F(ManagerTest, TimeoutKillsOrPausesAndSettingItResets) {
+  std::string killed = Create(1000);
+  std::string paused = Create(1000, "pause");
+  std::string kept = Create(1000);
+  ASSERT_TRUE(M().SetTimeout(key_, kept, 60000).ok());
+  clock_.Advance(999ms);
+  M().ExpireDue();
+  EXPECT_EQ(State(killed), "running");
+  clock_.Advance(1ms);  // the deadline itself
+  M().ExpireDue();
+  EXPECT_EQ(State(killed), "killed");
+  EXPECT_FALSE(rt_.Box(killed));
+  EXPECT_EQ(State(paused), "paused");
+  EXPECT_TRUE(rt_.Box(paused)->frozen);
+  EXPECT_EQ(Stored(paused).expires_at, 0);  // a paused sandbox has no deadline
+  EXPECT_EQ(State(kept), "running");
+  EXPECT_EQ(Stored(kept).expires_at, clock_.NowMs() - 1000 + 60000);
+  // Resuming restarts the full timeout from now.
+  ASSERT_TRUE(M().Resume(key_, paused).ok());
+  EXPECT_EQ(Stored(paused).expires_at, clock_.NowMs() + 1000);
+  EXPECT_FALSE(rt_.Box(paused)->frozen);
+  // The store stamps times from the same clock.
+  EXPECT_EQ(Stored(killed).ended_at, clock_.NowMs());
+  EXPECT_EQ(Stored(killed).updated_at, clock_.NowMs());
+}
+
+TEST_F(ManagerTest, TheTtlLoopRunsOnTheClock) {
+  std::string id = Create(1000);
+  uint64_t waits = clock_.waits();
+  M().StartTtlLoop(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 1));  // the loop waits for its first period
+  clock_.Advance(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 2));  // a scan ran, the loop waits again
+  EXPECT_EQ(State(id), "running");
+  clock_.Advance(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 3));
+  EXPECT_EQ(State(id), "killed");
+  M().Stop();  // wakes the waiting loop at once, with no time passing
+}
+
+TEST_F(ManagerTest, ConnectResumesOrExtendsButNeverShortens) {
+  std::string id = Create(10000);
+  // Running: a shorter timeout leaves the expiry alone, a longer one extends it.
+  auto c = M().Connect(key_, id, 5000);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_FALSE(c->resumed);
+  EXPECT_EQ(c->record.expires_at, clock_.NowMs() + 10000);
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 10000);
+  clock_.Advance(8000ms);
+  c = M().Connect(key_, id, 5000);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 5000);
+  // Paused: resumed, with the connect's timeout from now.
+  ASSERT_TRUE(M().Pause(key_, id).ok());
+  clock_.Advance(60000ms);
+  c = M().Connect(key_, id, 3000);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->resumed);
+  EXPECT_EQ(c->record.state, "running");
+  EXPECT_EQ(Stored(id).state, "running");
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 3000);
+  EXPECT_FALSE(rt_.Box(id)->frozen);
+  EXPECT_EQ(M().Connect(key_, id, 0).status().err(), EINVAL);
+  ASSERT_TRUE(M().Kill(key_, id).ok());
+  EXPECT_EQ(M().Connect(key_, id, 3000).status().err(), ENOENT);
+}
+
+// ---- interleavings (finding 2) ----
+
+// A pause whose freeze is in progress when the TTL fires: the scan waits, then sees it paused.
+TEST_F(ManagerTest, PauseRacingTheTtlKillEndsPausedWithItsBox) {
+  std::string id = Create(1000);
+  auto gate = rt_.freeze_gate = std::make_shared<Gate>();
+  auto pause = std::async(std::launch::async, [&] { return M().Pause(key_, id); });
+  gate->AwaitEntered();
+  clock_.Advance(5000ms);
+  auto scan = std::async(std::launch::async, [&] { M().ExpireDue(); });
+  waited_.Await(id + " ttl");
+  gate->Open();
+  EXPECT_TRUE(pause.get().ok());
+  scan.get();
+  EXPECT_EQ(Stored(id).state, "paused");
+  ASSERT_TRUE(rt_.Box(id));  // a paused record always has its box
+  EXPECT_TRUE(rt_.Box(id)->frozen);
+}
+
+// The TTL kill destroying the box when a pause comes: the pause waits, then finds it killed.
+TEST_F(ManagerTest, TtlKillRacingAPauseEndsKilledWithNoBox) {
+  std::string id = Create(1000);
+  clock_.Advance(5000ms);
+  auto gate = rt_.destroy_gate = std::make_shared<Gate>();
+  auto scan = std::async(std::launch::async, [&] { M().ExpireDue(); });
+  gate->AwaitEntered();
+  auto pause = std::async(std::launch::async, [&] { return M().Pause(key_, id); });
+  waited_.Await(id + " pause");
+  gate->Open();
+  scan.get();
+  Status s = pause.get();
+  EXPECT_EQ(s.err(), EBUSY) << s.message();
+  EXPECT_EQ(Stored(id).state, "killed");
+  EXPECT_FALSE(rt_.Box(id));
+}
+
+// A kill arriving while the box is being made waits for it, then kills what creation made: the
+// record never says running over a destroyed box.
+TEST_F(ManagerTest, KillDuringCreateKillsTheMadeBox) {
+  auto gate = rt_.create_gate = std::make_shared<Gate>();
+  auto create = std::async(std::launch::async, [&] { return M().Create(key_, CreateRequest{}); });
+  std::string id = gate->AwaitEntered();
+  EXPECT_EQ(Stored(id).state, "creating");
+  auto kill = std::async(std::launch::async, [&] { return M().Kill(key_, id); });
+  waited_.Await(id + " kill");
+  gate->Open();
+  auto made = create.get();
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Status killed = kill.get();
+  EXPECT_TRUE(killed.ok()) << killed.message();
+  EXPECT_EQ(Stored(id).state, "killed");
+  EXPECT_FALSE(rt_.Box(id));
+}
+
+// A resume thawing when a kill comes: the kill waits, then destroys the running box.
+TEST_F(ManagerTest, KillRacingAResumeEndsKilled) {
+  std::string id = Create();
+  ASSERT_TRUE(M().Pause(key_, id).ok());
+  auto gate = rt_.destroy_gate = std::make_shared<Gate>();
+  auto kill = std::async(std::launch::async, [&] { return M().Kill(key_, id); });
+  gate->AwaitEntered();
+  auto resume = std::async(std::launch::async, [&] { return M().Resume(key_, id); });
+  waited_.Await(id + " resume");
+  gate->Open();
+  EXPECT_TRUE(kill.get().ok());
+  EXPECT_EQ(resume.get().err(), EBUSY);
+  EXPECT_EQ(Stored(id).state, "killed");
+  EXPECT_FALSE(rt_.Box(id));
+}
+
+// Creates that all passed the early quota count (none of them was inserted yet) are decided by
+// the insert, which counts and inserts in one transaction: at most the quota get through.
+TEST_F(ManagerTest, ConcurrentCreatesAtTheQuotaNeverExceedIt) {
+  constexpr int kQuota = 2, kCreates = 6;
+  auto k = store_->CreateApiKey("quota", kQuota, 0);
+  ASSERT_TRUE(k.ok());
+  store::ApiKeyRecord key = k->record;
+  Create();  // builds the host template once, before the race
+  std::mutex mu;
+  std::condition_variable cv;
+  int counted = 0;  // creates past the early count, waiting to insert
+  manager_.reset();
+  ManagerConfig c;
+  c.clock = &clock_;
+  c.on_create_insert = [&](const std::string&) {
+    std::unique_lock<std::mutex> l(mu);
+    ++counted;
+    cv.notify_all();
+    EXPECT_TRUE(cv.wait_for(l, 30s, [&] { return counted == kCreates; }));
+  };
+  storage::TemplateStore ts;
+  ts.dir = dir_ + "/templates";
+  manager_ = std::make_unique<Manager>(c, rt_, ts, *store_);
+  std::vector<std::future<Result<store::SandboxRecord>>> creates;
+  for (int i = 0; i < kCreates; ++i)
+    creates.push_back(std::async(std::launch::async, [&] { return M().Create(key, {}); }));
+  int ok = 0;
+  for (auto& f : creates) {
+    auto r = f.get();
+    if (r.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(r.status().err(), EAGAIN) << r.status().message();
+    }
+  }
+  EXPECT_EQ(ok, kQuota);
+  EXPECT_EQ(rt_.size(), static_cast<size_t>(kQuota) + 1);
+  auto live = store_->CountSandboxes(key.id, {"creating", "running", "paused"});
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(*live, kQuota);
+  // The refused ones left no pin of a template layer behind.
+  auto orphans = store_->DropOrphanPins();
+  ASSERT_TRUE(orphans.ok());
+  EXPECT_EQ(*orphans, 0);
+}
+
+// A retried create is answered from its idempotency record before any check of the host, which
+// the first create may itself have filled.
+TEST_F(ManagerTest, ARetriedCreateGetsItsSandboxEvenWhenTheHostIsFull) {
+  CreateRequest r;
+  r.idempotency_key = "once";
+  r.request_hash = "h";
+  auto first = M().Create(key_, r);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ManagerConfig full;
+  full.clock = &clock_;
+  full.data_dir = dir_;
+  full.default_limits.disk_bytes = int64_t{1} << 30;
+  full.disk_reserve_bytes = int64_t{1} << 62;  // nothing fits
+  storage::TemplateStore ts;
+  ts.dir = dir_ + "/templates";
+  Manager other(full, rt_, ts, *store_);
+  auto again = other.Create(key_, r);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->id, first->id);
+  r.idempotency_key = "new";
+  EXPECT_EQ(other.Create(key_, r).status().err(), ENOSPC);
+}
+
+// ---- single-flight Channel ----
+
+// A fake agent: counts the connections it accepts and answers each HELLO.
+class FakeAgent {
+ public:
+  explicit FakeAgent(std::string path) : path_(std::move(path)) {
+    lfd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path_.c_str(), sizeof a.sun_path - 1);
+    EXPECT_EQ(::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(lfd_, 64), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeAgent() {
+    ::shutdown(lfd_, SHUT_RDWR);
+    thread_.join();
+    ::close(lfd_);
+    for (int fd : fds_) ::close(fd);
+  }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  void Serve() {
+    for (;;) {
+      int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      ++accepted_;
+      fds_.push_back(fd);
+      char head[protocol::kHeaderSize];
+      protocol::Header h;
+      if (::recv(fd, head, sizeof head, MSG_WAITALL) != static_cast<ssize_t>(sizeof head) ||
+          !protocol::DecodeHeader(head, &h))
+        continue;
+      std::string payload(h.len, '\0');
+      if (h.len > 0) (void)::recv(fd, payload.data(), h.len, MSG_WAITALL);
+      std::string hello =
+          protocol::EncodeFrame(protocol::Type::kHello, h.id,
+                                protocol::Writer()
+                                    .Int(protocol::Tag::kVersion, protocol::kProtocolVersion)
+                                    .Str(protocol::Tag::kAgentVersion, "fake"));
+      (void)!::write(fd, hello.data(), hello.size());
+    }
+  }
+  std::string path_;
+  int lfd_ = -1;
+  std::atomic<int> accepted_{0};
+  std::vector<int> fds_;  // only touched by the serving thread until it is joined
+  std::thread thread_;
+};
+
+// Runs `io` until `done()` (bounded: a broken manager fails the test, not hangs it).
+template <typename Pred>
+void RunUntil(asio::io_context& io, Pred done) {
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  io.restart();
+  while (!done() && std::chrono::steady_clock::now() < deadline) io.run_one_until(deadline);
+}
+
+TEST_F(ManagerTest, ConcurrentChannelCallsMakeOneConnection) {
+  FakeAgent agent(dir_ + "/agent.sock");
+  rt_.agent_socket = dir_ + "/agent.sock";
+  std::string id = Create();
+  // One thread: every caller runs until it waits, before any connect can finish.
+  asio::io_context io;
+  constexpr int kCallers = 16;
+  std::vector<std::shared_ptr<AgentChannel>> got(kCallers);
+  int done = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          auto ch = co_await M().Channel(key_, id);
+          EXPECT_TRUE(ch.ok()) << ch.status().message();
+          if (ch.ok()) got[i] = *ch;
+          ++done;
+        },
+        asio::detached);
+  }
+  RunUntil(io, [&] { return done == kCallers; });
+  ASSERT_EQ(done, kCallers);
+  for (const auto& ch : got) EXPECT_EQ(ch, got[0]);
+  EXPECT_EQ(agent.accepted(), 1);
+  // Once the connection is closed, the next caller makes one new one.
+  got[0]->Close();
+  std::shared_ptr<AgentChannel> next;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto ch = co_await M().Channel(key_, id);
+        EXPECT_TRUE(ch.ok()) << ch.status().message();
+        if (ch.ok()) next = *ch;
+      },
+      asio::detached);
+  RunUntil(io, [&] { return next != nullptr; });
+  ASSERT_TRUE(next);
+  EXPECT_NE(next, got[0]);
+  EXPECT_EQ(agent.accepted(), 2);
+  next->Close();
+  got.clear();
+  next.reset();
+  manager_.reset();  // its channels run on `io`: gone before it is
+}
+
+// ---- a store whose writes really fail (a full filesystem) ----
+
+class FullDiskTest : public ManagerTest {
+ protected:
+  void SetUp() override {
+    ManagerTest::SetUp();
+    // A private mount namespace for this thread (and the threads it starts), so the small
+    // tmpfs holding the store is nobody else's business and vanishes with the test.
+    ASSERT_EQ(::unshare(CLONE_NEWNS), 0) << std::strerror(errno);
+    ASSERT_EQ(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0);
+    mount_ = dir_ + "/small";
+    ASSERT_EQ(::mkdir(mount_.c_str(), 0700), 0);
+    ASSERT_EQ(::mount("tmpfs", mount_.c_str(), "tmpfs", 0, "size=2m,mode=0700"), 0)
+        << std::strerror(errno);
+    OpenStore(mount_ + "/sbx.db");
+  }
+
+  // Fills the filesystem to the last byte.
+  void Fill() {
+    FILE* f = std::fopen((mount_ + "/filler").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::string chunk(4096, 'x');
+    while (std::fwrite(chunk.data(), 1, chunk.size(), f) == chunk.size()) {
+    }
+    std::fclose(f);  // tmpfs hands out whole pages: no byte is left for a new WAL frame
+  }
+  void Free() { ::unlink((mount_ + "/filler").c_str()); }
+};
+
+TEST_F(FullDiskTest, AKillWhoseRecordCannotBeWrittenIsNeverLeftRunning) {
+  std::string id = Create();
+  Fill();
+  Status killed = M().Kill(key_, id);
+  EXPECT_TRUE(killed.ok()) << killed.message();  // the box is gone: that is what kill promises
+  EXPECT_FALSE(rt_.Box(id));
+  EXPECT_EQ(Stored(id).state, "running");  // the write really failed...
+  EXPECT_EQ(State(id), "killed");          // ...but the manager never answers running
+  auto listed = M().List(key_, store::SandboxFilter{{"running"}});
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->items.empty());
+  EXPECT_EQ(M().Kill(key_, id).err(), ENOENT);
+  M().ExpireDue();  // still full: still pending
+  EXPECT_EQ(Stored(id).state, "running");
+  Free();
+  M().ExpireDue();  // the scan writes it
+  EXPECT_EQ(Stored(id).state, "killed");
+  EXPECT_EQ(State(id), "killed");
+}
+
+TEST_F(FullDiskTest, APauseThatCannotBeRecordedIsUndoneAndRefused) {
+  std::string id = Create();
+  Fill();
+  Status s = M().Pause(key_, id);
+  EXPECT_EQ(s.err(), ENOSPC) << s.message();  // the facades' 507
+  EXPECT_EQ(State(id), "running");
+  EXPECT_FALSE(rt_.Box(id)->frozen);  // thawed again: the record and the box agree
+  Free();
+  ASSERT_TRUE(M().Pause(key_, id).ok());
+  Fill();
+  s = M().Resume(key_, id);
+  EXPECT_EQ(s.err(), ENOSPC) << s.message();
+  EXPECT_EQ(State(id), "paused");
+  EXPECT_TRUE(rt_.Box(id)->frozen);  // frozen again
+}
+
+TEST_F(FullDiskTest, APauseThatCanBeNeitherRecordedNorUndoneFailsTheSandbox) {
+  std::string id = Create();
+  Fill();
+  rt_.fail_thaw = Status::Error("thaw: the cgroup is gone", EIO);
+  EXPECT_EQ(M().Pause(key_, id).err(), ENOSPC);
+  EXPECT_FALSE(rt_.Box(id));  // destroyed rather than left frozen under a running record
+  EXPECT_EQ(State(id), "failed");
+  Free();
+  M().ExpireDue();
+  EXPECT_EQ(Stored(id).state, "failed");
+}
+
+TEST_F(FullDiskTest, ACreateThatCannotBeRecordedMakesNothing) {
+  Create();  // the template is built and the store warmed up
+  Fill();
+  auto r = M().Create(key_, CreateRequest{});
+  EXPECT_EQ(r.status().err(), ENOSPC) << r.status().message();
+  EXPECT_EQ(rt_.size(), 1u);
+}
+
+}  // namespace
+}  // namespace sbx::sandbox
