@@ -110,8 +110,8 @@ class Manager {
   Result<store::SandboxPage> List(const store::ApiKeyRecord& key, store::SandboxFilter filter);
   // The template of a create that names none.
   const std::string& default_template() const { return config_.default_template; }
-  // The daemon-wide ranges (a key's are within them): what the facades check before arithmetic.
-  const store::LimitRanges& ranges() const { return limits_.daemon(); }
+  // The daemon-wide maximum timeout (a key's is within it): what the facades check a timeout
+  // against before any arithmetic.
   int64_t max_timeout_ms() const { return limits_.daemon().max_timeout_ms; }
   // Kills a live sandbox of `key` (any key's for an operator key).
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
