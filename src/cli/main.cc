@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/range_flags.h"
 #include "cli/run.h"
 #include "cli/serve.h"
 #include "cli/template.h"
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
   sv->add_option("--audit-retention", serve.audit_retention,
                  "Delete audit events older than this, e.g. 30d, 12h (0: keep forever)")
       ->capture_default_str();
+  sbx::cli::RangeFlags serve_ranges;
+  sbx::cli::AddRangeFlags(sv, serve_ranges,
+                          "for every key (a key's own bounds narrow it; default: the host's)");
   sv->add_option("--max-connections", serve.max_connections, "Open HTTP connections at most")
       ->capture_default_str();
   sv->add_option("--max-connections-per-address", serve.max_connections_per_address,
@@ -86,6 +90,12 @@ int main(int argc, char** argv) {
   }
   if (r->parsed()) return sbx::cli::RunCommand(global, run);
   if (sv->parsed()) {
+    auto ranges = sbx::cli::ParseRangeFlags(serve_ranges);
+    if (!ranges.ok()) {
+      std::fprintf(stderr, "sbx: %s\n", ranges.status().what().c_str());
+      return sbx::cli::kExitSbxError;
+    }
+    serve.ranges = *ranges;
     if (!template_cache_size.empty()) {
       auto n = sbx::cli::ParseSize(template_cache_size);
       if (!n.ok() || *n <= 0) {

@@ -76,6 +76,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: --audit-retention: %s\n", retention.status().message().c_str());
     return kExitSbxError;
   }
+  if (Status bounds = sandbox::Limits::CheckConfigured(o.ranges); !bounds.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", bounds.what().c_str());
+    return kExitSbxError;
+  }
   // Every connection is a descriptor, and so is much of what a sandbox holds: the soft limit
   // (often 1024) would make accept fail before max_connections is reached.
   if (rlimit nofile{};
@@ -113,6 +117,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   }
   sandbox::ManagerConfig mc;
   mc.default_timeout_ms = o.default_timeout_s * 1000;
+  mc.ranges = o.ranges;
   mc.data_dir = global.data_dir;
   if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {
     char* end = nullptr;

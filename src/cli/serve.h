@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/run.h"
+#include "store/store.h"
 
 namespace sbx::cli {
 
@@ -20,10 +21,12 @@ struct ServeOptions {
   uint32_t id_pool_base = 0x10000000;
   uint32_t id_pool_size = 8192;
   bool no_idmap = false;  // force the runtime's fallback (shared ids, shifted layer copies)
-  int64_t template_cache_bytes = 0;  // --template-cache-size; 0: storage's default (20 GiB)
+  int64_t template_cache_bytes = 0;     // --template-cache-size; 0: storage's default (20 GiB)
   std::string audit_retention = "30d";  // a duration (units.h); "0" keeps events forever
   size_t max_connections = 1024;
   size_t max_connections_per_address = 64;  // loopback clients are exempt
+  // --min-memory/--max-memory ... (range_flags.h): the daemon-wide bounds; 0: the host's.
+  store::LimitRanges ranges;
 };
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "cli/range_flags.h"
 #include "cli/units.h"
 #include "common/clock.h"
 #include "common/fd.h"
@@ -421,6 +422,7 @@ void RegisterAudit(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
 // ---- API keys: on the store directly ----
 
 struct KeyFlags {
+  RangeFlags ranges;
   std::string name, id;
   int64_t max_sandboxes = 0;
   double rate = 0;
@@ -440,6 +442,8 @@ Result<std::unique_ptr<store::Store>> OpenStore(const GlobalOptions& g) {
   return st;
 }
 
+json RangesJson(const store::LimitRanges& r);
+
 json KeyJson(const store::ApiKeyRecord& k) {
   auto iso = [](int64_t ms) -> json {
     if (ms <= 0) return nullptr;
@@ -457,7 +461,53 @@ json KeyJson(const store::ApiKeyRecord& k) {
           {"revoked_at", iso(k.revoked_at)},
           {"max_sandboxes", k.max_sandboxes},
           {"creates_per_second", k.creates_per_second},
-          {"operator", k.is_operator}};
+          {"operator", k.is_operator},
+          {"limits", RangesJson(k.ranges)}};
+}
+
+// A key's bounds, null where it takes the daemon's.
+json RangesJson(const store::LimitRanges& r) {
+  auto v = [](auto x) -> json {
+    if (x == 0) return nullptr;
+    return x;
+  };
+  return {{"min_memory_bytes", v(r.min_memory_bytes)},
+          {"max_memory_bytes", v(r.max_memory_bytes)},
+          {"min_cpus", v(r.min_cpus)},
+          {"max_cpus", v(r.max_cpus)},
+          {"min_pids", v(r.min_pids)},
+          {"max_pids", v(r.max_pids)},
+          {"min_disk_bytes", v(r.min_disk_bytes)},
+          {"max_disk_bytes", v(r.max_disk_bytes)},
+          {"min_timeout_ms", v(r.min_timeout_ms)},
+          {"max_timeout_ms", v(r.max_timeout_ms)}};
+}
+
+// "memory ..2 GiB, timeout 30s..1h": the bounds a key sets, "-" for none.
+std::string RangesText(const store::LimitRanges& r) {
+  auto number = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", x);
+    return std::string(buf);
+  };
+  auto duration = [](int64_t ms) {
+    if (ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+    if (ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+    if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+    return std::to_string(ms) + "ms";
+  };
+  std::string out;
+  auto add = [&](const char* what, auto min, auto max, auto show) {
+    if (min == 0 && max == 0) return;
+    out += (out.empty() ? "" : ", ") + std::string(what) + " " + (min ? show(min) : "") + ".." +
+           (max ? show(max) : "");
+  };
+  add("memory", r.min_memory_bytes, r.max_memory_bytes, FormatSize);
+  add("cpus", r.min_cpus, r.max_cpus, number);
+  add("pids", r.min_pids, r.max_pids, [](int64_t n) { return std::to_string(n); });
+  add("disk", r.min_disk_bytes, r.max_disk_bytes, FormatSize);
+  add("timeout", r.min_timeout_ms, r.max_timeout_ms, duration);
+  return out.empty() ? "-" : out;
 }
 
 const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kStateRunning,
@@ -488,11 +538,15 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   create->add_flag("--operator", f->is_operator,
                    "An operator key: may also list, inspect and kill other keys' sandboxes, and "
                    "read /metrics");
+  AddRangeFlags(create, f->ranges,
+                "for this key's sandboxes (default: the daemon's; never beyond it)");
   create->add_flag("--json", f->json, "Print the key and its secret as JSON");
   verbs.Add(create, [f, &g] {
+    auto ranges = ParseRangeFlags(f->ranges);
+    if (!ranges.ok()) return Fail(Status::Error(ranges.status().what()));
     auto st = OpenStore(g);
     if (!st.ok()) return Fail(st.status());
-    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator);
+    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges);
     if (!k.ok()) return Fail(k.status());
     if (f->json) {
       json j = KeyJson(k->record);
@@ -522,12 +576,15 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       PrintJson({{"keys", all}});
       return 0;
     }
-    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "OPERATOR"});
-    for (const auto& k : all)
+    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "OPERATOR",
+             "LIMITS"});
+    for (size_t i = 0; i < all.size(); ++i) {
+      const json& k = all[i];
       t.Row({Str(k, "id"), Str(k, "name"), Str(k, "prefix"), Relative(k["created_at"]),
              Relative(k["revoked_at"]), k["max_sandboxes"] == 0 ? "-" : k["max_sandboxes"].dump(),
              k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s",
-             k["operator"] == true ? "yes" : "-"});
+             k["operator"] == true ? "yes" : "-", RangesText((*keys)[i].ranges)});
+    }
     t.Print();
     return 0;
   });

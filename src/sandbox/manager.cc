@@ -46,52 +46,19 @@ Status ValidateMap(const std::map<std::string, std::string>& m, const char* what
   return {};
 }
 
-constexpr int64_t kMinMemoryBytes = int64_t{16} << 20;
-constexpr int64_t kMinDiskBytes = int64_t{16} << 20;
-constexpr int64_t kMaxPids = 4194304;  // the kernel's PID_MAX_LIMIT
 constexpr int64_t kMaxCpuWeight = 10000;
-constexpr double kMinCpus = 0.01;
 
 // "1.5 GiB (1610612736 bytes)": people read the first part, scripts the second.
 std::string Bytes(int64_t n) { return FormatSize(n) + " (" + std::to_string(n) + " bytes)"; }
 
-std::string Number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-// The host-independent bounds; the host's own (memory, cpus, disk space) are in
-// Manager::CheckHostLimits. 0 means "the default" for every field.
+// What Limits (limits.h) does not range-check. 0 means "the kernel's default".
 Status ValidateLimits(const store::SandboxLimits& l) {
-  auto invalid = [](const std::string& what) { return Status::Error(what, EINVAL); };
-  // Each message names the field, its allowed range in its unit and the value; a negative value
-  // is below the minimum like any other (0 alone means "the default").
-  if (l.memory_bytes != 0 && l.memory_bytes < kMinMemoryBytes)
-    return invalid("limits.memory_bytes: at least " + Bytes(kMinMemoryBytes) +
-                   ", 0 for the default (got " + std::to_string(l.memory_bytes) + ")");
-  if (!std::isfinite(l.cpus) || (l.cpus != 0 && l.cpus < kMinCpus))
-    return invalid("limits.cpus: at least " + Number(kMinCpus) + " CPUs, 0 for the default (got " +
-                   Number(l.cpus) + ")");
-  if (l.pids < 0 || l.pids > kMaxPids)
-    return invalid("limits.pids: from 1 to " + std::to_string(kMaxPids) +
-                   " processes, 0 for the default (got " + std::to_string(l.pids) + ")");
   if (l.cpu_weight < 0 || l.cpu_weight > kMaxCpuWeight)
-    return invalid("limits.cpu_weight: from 1 to " + std::to_string(kMaxCpuWeight) +
-                   ", 0 for the kernel's default (got " + std::to_string(l.cpu_weight) + ")");
-  if (l.disk_bytes != 0 && l.disk_bytes < kMinDiskBytes)
-    return invalid("limits.disk_bytes: at least " + Bytes(kMinDiskBytes) +
-                   ", 0 for no limit (got " + std::to_string(l.disk_bytes) + ")");
+    return Status::Error("limits.cpu_weight: from 1 to " + std::to_string(kMaxCpuWeight) +
+                             ", 0 for the kernel's default (got " + std::to_string(l.cpu_weight) +
+                             ")",
+                         EINVAL);
   return {};
-}
-
-// MemTotal of /proc/meminfo in bytes; 0 when unreadable.
-int64_t HostMemoryBytes() {
-  auto text = ReadFile("/proc/meminfo", 1 << 16);
-  if (!text.ok()) return 0;
-  size_t at = text->find("MemTotal:");
-  if (at == std::string::npos) return 0;
-  return std::strtoll(text->c_str() + at + 9, nullptr, 10) * 1024;  // the file says kB
 }
 
 store::SandboxLimits WithDefaults(store::SandboxLimits l, const store::SandboxLimits& d) {
@@ -122,11 +89,9 @@ Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::Templ
       runtime_(runtime),
       templates_(std::move(templates)),
       store_(store),
+      limits_(config_.ranges),
       ttl_waiter_(clock_.NewWaiter()) {
   config_.clock = &clock_;
-  if (config_.max_memory_bytes <= 0) config_.max_memory_bytes = HostMemoryBytes();
-  if (config_.max_cpus <= 0)
-    config_.max_cpus = static_cast<double>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // ---- per-sandbox transitions ----
@@ -217,14 +182,6 @@ void Manager::RetryUnwritten() {
 }
 
 Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
-  if (config_.max_memory_bytes > 0 && l.memory_bytes > config_.max_memory_bytes)
-    return Status::Error("limits.memory_bytes: at most " + Bytes(config_.max_memory_bytes) +
-                             ", the host's memory (got " + std::to_string(l.memory_bytes) + ")",
-                         EINVAL);
-  if (config_.max_cpus > 0 && l.cpus > config_.max_cpus)
-    return Status::Error("limits.cpus: at most " + Number(config_.max_cpus) +
-                             ", the host's CPUs (got " + Number(l.cpus) + ")",
-                         EINVAL);
   if (l.disk_bytes == 0 || config_.data_dir.empty()) return {};
   struct statvfs fs;
   if (::statvfs(config_.data_dir.c_str(), &fs) != 0)
@@ -340,16 +297,17 @@ bool Manager::TakeCreateToken(const store::ApiKeyRecord& key, double* retry_afte
   return false;
 }
 
-Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const CreateRequest& req,
+Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const CreateRequest& asked,
                                       QuotaExceeded* quota) {
   auto started = clock_.Steady();
-  // Input first: nothing is made for a bad request.
+  // Input first: nothing is made for a bad request. Limits and timeout in the key's ranges, the
+  // defaults filled in (limits.h).
+  CreateRequest req = asked;
+  SBX_RETURN_IF_ERROR(limits_.Apply(key.ranges, config_.default_limits, config_.default_timeout_ms,
+                                    &req.limits, &req.timeout_ms));
   SBX_RETURN_IF_ERROR(ValidateMap(req.env, "env", kMaxEnvEntries, true));
   SBX_RETURN_IF_ERROR(ValidateMap(req.metadata, "metadata", kMaxMetadataEntries, false));
   SBX_RETURN_IF_ERROR(ValidateLimits(req.limits));
-  if (req.timeout_ms < 0 || req.timeout_ms > config_.max_timeout_ms)
-    return Status::Error(
-        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
   if (req.on_timeout != store::kOnTimeoutKill && req.on_timeout != store::kOnTimeoutPause)
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
   if (req.idempotency_key.size() > 256)
@@ -706,9 +664,7 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
 
 Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
                                           int64_t timeout_ms) {
-  if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
-    return Status::Error(
-        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
+  SBX_RETURN_IF_ERROR(limits_.CheckTimeout(key.ranges, timeout_ms));
   auto owned = Owned(key, id, Access::kUse);
   if (!owned.ok()) return owned.status();
   Transition t(*this, id, "timeout");
@@ -724,9 +680,7 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
 
 Result<Connected> Manager::Connect(const store::ApiKeyRecord& key, const std::string& id,
                                    int64_t timeout_ms) {
-  if (timeout_ms <= 0 || timeout_ms > config_.max_timeout_ms)
-    return Status::Error(
-        "timeout: 1 to " + std::to_string(config_.max_timeout_ms / 1000) + " seconds", EINVAL);
+  SBX_RETURN_IF_ERROR(limits_.CheckTimeout(key.ranges, timeout_ms));
   auto owned = Owned(key, id, Access::kUse);
   if (!owned.ok()) return owned.status();
   Transition t(*this, id, "connect");

@@ -44,6 +44,7 @@
 #include "common/status.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
+#include "sandbox/limits.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -51,8 +52,11 @@ namespace sbx::sandbox {
 
 struct ManagerConfig {
   int64_t default_timeout_ms = int64_t{5} * 60 * 1000;  // as E2B: 5 minutes
-  int64_t max_timeout_ms = int64_t{24} * 60 * 60 * 1000;
+  // What a create without a limit gets, moved into its key's range (limits.h).
   store::SandboxLimits default_limits{1LL << 30, 1.0, 0, 1024, 0};
+  // The daemon-wide minimum and maximum of memory, cpus, pids, disk and timeouts (sbx serve
+  // --min-memory/--max-memory ...); 0 fields: the host's (sandbox::HostRanges). Keys narrow them.
+  store::LimitRanges ranges;
   std::string default_template = "host";
   // Where disk images live (the data directory): a create with a disk limit must fit in its
   // filesystem's free space minus the reserve, or it is refused with ENOSPC (HTTP 507). Empty:
@@ -62,10 +66,6 @@ struct ManagerConfig {
   // disk_reserve_percent of the filesystem when that is larger.
   int64_t disk_reserve_bytes = int64_t{1} << 30;
   double disk_reserve_percent = 0;
-  // Upper bounds of memory and cpus limits; 0: the host's (MemTotal in /proc/meminfo, online
-  // CPUs), read when the manager is made.
-  int64_t max_memory_bytes = 0;
-  double max_cpus = 0;
   // Where time comes from: record times, expiry, the creation-rate buckets and the TTL loop's
   // period. Null: the system clock. Must outlive the manager.
   Clock* clock = nullptr;
@@ -127,7 +127,8 @@ class Manager {
   Status Reconcile();
 
   // Creates a sandbox for `key`. When the key is over its creation rate, fails with EAGAIN and
-  // sets *quota. Limits out of range are EINVAL naming the field and its bounds; a disk limit
+  // sets *quota. Limits and a timeout out of the key's range (limits.h: the key's bounds within
+  // the daemon's within the host's) are EINVAL naming the field and its bounds; a disk limit
   // that does not fit is ENOSPC saying how much is free. Nothing is recorded or made on the host
   // for a request refused this way. Blocking.
   Result<store::SandboxRecord> Create(const store::ApiKeyRecord& key, const CreateRequest& req,
@@ -140,12 +141,14 @@ class Manager {
   Result<store::SandboxPage> List(const store::ApiKeyRecord& key, store::SandboxFilter filter);
   // The template of a create that names none.
   const std::string& default_template() const { return config_.default_template; }
-  int64_t max_timeout_ms() const { return config_.max_timeout_ms; }
+  // The daemon-wide maximum timeout (a key's is within it): what the facades check a timeout
+  // against before any arithmetic.
+  int64_t max_timeout_ms() const { return limits_.daemon().max_timeout_ms; }
   // Kills a live sandbox of `key` (any key's for an operator key).
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
   Status Pause(const store::ApiKeyRecord& key, const std::string& id);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);
-  // Sets the timeout to `timeout_ms` from now (resets the TTL).
+  // Sets the timeout to `timeout_ms` from now (resets the TTL); EINVAL outside the key's range.
   Result<store::SandboxRecord> SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
                                           int64_t timeout_ms);
   // E2B's connect, as one transition: a paused sandbox is resumed with a timeout of
@@ -230,18 +233,19 @@ class Manager {
   // The record write of a pause or resume failed (`why`) and could not be undone (`undo`): the
   // box and its record would disagree, so the box is destroyed and the record fails.
   Status FailUnrecordable(store::SandboxRecord rec, const Status& why, const Status& undo);
-  // The limits checks of Create that depend on the host (memory, cpus, disk space).
+  // The limits checks of Create that depend on the host's disk space.
   Status CheckHostLimits(const store::SandboxLimits& l);
   // The box of `rec` lost its agent (`how`): its resources are freed and the record fails.
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
 
-  ManagerConfig config_;  // max_memory_bytes, max_cpus and clock filled in by the constructor
+  ManagerConfig config_;  // clock filled in by the constructor
   Clock& clock_;
   runtime::Runtime& runtime_;
   const storage::TemplateStore templates_;
   store::Store& store_;
+  const Limits limits_;  // from config_.ranges
 
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<TransitionEntry>> transitions_;  // guarded by mu_

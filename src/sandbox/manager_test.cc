@@ -200,8 +200,6 @@ class ManagerTest : public ::testing::Test {
     if (!manager_) {
       ManagerConfig c;
       c.clock = &clock_;
-      c.max_memory_bytes = int64_t{64} << 30;
-      c.max_cpus = 64;
       c.on_transition_wait = [this](const std::string& id, const char* op) {
         waited_.Note(id, op);
       };

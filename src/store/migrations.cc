@@ -140,6 +140,21 @@ constexpr char kV6[] = R"sql(
 CREATE INDEX audit_by_key ON audit_events (key_id, seq);
 )sql";
 
+// Version 7: per-key bounds of the limits a create may ask for (issue 10). NULL: the daemon's
+// bound (sbx serve --max-memory ...), so a key made before keeps following the daemon's flags.
+constexpr char kV7[] = R"sql(
+ALTER TABLE api_keys ADD COLUMN min_memory_bytes INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_memory_bytes INTEGER;
+ALTER TABLE api_keys ADD COLUMN min_cpus REAL;
+ALTER TABLE api_keys ADD COLUMN max_cpus REAL;
+ALTER TABLE api_keys ADD COLUMN min_pids INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_pids INTEGER;
+ALTER TABLE api_keys ADD COLUMN min_disk_bytes INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_disk_bytes INTEGER;
+ALTER TABLE api_keys ADD COLUMN min_timeout_ms INTEGER;
+ALTER TABLE api_keys ADD COLUMN max_timeout_ms INTEGER;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -150,6 +165,7 @@ const std::vector<Migration>& Migrations() {
       {4, "id_ranges, sandboxes.id_base, sandboxes.idmapped", kV4},
       {5, "template registry: kinds, aliases, template_layers, layer_pins", kV5},
       {6, "audit_by_key index", kV6},
+      {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
   };
   return kAll;
 }

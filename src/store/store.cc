@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "common/fs.h"
 #include "store/audit_queue.h"
@@ -24,7 +25,9 @@ constexpr char kSandboxColumns[] =
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
     "public_ports, id_base, idmapped";
 constexpr char kApiKeyColumns[] =
-    "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator";
+    "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
+    "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
+    "max_disk_bytes, min_timeout_ms, max_timeout_ms";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
@@ -191,6 +194,17 @@ ApiKeyRecord ReadApiKey(const Statement& st) {
   k.max_sandboxes = st.ColumnInt(6);
   k.creates_per_second = st.ColumnDouble(7);
   k.is_operator = st.ColumnInt(8) != 0;
+  // NULL (the daemon's bound) reads as 0.
+  k.ranges.min_memory_bytes = st.ColumnInt(9);
+  k.ranges.max_memory_bytes = st.ColumnInt(10);
+  k.ranges.min_cpus = st.ColumnDouble(11);
+  k.ranges.max_cpus = st.ColumnDouble(12);
+  k.ranges.min_pids = st.ColumnInt(13);
+  k.ranges.max_pids = st.ColumnInt(14);
+  k.ranges.min_disk_bytes = st.ColumnInt(15);
+  k.ranges.max_disk_bytes = st.ColumnInt(16);
+  k.ranges.min_timeout_ms = st.ColumnInt(17);
+  k.ranges.max_timeout_ms = st.ColumnInt(18);
   return k;
 }
 
@@ -535,12 +549,37 @@ Result<int64_t> Store::CountSandboxesLocked(const std::string& owner_key_id,
 
 // ---- API keys ----
 
+namespace {
+
+// Each bound is 0 (not set) or positive, and a minimum is not above its maximum.
+Status CheckRanges(const LimitRanges& r) {
+  auto check = [](const char* field, auto min, auto max) -> Status {
+    for (auto v : {min, max})
+      if (!std::isfinite(static_cast<double>(v)) || v < 0)
+        return Invalid(std::string("create api key: ") + field +
+                       " bounds must be numbers >= 0 (0: the daemon's)");
+    if (min > 0 && max > 0 && min > max)
+      return Invalid(std::string("create api key: the minimum of ") + field +
+                     " is above its maximum");
+    return {};
+  };
+  SBX_RETURN_IF_ERROR(check("memory_bytes", r.min_memory_bytes, r.max_memory_bytes));
+  SBX_RETURN_IF_ERROR(check("cpus", r.min_cpus, r.max_cpus));
+  SBX_RETURN_IF_ERROR(check("pids", r.min_pids, r.max_pids));
+  SBX_RETURN_IF_ERROR(check("disk_bytes", r.min_disk_bytes, r.max_disk_bytes));
+  return check("timeout_ms", r.min_timeout_ms, r.max_timeout_ms);
+}
+
+}  // namespace
+
 Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandboxes,
-                                      double creates_per_second, bool is_operator) {
+                                      double creates_per_second, bool is_operator,
+                                      const LimitRanges& ranges) {
   if (max_sandboxes < 0) return Invalid("create api key: max_sandboxes is negative");
   if (!std::isfinite(creates_per_second) || creates_per_second < 0) {
     return Invalid("create api key: creates_per_second must be a number >= 0");
   }
+  SBX_RETURN_IF_ERROR(CheckRanges(ranges));
   NewApiKey k;
   k.secret = "sbx_" + RandomId(40);  // 40 * log2(36) = 206 bits from getrandom
   k.record.id = "key_" + RandomId(12);
@@ -554,7 +593,8 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
 
   std::lock_guard<std::mutex> lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
-                                      ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8)");
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11,"
+                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18)");
   if (!st.ok()) return st.status().Wrap("create api key");
   st->BindText(1, k.record.id)
       .BindText(2, k.record.name)
@@ -564,6 +604,27 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
       .BindInt(6, k.record.max_sandboxes)
       .BindDouble(7, k.record.creates_per_second)
       .BindInt(8, k.record.is_operator ? 1 : 0);
+  k.record.ranges = ranges;
+  // 0 is stored as NULL: "the daemon's bound", whatever the daemon is started with.
+  auto bind = [&](int i, auto v) {
+    if (v == 0) {
+      st->BindNull(i);
+    } else if constexpr (std::is_floating_point_v<decltype(v)>) {
+      st->BindDouble(i, v);
+    } else {
+      st->BindInt(i, v);
+    }
+  };
+  bind(9, ranges.min_memory_bytes);
+  bind(10, ranges.max_memory_bytes);
+  bind(11, ranges.min_cpus);
+  bind(12, ranges.max_cpus);
+  bind(13, ranges.min_pids);
+  bind(14, ranges.max_pids);
+  bind(15, ranges.min_disk_bytes);
+  bind(16, ranges.max_disk_bytes);
+  bind(17, ranges.min_timeout_ms);
+  bind(18, ranges.max_timeout_ms);
   SBX_RETURN_IF_ERROR(st->Run().Wrap("create api key " + k.record.id));
   return k;
 }

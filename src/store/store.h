@@ -96,6 +96,23 @@ struct SandboxPage {
   std::string next;                  // opaque; empty when this is the last page
 };
 
+// The allowed range of each number a create asks for, a minimum and a maximum per limit; 0: not
+// set here. A key's ranges (columns of api_keys, NULL when 0) narrow the daemon's (sbx serve
+// --min-memory ...), whose unset bounds are the host's; sandbox/limits.h applies them.
+struct LimitRanges {
+  int64_t min_memory_bytes = 0;
+  int64_t max_memory_bytes = 0;
+  double min_cpus = 0;
+  double max_cpus = 0;
+  int64_t min_pids = 0;
+  int64_t max_pids = 0;
+  int64_t min_disk_bytes = 0;
+  int64_t max_disk_bytes = 0;
+  int64_t min_timeout_ms = 0;
+  int64_t max_timeout_ms = 0;
+  bool operator==(const LimitRanges&) const = default;
+};
+
 struct ApiKeyRecord {
   std::string id;      // "key_" + 12 random [a-z0-9]
   std::string name;    // for people
@@ -107,6 +124,7 @@ struct ApiKeyRecord {
   double creates_per_second = 0;  // 0 = unlimited
   // An operator key (column `operator`) may also list, inspect and kill other keys' sandboxes.
   bool is_operator = false;
+  LimitRanges ranges;  // this key's own bounds of its sandboxes' limits (0: the daemon's)
   bool active() const { return revoked_at == 0; }
 };
 
@@ -240,9 +258,11 @@ class Store {
 
   // ---- API keys ----
   // Generates a key with a fresh secret. The secret is in the result only; the store keeps its
-  // hash. EINVAL for negative quotas.
+  // hash. EINVAL for negative quotas, and for ranges with a negative or non-finite bound or a
+  // minimum above its maximum (naming the field).
   Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
-                                 double creates_per_second, bool is_operator = false);
+                                 double creates_per_second, bool is_operator = false,
+                                 const LimitRanges& ranges = {});
   // The key whose secret this is, if it exists and is not revoked; nullopt otherwise.
   Result<std::optional<ApiKeyRecord>> VerifyApiKey(const std::string& secret);
   Result<std::optional<ApiKeyRecord>> GetApiKey(const std::string& id);

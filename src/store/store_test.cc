@@ -57,12 +57,14 @@ class StoreTest : public ::testing::Test {
   }
 
   // Reads a pragma through a plain sqlite3 connection, independent of Db's own configuration.
-  std::string RawPragma(const std::string& pragma) {
+  std::string RawPragma(const std::string& pragma) { return RawQuery("PRAGMA " + pragma); }
+  // The first column of the first row of `sql`, read the same way.
+  std::string RawQuery(const std::string& sql) {
     sqlite3* db = nullptr;
     EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
     sqlite3_stmt* st = nullptr;
     std::string out;
-    if (sqlite3_prepare_v2(db, ("PRAGMA " + pragma).c_str(), -1, &st, nullptr) == SQLITE_OK &&
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
         sqlite3_step(st) == SQLITE_ROW) {
       out = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
     }
@@ -522,6 +524,74 @@ TEST_F(StoreTest, OperatorKeysAreMarkedAndOlderKeysAreNot) {
   ASSERT_EQ(all->size(), 3u);
   for (const auto& k : *all) EXPECT_EQ(k.is_operator, k.id == op->record.id) << k.id;
   EXPECT_TRUE(store->Ping().ok());
+}
+
+// Issue 10 item 7: a key's own bounds of its sandboxes' limits (version 7). Unset bounds are
+// NULL, read back as 0 ("the daemon's"), also for keys made before the migration.
+TEST_F(StoreTest, KeysCarryTheirOwnLimitRangesNullMeaningTheDaemons) {
+  {
+    // A version 6 file with one key: after the migration its bounds are all the daemon's.
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    for (size_t i = 0; i < 6; ++i) ASSERT_TRUE((*db)->Exec(Migrations()[i].sql).ok()) << i;
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 6").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
+                           "('key_old', 'old', 'h', 'sbx_abcd', 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  EXPECT_GE(store->schema_version(), 7);
+  auto old = store->GetApiKey("key_old");
+  ASSERT_TRUE(old.ok() && old->has_value());
+  EXPECT_EQ((*old)->ranges, LimitRanges{});
+
+  LimitRanges r;
+  r.min_memory_bytes = int64_t{64} << 20;
+  r.max_memory_bytes = int64_t{2} << 30;
+  r.max_cpus = 1.5;
+  r.min_cpus = 0.25;
+  r.max_pids = 256;
+  r.max_disk_bytes = int64_t{10} << 30;
+  r.max_timeout_ms = 3600 * 1000;
+  auto k = store->CreateApiKey("bounded", 0, 0, false, r);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  EXPECT_EQ(k->record.ranges, r);
+  auto v = store->VerifyApiKey(k->secret);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_EQ((*v)->ranges, r);
+  auto all = store->ListApiKeys();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[1].ranges, r);
+  // Unset bounds are NULL in the file, not 0.
+  auto nulls = RawQuery(
+      "SELECT count(*) FROM api_keys WHERE min_pids IS NULL AND "
+      "min_timeout_ms IS NULL AND max_pids = 256");
+  EXPECT_EQ(nulls, "1");
+
+  // Negative, non-finite and crossed bounds are refused, naming the field; nothing is stored.
+  auto refused = [&](LimitRanges b, const std::string& field) {
+    auto made = store->CreateApiKey("bad", 0, 0, false, b);
+    EXPECT_EQ(made.status().err(), EINVAL) << field;
+    EXPECT_NE(made.status().message().find(field), std::string::npos) << made.status().message();
+  };
+  LimitRanges bad;
+  bad.max_memory_bytes = -1;
+  refused(bad, "memory_bytes");
+  bad = {};
+  bad.max_cpus = std::nan("");
+  refused(bad, "cpus");
+  bad = {};
+  bad.min_pids = 100;
+  bad.max_pids = 10;
+  refused(bad, "pids");
+  bad = {};
+  bad.min_timeout_ms = -5;
+  refused(bad, "timeout_ms");
+  EXPECT_EQ(store->ListApiKeys()->size(), 2u);
 }
 
 TEST_F(StoreTest, ApiKeysVerifyByHashAndRevoke) {

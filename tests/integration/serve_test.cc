@@ -932,15 +932,15 @@ TEST_F(ServeTest, LimitsOutOfRangeAre400AndDiskThatDoesNotFitIs507) {
   };
   for (const Case& c : std::vector<Case>{
            {R"({"memory_bytes":)" + pib + "}", "the host's memory"},
-           {R"({"memory_bytes":1})", "at least 16 MiB"},
-           {R"({"memory_bytes":-1})", "limits.memory_bytes: at least 16 MiB"},
+           {R"({"memory_bytes":1})", "from 16 MiB"},
+           {R"({"memory_bytes":-1})", "limits.memory_bytes: from 16 MiB"},
            {R"({"disk_bytes":)" + pib + "}", "the size of the data directory's filesystem"},
-           {R"({"disk_bytes":1})", "at least 16 MiB"},
-           {R"({"disk_bytes":-1})", "limits.disk_bytes: at least 16 MiB"},
+           {R"({"disk_bytes":1})", "at least 64 MiB"},
+           {R"({"disk_bytes":-1})", "limits.disk_bytes: at least 64 MiB"},
            {R"({"cpus":)" + pib + "}", "the host's CPUs"},
-           {R"({"cpus":-1})", "limits.cpus: at least 0.01 CPUs"},
-           {R"({"pids":)" + pib + "}", "from 1 to 4194304"},
-           {R"({"pids":-1})", "limits.pids: from 1 to 4194304 processes"},
+           {R"({"cpus":-1})", "limits.cpus: from 0.1 to "},
+           {R"({"pids":)" + pib + "}", "from 16 to 32768"},
+           {R"({"pids":-1})", "limits.pids: from 16 to 32768 processes"},
            {R"({"memory_bytes":18446744073709551615})", "out of range"}}) {
     auto r = d_->Call("POST", "/v1/sandboxes", R"({"limits":)" + c.limits + "}");
     EXPECT_EQ(r.status, 400) << c.limits << ": " << r.body;
@@ -1048,6 +1048,109 @@ TEST_F(ServeTest, BadKeyFloodCostsTheStoreAFewRows) {
   d_->Start();
 }
 
+// Issue 10 item 7: a key's own bounds (sbx key create --max-memory ...) narrow the daemon's. A
+// create out of them is a 400 naming the field, the range and whose bound it is, on both APIs,
+// and nothing is recorded or made; a create that asks for nothing gets the defaults moved into the
+// key's range.
+TEST_F(ServeTest, AKeysLimitsAreEnforcedOnBothApisNamingTheRange) {
+  auto made =
+      RunProcess({SBX_BIN, "--data-dir",   dir_,   "key",           "create", "--name",
+                  "small", "--max-memory", "256M", "--max-cpus",    "1",      "--max-pids",
+                  "64",    "--max-disk",   "128M", "--min-timeout", "10s",    "--max-timeout",
+                  "1h",    "--json"},
+                 ProcessOptions{.timeout_ms = 30000});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  json k = json::parse(made.out);
+  EXPECT_EQ(k["limits"]["max_memory_bytes"], 256 << 20) << k;
+  EXPECT_EQ(k["limits"]["max_timeout_ms"], 3600 * 1000) << k;
+  EXPECT_TRUE(k["limits"]["min_memory_bytes"].is_null()) << k;
+  auto ls = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "ls"}, ProcessOptions{});
+  EXPECT_NE(ls.out.find("memory ..256 MiB, cpus ..1, pids ..64, disk ..128 MiB, timeout 10s..1h"),
+            std::string::npos)
+      << ls.out;
+  // Bounds that do not parse, or cross, make no key.
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--max-memory", "lots"},
+                                       {"--max-cpus", "-1"},
+                                       {"--max-timeout", "0"},
+                                       {"--min-pids", "100", "--max-pids", "10"}}) {
+    std::vector<std::string> argv = {SBX_BIN, "--data-dir", dir_, "key", "create", "--name", "x"};
+    argv.insert(argv.end(), bad.begin(), bad.end());
+    auto r = RunProcess(argv, ProcessOptions{.timeout_ms = 30000});
+    EXPECT_NE(r.exit_code, 0) << bad[0];
+    EXPECT_NE(r.err.find(bad[0] == "--min-pids" ? "pids" : bad[0]), std::string::npos) << r.err;
+  }
+
+  http::ClientHeaders key = Bearer(k["secret"]);
+  auto expect400 = [&](const std::string& target, const json& body, const std::string& message,
+                       const http::ClientHeaders& h) {
+    auto r = d_->Call("POST", target, body.dump(), h);
+    EXPECT_EQ(r.status, 400) << target << " " << body << ": " << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos) << target << " " << body << ": " << r.body;
+  };
+  // Native.
+  expect400("/v1/sandboxes", {{"limits", {{"memory_bytes", 512 << 20}}}},
+            "limits.memory_bytes: from 16 MiB (16777216 bytes) to 256 MiB (268435456 bytes), "
+            "the maximum of this key; 0 for the default (got 536870912)",
+            key);
+  expect400("/v1/sandboxes", {{"limits", {{"cpus", 1.5}}}},
+            "limits.cpus: from 0.1 to 1 CPUs, the maximum of this key", key);
+  expect400("/v1/sandboxes", {{"limits", {{"pids", 65}}}},
+            "limits.pids: from 16 to 64 processes, the maximum of this key", key);
+  expect400("/v1/sandboxes", {{"limits", {{"disk_bytes", 256 << 20}}}},
+            "limits.disk_bytes: from 64 MiB (67108864 bytes) to 128 MiB (134217728 bytes), the "
+            "maximum of this key",
+            key);
+  expect400("/v1/sandboxes", {{"timeout", 7200}},
+            "timeout: from 10 to 3600 seconds, the minimum of this key and the maximum of this key "
+            "(got 7200)",
+            key);
+  expect400("/v1/sandboxes", {{"timeout", 5}}, "timeout: from 10 to 3600 seconds", key);
+  // E2B's control plane: its creates carry a timeout (the template sets the rest).
+  const http::ClientHeaders e2b = {{"Authorization", "Bearer " + k["secret"].get<std::string>()},
+                                   {"X-API-Key", k["secret"].get<std::string>()}};
+  for (const char* path : {"/sandboxes", "/v2/sandboxes"})
+    expect400(path, {{"templateID", "base"}, {"timeout", 7200}},
+              "timeout: from 10 to 3600 seconds, the minimum of this key and the maximum of this "
+              "key (got 7200)",
+              e2b);
+  // Nothing was recorded or made for any of them.
+  auto mine = [&](const std::string& target) {
+    auto r = d_->Call("GET", target, "", key);
+    EXPECT_EQ(r.status, 200) << target << ": " << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  EXPECT_EQ(mine("/v1/sandboxes?state=failed&state=killed&state=running")["sandboxes"].size(), 0u);
+  EXPECT_EQ(::system(("test -z \"$(ls -A " + dir_ + "/run 2>/dev/null)\"").c_str()), 0);
+  // The daemon's own maximum is still the bound for another key.
+  auto other =
+      d_->Call("POST", "/v1/sandboxes", json{{"limits", {{"memory_bytes", 512 << 20}}}}.dump());
+  EXPECT_EQ(other.status, 201) << other.body;
+
+  // Asking for nothing: the default memory (1 GiB) and "no disk limit" become the key's maximums.
+  auto created = d_->Call("POST", "/v1/sandboxes", json{{"timeout", 60}}.dump(), key);
+  ASSERT_EQ(created.status, 201) << created.body;
+  json s = json::parse(created.body);
+  EXPECT_EQ(s["limits"]["memory_bytes"], 256 << 20) << s;
+  EXPECT_EQ(s["limits"]["disk_bytes"], 128 << 20) << s;
+  EXPECT_EQ(s["limits"]["pids"], 64) << s;
+  EXPECT_EQ(s["limits"]["cpus"], 1) << s;
+  // Setting a timeout out of the key's range is refused too, on both APIs.
+  std::string id = s["id"];
+  expect400("/v1/sandboxes/" + id + "/timeout", {{"timeout", 7200}},
+            "timeout: from 10 to 3600 seconds", key);
+  expect400("/sandboxes/" + id + "/timeout", {{"timeout", 7200}},
+            "timeout: from 10 to 3600 seconds", e2b);
+  EXPECT_EQ(mine("/v1/sandboxes/" + id)["timeout"], 60);
+
+  // Daemon-wide bounds outside the host's are refused at start, naming the flag.
+  auto refused = RunProcess({SBX_BIN, "--data-dir", dir_ + "/other", "serve", "--listen",
+                             "127.0.0.1:0", "--max-memory", "1024T"},
+                            ProcessOptions{.timeout_ms = 30000});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("--max-memory: from 16 MiB"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("the host's memory (got "), std::string::npos) << refused.err;
+}
+
 // Issue 10 item 7: every number is range-checked before any arithmetic, and a value out of range
 // is a 400 naming the field and the allowed range in its unit, on both APIs.
 TEST_F(ServeTest, NumbersOutOfRangeAreRefusedNamingTheFieldAndTheRange) {
@@ -1082,7 +1185,7 @@ TEST_F(ServeTest, NumbersOutOfRangeAreRefusedNamingTheFieldAndTheRange) {
   // Limits: each message names limits.<field> and the range in the field's unit.
   for (const auto& [limits, message] : std::vector<std::pair<std::string, std::string>>{
            {R"({"pids":1.5})", "limits.pids: must be a whole number of processes"},
-           {R"({"pids":5000000})", "limits.pids: from 1 to 4194304 processes, 0 for the default"},
+           {R"({"pids":5000000})", "limits.pids: from 16 to 32768 processes; 0 for the default"},
            {R"({"memory_bytes":"1G"})", "limits.memory_bytes: must be a whole number of bytes"},
            {R"({"cpu_weight":10001})", "limits.cpu_weight: from 1 to 10000"},
            {R"({"cpus":"two"})", "limits.cpus: must be a number of CPUs"}})

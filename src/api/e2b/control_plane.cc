@@ -6,6 +6,7 @@
 
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
+#include "api/errors.h"
 #include "api/http/exchange.h"
 #include "common/encoding.h"
 #include "storage/template.h"
@@ -26,29 +27,8 @@ awaitable<void> Error(http::Exchange& ex, int status, const std::string& message
   co_await ex.RespondJson(status, body, headers);
 }
 
-int StatusFor(int err) {
-  switch (err) {
-    case ENOENT:
-    case ESRCH:
-      return 404;
-    case EINVAL:
-    case E2BIG:
-      return 400;
-    case EBUSY:
-    case EEXIST:
-      return 409;
-    case EAGAIN:
-      return 429;
-    case ENOSPC:
-    case EDQUOT:
-      return 507;
-    default:
-      return 500;
-  }
-}
-
 awaitable<void> Fail(http::Exchange& ex, const Status& s) {
-  int status = StatusFor(s.err());
+  int status = AnswerFor(s.err()).status;  // the one errno table, api/errors.h
   if (status == 500) spdlog::error("e2b {} {}: {}", ex.method(), ex.path(), s.message());
   co_await Error(ex, status, s.message());
 }

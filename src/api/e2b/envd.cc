@@ -21,6 +21,7 @@
 #include "api/e2b/e2b.h"
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
+#include "api/errors.h"
 #include "api/http/exchange.h"
 #include "api/v1/box_files.h"
 #include "common/fs.h"
@@ -873,26 +874,11 @@ protocol::Writer WriteBegin(const std::string& path, const User& u, const FileMe
   return w;
 }
 
+// The one errno table (api/errors.h), but for envd's own answer to a permission error: 401, which
+// the E2B SDKs expect from /files.
 int FilesStatus(int err) {
-  switch (err) {
-    case ENOENT:
-      return 404;
-    case EINVAL:
-    case EISDIR:
-    case ENOTDIR:
-    case ENXIO:  // a FIFO without a reader, a socket: not a file to open
-      return 400;
-    case EROFS:  // a read-only mount in the box
-      return 409;
-    case EACCES:
-    case EPERM:
-      return 401;
-    case ENOSPC:
-    case EDQUOT:
-      return 507;
-    default:
-      return 500;
-  }
+  if (err == EACCES || err == EPERM) return 401;
+  return AnswerFor(err).status;
 }
 
 // An upload's answer for one file; its metadata is what the file has now (read back, as envd

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <ctime>
 
+#include "api/errors.h"
 #include "api/http/url.h"
 #include "common/encoding.h"
 
@@ -52,44 +53,7 @@ Result<std::optional<json>> EnvelopeReader::Next() {
   return std::optional<json>(std::move(j));
 }
 
-const char* ConnectCode(int err) {
-  switch (err) {
-    case ENOENT:
-    case ESRCH:
-      return "not_found";
-    case EINVAL:
-    case ENOTDIR:
-    case EISDIR:
-    case ENAMETOOLONG:
-    case E2BIG:
-    case ENOTTY:
-    case ENXIO:    // a FIFO without a reader, a socket: not a file to open
-    case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
-      return "invalid_argument";
-    case EEXIST:
-    case ENOTEMPTY:
-      return "already_exists";
-    case EACCES:
-    case EPERM:
-      return "permission_denied";
-    case EAGAIN:
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-      return "resource_exhausted";
-    case ETIMEDOUT:
-      return "deadline_exceeded";
-    case EBUSY:
-    case EPIPE:
-    case EROFS:  // a read-only mount in the box
-      return "failed_precondition";
-    case ECONNRESET:
-    case ECONNREFUSED:
-      return "unavailable";
-    default:
-      return "internal";
-  }
-}
+const char* ConnectCode(int err) { return api::AnswerFor(err).connect_code; }
 
 int ConnectHttpStatus(std::string_view code) {
   static const std::pair<std::string_view, int> kMap[] = {{"canceled", 499},

@@ -44,7 +44,8 @@ class EnvelopeReader {
  private:
   std::string buf_;
 };
-// A Connect error code ("not_found") for an errno, and the HTTP status of a Connect code.
+// A Connect error code ("not_found") for an errno (the table of api/errors.h), and the HTTP
+// status of a Connect code.
 const char* ConnectCode(int err);
 int ConnectHttpStatus(std::string_view code);
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <tuple>
 
+#include "api/errors.h"
 #include "api/http/exchange.h"
 #include "api/http/websocket.h"
 #include "api/v1/box_files.h"
@@ -93,47 +94,7 @@ json EntryJson(const protocol::Reader& f) {
 
 // ---- errors ----
 
-struct HttpError {
-  int status;
-  const char* code;
-};
-
-HttpError ErrorFor(int err) {
-  switch (err) {
-    case ENOENT:
-    case ESRCH:
-      return {404, "not_found"};
-    case EINVAL:
-    case ENOTDIR:
-    case EISDIR:
-    case ENAMETOOLONG:
-    case E2BIG:
-    case ENXIO:    // a FIFO without a reader, a socket: not a file to open
-    case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
-      return {400, "invalid_argument"};
-    case EROFS:  // a read-only mount in the box: the request conflicts with the box's state
-      return {409, "conflict"};
-    case EBUSY:
-    case EPIPE:  // stdin of a process that exited or closed it
-      return {409, "conflict"};
-    case EEXIST:
-      return {409, "already_exists"};
-    case EAGAIN:
-      return {429, "rate_limited"};
-    case EACCES:
-    case EPERM:
-      return {403, "permission_denied"};
-    case ENOSPC:
-    case EDQUOT:
-      return {507, "insufficient_storage"};
-    case ETIMEDOUT:
-      return {504, "timeout"};
-    case ENOTEMPTY:
-      return {409, "not_empty"};
-    default:
-      return {500, "internal"};
-  }
-}
+// What each errno answers is the one table of api/errors.h.
 
 awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& headers = {}) {
   // A client that went away (mid-upload) is no server error. The answer goes nowhere; it is there
@@ -142,7 +103,7 @@ awaitable<void> Fail(http::Exchange& ex, const Status& s, const http::Headers& h
     spdlog::info("{} {}: {}", ex.method(), ex.path(), s.message());
     co_return co_await ex.RespondError(kClientGoneStatus, "client_closed_request", s.message());
   }
-  HttpError e = ErrorFor(s.err());
+  ErrorAnswer e = AnswerFor(s.err());
   if (e.status == 500) spdlog::error("{} {}: {}", ex.method(), ex.path(), s.message());
   co_await ex.RespondError(e.status, e.code, s.message(), headers);
 }
