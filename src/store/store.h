@@ -16,7 +16,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "store/db.h"
 
 namespace sbx::store {
@@ -299,13 +299,13 @@ class Store {
   Store(std::unique_ptr<Db> db, std::string path, int version)
       : path_(std::move(path)), schema_version_(version), db_(std::move(db)) {}
 
-  Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id);
-  Status PutSandboxLocked(const SandboxRecord& r);
+  Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id) REQUIRES(mu_);
+  Status PutSandboxLocked(const SandboxRecord& r) REQUIRES(mu_);
 
   const std::string path_;
   const int schema_version_;
-  std::mutex mu_;
-  std::unique_ptr<Db> db_;  // guarded by mu_
+  Mutex mu_;
+  std::unique_ptr<Db> db_ GUARDED_BY(mu_);
 };
 
 // Milliseconds since the Unix epoch, from the system clock.
