@@ -62,7 +62,8 @@ class BoxDir {
 std::string CreationDirName(const std::string& id, pid_t pid, unsigned long long start_time);
 // Whether `name` in a run directory is a CreationDirName whose creator is no longer alive (no
 // process with that pid, or one started at another time: a pid reused). Such a directory holds
-// only its owner file: no range, cgroup, mount or process is taken before the rename.
+// only its owner file: no range, cgroup, mount or process is taken before the rename. (Open's
+// idmap probe uses such a name for its scratch directory too, for the same reason.)
 bool IsAbandonedCreation(const std::string& name);
 // Field 22 of /proc/<pid>/stat (clock ticks after boot); 0 when there is no such process.
 unsigned long long ProcessStartTime(pid_t pid);

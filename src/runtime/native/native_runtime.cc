@@ -178,7 +178,10 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   const std::string range =
       std::to_string(config.id_base) + ".." + std::to_string(config.id_base + kIdRange - 1);
   if (idmapped) {
-    std::string scratch = config.run_dir + "/.idmap-probe-" + RandomId(8);
+    // Named as a creation of this process: if it dies mid-probe, the next ReapOrphans removes it.
+    std::string scratch =
+        config.run_dir + "/" +
+        CreationDirName("idmap-probe-" + RandomId(8), ::getpid(), ProcessStartTime(::getpid()));
     Status probe = ::mkdir(scratch.c_str(), 0700) == 0
                        ? ProbeIdmappedLayers(scratch, config.id_base)
                        : Status::Errno("mkdir " + scratch);
