@@ -266,7 +266,8 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   if (st.ok()) st = MakeCgroups(c);
   if (st.ok()) c.box.timings.cgroup_us = MicrosSince(c.t);
   if (st.ok()) st = Clone(c);
-  if (st.ok()) st = AtGoAhead(c);
+  if (st.ok()) st = AtSyncPoint(c);
+  if (st.ok()) st = SendGoAhead(c);
   if (st.ok()) c.box.timings.clone_us = MicrosSince(c.t);
   if (st.ok()) st = AwaitChildSetup(c);
   if (st.ok()) c.box.timings.child_us = MicrosSince(c.t);
@@ -425,13 +426,16 @@ Status NativeRuntime::Clone(Creation& c) {
   return {};
 }
 
-Status NativeRuntime::AtGoAhead(Creation& c) {
-  // The hook at the parent/child synchronisation point: the child is cloned, mapped and in its
-  // cgroups, and waits for the go-ahead before any of its setup. What the host must do to the
-  // box's namespaces from outside goes here (the network issue moves the box's veth into its
-  // network namespace here); today nothing does.
-  //
-  // Then the go-ahead itself: the mounts the child attaches, layers then binds. Read-only ones
+Status NativeRuntime::AtSyncPoint(Creation& /*c*/) {
+  // The child is cloned, mapped and in its cgroups, and waits for the go-ahead before any of its
+  // own setup. What the host must do to the box's namespaces from outside goes here (the network
+  // issue moves the box's veth into its network namespace, c.box.init_pid's, here); today
+  // nothing does. What it makes needs an owner in Creation, like everything else.
+  return {};
+}
+
+Status NativeRuntime::SendGoAhead(Creation& c) {
+  // The go-ahead: the mounts the child attaches, layers then binds. Read-only ones
   // are idmapped into the box's range (files show their real owners inside); writable binds
   // never are (the box's root would write as the files' real owners). Each is a detached mount
   // owned by its descriptor: closing it (here, once sent) leaves it only to the child.

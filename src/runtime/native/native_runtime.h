@@ -85,9 +85,11 @@ class NativeRuntime : public Runtime {
   Status MakeCgroups(Creation& c);
   // "clone": the child in its new namespaces, its id maps, cgroup attach and OOM score.
   Status Clone(Creation& c);
-  // The parent/child synchronisation point (still "clone"): what the host does to the child's
-  // namespaces from outside before it may go on, then the go-ahead with its mounts.
-  Status AtGoAhead(Creation& c);
+  // The parent/child synchronisation point (still "clone"): the hook for what the host does to
+  // the child's namespaces from outside before it may go on (empty today), then the go-ahead
+  // with the child's mounts.
+  Status AtSyncPoint(Creation& c);
+  Status SendGoAhead(Creation& c);
   // "child": waits for the child's own setup (mounts, pivot_root, caps, seccomp) and the exec of
   // the agent, or the step that failed. The "hello" phase after it is the caller's.
   Status AwaitChildSetup(Creation& c);
