@@ -11,7 +11,9 @@
 
 namespace sbx {
 
-class Status {
+// [[nodiscard]]: a dropped Status is a failure nobody hears of. Where ignoring one is right, say
+// why with an explicit (void) and a comment.
+class [[nodiscard]] Status {
  public:
   Status() = default;  // OK; costs nothing.
 
@@ -47,7 +49,7 @@ class Status {
 
 // A value or the Status that explains why there is none.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)

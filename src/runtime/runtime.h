@@ -75,7 +75,6 @@ struct Box {
   pid_t init_pid = -1;       // host pid of the agent (PID 1 inside)
   std::string agent_socket;  // host path of the agent's unix socket
   std::string dir;           // host directory owned by this box (removed on Destroy)
-  std::string disk_mount;    // during Create only: host mount of the disk image, if any
   uint32_t id_base = 0;      // host id of root inside (its range is id_base..id_base+65535)
   // Shared read-only layers and binds are idmapped into the box's range (files show their real
   // owners inside). false: the runtime's loud fallback (shared legacy base, shifted layer copies,

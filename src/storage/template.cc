@@ -208,7 +208,7 @@ Status BuildOnce(const std::string& final_dir, F build, int mode = 0755) {
       errno != ENOTEMPTY) {
     s = Status::Errno("rename " + tmp);
   }
-  RemoveTree(tmp);
+  (void)RemoveTree(tmp);  // a leftover .tmp- directory is never used; only wasted space
   return s;
 }
 
@@ -439,7 +439,7 @@ class CacheLock {
 // Removes a layer's directory. Caller holds the CacheLock and has forgotten the layer in the
 // store.
 void RemoveLayerDirs(const TemplateStore& ts, const std::string& id) {
-  RemoveTree(LayerDir(ts, id));
+  (void)RemoveTree(LayerDir(ts, id));  // what is left is unknown to the store: SweepCache takes it
 }
 
 // The names in directory `dir` (none when it cannot be read), read whole before anything below it
@@ -462,7 +462,7 @@ std::vector<std::string> Entries(const std::string& dir) {
 void SweepCache(const TemplateStore& ts, store::Store& st) {
   for (const auto& n : Entries(LayersRoot(ts))) {
     auto l = st.GetLayer(n);
-    if (l.ok() && !*l) RemoveTree(LayersRoot(ts) + "/" + n);
+    if (l.ok() && !*l) (void)RemoveTree(LayersRoot(ts) + "/" + n);  // retried by the next sweep
   }
 }
 
@@ -576,7 +576,7 @@ void ReapDeadRuns(const TemplateStore& ts) {
   for (const auto& n : Entries(RunRoot(ts))) {
     std::string p = RunRoot(ts) + "/" + n;
     UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-    if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) RemoveTree(p);
+    if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) (void)RemoveTree(p);  // next run retries
   }
 }
 
@@ -664,7 +664,7 @@ Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
   auto fd = std::make_shared<UniqueFd>(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!*fd || ::flock(fd->get(), LOCK_SH) != 0) {
     Status s = Status::Errno("lock " + dir);
-    RemoveTree(dir);
+    (void)RemoveTree(dir);  // unlocked: the next run's ReapDeadRuns takes what is left
     return s;
   }
   // The layer keeps the tarball's owners: the runtime idmaps it into the box's range.
@@ -680,10 +680,10 @@ Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
   }
   if (s.ok() && ::chown(root.c_str(), 0, 0) != 0) s = Status::Errno("chown " + root);
   if (!s.ok()) {
-    RemoveTree(dir);
+    (void)RemoveTree(dir);  // the error to report is s; ReapDeadRuns takes what is left
     return s.Wrap("unpack template " + spec);
   }
-  *cleanup = [dir, fd] { RemoveTree(dir); };
+  *cleanup = [dir, fd] { (void)RemoveTree(dir); };  // likewise, once the run is over
   t.layers = {root};
   return t;
 }
@@ -736,7 +736,7 @@ Result<store::TemplateRecord> AddTemplate(const TemplateStore& ts, store::Store&
       return Status::Error(what + ": the template cache is full (" +
                                std::to_string(ts.cache_bytes) + " bytes, all in use)",
                            ENOSPC);
-    RemoveTree(LayerDir(ts, id));
+    SBX_RETURN_IF_ERROR(RemoveTree(LayerDir(ts, id)));  // else BuildOnce would keep a stale one
     ExtractOptions o;
     o.limit = *room;
     o.progress = progress;

@@ -279,7 +279,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, Clock& clock
 }
 
 Status Store::CheckIntegrity() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<std::string> r = db_->QueryText("PRAGMA quick_check");
   if (!r.ok()) return r.status().Wrap("check " + path_);
   if (*r != "ok") return Status::Error("check " + path_ + ": " + *r, EUCLEAN);
@@ -296,12 +296,12 @@ Store::Store(std::unique_ptr<Db> db, std::string path, int version, Clock& clock
 Store::~Store() { audit_queue_.reset(); }
 
 store::WriteHealth Store::WriteHealth() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return db_->write_health();
 }
 
 store::WriteHealth Store::CheckWritable(int64_t probe_after_ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (NowMs() - db_->write_health().last_write < probe_after_ms) return db_->write_health();
   // A row no caller can have (idempotency keys belong to a key id, never ""), inserted and
   // deleted in one transaction: its pages are written to the WAL like any change, so the probe
@@ -323,7 +323,7 @@ store::WriteHealth Store::CheckWritable(int64_t probe_after_ms) {
 }
 
 Status Store::Ping() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<std::string> r = db_->QueryText("PRAGMA user_version");
   if (!r.ok()) return r.status().Wrap("read " + path_);
   return Status();
@@ -332,7 +332,7 @@ Status Store::Ping() {
 // ---- sandboxes ----
 
 Status Store::PutSandbox(const SandboxRecord& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return PutSandboxLocked(r);
 }
 
@@ -394,7 +394,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
 
 Status Store::InsertSandbox(const SandboxRecord& r, int64_t max_live) {
   std::string what = "insert sandbox " + r.id;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   Result<std::optional<SandboxRecord>> existing = GetSandboxLocked(r.id);
@@ -414,7 +414,7 @@ Status Store::InsertSandbox(const SandboxRecord& r, int64_t max_live) {
 }
 
 Result<std::optional<SandboxRecord>> Store::GetSandbox(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return GetSandboxLocked(id);
 }
 
@@ -433,7 +433,7 @@ Result<std::optional<SandboxRecord>> Store::GetSandboxLocked(const std::string& 
 
 Result<SandboxRecord> Store::UpdateSandbox(const std::string& id,
                                            const std::function<Status(SandboxRecord&)>& change) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string what = "update sandbox " + id;
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
@@ -474,7 +474,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
   sql += f.oldest_first ? " ORDER BY created_at, id LIMIT ?"
                         : " ORDER BY created_at DESC, id DESC LIMIT ?";
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(sql);
   if (!st.ok()) return st.status().Wrap("list sandboxes");
   int i = 1;
@@ -504,7 +504,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
 }
 
 Result<std::vector<SandboxRecord>> Store::ListLiveSandboxes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare(std::string("SELECT ") + kSandboxColumns +
                    " FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
@@ -516,7 +516,7 @@ Result<std::vector<SandboxRecord>> Store::ListLiveSandboxes() {
 }
 
 Status Store::DeleteSandbox(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare("DELETE FROM sandboxes WHERE id = ?1");
   if (!st.ok()) return st.status();
   st->BindText(1, id);
@@ -528,7 +528,7 @@ Status Store::DeleteSandbox(const std::string& id) {
 
 Result<int64_t> Store::CountSandboxes(const std::string& owner_key_id,
                                       const std::vector<std::string>& states) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return CountSandboxesLocked(owner_key_id, states);
 }
 
@@ -591,7 +591,7 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   k.record.creates_per_second = creates_per_second;
   k.record.is_operator = is_operator;
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11,"
                                       " ?12, ?13, ?14, ?15, ?16, ?17, ?18)");
@@ -633,7 +633,7 @@ Result<std::optional<ApiKeyRecord>> Store::VerifyApiKey(const std::string& secre
   // Secrets are 44 characters; anything far longer is not worth hashing.
   if (secret.empty() || secret.size() > 256) return std::optional<ApiKeyRecord>();
   std::string hash = Sha256Hex(secret);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // The index lookup by hash is not constant-time, but what it could leak is the hash of the
   // presented secret, which says nothing about any stored secret. The final comparison is.
   Result<Statement> st =
@@ -652,7 +652,7 @@ Result<std::optional<ApiKeyRecord>> Store::VerifyApiKey(const std::string& secre
 }
 
 Result<std::optional<ApiKeyRecord>> Store::GetApiKey(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare(std::string("SELECT ") + kApiKeyColumns + " FROM api_keys WHERE id = ?1");
   if (!st.ok()) return st.status().Wrap("get api key " + id);
@@ -664,7 +664,7 @@ Result<std::optional<ApiKeyRecord>> Store::GetApiKey(const std::string& id) {
 }
 
 Result<std::vector<ApiKeyRecord>> Store::ListApiKeys() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("SELECT ") + kApiKeyColumns +
                                       " FROM api_keys ORDER BY created_at, id");
   if (!st.ok()) return st.status().Wrap("list api keys");
@@ -678,7 +678,7 @@ Result<std::vector<ApiKeyRecord>> Store::ListApiKeys() {
 }
 
 Status Store::RevokeApiKey(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::string what = "revoke api key " + id;
   Result<Statement> st = db_->Prepare(
       "UPDATE api_keys SET revoked_at = CASE WHEN revoked_at = 0 THEN ?2 ELSE revoked_at END"
@@ -701,7 +701,7 @@ Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
   Result<std::string> text = Dump(detail, "append audit event " + e.type + ": detail");
   if (!text.ok()) return text.status();
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(
       "INSERT INTO audit_events (time, sandbox_id, key_id, type, detail)"
       " VALUES (?1, ?2, ?3, ?4, ?5)");
@@ -725,7 +725,7 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   if (q.until != 0) sql += " AND time < ?";
   sql += " ORDER BY seq LIMIT ?";
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(sql);
   if (!st.ok()) return st.status().Wrap("query audit events");
   int i = 1;
@@ -757,7 +757,7 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
 
 Result<int64_t> Store::PurgeAuditBefore(int64_t before, int64_t max_rows) {
   if (max_rows < 0) return Invalid("purge audit events: negative max_rows");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(
       max_rows == 0 ? "DELETE FROM audit_events WHERE time < ?1"
                     : "DELETE FROM audit_events WHERE seq IN"
@@ -773,7 +773,7 @@ Result<int64_t> Store::PurgeAuditBefore(int64_t before, int64_t max_rows) {
 
 Result<std::optional<IdempotencyRecord>> Store::GetIdempotency(const std::string& key_id,
                                                                const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("SELECT ") + kIdempotencyColumns +
                                       " FROM idempotency_keys"
                                       " WHERE key_id = ?1 AND idem_key = ?2 AND created_at >= ?3");
@@ -795,7 +795,7 @@ Status Store::PutIdempotency(const IdempotencyRecord& r) {
   if (r.key.empty()) return Invalid("put idempotency key: empty key");
   std::string what = "put idempotency key '" + r.key + "' of " + r.key_id;
   int64_t now = clock_->NowMs();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   {
@@ -821,7 +821,7 @@ Status Store::PutIdempotency(const IdempotencyRecord& r) {
 }
 
 Status Store::DeleteIdempotency(const std::string& key_id, const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare("DELETE FROM idempotency_keys WHERE key_id = ?1 AND idem_key = ?2");
   if (!st.ok()) return st.status().Wrap("delete idempotency key");
@@ -894,7 +894,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   std::string what = "add template " + t.name;
   Result<std::string> layers = Dump(json(t.layers), what + ": layers");
   if (!layers.ok()) return layers.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
@@ -912,7 +912,7 @@ Status Store::PutTemplate(const TemplateRecord& t) {
   std::string what = "put template " + t.name;
   Result<std::string> layers = Dump(json(t.layers), what + ": layers");
   if (!layers.ok()) return layers.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
@@ -929,12 +929,12 @@ Status Store::PutTemplate(const TemplateRecord& t) {
 }
 
 Result<std::optional<TemplateRecord>> Store::GetTemplate(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return GetTemplateIn(*db_, name);
 }
 
 Result<std::vector<TemplateRecord>> Store::ListTemplates() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare(std::string("SELECT ") + kTemplateColumns + " FROM templates ORDER BY name");
   if (!st.ok()) return st.status().Wrap("list templates");
@@ -951,7 +951,7 @@ Result<std::vector<TemplateRecord>> Store::ListTemplates() {
 
 Status Store::DeleteTemplate(const std::string& name) {
   std::string what = "delete template " + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   Result<Statement> aliases = db_->Prepare("SELECT name FROM templates WHERE alias_of = ?1");
@@ -972,7 +972,7 @@ Status Store::DeleteTemplate(const std::string& name) {
 Result<std::optional<TemplateRecord>> Store::UseTemplate(const std::string& name,
                                                          const std::string& pin_for) {
   std::string what = "use template " + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   Result<std::optional<TemplateRecord>> t = GetTemplateIn(*db_, name);
@@ -1015,7 +1015,7 @@ Status Store::PutLayer(const LayerRecord& l) {
   if (l.id.empty()) return Invalid("put layer: empty id");
   if (l.size_bytes < 0) return Invalid(what + ": negative size");
   int64_t created = l.created_at != 0 ? l.created_at : clock_->NowMs();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO template_layers (") + kLayerColumns +
       ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO UPDATE SET size_bytes = excluded.size_bytes,"
@@ -1029,7 +1029,7 @@ Status Store::PutLayer(const LayerRecord& l) {
 }
 
 Result<std::optional<LayerRecord>> Store::GetLayer(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare(std::string("SELECT ") + kLayerColumns + " FROM template_layers WHERE id = ?1");
   if (!st.ok()) return st.status().Wrap("get layer " + id);
@@ -1060,12 +1060,12 @@ Result<std::vector<LayerRecord>> LayersWhere(Db& db, const std::string& where,
 }  // namespace
 
 Result<std::vector<LayerRecord>> Store::ListLayers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return LayersWhere(*db_, "", "list layers");
 }
 
 Result<int64_t> Store::LayerBytes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<std::string> sum =
       db_->QueryText("SELECT CAST(COALESCE(SUM(size_bytes), 0) AS TEXT) FROM template_layers");
   if (!sum.ok()) return sum.status().Wrap("sum layer sizes");
@@ -1073,7 +1073,7 @@ Result<int64_t> Store::LayerBytes() {
 }
 
 Result<std::vector<LayerRecord>> Store::UnusedLayers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SBX_RETURN_IF_ERROR(
       db_->Exec("DELETE FROM layer_pins WHERE sandbox_id IN (SELECT id FROM sandboxes WHERE"
                 " state NOT IN ('creating', 'running', 'paused'))")
@@ -1083,7 +1083,7 @@ Result<std::vector<LayerRecord>> Store::UnusedLayers() {
 
 Status Store::DeleteLayer(const std::string& id) {
   std::string what = "delete layer " + id;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   Result<Statement> used = db_->Prepare(std::string("SELECT ") + kLayerInUse +
@@ -1106,7 +1106,7 @@ Status Store::DeleteLayer(const std::string& id) {
 }
 
 Status Store::UnpinLayers(const std::string& sandbox_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare("DELETE FROM layer_pins WHERE sandbox_id = ?1");
   if (!st.ok()) return st.status().Wrap("unpin layers of " + sandbox_id);
   st->BindText(1, sandbox_id);
@@ -1114,7 +1114,7 @@ Status Store::UnpinLayers(const std::string& sandbox_id) {
 }
 
 Result<int64_t> Store::DropOrphanPins() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SBX_RETURN_IF_ERROR(
       db_->Exec("DELETE FROM layer_pins WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)")
           .Wrap("forget orphan layer pins"));
@@ -1127,7 +1127,7 @@ Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
   std::string what = "acquire id range for " + box_id;
   if (box_id.empty()) return Invalid(what + ": empty box id");
   if (slots <= 0) return Invalid(what + ": the pool has no slots");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
   // Idempotent: a box keeps its slot until it releases it.
@@ -1159,7 +1159,7 @@ Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
 }
 
 Status Store::ReleaseIdSlot(const std::string& box_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare("DELETE FROM id_ranges WHERE box_id = ?1");
   if (!st.ok()) return st.status().Wrap("release id range of " + box_id);
   st->BindText(1, box_id);
@@ -1167,7 +1167,7 @@ Status Store::ReleaseIdSlot(const std::string& box_id) {
 }
 
 Result<std::vector<IdSlot>> Store::ListIdSlots() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Result<Statement> st =
       db_->Prepare("SELECT slot, box_id, allocated_at FROM id_ranges ORDER BY slot");
   if (!st.ok()) return st.status().Wrap("list id ranges");

@@ -16,7 +16,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +25,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "store/db.h"
 
 namespace sbx::store {
@@ -339,16 +339,16 @@ class Store {
  private:
   Store(std::unique_ptr<Db> db, std::string path, int version, Clock& clock);
 
-  Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id);
-  Status PutSandboxLocked(const SandboxRecord& r);
+  Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id) REQUIRES(mu_);
+  Status PutSandboxLocked(const SandboxRecord& r) REQUIRES(mu_);
   Result<int64_t> CountSandboxesLocked(const std::string& owner_key_id,
-                                       const std::vector<std::string>& states);
+                                       const std::vector<std::string>& states) REQUIRES(mu_);
 
   const std::string path_;
   const int schema_version_;
   Clock* const clock_;
-  std::mutex mu_;
-  std::unique_ptr<Db> db_;  // guarded by mu_
+  Mutex mu_;
+  std::unique_ptr<Db> db_ GUARDED_BY(mu_);
   // Declared after db_: destroyed (and flushed) while the database is still open.
   std::unique_ptr<AuditQueue> audit_queue_;
 };

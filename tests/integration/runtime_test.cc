@@ -18,6 +18,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 #include "protocol/client.h"
+#include "runtime/native/box_owners.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
 #include "storage/template.h"
@@ -69,7 +70,7 @@ class RuntimeTest : public ::testing::Test {
           << "cgroup left in " << parent;
     }
     if (!rt_->cgroup_host().v2_dir.empty()) ::rmdir(rt_->cgroup_host().v2_dir.c_str());
-    RemoveTree(dir_);
+    (void)RemoveTree(dir_);  // the test's scratch directory: a leftover in /tmp harms no result
   }
 
   BoxSpec Spec() {
@@ -275,6 +276,48 @@ TEST_F(RuntimeTest, OrphansOfADeadOwnerAreReaped) {
   struct stat st;
   EXPECT_EQ(::stat(mine->dir.c_str(), &st), 0);
   EXPECT_TRUE(rt_->Destroy(*mine).ok());
+}
+
+TEST_F(RuntimeTest, ACreatorKilledBeforeItsRenameLeavesNothingForTheReaperToAgeOut) {
+  // A box directory is made under a temporary name naming its creator, and renamed into place
+  // with its locked owner file. A creator killed before the rename (here right after its mkdir,
+  // before the owner file) leaves a name that the next reap removes at once, not after a minute.
+  const std::string run = dir_ + "/run";
+  pid_t creator = ::fork();
+  ASSERT_GE(creator, 0);
+  if (creator == 0) {
+    std::string tmp = run + "/" + CreationDirName("dead", ::getpid(), ProcessStartTime(::getpid()));
+    if (::mkdir(tmp.c_str(), 0700) != 0) ::_exit(1);
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(creator, &status, 0), creator);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the creator did not get to its mkdir";
+  // A reused pid: alive, but started at another time than the name says.
+  const std::string reused = run + "/" + CreationDirName("reused", ::getpid(), 1);
+  // This process, creating right now: never touched.
+  const std::string live =
+      run + "/" + CreationDirName("live", ::getpid(), ProcessStartTime(::getpid()));
+  ASSERT_EQ(::mkdir(reused.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(live.c_str(), 0700), 0);
+  auto reaped = rt_->ReapOrphans("run");
+  ASSERT_TRUE(reaped.ok()) << reaped.status().message();
+  EXPECT_EQ(*reaped, 2);
+  struct stat st {};
+  if (DIR* d = ::opendir(run.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      EXPECT_FALSE(n.size() > 5 && n.substr(n.size() - 5) == ".dead") << "left: " << n;
+    }
+    ::closedir(d);
+  }
+  EXPECT_NE(::stat(reused.c_str(), &st), 0);
+  EXPECT_EQ(::stat(live.c_str(), &st), 0) << "a live creator's directory was reaped";
+  ASSERT_EQ(::rmdir(live.c_str()), 0);
+  // Nothing but box directories is left by a real create, failed or not (TearDown checks).
+  BoxSpec bad = Spec();
+  bad.layers = {dir_ + "/no-such-layer"};
+  EXPECT_FALSE(rt_->Create(bad).ok());
 }
 
 // Runs argv in the box and returns its output (stdout and stderr) and exit code.
@@ -563,4 +606,20 @@ TEST_F(RuntimeTest, FallbackWithoutIdmapStillRunsABox) {
 }
 
 }  // namespace
+TEST_F(RuntimeTest, ACreateOfAnIdInUseFailsAndLeavesThatBoxAlone) {
+  // The rename into place never replaces an existing box's directory, and the failed create's
+  // owners undo only what it made.
+  BoxSpec spec = Spec();
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  auto again = rt_->Create(spec);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().err(), EEXIST) << again.status().message();
+  struct stat st {};
+  EXPECT_EQ(::stat((box->dir + "/owner").c_str(), &st), 0);
+  EXPECT_FALSE(rt_->AgentExit(*box).has_value()) << "the first box's agent was killed";
+  EXPECT_TRUE(RunIn(*box, {"true"}).code == 0);
+  EXPECT_TRUE(rt_->Destroy(*box).ok());
+}
+
 }  // namespace sbx::runtime

@@ -25,6 +25,7 @@
 #include "api/http/router.h"
 #include "api/http/server.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace sbx::http {
 
@@ -70,12 +71,12 @@ struct ServerState {
   const Router router;
   std::atomic<bool> stopping{false};
 
-  std::mutex mu;
-  std::condition_variable all_closed;
-  std::map<uint64_t, Entry> connections;               // GUARDED_BY(mu)
-  std::unordered_map<std::string, Count> per_address;  // GUARDED_BY(mu)
-  Count total;                                         // GUARDED_BY(mu)
-  uint64_t next_id = 0;                                // GUARDED_BY(mu)
+  Mutex mu;
+  std::condition_variable_any all_closed;
+  std::map<uint64_t, Entry> connections GUARDED_BY(mu);
+  std::unordered_map<std::string, Count> per_address GUARDED_BY(mu);
+  Count total GUARDED_BY(mu);
+  uint64_t next_id GUARDED_BY(mu) = 0;
   std::atomic<size_t> open{0};
 };
 
@@ -147,8 +148,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Written on the strand, read by the acceptor under state_.mu to pick whom to evict.
   std::atomic<IdleKind> idle_kind_{IdleKind::kFresh};
   std::atomic<int64_t> idle_since_{0};  // steady_clock ticks
-  bool evict_marked_ = false;           // GUARDED_BY(state_.mu)
-  bool evicted_ = false;                // on the strand: closing to make room
+  // Guarded by state_.mu; not annotated: the acceptor reaches it as `victim->evict_marked_` under
+  // `state.mu`, the same mutex by another name, which the analysis cannot tell.
+  bool evict_marked_ = false;
+  bool evicted_ = false;  // on the strand: closing to make room
   beast::flat_buffer buffer_;
   std::optional<RequestParser> parser_;
   net::steady_timer deadline_;

@@ -141,7 +141,7 @@ Connection::Connection(ServerState& state, Socket socket, std::string remote, st
 Connection::~Connection() {
   boost::system::error_code ec;
   socket_.close(ec);
-  std::lock_guard lock(state_.mu);
+  MutexLock lock(state_.mu);
   state_.connections.erase(id_);
   auto it = state_.per_address.find(address_);
   if (it != state_.per_address.end()) {
@@ -164,7 +164,7 @@ void Connection::OnEvict() {
     return;
   }
   // A request arrived in the meantime: it keeps its slot (the cap is exceeded until one closes).
-  std::lock_guard lock(state_.mu);
+  MutexLock lock(state_.mu);
   if (!evict_marked_) return;
   evict_marked_ = false;
   state_.total.marked--;
@@ -406,7 +406,8 @@ net::awaitable<void> Connection::RespondEarly(int status, const char* code, cons
   res.body() = ErrorJson(code, message).dump();
   res.prepare_payload();
   bytes_out_ = 0;
-  co_await WriteMessage(res, "write error response");
+  // The connection closes after this either way (close_after_), and a failure marked it broken.
+  (void)co_await WriteMessage(res, "write error response");
   if (state_.options.access_log) {
     AccessLogEntry entry;
     entry.remote = remote_;
@@ -461,7 +462,7 @@ struct Server::Impl {
   template <typename Acceptor>
   net::awaitable<void> AcceptLoop(Acceptor& acceptor);
   void Adopt(Socket socket, std::string remote, std::string address);
-  Connection* PickVictim(const std::string* address);
+  Connection* PickVictim(const std::string* address) REQUIRES(state.mu);
   void Broadcast(bool force);
   bool WaitAllClosed(std::chrono::milliseconds timeout);
 };
@@ -524,7 +525,7 @@ void Server::Impl::Adopt(Socket socket, std::string remote, std::string address)
   std::shared_ptr<Connection> conn;
   std::shared_ptr<Connection> victim;  // released outside the lock: ~Connection takes it
   {
-    std::lock_guard lock(state.mu);
+    MutexLock lock(state.mu);
     // Checked under the lock that Stop() takes to broadcast, so no connection slips past it.
     bool refuse = state.stopping.load();
     Connection* evict = nullptr;
@@ -567,7 +568,7 @@ void Server::Impl::Broadcast(bool force) {
   // ~Connection, which takes the lock itself.
   std::vector<std::shared_ptr<Connection>> live;
   {
-    std::lock_guard lock(state.mu);
+    MutexLock lock(state.mu);
     for (auto& [id, entry] : state.connections) {
       if (auto conn = entry.weak.lock()) live.push_back(std::move(conn));
     }
@@ -661,7 +662,7 @@ void Server::Stop() {
   if (!s.started || s.stopped) return;
   s.stopped = true;
   {
-    std::lock_guard lock(s.state.mu);
+    MutexLock lock(s.state.mu);
     s.state.stopping = true;
   }
   net::post(s.acceptor_strand, [&s] {

@@ -22,10 +22,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "common/fs.h"
+#include "runtime/native/box_owners.h"
 #include "runtime/native/capabilities.h"
 #include "runtime/native/child.h"
 #include "runtime/native/disk.h"
@@ -77,26 +79,6 @@ Result<UniqueFd> ListenUnix(const std::string& path) {
   return fd;
 }
 
-// The box's mount namespace holds its own reference to the disk mount from the moment it has
-// made its mounts private, so the host's copy is detached as soon as the child is past setup (or
-// dead): it never stays in the host's mount table.
-void DetachDisk(Box& box) {
-  if (box.disk_mount.empty()) return;
-  ::umount2(box.disk_mount.c_str(), MNT_DETACH);
-  box.disk_mount.clear();
-}
-
-// Kills and reaps a box's first process through its pidfd (never a process that reused its pid).
-void KillAndReap(pid_t pid, const UniqueFd& pidfd) {
-  if (pid <= 0 || !pidfd) return;
-  ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0U);
-  siginfo_t info{};
-  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd.get()), &info,
-                  WEXITED | __WALL) < 0 &&
-         errno == EINTR) {
-  }
-}
-
 // On cgroup v1, moving a process between cgroups takes a global lock whose write side first
 // waits for an RCU grace period when the lock has been idle (10-20 ms here); writers that follow
 // within the next grace period are fast. A no-op move of ourselves into the cgroup we are already
@@ -113,21 +95,10 @@ std::thread WarmUpCgroupAttach(const CgroupHost& host) {
   return {};
 }
 
-// Creates and locks <dir>/owner, which names the kind of owner. The lock lives as long as the
-// returned descriptor (and dies with this process).
-Result<UniqueFd> LockOwner(const std::string& dir, const std::string& owner) {
-  std::string path = dir + "/owner";
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd) return Status::Errno("create " + path);
-  // Blocking: a reaper checking this box holds the lock only for a moment.
-  if (::flock(fd.get(), LOCK_EX) != 0) return Status::Errno("lock " + path);
-  SBX_RETURN_IF_ERROR(WriteAll(fd.get(), owner + "\n"));
-  return fd;
-}
-
 // A box directory is an orphan of `owner` when its owner file names `owner` and nobody holds its
-// lock. A directory without an owner file was left by a creator that died within its first
-// system calls; it counts once it is a minute old (a live creator writes the file at once).
+// lock. A box directory gets its name only with its owner file in it (BoxDir); one without was
+// left by an older sbx whose creator died between its mkdir and its owner file, and counts once
+// it is a minute old.
 bool IsOrphan(const std::string& dir, const std::string& owner) {
   UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) {
@@ -207,11 +178,14 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   const std::string range =
       std::to_string(config.id_base) + ".." + std::to_string(config.id_base + kIdRange - 1);
   if (idmapped) {
-    std::string scratch = config.run_dir + "/.idmap-probe-" + RandomId(8);
+    // Named as a creation of this process: if it dies mid-probe, the next ReapOrphans removes it.
+    std::string scratch =
+        config.run_dir + "/" +
+        CreationDirName("idmap-probe-" + RandomId(8), ::getpid(), ProcessStartTime(::getpid()));
     Status probe = ::mkdir(scratch.c_str(), 0700) == 0
                        ? ProbeIdmappedLayers(scratch, config.id_base)
                        : Status::Errno("mkdir " + scratch);
-    RemoveTree(scratch);
+    (void)RemoveTree(scratch);  // a leftover probe directory is never used; only wasted space
     if (!probe.ok()) {
       idmapped = false;
       warnings.push_back("idmapped mounts do not work here (" + probe.message() +
@@ -252,6 +226,30 @@ Result<std::vector<std::string>> NativeRuntime::LayersFor(const BoxSpec& spec, u
   return out;
 }
 
+// Everything one Create makes, in the order it is made: the owners (box_owners.h) undo it in
+// reverse when Create returns early or throws, and are committed only once the box is live.
+struct NativeRuntime::Creation {
+  const BoxSpec& spec;
+  Box box;
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  // prepare
+  std::optional<BoxDir> dir;
+  uint32_t own_base = 0;  // the box's own host id range (its user namespace's owner)
+  uint32_t root_id = 0;   // host id of root inside (own_base, or the fallback's shared base)
+  std::string fs;         // <dir>/fs: everything the child touches by path
+  std::string layer;      // the writable layer, relative to fs/ ("" or "disk/")
+  HostMount disk;
+  std::vector<std::string> layers;  // read-only layers as this box mounts them
+  UniqueFd listen, log, devnull;
+  // cgroups
+  CgroupOwner cgroup;
+  // clone
+  MountPlanInput mounts;     // what the child mounts, and how its failures are named
+  ChildPlanStorage storage;  // the child's plan, built before the clone (it may not allocate)
+  UniqueFd status_r, setup_parent;  // the parent's ends of the child's channels
+  ChildProcess child;
+};
+
 Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("box " + spec.id + ": no rootfs layers", EINVAL);
@@ -259,100 +257,110 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
     return Status::Error("box " + spec.id + ": too many layers and binds", EINVAL);
   if (spec.id_base != 0 && uint64_t{spec.id_base} + kIdRange > UINT32_MAX)
     return Status::Error("box " + spec.id + ": id base out of range", EINVAL);
-  Box box;
-  box.id = spec.id;
-  std::unique_ptr<Cgroup> cgroup;
-  bool pooled = false;
-  UniqueFd pidfd;
-  auto r = CreateIn(spec, box, cgroup, pooled, pidfd);
-  if (!r.ok()) {
-    // Undo in reverse: the process (its namespaces and mounts go with it), cgroups, directory,
-    // and only once the directory is gone the id range.
-    KillAndReap(box.init_pid, pidfd);
-    DetachDisk(box);
-    if (cgroup) cgroup->Destroy();
-    bool removed = box.dir.empty() || RemoveTree(box.dir).ok();
-    if (pooled && removed) (void)config_.id_pool->Release(spec.id);
-    return r.status().Wrap("create box " + spec.id);
-  }
-  return r;
+  Creation c{spec};
+  c.box.id = spec.id;
+  // The phases, named as `sbx run --timings` prints them. The last, the agent's HELLO, is the
+  // caller's: the agent listens from its exec on, so the first connection answers it.
+  Status st = Prepare(c);
+  if (st.ok()) c.box.timings.prepare_us = MicrosSince(c.t);
+  if (st.ok()) st = MakeCgroups(c);
+  if (st.ok()) c.box.timings.cgroup_us = MicrosSince(c.t);
+  if (st.ok()) st = Clone(c);
+  if (st.ok()) st = AtSyncPoint(c);
+  if (st.ok()) st = SendGoAhead(c);
+  if (st.ok()) c.box.timings.clone_us = MicrosSince(c.t);
+  if (st.ok()) st = AwaitChildSetup(c);
+  if (st.ok()) c.box.timings.child_us = MicrosSince(c.t);
+  if (!st.ok()) return st.Wrap("create box " + spec.id);  // the owners undo, in reverse
+  c.child.Commit();
+  c.cgroup.Commit();
+  UniqueFd lock = c.dir->Commit();
+  MutexLock guard(mu_);
+  owner_locks_[c.box.id] = std::move(lock);
+  return std::move(c.box);
 }
 
-Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup,
-                                    bool& pooled, UniqueFd& pidfd) {
-  auto t = std::chrono::steady_clock::now();
-  const std::string dir = config_.run_dir + "/" + spec.id;
-  if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
-  box.dir = dir;  // from here on, failure removes it
-  auto lock = LockOwner(dir, spec.owner);
-  if (!lock.ok()) return lock.status();
+Status NativeRuntime::Prepare(Creation& c) {
+  const BoxSpec& spec = c.spec;
+  auto made = BoxDir::Make(config_.run_dir, spec.id, spec.owner);
+  if (!made.ok()) return made.status();
+  c.dir.emplace(std::move(made).value());
+  const std::string& dir = c.dir->path();
+  c.box.dir = dir;
   // The range is taken once the directory exists and given back only after it is gone, so a
   // range held by no directory is free (ReapOrphans).
-  uint32_t own_base = spec.id_base;
-  if (own_base == 0 && config_.id_pool != nullptr) {
-    auto acquired = config_.id_pool->Acquire(spec.id);
-    if (!acquired.ok()) return acquired.status().Wrap("id range");
-    pooled = true;
-    own_base = *acquired;
+  c.own_base = spec.id_base;
+  if (c.own_base == 0 && config_.id_pool != nullptr) {
+    auto acquired = c.dir->AcquireIdRange(config_.id_pool);
+    if (!acquired.ok()) return acquired.status();
+    c.own_base = *acquired;
   }
-  if (own_base == 0) own_base = config_.id_base;
+  if (c.own_base == 0) c.own_base = config_.id_base;
   // The fallback maps every box at the shared base (its layers are shifted copies for that base);
   // its user namespace is still owned by the box's own id, so kernel counters stay per box.
-  const uint32_t root_id = idmapped_ ? own_base : config_.id_base;
-  box.id_base = root_id;
-  box.idmapped = idmapped_;
+  c.root_id = idmapped_ ? c.own_base : config_.id_base;
+  c.box.id_base = c.root_id;
+  c.box.idmapped = idmapped_;
   SBX_RETURN_IF_ERROR(WriteFile(
-      dir + kIdsFile, std::to_string(root_id) + " " + (idmapped_ ? "1" : "0") + "\n", 0600));
+      dir + kIdsFile, std::to_string(c.root_id) + " " + (idmapped_ ? "1" : "0") + "\n", 0600));
   // Everything the box's first process touches by path is below fs/, owned by the box's root.
-  const std::string fs = dir + "/fs";
-  for (const std::string& d : {fs, fs + "/rootfs"}) {
+  c.fs = dir + "/fs";
+  for (const std::string& d : {c.fs, c.fs + "/rootfs"}) {
     if (::mkdir(d.c_str(), 0700) != 0) return Status::Errno("mkdir " + d);
-    if (::chown(d.c_str(), root_id, root_id) != 0) return Status::Errno("chown " + d);
+    if (::chown(d.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + d);
   }
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
-  // namespace has its own copy (see DetachDisk below).
-  std::string layer;  // relative to fs/
+  // namespace has its own copy (HostMount, detached in AwaitChildSetup).
   if (spec.limits.disk_bytes > 0) {
-    layer = "disk/";
-    if (::mkdir((fs + "/disk").c_str(), 0700) != 0) return Status::Errno("mkdir " + fs + "/disk");
-    SBX_RETURN_IF_ERROR(
-        MountDiskImage(dir + "/disk.img", fs + "/disk", spec.limits.disk_bytes, root_id));
-    box.disk_mount = fs + "/disk";
+    c.layer = "disk/";
+    const std::string mnt = c.fs + "/disk";
+    if (::mkdir(mnt.c_str(), 0700) != 0) return Status::Errno("mkdir " + mnt);
+    SBX_RETURN_IF_ERROR(MountDiskImage(dir + "/disk.img", mnt, spec.limits.disk_bytes, c.root_id));
+    c.disk = HostMount(mnt);
   }
   for (const char* sub : {"upper", "work"}) {
-    std::string p = fs + "/" + layer + sub;
+    std::string p = c.fs + "/" + c.layer + sub;
     if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
-    if (::chown(p.c_str(), root_id, root_id) != 0) return Status::Errno("chown " + p);
+    if (::chown(p.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + p);
   }
-  auto layers = LayersFor(spec, root_id);
+  auto layers = LayersFor(spec, c.root_id);
   if (!layers.ok()) return layers.status();
-  box.agent_socket = dir + "/agent.sock";
-  auto listen = ListenUnix(box.agent_socket);
+  c.layers = std::move(layers).value();
+  c.box.agent_socket = dir + "/agent.sock";
+  auto listen = ListenUnix(c.box.agent_socket);
   if (!listen.ok()) return listen.status();
-  UniqueFd log(
+  c.listen = std::move(listen).value();
+  c.log.reset(
       ::open((dir + "/agent.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (!log) return Status::Errno("open " + dir + "/agent.log");
-  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!devnull) return Status::Errno("open /dev/null");
-  box.timings.prepare_us = MicrosSince(t);
+  if (!c.log) return Status::Errno("open " + dir + "/agent.log");
+  c.devnull.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!c.devnull) return Status::Errno("open /dev/null");
+  return {};
+}
 
-  auto cg = Cgroup::Create(cgroups_, spec.id, spec.limits);
+Status NativeRuntime::MakeCgroups(Creation& c) {
+  auto cg = Cgroup::Create(cgroups_, c.spec.id, c.spec.limits);
   if (!cg.ok()) return cg.status();
-  cgroup = std::move(cg).value();
-  box.timings.cgroup_us = MicrosSince(t);
+  c.cgroup = CgroupOwner(std::move(cg).value());
+  return {};
+}
 
+Status NativeRuntime::Clone(Creation& c) {
+  const BoxSpec& spec = c.spec;
+  c.mounts = {"rootfs", c.layer + "upper", c.layer + "work", spec.layers, spec.binds};
   int status_pipe[2], setup[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
-  UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
+  c.status_r.reset(status_pipe[0]);
+  UniqueFd status_w(status_pipe[1]);
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, setup) != 0)
     return Status::Errno("socketpair");
-  UniqueFd setup_parent(setup[0]), setup_child(setup[1]);
+  c.setup_parent.reset(setup[0]);
+  UniqueFd setup_child(setup[1]);
 
-  MountPlanInput in{"rootfs", layer + "upper", layer + "work", spec.layers, spec.binds};
-  ChildPlanStorage storage;
-  ChildPlan plan =
-      storage.Build(BuildMountPlan(in), in.root, spec.hostname, {"sbx-agent", "--listen-fd", "3"});
+  // Everything the child reads is built before the clone: it may not allocate.
+  ChildPlan plan = c.storage.Build(BuildMountPlan(c.mounts), c.mounts.root, spec.hostname,
+                                   {"sbx-agent", "--listen-fd", "3"});
   // Limits can only be lowered from inside a user namespace: never ask for more than we have.
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
@@ -376,9 +384,9 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
   const sock_fprog prog = DefaultSeccompProgram().value().prog();
   plan.seccomp = &prog;
   plan.die_with_parent = spec.die_with_parent;
-  plan.stdin_fd = devnull.get();
-  plan.log_fd = log.get();
-  plan.listen_fd = listen->get();
+  plan.stdin_fd = c.devnull.get();
+  plan.log_fd = c.log.get();
+  plan.listen_fd = c.listen.get();
   plan.status_fd = status_w.get();
   plan.setup_fd = setup_child.get();
   plan.mount_count = spec.layers.size() + spec.binds.size();
@@ -388,91 +396,102 @@ Result<Box> NativeRuntime::CreateIn(const BoxSpec& spec, Box& box, std::unique_p
       CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
   // The user namespace is owned by the box's own host id, not root: the kernel charges per-user
   // counters (inotify, user namespaces, processes) of everything in the box to that id.
-  // The child dies with this thread (its parent-death signal), and this thread stays in here
+  // The child dies with this thread (its parent-death signal), and this thread stays in Create
   // until the child has exec'd or failed: the daemon's request threads come and go, but never
-  // while one of them is inside Create.
+  // while one of them is inside Create. The child never returns here (RunChild execs or exits),
+  // so no destructor of this process's owners ever runs in it.
   int child_pidfd = -1;
-  long pid = CloneOwnedBy(kFlags, own_base, &child_pidfd);
+  long pid = CloneOwnedBy(kFlags, c.own_base, &child_pidfd);
   if (pid < 0) return Status::Error("clone", static_cast<int>(-pid));
   if (pid == 0) RunChild(plan);
-  pidfd.reset(child_pidfd);
-  box.init_pid = static_cast<pid_t>(pid);
+  c.child = ChildProcess(static_cast<pid_t>(pid), UniqueFd(child_pidfd));
+  c.box.init_pid = static_cast<pid_t>(pid);
   status_w.reset();
   setup_child.reset();
   // The agent's host pid, for whoever adopts this box after its owner died. Written before the
   // go-ahead: a box that outlives its creator stops dying with it only after that (RunChild).
-  SBX_RETURN_IF_ERROR(WriteFile(dir + "/pid", std::to_string(box.init_pid) + "\n", 0600));
-
-  SBX_RETURN_IF_ERROR(WriteIdMaps(box.init_pid, root_id));
-  SBX_RETURN_IF_ERROR(cgroup->AddProcess(box.init_pid));
+  SBX_RETURN_IF_ERROR(WriteFile(c.box.dir + "/pid", std::to_string(c.box.init_pid) + "\n", 0600));
+  SBX_RETURN_IF_ERROR(WriteIdMaps(c.box.init_pid, c.root_id));
+  SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(c.box.init_pid));
   // The agent is never the OOM killer's victim: a memory bomb in the box dies instead of it.
   // Lowering a score needs CAP_SYS_RESOURCE, which some hosts withhold even from root (Open
   // warns once); the box still works there, only without this protection (the agent also puts
   // what it spawns at +500, see src/agent/spawn.cc). The legacy file: -17 there is -1000, and
   // unlike a privileged write of oom_score_adj it leaves oom_score_adj_min alone, so what the
   // agent spawns can never lower itself back to -1000.
-  if (Status adj = WriteFile("/proc/" + std::to_string(box.init_pid) + "/oom_adj", "-17");
+  if (Status adj = WriteFile("/proc/" + std::to_string(c.box.init_pid) + "/oom_adj", "-17");
       !adj.ok() && !(adj.err() == EACCES && !can_protect_agent_)) {
     return adj;
   }
-  // The mounts the child attaches: layers, then binds. Read-only ones are idmapped into the box's
-  // range (files show their real owners inside); writable binds never are (the box's root would
-  // write as the files' real owners).
+  return {};
+}
+
+Status NativeRuntime::AtSyncPoint(Creation& /*c*/) {
+  // The child is cloned, mapped and in its cgroups, and waits for the go-ahead before any of its
+  // own setup. What the host must do to the box's namespaces from outside goes here (the network
+  // issue moves the box's veth into its network namespace, c.box.init_pid's, here); today
+  // nothing does. What it makes needs an owner in Creation, like everything else.
+  return {};
+}
+
+Status NativeRuntime::SendGoAhead(Creation& c) {
+  // The go-ahead: the mounts the child attaches, layers then binds. Read-only ones
+  // are idmapped into the box's range (files show their real owners inside); writable binds
+  // never are (the box's root would write as the files' real owners). Each is a detached mount
+  // owned by its descriptor: closing it (here, once sent) leaves it only to the child.
+  const BoxSpec& spec = c.spec;
   std::vector<UniqueFd> mounts;
-  {
-    UniqueFd userns;
-    if (idmapped_) {
-      auto u = OpenUserNamespace(box.init_pid);
-      if (!u.ok()) return u.status();
-      userns = std::move(u).value();
-    }
-    constexpr uint64_t kRo = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    for (const auto& l : *layers) {
-      auto m = DetachedMount(l, kRo, userns ? userns.get() : -1);
-      if (!m.ok()) return m.status();
-      mounts.push_back(std::move(m).value());
-    }
-    for (const auto& b : spec.binds) {
-      auto m = b.read_only ? DetachedMount(b.source, kRo, userns ? userns.get() : -1)
-                           : DetachedMount(b.source, 0, -1);
-      if (!m.ok()) return m.status();
-      mounts.push_back(std::move(m).value());
-    }
+  UniqueFd userns;
+  if (idmapped_) {
+    auto u = OpenUserNamespace(c.box.init_pid);
+    if (!u.ok()) return u.status();
+    userns = std::move(u).value();
+  }
+  constexpr uint64_t kRo = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  for (const auto& l : c.layers) {
+    auto m = DetachedMount(l, kRo, userns ? userns.get() : -1);
+    if (!m.ok()) return m.status();
+    mounts.push_back(std::move(m).value());
+  }
+  for (const auto& b : spec.binds) {
+    auto m = b.read_only ? DetachedMount(b.source, kRo, userns ? userns.get() : -1)
+                         : DetachedMount(b.source, 0, -1);
+    if (!m.ok()) return m.status();
+    mounts.push_back(std::move(m).value());
   }
   // The box directory as the child's mount namespace sees it: the child (no capability on the
   // host) could not walk the root-only run directory to it, and a descriptor of the host's copy
   // would name mounts outside its namespace.
-  std::string fs_in_child = "/proc/" + std::to_string(box.init_pid) + "/root" + fs;
+  std::string fs_in_child = "/proc/" + std::to_string(c.box.init_pid) + "/root" + c.fs;
   UniqueFd fs_fd(::open(fs_in_child.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!fs_fd) return Status::Errno("open " + fs_in_child);
   std::vector<int> fds{fs_fd.get()};
   for (const auto& m : mounts) fds.push_back(m.get());
-  SBX_RETURN_IF_ERROR(SendFds(setup_parent.get(), 'g', fds));
   // setup_parent stays open until the exec or the failure: the child takes its hang-up for this
   // process's death.
-  mounts.clear();
-  box.timings.clone_us = MicrosSince(t);
+  return SendFds(c.setup_parent.get(), 'g', fds);
+}
 
+Status NativeRuntime::AwaitChildSetup(Creation& c) {
+  const auto& ops = c.storage.ops();
   // EOF on the status pipe means the exec of the agent happened (the pipe is close-on-exec);
   // a ChildFailure record names the step that failed.
   ChildFailure failure{};
   ssize_t n;
   do {
-    n = ::read(status_r.get(), &failure, sizeof failure);
+    n = ::read(c.status_r.get(), &failure, sizeof failure);
   } while (n < 0 && errno == EINTR);
-  DetachDisk(box);
-  if (n != 0) {
-    if (n != static_cast<ssize_t>(sizeof failure))
-      return Status::Error("box setup: short status", EIO);
-    std::string what = failure.step >= 0 && static_cast<size_t>(failure.step) < storage.ops().size()
-                           ? storage.ops()[static_cast<size_t>(failure.step)].Describe(in.root)
-                           : ChildStepName(failure.step);
-    return Status::Error("box setup: " + what, failure.err);
-  }
-  box.timings.child_us = MicrosSince(t);
-  std::lock_guard<std::mutex> guard(mu_);
-  owner_locks_[box.id] = std::move(lock).value();
-  return box;
+  // The box's mount namespace holds its own reference to the disk mount from the moment it has
+  // made its mounts private, so the host's copy goes as soon as the child is past setup (or
+  // dead): it never stays in the host's mount table.
+  c.disk.Detach();
+  if (n == 0) return {};
+  if (n != static_cast<ssize_t>(sizeof failure))
+    return Status::Error("box setup: short status", EIO);
+  std::string what = failure.step >= 0 && static_cast<size_t>(failure.step) < ops.size()
+                         ? ops[static_cast<size_t>(failure.step)].Describe(c.mounts.root)
+                         : ChildStepName(failure.step);
+  return Status::Error("box setup: " + what, failure.err);
 }
 
 Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Freeze(); }
@@ -549,7 +568,7 @@ Status NativeRuntime::Destroy(const Box& box) {
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
   {
-    std::lock_guard<std::mutex> guard(mu_);
+    MutexLock guard(mu_);
     owner_locks_.erase(box.id);
   }
   // The range is free only once nothing the box wrote is left on the host.
@@ -595,7 +614,7 @@ Result<Box> NativeRuntime::Adopt(const std::string& id) {
   auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);
   if (box.init_pid <= 0 || !cg.ok() || cg->find("/" + id + "\n") == std::string::npos)
     return Status::Error("adopt box " + id + ": its agent is gone", ESRCH);
-  std::lock_guard<std::mutex> guard(mu_);
+  MutexLock guard(mu_);
   owner_locks_[id] = std::move(lock);
   return box;
 }
@@ -606,12 +625,25 @@ Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
   std::vector<std::string> orphans;
   for (const auto& id : *ids) {
     {
-      std::lock_guard<std::mutex> guard(mu_);
+      MutexLock guard(mu_);
       if (owner_locks_.count(id)) continue;  // ours and alive
     }
     if (IsOrphan(config_.run_dir + "/" + id, owner)) orphans.push_back(id);
   }
   int reaped = 0;
+  // Box directories still under their temporary name whose creator died before the rename: they
+  // hold only an owner file (no range, cgroup, mount or process yet), and no one else will
+  // ever finish them.
+  if (DIR* d = ::opendir(config_.run_dir.c_str())) {
+    std::vector<std::string> abandoned;
+    while (dirent* e = ::readdir(d)) {
+      if (IsAbandonedCreation(e->d_name)) abandoned.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const auto& name : abandoned) {
+      if (RemoveTree(config_.run_dir + "/" + name).ok()) ++reaped;
+    }
+  }
   for (const auto& id : orphans) {
     Box box;
     box.id = id;

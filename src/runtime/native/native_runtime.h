@@ -9,11 +9,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/fd.h"
+#include "common/thread_annotations.h"
 #include "runtime/id_pool.h"
 #include "runtime/native/cgroup.h"
 #include "runtime/runtime.h"
@@ -75,9 +75,24 @@ class NativeRuntime : public Runtime {
 
  private:
   NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image, bool idmapped);
-  // `pidfd` is the box's first process from its clone on (for the kill and wait on failure).
-  Result<Box> CreateIn(const BoxSpec& spec, Box& box, std::unique_ptr<Cgroup>& cgroup, bool& pooled,
-                       UniqueFd& pidfd);
+  // Create's phases, in order, each adding to one Creation (its owners undo what was made when
+  // a later phase fails). Named as `sbx run --timings` prints them (docs/isolation.md).
+  struct Creation;
+  // "prepare": the box directory (made elsewhere and renamed into place with its locked owner
+  // file), its id range, the writable layer (disk image mounted), agent socket and log.
+  Status Prepare(Creation& c);
+  // "cgroup": the box's cgroups with its limits.
+  Status MakeCgroups(Creation& c);
+  // "clone": the child in its new namespaces, its id maps, cgroup attach and OOM score.
+  Status Clone(Creation& c);
+  // The parent/child synchronisation point (still "clone"): the hook for what the host does to
+  // the child's namespaces from outside before it may go on (empty today), then the go-ahead
+  // with the child's mounts.
+  Status AtSyncPoint(Creation& c);
+  Status SendGoAhead(Creation& c);
+  // "child": waits for the child's own setup (mounts, pivot_root, caps, seccomp) and the exec of
+  // the agent, or the step that failed. The "hello" phase after it is the caller's.
+  Status AwaitChildSetup(Creation& c);
   // The read-only layers a box of host id `base` mounts: the spec's in idmapped mode, shifted
   // copies in the fallback.
   Result<std::vector<std::string>> LayersFor(const BoxSpec& spec, uint32_t base);
@@ -88,10 +103,10 @@ class NativeRuntime : public Runtime {
   std::vector<std::string> warnings_;
   CgroupHost cgroups_;
   UniqueFd agent_image_;  // sealed memfd: what a box execs can never be changed from inside
-  std::mutex mu_;
+  Mutex mu_;
   // Per live box created by this process: an open, flock()ed <dir>/owner file. The lock is
   // released by the kernel when this process dies, which is how ReapOrphans tells orphans.
-  std::map<std::string, UniqueFd> owner_locks_;  // guarded by mu_
+  std::map<std::string, UniqueFd> owner_locks_ GUARDED_BY(mu_);
 };
 
 // Validates a box id: 1..64 characters of [a-z0-9-], not starting with '-'.
