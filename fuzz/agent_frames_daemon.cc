@@ -9,7 +9,7 @@
 
 #include "../fuzz/chunks.h"
 #include "api/e2b/wire.h"
-#include "api/http/exchange.h"
+#include "api/http/json.h"
 #include "protocol/client.h"
 #include "protocol/wire.h"
 

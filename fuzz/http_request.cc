@@ -1,47 +1,29 @@
 // Fuzzes what `sbx serve` does with a request's bytes before any handler runs (src/api/http):
 // Beast's request parser set up as Connection::Run sets it up, fed in socket-sized pieces; the
-// framing checks (CheckFraming); the target's length check, query string (ParseQuery) and routing
-// with percent-decoding (Router::Find, with the shapes of the API's patterns); then the body,
-// read as Exchange::ReadSome reads it. Regressions go to src/api/http/http_test.cc.
+// framing checks (CheckFraming); the target's length check, query string (ParseQuery) and the
+// percent-decoding of each path segment (what Router::Find does to parameters; the router itself
+// is coroutine code, see CMakeLists.txt); then the body, read as Exchange::ReadSome reads it.
+// Regressions go to src/api/http/http_test.cc.
+#include <boost/beast/http.hpp>
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include "../fuzz/chunks.h"
-#include "api/http/connection.h"
-#include "api/http/router.h"
+#include "api/http/framing.h"
 #include "api/http/url.h"
 
-namespace {
-
-using namespace sbx::http;
-
-const Router& TheRouter() {
-  static const Router* router = [] {
-    auto* r = new Router;
-    Handler h = [](Exchange&) -> boost::asio::awaitable<void> { co_return; };
-    for (const char* p :
-         {"/healthz", "/metrics", "/v1/sandboxes", "/v1/sandboxes/{id}",
-          "/v1/sandboxes/{id}/commands", "/v1/sandboxes/{id}/commands/{pid}/stdin",
-          "/v1/sandboxes/{id}/files/{path...}", "/v1/sandboxes/{id}/ports/{port}/{rest...}",
-          "/sandboxes", "/v2/sandboxes", "/sandboxes/{id}/timeout", "/files",
-          "/process.Process/{method}", "/filesystem.Filesystem/{method}"}) {
-      r->Get(p, h);
-      r->Post(p, h);
-    }
-    r->Delete("/v1/sandboxes/{id}", h);
-    return r;
-  }();
-  return *router;
-}
-
-}  // namespace
+namespace bhttp = boost::beast::http;
+using RequestParser = bhttp::request_parser<bhttp::buffer_body>;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const ServerOptions opt;
+  using namespace sbx::http;
+  // ServerOptions' defaults (server.h).
+  constexpr size_t kMaxHeaderBytes = 16 * 1024;
+  constexpr size_t kMaxTargetBytes = 12 * 1024;
   sbx::fuzz::Chunks in(data, size);
   RequestParser parser;
-  parser.header_limit(static_cast<uint32_t>(opt.max_header_bytes));
+  parser.header_limit(static_cast<uint32_t>(kMaxHeaderBytes));
   parser.body_limit(std::numeric_limits<uint64_t>::max());
   std::string buf;
   boost::system::error_code ec;
@@ -60,16 +42,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (CheckFraming(parser)) return 0;
   std::string_view target(parser.get().target().data(), parser.get().target().size());
-  if (target.size() > opt.max_target_bytes) return 0;
+  if (target.size() > kMaxTargetBytes) return 0;
   std::string_view path = target;
   if (size_t q = target.find('?'); q != std::string_view::npos) {
     path = target.substr(0, q);
     auto query = ParseQuery(target.substr(q + 1));
     if (query.ok()) (void)query->Get("path");
   }
-  std::string_view method(parser.get().method_string().data(), parser.get().method_string().size());
-  auto match = TheRouter().Find(method, path);
-  for (const auto& [k, v] : match.params.items()) (void)PercentEncode(v, true);
+  for (size_t pos = 0; pos < path.size();) {
+    size_t slash = std::min(path.find('/', pos), path.size());
+    auto segment = PercentDecode(path.substr(pos, slash - pos), false);
+    if (segment.ok()) (void)PercentEncode(*segment, true);
+    pos = slash + 1;
+  }
   // The body, as Exchange::ReadSome reads it into a handler's buffer.
   char scratch[512];
   while (!parser.is_done()) {
