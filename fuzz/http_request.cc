@@ -64,7 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     buf.erase(0, used);
     parser.get().body().data = nullptr;
     if (ec == bhttp::error::need_buffer) ec = {};
-    if (ec == bhttp::error::need_more) {
+    // Nothing taken and no error: Beast's read_some reads from the socket then; so do we.
+    if (ec == bhttp::error::need_more || (!ec && used == 0)) {
       ec = {};
       if (in.done()) break;
       auto piece = in.Next();
