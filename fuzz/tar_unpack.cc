@@ -17,16 +17,20 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int64_t kLimit = 1 << 20;
 
+// Never destroyed: the exit handler that removes it runs after static destructors would have.
 const std::string& WorkDir() {
-  static const std::string dir = [] {
+  static const std::string* dir = [] {
     std::string base = fs::exists("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string();
-    std::string d = base + "/sbx-fuzz-tar-" + std::to_string(getpid());
-    fs::remove_all(d);
-    fs::create_directories(d + "/box");
-    std::atexit([] { fs::remove_all(WorkDir()); });
+    auto* d = new std::string(base + "/sbx-fuzz-tar-" + std::to_string(getpid()));
+    fs::remove_all(*d);
+    fs::create_directories(*d + "/box");
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(WorkDir(), ec);
+    });
     return d;
   }();
-  return dir;
+  return *dir;
 }
 
 }  // namespace
