@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -237,6 +238,14 @@ Result<std::string> Sha256File(const std::string& path) {
   return hex;
 }
 
+// libarchive's message for the last failure of `a`. It has none for some (opening a truncated
+// gzip stream, found by fuzz/tar_unpack.cc), and appending its NULL crashed `sbx template add`.
+std::string ArchiveError(archive* a) {
+  if (const char* m = archive_error_string(a)) return m;
+  int e = archive_errno(a);
+  return e > 0 ? std::strerror(e) : "not a readable archive";
+}
+
 // A name from a tarball is used only when it stays below the layer root.
 bool SafeArchivePath(const std::string& name) {
   if (name.empty() || name[0] == '/') return false;
@@ -281,7 +290,7 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
     int r = archive_read_next_header(in, &entry);
     if (r == ARCHIVE_EOF) break;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-      return Status::Error(o.what + ": " + archive_error_string(in), EINVAL);
+      return Status::Error(o.what + ": " + ArchiveError(in), EINVAL);
     if (disk) archive_read_disk_descend(in);
     std::string name = archive_entry_pathname(entry);
     if (disk) {
@@ -314,7 +323,7 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
     bytes += kEntryOverheadBytes;
     if (bytes > o.limit) return too_big();
     if (archive_write_header(out.get(), entry) != ARCHIVE_OK)
-      return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+      return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
     const void* buf;
     size_t size;
     la_int64_t offset;
@@ -323,18 +332,18 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
       bytes += static_cast<int64_t>(size);
       if (bytes > o.limit) return too_big();
       if (archive_write_data_block(out.get(), buf, size, offset) != ARCHIVE_OK)
-        return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+        return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
       if (o.progress && bytes - reported >= (int64_t{64} << 20)) {
         reported = bytes;
         o.progress(bytes);
       }
     }
-    if (r != ARCHIVE_EOF) return Status::Error(o.what + ": " + archive_error_string(in), EIO);
+    if (r != ARCHIVE_EOF) return Status::Error(o.what + ": " + ArchiveError(in), EIO);
     if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
-      return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+      return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
   }
   if (archive_write_close(out.get()) != ARCHIVE_OK)
-    return Status::Error(o.what + ": " + archive_error_string(out.get()), EIO);
+    return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
   if (o.progress) o.progress(bytes);
   return bytes;
 }
@@ -347,7 +356,7 @@ Result<int64_t> ExtractTarball(const std::string& tarball, const std::string& de
   archive_read_support_format_all(in.get());
   archive_read_support_filter_all(in.get());
   if (archive_read_open_filename(in.get(), tarball.c_str(), 1 << 16) != ARCHIVE_OK)
-    return Status::Error("open " + tarball + ": " + archive_error_string(in.get()), EINVAL);
+    return Status::Error("open " + tarball + ": " + ArchiveError(in.get()), EINVAL);
   o.what = tarball;
   o.strip_prefix.clear();
   return Extract(in.get(), dest, o);
@@ -361,7 +370,7 @@ Result<int64_t> CopyTree(const std::string& src, const std::string& dest, Extrac
                                                ARCHIVE_READDISK_NO_XATTR |
                                                ARCHIVE_READDISK_NO_FFLAGS);
   if (archive_read_disk_open(in.get(), src.c_str()) != ARCHIVE_OK)
-    return Status::Error("open " + src + ": " + archive_error_string(in.get()), EINVAL);
+    return Status::Error("open " + src + ": " + ArchiveError(in.get()), EINVAL);
   o.what = src;
   o.strip_prefix = src;
   return Extract(in.get(), dest, o);
@@ -788,6 +797,13 @@ Status RemoveTemplate(const TemplateStore& ts, store::Store& st, const std::stri
   }
   SweepCache(ts, st);
   return {};
+}
+
+Result<int64_t> UnpackTarball(const std::string& tarball, const std::string& dest,
+                              int64_t limit_bytes) {
+  ExtractOptions o;
+  o.limit = limit_bytes;
+  return ExtractTarball(tarball, dest, o);
 }
 
 Result<int64_t> EvictUnusedLayers(const TemplateStore& ts, store::Store& st, int64_t target_bytes) {

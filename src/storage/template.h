@@ -86,6 +86,13 @@ Status RemoveTemplate(const TemplateStore& ts, store::Store& st, const std::stri
 // (0: every unused layer). Returns the bytes freed.
 Result<int64_t> EvictUnusedLayers(const TemplateStore& ts, store::Store& st, int64_t target_bytes);
 
+// Unpacks `tarball` below the existing directory `dest` with the rules of a tar template
+// (names and hard links kept below `dest`, no writing through symlinks, ids in 0..65535, devices
+// skipped), stopping with ENOSPC past `limit_bytes`. Returns the bytes written. What AddTemplate
+// does with a tarball, exposed for tests and fuzz/tar_unpack.cc; `dest` is left as it is on error.
+Result<int64_t> UnpackTarball(const std::string& tarball, const std::string& dest,
+                              int64_t limit_bytes);
+
 // The directory of layer `id` inside the cache.
 std::string LayerDir(const TemplateStore& ts, const std::string& id);
 

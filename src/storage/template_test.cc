@@ -259,6 +259,30 @@ TEST_F(TemplateTest, TarballSymlinkThenFileCannotWriteOutside) {
   ExpectCacheEmpty("symlink");
 }
 
+// Found by fuzz/tar_unpack.cc: for this corrupt gzip stream libarchive fails to open with no
+// error message, and appending its NULL to ours crashed `sbx template add` (strlen of NULL).
+TEST_F(TemplateTest, ACorruptArchiveWithoutAMessageIsRefusedNotACrash) {
+  static const char kCrash[] =
+      "\x1f\x8b\x08\x00\x93\xb0\x0e\x6b\x02\xff\xed\xd6\x41\x0e\x82\x30"
+      "\x10\x05\xd0\x59\x7b\x8a\x9e\x40\x5a\xe8\xb4\x89\x7b\x5d\x79\x09"
+      "\x14\x12\x88\x06\x0c\xc5\xe8\xce\xab\xdb\xa0\xab\x06\xdd\xb5\x31"
+      "\xf2\x5f\x93\x76\xf6\x3f\x33\xd3\x7a\x3c\x66\x14\x99\xf4\x2c\xf3"
+      "\xf4\x7a\xe1\x3b\x53\x1b\x6d\x24\x09\xa6\x04\xae\x6e\x2c\x07\x21"
+      "\x68\xa1\x6a\x9f\xff\xa5\x74\xee\x56\xc5\xcd\xdf\x68\xfd\x39\xff"
+      "\xc2\x04\xf9\x5b\x2b\x0b\x12\x12\xf9\x47\x37\xf4\xfd\x01\x00\x00"
+      "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xfe\xc3\x13\x29\x00\x00";
+  std::string path = dir_ + "/corrupt.tar.gz";
+  ASSERT_TRUE(WriteFile(path, std::string(kCrash, sizeof kCrash - 1)).ok());
+  auto t = AddTemplate(ts_, *st_, "corrupt", path);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().err(), EINVAL) << t.status().message();
+  EXPECT_NE(t.status().message().find(path), std::string::npos) << t.status().message();
+  ExpectCacheEmpty("corrupt");
+  std::string dest = dir_ + "/dest";
+  ASSERT_EQ(::mkdir(dest.c_str(), 0755), 0);
+  EXPECT_FALSE(UnpackTarball(path, dest, 1 << 20).ok());
+}
+
 TEST_F(TemplateTest, DecompressionBombStopsAtTheCacheBound) {
   ts_.cache_bytes = 1 << 20;
   // 256 MiB of zeros: a few hundred KB compressed.

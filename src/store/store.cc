@@ -306,15 +306,16 @@ store::WriteHealth Store::CheckWritable(int64_t probe_after_ms) {
   // A row no caller can have (idempotency keys belong to a key id, never ""), inserted and
   // deleted in one transaction: its pages are written to the WAL like any change, so the probe
   // needs the space a real write needs, and leaves nothing behind.
-  auto probe = [&]() -> Status {
-    Result<Transaction> tx = Transaction::Begin(*db_);
+  Db& db = *db_;  // under the lock, which the lambda below runs within
+  auto probe = [&db]() -> Status {
+    Result<Transaction> tx = Transaction::Begin(db);
     if (!tx.ok()) return tx.status();
-    Result<Statement> ins = db_->Prepare(
+    Result<Statement> ins = db.Prepare(
         "INSERT OR REPLACE INTO idempotency_keys (key_id, idem_key, request_hash, created_at)"
         " VALUES ('', 'sbx write probe', '', ?1)");
     if (!ins.ok()) return ins.status();
     SBX_RETURN_IF_ERROR(ins->BindInt(1, NowMs()).Run());
-    SBX_RETURN_IF_ERROR(db_->Exec(
+    SBX_RETURN_IF_ERROR(db.Exec(
         "DELETE FROM idempotency_keys WHERE key_id = '' AND idem_key = 'sbx write probe'"));
     return tx->Commit();
   };

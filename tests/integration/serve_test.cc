@@ -1283,6 +1283,69 @@ TEST_F(ServeTest, FilesAnswersSayWhatIsWrongNotInternal) {
           {"Content-Type", "application/octet-stream"}});
 }
 
+// Found writing fuzz/v1_json.cc: a value nested 400,000 deep (an 800 KB body, under the 1 MiB
+// limit) was parsed fine but overflowed the stack when an error message dump()ed it, or when a
+// handler copied it: the daemon crashed for every tenant. Bodies nested deeper than 64 are now
+// refused as not JSON, on every route that parses one, and the daemon stays up.
+TEST_F(ServeTest, DeeplyNestedBodiesAreRefusedAndTheDaemonStaysUp) {
+  std::string id = Create();
+  json e2b = json::parse(d_->Call("GET", "/sandboxes/" + id, "", {{"X-API-Key", d_->key()}}).body);
+  const std::string deep = std::string(400000, '[') + std::string(400000, ']');
+  const http::ClientHeaders connect = {{"Content-Type", "application/json"},
+                                       {"E2b-Sandbox-Id", id},
+                                       {"X-Access-Token", e2b["envdAccessToken"]}};
+  std::string envelope =
+      std::string(1, '\0') + std::string(4, '\0') + R"({"process":)" + deep + "}";
+  uint32_t n = static_cast<uint32_t>(envelope.size() - 5);
+  for (int i = 0; i < 4; ++i) envelope[1 + i] = static_cast<char>((n >> (24 - 8 * i)) & 0xff);
+  struct Case {
+    std::string method, target, body;
+    http::ClientHeaders headers;
+  };
+  const std::vector<Case> cases = {
+      {"POST", "/v1/sandboxes", R"({"timeout":)" + deep + "}", {}},
+      {"POST", "/v1/sandboxes", R"({"limits":{"pids":)" + deep + "}}", {}},
+      {"POST",
+       "/v1/sandboxes/" + id + "/commands",
+       R"({"argv":["true"],"timeout":)" + deep + "}",
+       {}},
+      {"POST",
+       "/sandboxes",
+       R"({"templateID":"base","timeout":)" + deep + "}",
+       {{"X-API-Key", d_->key()}}},
+      {"POST",
+       "/sandboxes/" + id + "/timeout",
+       R"({"timeout":)" + deep + "}",
+       {{"X-API-Key", d_->key()}}},
+      {"POST", "/process.Process/List", R"({"x":)" + deep + "}", connect},
+      {"POST",
+       "/process.Process/Start",
+       envelope,
+       {{"Content-Type", "application/connect+json"},
+        {"E2b-Sandbox-Id", id},
+        {"X-Access-Token", e2b["envdAccessToken"]}}},
+  };
+  for (const auto& c : cases) {
+    http::ClientHeaders h = c.headers;
+    if (h.empty()) h = {{"Content-Type", "application/json"}};
+    auto r = d_->Call(c.method, c.target, c.body, h);
+    // Streaming Connect answers 200 with the error in its end-of-stream message.
+    if (c.target == "/process.Process/Start") {
+      EXPECT_NE(r.body.find("invalid_argument"), std::string::npos) << c.target << ": " << r.body;
+    } else {
+      EXPECT_EQ(r.status, 400) << c.method << " " << c.target << ": " << r.body.substr(0, 200);
+    }
+    ASSERT_TRUE(d_->Alive()) << c.method << " " << c.target << " crashed the daemon";
+  }
+  EXPECT_EQ(d_->Call("GET", "/healthz").status, 200);
+  // 64 levels is still JSON (and answered for what it is).
+  std::string ok_deep = std::string(63, '[') + std::string(63, ']');
+  auto r = d_->Call("POST", "/v1/sandboxes", R"({"timeout":)" + ok_deep + "}",
+                    {{"Content-Type", "application/json"}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("timeout: a number of seconds"), std::string::npos) << r.body;
+}
+
 // Issue 10 item 7: a client that goes away mid-upload is logged as that, not as a 500.
 TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
   std::string id = Create();

@@ -110,7 +110,7 @@ awaitable<std::optional<json>> BodyObject(http::Exchange& ex) {
     if (!ex.responded()) co_await Error(ex, 400, body.status().message());
     co_return std::nullopt;
   }
-  json j = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+  json j = body->empty() ? json::object() : http::ParseJsonBody(*body);
   if (j.is_discarded() || !j.is_object()) {
     co_await Error(ex, 400, "body: expected a JSON object");
     co_return std::nullopt;
@@ -141,7 +141,7 @@ Result<int64_t> TimeoutField(const ApiContext& ctx, const json& j, const char* f
   double secs = v.is_number() ? v.get<double>() : std::nan("");
   if (!(secs >= 1 && secs <= static_cast<double>(max_s)) || secs != std::floor(secs))
     return Status::Error(std::string(field) + ": a whole number of seconds from 1 to " +
-                             std::to_string(max_s) + " (got " + v.dump() + ")",
+                             std::to_string(max_s) + " (got " + http::JsonSnippet(v) + ")",
                          EINVAL);
   return static_cast<int64_t>(secs);
 }

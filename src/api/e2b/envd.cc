@@ -196,7 +196,7 @@ Result<int64_t> IntIn(const json& j, const char* field, int64_t def, int64_t min
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max)) ||
       v.get<int64_t>() < min || v.get<int64_t>() > max)
     return Status::Error(std::string(field) + ": a whole number from " + std::to_string(min) +
-                             " to " + std::to_string(max) + " (got " + v.dump() + ")",
+                             " to " + std::to_string(max) + " (got " + http::JsonSnippet(v) + ")",
                          EINVAL);
   return v.get<int64_t>();
 }
@@ -266,7 +266,7 @@ awaitable<Result<ProcInfo>> Select(AgentChannel& ch, const json& req, bool need_
         p.tag == sel["tag"].get<std::string>())
       co_return p;
   }
-  co_return Status::Error("process with " + sel.dump() + " not found", ESRCH);
+  co_return Status::Error("process with " + http::JsonSnippet(sel) + " not found", ESRCH);
 }
 
 json EndEvent(const protocol::Frame& f) {
@@ -394,7 +394,11 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
   ctx.metrics.commands++;
   json argv = json::array();
   argv.push_back(cmd);
-  if (p.contains("args")) argv.insert(argv.end(), p["args"].begin(), p["args"].end());
+  // What was run: the string args (others were left out of the SPAWN). Never the raw value,
+  // which the audit log would dump() however deep it is nested.
+  if (p.contains("args") && p["args"].is_array())
+    for (const auto& a : p["args"])
+      if (a.is_string()) argv.push_back(a);
   ctx.manager.Audit("command.start", t.rec.id, t.key.id,
                     {{"pid", pid}, {"argv", argv}, {"pty", pty}, {"via", "e2b"}});
   co_await PumpProcess(ex, ch, *opened->sub, pid, pty);
@@ -822,7 +826,7 @@ awaitable<void> Rpc(ApiContext& ctx, http::Exchange& ex, bool process,
     if (!j.ok()) co_return co_await EndRpcStream(ex, "invalid_argument", j.status().message());
     req = *j;
   } else {
-    req = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+    req = body->empty() ? json::object() : http::ParseJsonBody(*body);
     if (req.is_discarded() || !req.is_object())
       co_return co_await RpcError(ex, "invalid_argument", "request body: not a JSON object");
   }

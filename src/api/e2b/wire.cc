@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "api/errors.h"
+#include "api/http/json.h"
 #include "api/http/url.h"
 #include "common/encoding.h"
 
@@ -46,7 +47,7 @@ Result<std::optional<json>> EnvelopeReader::Next() {
   if (n > kMaxMessage) return Status::Error("connect: request message too large", EINVAL);
   if (buf_.size() < 5 + static_cast<size_t>(n)) return std::optional<json>();
   std::string_view payload = std::string_view(buf_).substr(5, n);
-  json j = payload.empty() ? json::object() : json::parse(payload, nullptr, false);
+  json j = payload.empty() ? json::object() : http::ParseJsonBody(payload);
   buf_.erase(0, 5 + static_cast<size_t>(n));
   if (j.is_discarded() || !j.is_object())
     return Status::Error("connect: request message is not a JSON object", EINVAL);

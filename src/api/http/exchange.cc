@@ -23,9 +23,6 @@ nlohmann::json ErrorJson(std::string_view code, std::string_view message) {
   return {{"error", {{"code", code}, {"message", message}}}};
 }
 
-std::string JsonText(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 Exchange::Exchange(Connection& conn) : conn_(conn), body_limit_(RouteOptions().body_limit) {}
 Exchange::~Exchange() = default;
@@ -193,7 +190,7 @@ net::awaitable<Result<std::string>> Exchange::ReadBody(size_t limit) {
 net::awaitable<Result<nlohmann::json>> Exchange::ReadJson() {
   auto body = co_await ReadBody();
   if (!body.ok()) co_return body.status();
-  nlohmann::json parsed = nlohmann::json::parse(*body, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json parsed = ParseJsonBody(*body);
   if (parsed.is_discarded()) {
     co_await RespondError(400, "bad_request", "request body is not valid JSON");
     co_return Status::Error("request body is not valid JSON", EINVAL);

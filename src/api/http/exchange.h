@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/http/json.h"
 #include "api/http/router.h"
 #include "api/http/url.h"
 #include "common/fd.h"
@@ -51,9 +52,6 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 // {"error":{"code":code,"message":message}}
 nlohmann::json ErrorJson(std::string_view code, std::string_view message);
 
-// Compact JSON text. Strings that are not valid UTF-8 (a file name made inside a sandbox can be
-// any bytes) get U+FFFD for their bad bytes instead of failing the whole response.
-std::string JsonText(const nlohmann::json& j);
 
 class Exchange {
  public:

@@ -183,11 +183,12 @@ Result<int64_t> SizeField(const json& j, const char* field, const char* unit) {
   // An unsigned above INT64_MAX would wrap to a negative int64: say what is wrong with it.
   if (v.is_number_unsigned() &&
       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return Status::Error(name + ": " + v.dump() + " " + unit + " is out of range", EINVAL);
+    return Status::Error(name + ": " + http::JsonSnippet(v) + " " + unit + " is out of range",
+                         EINVAL);
   if (!v.is_number_integer())
-    return Status::Error(
-        name + ": must be a whole number of " + unit + ", 0 for the default (got " + v.dump() + ")",
-        EINVAL);
+    return Status::Error(name + ": must be a whole number of " + unit +
+                             ", 0 for the default (got " + http::JsonSnippet(v) + ")",
+                         EINVAL);
   return v.get<int64_t>();
 }
 
@@ -200,7 +201,7 @@ Result<int64_t> SecondsField(const json& j, const char* field, double min_s, dou
   double secs = v.is_number() ? v.get<double>() : std::nan("");
   if (!(secs >= min_s && secs <= max_s))  // also false for NaN and a non-number
     return Status::Error(std::string(field) + ": a number of seconds from " + Number(min_s) +
-                             " to " + Number(max_s) + " (got " + v.dump() + ")",
+                             " to " + Number(max_s) + " (got " + http::JsonSnippet(v) + ")",
                          EINVAL);
   return std::max<int64_t>(1, static_cast<int64_t>(std::llround(secs * 1000)));
 }
@@ -247,7 +248,7 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
     if (l.contains("cpus") && !l["cpus"].is_null()) {
       if (!l["cpus"].is_number())
         return Status::Error("limits.cpus: must be a number of CPUs, 0 for the default (got " +
-                                 l["cpus"].dump() + ")",
+                                 http::JsonSnippet(l["cpus"]) + ")",
                              EINVAL);
       r.limits.cpus = l["cpus"].get<double>();
     }
@@ -475,7 +476,7 @@ awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
     if (m->binary) {
       w.Str(Tag::kData, m->data);
     } else {
-      json c = json::parse(m->data, nullptr, false);
+      json c = http::ParseJsonBody(m->data);
       std::string what = c.is_object() ? c.value("type", "") : "";
       if (what == "resize") {
         type = Type::kResize;
@@ -513,7 +514,7 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
            auto started = Clock::now();
            auto body = co_await ex.ReadBody();
            if (!body.ok()) co_return co_await Fail(ex, body.status());
-           json j = body->empty() ? json::object() : json::parse(*body, nullptr, false);
+           json j = body->empty() ? json::object() : http::ParseJsonBody(*body);
            if (j.is_discarded())
              co_return co_await ex.RespondError(400, "invalid_argument", "body: not valid JSON");
            auto req = ParseCreate(j, ctx.manager.max_timeout_ms());
