@@ -104,7 +104,7 @@ struct Manager::TransitionEntry {
 Manager::Transition::Transition(Manager& m, const std::string& id, const char* op)
     : m_(m), id_(id) {
   {
-    std::lock_guard<std::mutex> g(m_.mu_);
+    MutexLock g(m_.mu_);
     auto& e = m_.transitions_[id_];
     if (!e) e = std::make_unique<TransitionEntry>();
     ++e->users;
@@ -118,13 +118,13 @@ Manager::Transition::Transition(Manager& m, const std::string& id, const char* o
 
 Manager::Transition::~Transition() {
   entry_->mu.unlock();
-  std::lock_guard<std::mutex> g(m_.mu_);
+  MutexLock g(m_.mu_);
   if (--entry_->users == 0) m_.transitions_.erase(id_);
 }
 
 Result<std::optional<SandboxRecord>> Manager::Record(const std::string& id) {
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (auto it = unwritten_.find(id); it != unwritten_.end())
       return std::optional<SandboxRecord>(it->second);
   }
@@ -147,7 +147,7 @@ void Manager::WriteEnded(const SandboxRecord& rec) {
   // finds a live record without a box and marks it failed.
   Status put = store_.PutSandbox(rec);
   if (!put.ok()) put = store_.PutSandbox(rec);
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (put.ok()) {
     unwritten_.erase(rec.id);
     return;
@@ -160,14 +160,14 @@ void Manager::WriteEnded(const SandboxRecord& rec) {
 void Manager::RetryUnwritten() {
   std::vector<std::string> ids;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     for (const auto& [id, rec] : unwritten_) ids.push_back(id);
   }
   for (const auto& id : ids) {
     Transition t(*this, id, "retry");
     std::optional<SandboxRecord> rec;
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       if (auto it = unwritten_.find(id); it != unwritten_.end()) rec = it->second;
     }
     if (!rec) continue;
@@ -176,7 +176,7 @@ void Manager::RetryUnwritten() {
       continue;
     }
     spdlog::info("sandbox {}: recorded {} after an earlier failed write", id, rec->state);
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     unwritten_.erase(id);
   }
 }
@@ -199,7 +199,7 @@ Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
       static_cast<int64_t>(static_cast<double>(total) * config_.disk_reserve_percent / 100.0));
   int64_t in_flight = 0;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     in_flight = disk_in_flight_;
   }
   int64_t available = std::max<int64_t>(0, free - reserve - in_flight);
@@ -239,7 +239,7 @@ Status Manager::Reconcile() {
     if (rec.state == store::kStateCreating) {
       why = "the daemon stopped while it was being created";
     } else if (auto box = runtime_.Adopt(rec.id); box.ok()) {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       boxes_[rec.id] = *box;
       kept.insert(rec.id);
       spdlog::info("reconcile: sandbox {} ({}) kept running across the restart", rec.id, rec.state);
@@ -276,7 +276,7 @@ Status Manager::Reconcile() {
 
 bool Manager::TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s) {
   if (key.creates_per_second <= 0) return true;
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto now = clock_.Steady();
   auto [it, fresh] = buckets_.try_emplace(key.id);
   Bucket& b = it->second;
@@ -327,7 +327,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
       if (!rec.ok()) return rec.status();
       if (*rec) return **rec;
     }
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (!creating_keys_.insert(key.id + "\n" + req.idempotency_key).second)
       return Status::Error("a request with this Idempotency-Key is in progress", EBUSY);
   }
@@ -336,7 +336,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     std::string k;
     ~Release() {
       if (k.empty()) return;
-      std::lock_guard<std::mutex> g(m->mu_);
+      MutexLock g(m->mu_);
       m->creating_keys_.erase(k);
     }
   } release{this, req.idempotency_key.empty() ? "" : key.id + "\n" + req.idempotency_key};
@@ -379,12 +379,12 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     Manager* m;
     int64_t bytes;
     ~DiskPromise() {
-      std::lock_guard<std::mutex> g(m->mu_);
+      MutexLock g(m->mu_);
       m->disk_in_flight_ -= bytes;
     }
   } promise{this, disk};
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     disk_in_flight_ += disk;
   }
   disk_lock.unlock();
@@ -435,7 +435,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     rec.updated_at = 0;
     WriteEnded(rec);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       ++counters_.creation_failures;
     }
     Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
@@ -451,7 +451,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   made.expires_at = now + rec.timeout_ms;
   made.updated_at = 0;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     boxes_[made.id] = *box;  // before the record says running: Channel looks for it
   }
   if (Status put = store_.PutSandbox(made); !put.ok()) {
@@ -459,7 +459,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     // call can use it meanwhile: remove it now, and record the sandbox failed.
     Status destroyed = runtime_.Destroy(*box);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       boxes_.erase(made.id);
     }
     rec.state = store::kStateFailed;
@@ -469,14 +469,14 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     rec.updated_at = 0;
     WriteEnded(rec);
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(mu_);
       ++counters_.creation_failures;
     }
     Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
     return put;
   }
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     ++counters_.creations;
     double secs = std::chrono::duration<double>(clock_.Steady() - started).count();
     if (counters_.create_seconds.size() >= 4096)
@@ -527,7 +527,7 @@ Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
   auto page = store_.ListSandboxes(filter);
   if (!page.ok()) return page;
   // Ended records still waiting for their write (WriteEnded) are shown as they are.
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   if (unwritten_.empty()) return page;
   auto& items = page->items;
   for (auto& item : items)
@@ -543,7 +543,7 @@ Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
 }
 
 Result<runtime::Box> Manager::BoxOf(const std::string& id) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto it = boxes_.find(id);
   if (it == boxes_.end()) return Status::Error("sandbox " + id + " has no box on this host", ESRCH);
   return it->second;
@@ -555,7 +555,7 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
   if (auto b = BoxOf(rec.id); b.ok()) box = *b;
   std::shared_ptr<AgentChannel> channel;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
     channels_.erase(rec.id);
   }
@@ -565,7 +565,7 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
   // follows; WriteEnded keeps it consistent if that write fails.
   Status s = runtime_.Destroy(box);
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     boxes_.erase(rec.id);
   }
   rec.state = end_state;
@@ -789,7 +789,7 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   std::shared_ptr<Connecting> flight;
   bool leader = false;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     auto it = channels_.find(id);
     if (it != channels_.end() && !it->second->closed()) co_return it->second;
     auto& f = connecting_[id];
@@ -811,7 +811,7 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
         Status::Error("connect abandoned (the daemon is stopping)", ECANCELED);
     ~EndFlight() {
       {
-        std::lock_guard<std::mutex> g(m.mu_);
+        MutexLock g(m.mu_);
         if (auto it = m.connecting_.find(id); it != m.connecting_.end() && it->second == flight)
           m.connecting_.erase(it);
       }
@@ -828,7 +828,7 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   // A sandbox killed meanwhile gets none (its kill closed the channels it knew of).
   bool alive;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     alive = boxes_.count(id) > 0;
     if (alive) channels_[id] = *ch;
   }
@@ -918,7 +918,7 @@ void Manager::Stop() {
 }
 
 ManagerCounters Manager::counters() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return counters_;
 }
 

@@ -42,6 +42,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
@@ -247,25 +248,26 @@ class Manager {
   store::Store& store_;
   const Limits limits_;  // from config_.ranges
 
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<TransitionEntry>> transitions_;  // guarded by mu_
-  std::map<std::string, runtime::Box> boxes_;                            // guarded by mu_
-  std::map<std::string, std::shared_ptr<AgentChannel>> channels_;        // guarded by mu_
-  // A connect in flight per sandbox (Channel's single flight); guarded by mu_.
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<TransitionEntry>> transitions_ GUARDED_BY(mu_);
+  std::map<std::string, runtime::Box> boxes_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<AgentChannel>> channels_ GUARDED_BY(mu_);
+  // A connect in flight per sandbox (Channel's single flight).
   struct Connecting;
-  std::map<std::string, std::shared_ptr<Connecting>> connecting_;
-  // Ended records whose write failed after their box was destroyed, by id; guarded by mu_.
-  std::map<std::string, store::SandboxRecord> unwritten_;
+  std::map<std::string, std::shared_ptr<Connecting>> connecting_ GUARDED_BY(mu_);
+  // Ended records whose write failed after their box was destroyed, by id.
+  std::map<std::string, store::SandboxRecord> unwritten_ GUARDED_BY(mu_);
   struct Bucket {
     double tokens = 0;
     Clock::SteadyTime last;
   };
-  std::map<std::string, Bucket> buckets_;  // guarded by mu_
-  std::set<std::string> creating_keys_;    // idempotency keys in flight; guarded by mu_
-  std::mutex disk_mu_;          // held from a create's free-space check until its disk is promised
-  int64_t disk_in_flight_ = 0;  // disk limits of creates between the space check and the box
-                                // existing (its image then shows in statvfs); guarded by mu_
-  ManagerCounters counters_;    // guarded by mu_
+  std::map<std::string, Bucket> buckets_ GUARDED_BY(mu_);
+  std::set<std::string> creating_keys_ GUARDED_BY(mu_);  // idempotency keys in flight
+  std::mutex disk_mu_;  // held from a create's free-space check until its disk is promised
+  // Disk limits of creates between the space check and the box existing (its image then shows
+  // in statvfs).
+  int64_t disk_in_flight_ GUARDED_BY(mu_) = 0;
+  ManagerCounters counters_ GUARDED_BY(mu_);
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };

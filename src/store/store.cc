@@ -315,8 +315,8 @@ store::WriteHealth Store::CheckWritable(int64_t probe_after_ms) {
         " VALUES ('', 'sbx write probe', '', ?1)");
     if (!ins.ok()) return ins.status();
     SBX_RETURN_IF_ERROR(ins->BindInt(1, NowMs()).Run());
-    SBX_RETURN_IF_ERROR(db.Exec(
-        "DELETE FROM idempotency_keys WHERE key_id = '' AND idem_key = 'sbx write probe'"));
+    SBX_RETURN_IF_ERROR(
+        db.Exec("DELETE FROM idempotency_keys WHERE key_id = '' AND idem_key = 'sbx write probe'"));
     return tx->Commit();
   };
   (void)probe();  // its outcome is in write_health()
