@@ -663,13 +663,16 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
 }
 
 Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
-                                          int64_t timeout_ms) {
+                                          int64_t timeout_ms, bool extend_only) {
   SBX_RETURN_IF_ERROR(limits_.CheckTimeout(key.ranges, timeout_ms));
   auto owned = Owned(key, id, Access::kUse);
   if (!owned.ok()) return owned.status();
   Transition t(*this, id, "timeout");
   auto rec = LiveRecord(id);
   if (!rec.ok()) return rec.status();
+  if (extend_only && rec->state == store::kStateRunning &&
+      rec->expires_at >= clock_.NowMs() + timeout_ms)
+    return *rec;
   rec->timeout_ms = timeout_ms;
   if (rec->state == store::kStateRunning) rec->expires_at = clock_.NowMs() + timeout_ms;
   rec->updated_at = 0;

@@ -150,8 +150,10 @@ class Manager {
   Status Pause(const store::ApiKeyRecord& key, const std::string& id);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);
   // Sets the timeout to `timeout_ms` from now (resets the TTL); EINVAL outside the key's range.
+  // With `extend_only`, a running sandbox's expiry only ever moves later (E2B's refresh), read
+  // and written in one transition.
   Result<store::SandboxRecord> SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
-                                          int64_t timeout_ms);
+                                          int64_t timeout_ms, bool extend_only = false);
   // E2B's connect, as one transition: a paused sandbox is resumed with a timeout of
   // `timeout_ms` from now; a running one's timeout is set to `timeout_ms` from now only if that
   // is later than its current expiry (connect never shortens a sandbox's life). EINVAL for a

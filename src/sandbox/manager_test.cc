@@ -308,6 +308,21 @@ TEST_F(ManagerTest, ConnectResumesOrExtendsButNeverShortens) {
   EXPECT_EQ(M().Connect(key_, id, 3000).status().err(), ENOENT);
 }
 
+// E2B's refresh: the expiry moves later or not at all, and a plain SetTimeout still shortens.
+TEST_F(ManagerTest, AnExtendOnlyTimeoutNeverShortens) {
+  std::string id = Create(10000);
+  auto r = M().SetTimeout(key_, id, 5000, /*extend_only=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 10000);
+  EXPECT_EQ(Stored(id).timeout_ms, 10000);
+  clock_.Advance(8000ms);
+  ASSERT_TRUE(M().SetTimeout(key_, id, 5000, /*extend_only=*/true).ok());
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 5000);
+  ASSERT_TRUE(M().SetTimeout(key_, id, 2000).ok());
+  EXPECT_EQ(Stored(id).expires_at, clock_.NowMs() + 2000);
+  EXPECT_EQ(M().SetTimeout(key_, id, 0, /*extend_only=*/true).status().err(), EINVAL);
+}
+
 // ---- interleavings (finding 2) ----
 
 // A pause whose freeze is in progress when the TTL fires: the scan waits, then sees it paused.

@@ -381,13 +381,10 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
            auto d = TimeoutField(ctx, *j, "duration", kV2DefaultTimeoutS);
            if (!d.ok()) co_return co_await Fail(ex, d.status());
            std::string id = ex.Param("id");
-           auto rec = LiveSandbox(ctx, key, id);
-           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           // A refresh only ever extends the sandbox's life.
-           if (rec->expires_at < store::NowMs() + *d * 1000) {
-             auto set = ctx.manager.SetTimeout(key, id, *d * 1000);
-             if (!set.ok()) co_return co_await Fail(ex, set.status());
-           }
+           // A refresh only ever extends the sandbox's life: the expiry is compared and moved in
+           // one manager transition.
+           auto set = ctx.manager.SetTimeout(key, id, *d * 1000, /*extend_only=*/true);
+           if (!set.ok()) co_return co_await Fail(ex, set.status());
            co_await ex.Respond(204, "");
          }));
 
@@ -414,13 +411,11 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
            if (!rec.ok()) co_return co_await Fail(ex, rec.status());
            if (rec->state != store::kStatePaused)
              co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already running");
-           auto set = ctx.manager.SetTimeout(key, id, *t * 1000);
-           if (!set.ok()) co_return co_await Fail(ex, set.status());
-           Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Resume(key, id); });
-           if (!s.ok()) co_return co_await Fail(ex, s);
-           auto now = ctx.manager.Get(key, id);
-           if (!now.ok()) co_return co_await Fail(ex, now.status());
-           co_await ex.RespondJson(201, SandboxJson(ctx, key, *now));
+           // The timeout and the thaw in one manager transition (Connect resumes a paused one).
+           auto done = co_await OnPool(ctx.blocking,
+                                       [&] { return ctx.manager.Connect(key, id, *t * 1000); });
+           if (!done.ok()) co_return co_await Fail(ex, done.status());
+           co_await ex.RespondJson(201, SandboxJson(ctx, key, done->record));
          }));
 
   r.Get("/sandboxes/{id}/metrics",
