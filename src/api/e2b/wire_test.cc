@@ -230,8 +230,10 @@ TEST(E2bWire, EntryMetadataFromXattrs) {
   EXPECT_EQ(EntryMetadata(r), (FileMetadata{{"owner", "alice"}}));
   auto j = EntryInfo(r);
   EXPECT_EQ(j["metadata"], (nlohmann::json{{"owner", "alice"}}));
+  protocol::Writer bare;  // outlives `none`, which views its bytes
+  bare.Str(protocol::Tag::kName, "b");
   protocol::Reader none;
-  ASSERT_TRUE(none.Parse(protocol::Writer().Str(protocol::Tag::kName, "b").payload()));
+  ASSERT_TRUE(none.Parse(bare.payload()));
   EXPECT_FALSE(EntryInfo(none).contains("metadata"));
 }
 
