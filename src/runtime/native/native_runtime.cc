@@ -524,8 +524,10 @@ std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
   std::string how = "agent exited";
   siginfo_t info{};
   if (box.init_pid > 0 &&
-      ::waitid(P_PID, static_cast<id_t>(box.init_pid), &info, WEXITED | WNOHANG | __WALL) == 0 &&
-      info.si_pid == box.init_pid) {
+      ::waitid(P_PID, static_cast<id_t>(box.init_pid), &info, WEXITED | WNOHANG | __WALL) == 0) {
+    // Our child, but not a zombie yet: it has left its cgroup and is still exiting. Not exited
+    // yet, then; the next scan finds the zombie and its status.
+    if (info.si_pid == 0) return std::nullopt;
     how += info.si_code == CLD_EXITED ? " with status " + std::to_string(info.si_status)
                                       : " on signal " + std::to_string(info.si_status);
   }
