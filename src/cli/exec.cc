@@ -1,9 +1,11 @@
 // sbx exec and sbx logs: a command's output streamed from the daemon to this terminal, byte-exact,
-// and its exit status handed back as ours (128+N for signal N, 124 on its --timeout).
+// and its exit status handed back as ours (128+N for signal N, 124 on its --timeout, 126/127 when
+// it cannot be run or is not found, as docker exec).
 //
-// Three ways to run, as docker exec: plain (POST .../commands, NDJSON until exit), -i (the command
+// Four ways to run, as docker exec: plain (POST .../commands, NDJSON until exit), -i (the command
 // starts in the background with stdin open; one thread forwards our stdin, the main thread follows
-// its output) and -t (a PTY over the WebSocket at .../pty).
+// its output), -t (a PTY over the WebSocket at .../pty) and -d (started in the background; its pid
+// printed for `sbx logs`).
 // Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
 // clang-format off
 #include <utility>
@@ -52,6 +54,13 @@ int ExitStatusOf(const json& e) {
   return code < 0 ? kExitSbxError : code;
 }
 
+// A command that did not start: 126/127 when the box could not run it (as docker exec), else
+// sbx's own 125.
+int FailStart(const Status& s) {
+  int code = Fail(s);
+  return SpawnFailureExit(s.message()).value_or(code);
+}
+
 // Handles a command's NDJSON events: output to our stdout/stderr, the exit remembered.
 class OutputSink {
  public:
@@ -86,7 +95,7 @@ class OutputSink {
   int Finish(const Status& streamed, const std::string& sandbox) const {
     if (exit_) return *exit_;
     if (!error_.ok()) return Fail(error_);
-    if (!streamed.ok()) return Fail(streamed);
+    if (!streamed.ok()) return FailStart(streamed);
     std::string hint = pid_ > 0 ? " (the command may still run: sbx logs " + sandbox + " " +
                                       std::to_string(pid_) + ")"
                                 : "";
@@ -247,7 +256,7 @@ class PtySession {
     ws_.handshake(e.unix_socket.empty() ? e.host : "localhost", target, ec);
     if (ec) {
       // Boost 1.74 hands back the response only on success, so the API's message for a refused
-      // upgrade is lost; ExecTty checks the sandbox beforehand for the common causes.
+      // upgrade is lost; Exec checks the sandbox beforehand for the common causes.
       if (ec == websocket::error::upgrade_declined)
         return Status::Error(
             "the daemon refused the terminal session (is the sandbox running? "
@@ -371,6 +380,7 @@ struct ExecFlags {
   std::string id;
   bool interactive = false;
   bool tty = false;
+  bool detach = false;
   std::vector<std::string> env;
   std::string workdir, user, timeout;
   std::vector<std::string> command;
@@ -393,23 +403,63 @@ int ExecTty(Client& client, const ExecFlags& f,
                        "&cols=" + std::to_string(ws.ws_col ? ws.ws_col : 80);
   if (!f.user.empty()) target += "&user=" + Q(f.user);
   if (!f.workdir.empty()) target += "&cwd=" + Q(f.workdir);
-  // The answer to a refused WebSocket upgrade does not reach us (see PtySession::Open): ask for
-  // the sandbox first, so an unknown id or a wrong key gets the API's own message.
-  auto sandbox = client.Call("GET", SandboxPath(f.id));
-  if (!sandbox.ok()) return Fail(sandbox.status());
   PtySession session(client);
   Status s = session.Open(target);
   if (!s.ok()) return Fail(s);
   return session.Run(f.interactive);
 }
 
+// The sandbox's OOM kills so far, -1 when its stats do not say (a paused sandbox's do).
+int64_t OomKills(const json& sandbox) {
+  if (!sandbox.contains("stats") || !sandbox["stats"].is_object()) return -1;
+  return sandbox["stats"].value("oom_kills", int64_t{-1});
+}
+
+// A command killed by SIGKILL while the sandbox's OOM count went up was (most likely: another
+// process of the sandbox may have been the one) an OOM kill: say so, as sbx run does.
+int ReportOom(Client& client, const ExecFlags& f, const json& before, int status) {
+  if (status != 128 + SIGKILL || OomKills(before) < 0) return status;
+  auto after = client.Call("GET", SandboxPath(f.id));
+  if (!after.ok() || OomKills(*after) <= OomKills(before)) return status;
+  int64_t limit = 0;
+  if ((*after)["limits"].is_object()) limit = (*after)["limits"].value("memory_bytes", int64_t{0});
+  std::fprintf(stderr,
+               "sbx: out of memory: the sandbox hit its memory limit%s and the kernel killed %lld "
+               "process(es)\n",
+               limit > 0 ? (" of " + FormatSize(limit)).c_str() : "",
+               static_cast<long long>(OomKills(*after) - OomKills(before)));
+  return status;
+}
+
+int ExecDetached(Client& client, const ExecFlags& f, const json& body) {
+  auto started = client.Call("POST", SandboxPath(f.id) + "/commands", body);
+  if (!started.ok()) return FailStart(started.status());
+  int64_t pid = started->value("pid", int64_t{0});
+  std::printf("%lld\n", static_cast<long long>(pid));
+  if (::isatty(2))
+    std::fprintf(stderr, "sbx: started in the background; follow it with: sbx logs %s %lld\n",
+                 f.id.c_str(), static_cast<long long>(pid));
+  return 0;
+}
+
 int Exec(const GlobalOptions& g, const ExecFlags& f) {
+  if (f.detach && (f.interactive || f.tty))
+    return Fail(Status::Error("-d does not go with -i or -t"));
   auto env = ParsePairs(f.env, "--env");
   if (!env.ok()) return Fail(env.status());
   auto client = MakeClient(g, f.conn);
   if (!client.ok()) return Fail(client.status());
   ::signal(SIGPIPE, SIG_IGN);
-  if (f.tty) return ExecTty(*client, f, *env);
+  // The sandbox first: an unknown id or a wrong key gets the API's own message (the answer to a
+  // refused PTY upgrade does not reach us, see PtySession::Open), and its OOM count before the
+  // command tells an OOM kill from another SIGKILL afterwards.
+  json sandbox;
+  if (!f.detach) {
+    auto got = client->Call("GET", SandboxPath(f.id));
+    if (!got.ok()) return Fail(got.status());
+    sandbox = std::move(*got);
+  }
+  if (f.tty) return ReportOom(*client, f, sandbox, ExecTty(*client, f, *env));
 
   json body = {{"argv", f.command}};
   for (const auto& [k, v] : *env) body["env"][k] = v;
@@ -421,6 +471,10 @@ int Exec(const GlobalOptions& g, const ExecFlags& f) {
     if (*ms <= 0) return Fail(Status::Error("--timeout: must be positive"));
     body["timeout"] = static_cast<double>(*ms) / 1000.0;
   }
+  if (f.detach) {
+    body["background"] = true;
+    return ExecDetached(*client, f, body);
+  }
   SignalForwarder signals(*client, f.id);
   OutputSink sink;
   std::string commands = SandboxPath(f.id) + "/commands";
@@ -430,14 +484,14 @@ int Exec(const GlobalOptions& g, const ExecFlags& f) {
       if (e.value("type", "") == "start") signals.SetPid(sink.pid());
       return more;
     });
-    return sink.Finish(s, f.id);
+    return ReportOom(*client, f, sandbox, sink.Finish(s, f.id));
   }
 
   // -i: start in the background with stdin open, feed stdin from a thread, follow the output.
   body["stdin"] = true;
   body["background"] = true;
   auto started = client->Call("POST", commands, body);
-  if (!started.ok()) return Fail(started.status());
+  if (!started.ok()) return FailStart(started.status());
   int64_t pid = started->value("pid", int64_t{0});
   signals.SetPid(pid);
   std::string proc = commands + "/" + std::to_string(pid);
@@ -450,7 +504,7 @@ int Exec(const GlobalOptions& g, const ExecFlags& f) {
       [&c, proc] { (void)c.Send("POST", proc + "/stdin/close"); });
   Status s = client->StreamEvents("GET", proc + "/output?stdout_offset=0&stderr_offset=0", nullptr,
                                   [&](const json& e) { return sink.Handle(e); });
-  return sink.Finish(s, f.id);
+  return ReportOom(*client, f, sandbox, sink.Finish(s, f.id));
 }
 
 struct LogsFlags {
@@ -481,6 +535,9 @@ void RegisterExecVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs
       "exec", "Run a command in a sandbox, streaming its output; exits with its status");
   v->add_option("id", f->id, "Sandbox id")->required();
   v->add_flag("-i,--interactive", f->interactive, "Pass stdin to the command");
+  v->add_flag("-d,--detach", f->detach,
+              "Start the command in the background, print its pid and return (follow it with "
+              "sbx logs ID PID)");
   v->add_flag("-t,--tty", f->tty,
               "Run the command on a terminal (with -i, this terminal goes raw, like docker exec "
               "-it)");
@@ -493,6 +550,8 @@ void RegisterExecVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs
   AddConnectionFlags(v, &f->conn, false);
   v->footer(
       "Ctrl-C (without -t) sends SIGINT to the command and keeps streaming until it exits.\n"
+      "Exit status: the command's; 128+N if signal N killed it; 124 on --timeout; 126 if it\n"
+      "cannot be run, 127 if it is not found; 125 if sbx itself failed.\n"
       "Example: sbx exec ID -- sh -c 'echo hi; exit 3'");
   verbs.Add(v, [f, &g] {
     // CLI11 keeps the "--" that follows the id among the positionals.

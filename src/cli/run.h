@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct RunOptions {
   std::string template_name = "host";
   std::string memory, cpus, pids, disk, timeout;  // as typed; parsed by RunCommand
   std::vector<std::string> env;
+  std::vector<std::string> volumes;  // HOST:BOX[:ro|:rw], see cli/volumes.h
   std::string workdir;
   std::string user;
   bool interactive = false;
@@ -31,6 +33,15 @@ struct RunOptions {
 // a signal N killed it; 124 on --timeout; 125 when sbx itself failed.
 inline constexpr int kExitSbxError = 125;
 inline constexpr int kExitTimeout = 124;
+// As docker: the command exists but cannot be run (permissions, its user or working directory);
+// the command is not there.
+inline constexpr int kExitCannotExecute = 126;
+inline constexpr int kExitNotFound = 127;
+
+// The exit status for a spawn the box's agent refused, from its message ("spawn x: No such file or
+// directory", as the agent and the API word it): 127 when the program is not there, 126 when it
+// cannot be run; nullopt when the message is no spawn failure (then the failure is sbx's: 125).
+std::optional<int> SpawnFailureExit(const std::string& message);
 
 int RunCommand(const GlobalOptions& global, const RunOptions& options);
 
