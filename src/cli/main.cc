@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   r->add_option("--disk", run.disk, "Size of the writable layer, e.g. 1G");
   r->add_option("--timeout", run.timeout, "Kill the box after this long, e.g. 30s, 5m");
   r->add_option("-e,--env", run.env, "Set an environment variable K=V (repeatable)");
+  r->add_option("--volume", run.volumes,
+                "Bind a host directory into the box: HOST:BOX[:ro] (absolute paths; repeatable)");
   r->add_option("-w,--workdir", run.workdir, "Working directory inside the box");
   r->add_option("-u,--user", run.user, "User name or uid inside the box (default root)");
   r->add_flag("-i,--interactive", run.interactive, "Pass stdin to the command");

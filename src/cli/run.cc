@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "cli/template.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
+#include "cli/volumes.h"
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
@@ -170,6 +172,18 @@ Result<Outcome> Drive(protocol::AgentConnection& conn, uint32_t spawn_id, int64_
 
 }  // namespace
 
+std::optional<int> SpawnFailureExit(const std::string& message) {
+  if (message.rfind("spawn ", 0) != 0) return std::nullopt;
+  // The user, the working directory or the ids could not be set: the program is not at fault.
+  for (const char* stage : {": unknown user ", ": chdir ", ": set user", ": set up"})
+    if (message.find(stage) != std::string::npos) return kExitCannotExecute;
+  std::string enoent = std::string(": ") + std::strerror(ENOENT);
+  if (message.size() > enoent.size() &&
+      message.compare(message.size() - enoent.size(), enoent.size(), enoent) == 0)
+    return kExitNotFound;
+  return kExitCannotExecute;
+}
+
 std::string FindAgent(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* e = std::getenv("SBX_AGENT")) return e;
@@ -190,6 +204,11 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   auto limits = ParseLimits(o);
   if (!limits.ok()) {
     Error(limits.status().message());
+    return kExitSbxError;
+  }
+  auto volumes = ParseVolumes(o.volumes);
+  if (!volumes.ok()) {
+    Error(volumes.status().what());
     return kExitSbxError;
   }
   if (::geteuid() != 0) {
@@ -269,6 +288,8 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   spec.id = RandomId();
   spec.layers = tmpl->layers;
   spec.binds = tmpl->binds;
+  // After the template's: a volume over a template bind (/usr of the host template) wins.
+  spec.binds.insert(spec.binds.end(), volumes->begin(), volumes->end());
   spec.limits = limits->limits;
   spec.die_with_parent = true;
   spec.owner = "run";
@@ -280,6 +301,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   auto t_created = Clock::now();
 
   int interrupted = 0;
+  std::optional<int> spawn_failure;  // the command could not start: 126 or 127
   Result<Outcome> outcome = Status::Error("not started");
   int64_t spawn_us = 0, run_us = 0, hello_us = 0;
   {
@@ -313,7 +335,8 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
       auto t_spawned = Clock::now();
       spawn_us = Us(t_hello, t_spawned);
       if (!reply.ok()) {
-        outcome = reply.status().Wrap(o.command[0]);
+        spawn_failure = SpawnFailureExit(reply.status().message());
+        outcome = reply.status();
       } else {
         std::optional<RawTerminal> raw;
         if (o.tty && o.interactive) raw.emplace(0);
@@ -351,7 +374,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   }
   if (!outcome.ok()) {
     Error(outcome.status().message());
-    return kExitSbxError;
+    return spawn_failure.value_or(kExitSbxError);
   }
   if (outcome->timed_out) {
     Error("timed out after " + o.timeout + "; box removed");

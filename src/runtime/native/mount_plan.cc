@@ -117,9 +117,14 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
                       "lowerdir=" + lower + ",upperdir=" + OverlayEscape(in.upper) +
                           ",workdir=" + OverlayEscape(in.work) + ",userxattr"));
 
-  // Binds arrive with their flags set (read-only ones: ro, nosuid, nodev, idmapped).
+  // Binds arrive with their flags set (read-only ones: ro, nosuid, nodev, idmapped). Their
+  // mount points are made with every missing parent (`sbx run --volume H:/a/new/dir`), in the
+  // box's writable layer.
   for (size_t i = 0; i < in.binds.size(); ++i) {
     const auto& b = in.binds[i];
+    for (size_t slash = b.target.find('/', 1); slash != std::string::npos;
+         slash = b.target.find('/', slash + 1))
+      ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target.substr(0, slash)));
     ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target));
     ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, r + b.target));
   }

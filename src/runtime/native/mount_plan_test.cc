@@ -62,6 +62,21 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
   }
 }
 
+TEST(MountPlan, BindMountPointsGetTheirParents) {
+  MountPlanInput in{"r", "upper", "work", {"/t/base"}, {{"/srv/data", "/a/b/c", false}}};
+  auto ops = BuildMountPlan(in);
+  std::vector<std::string> made;
+  for (const auto& op : ops) {
+    if (op.kind == MountOp::Kind::kMkdir && op.target.rfind("r/a", 0) == 0)
+      made.push_back(op.target);
+    if (op.kind == MountOp::Kind::kAttach && op.fd_index == 1) {
+      EXPECT_EQ(op.target, "r/a/b/c");
+      break;
+    }
+  }
+  EXPECT_EQ(made, (std::vector<std::string>{"r/a", "r/a/b", "r/a/b/c"}));
+}
+
 TEST(MountPlan, NoHostDeviceBeyondTheHarmlessOnes) {
   auto ops = BuildMountPlan({"r", "u", "w", {"/l"}, {}});
   for (const auto& op : ops) {
