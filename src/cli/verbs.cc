@@ -110,6 +110,9 @@ std::string Str(const json& j, const char* key) {
 
 // ---- verbs on sandboxes ----
 
+const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kStateRunning,
+                                              store::kStatePaused};
+
 struct CreateFlags {
   ConnectionFlags conn;
   std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key;
@@ -204,13 +207,17 @@ struct LsFlags {
 
 void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   auto f = std::make_shared<LsFlags>();
-  CLI::App* v = app.add_subcommand("ls", "List sandboxes (newest first)");
+  CLI::App* v = app.add_subcommand(
+      "ls", "List live sandboxes (creating, running, paused), newest first; --all for every one");
   v->alias("list");
-  v->add_option("--state", f->states, "Only in this state, e.g. running, paused (repeatable)");
+  v->add_option("--state", f->states,
+                "Only in this state, e.g. running, paused, killed (repeatable)");
   v->add_option("--metadata", f->metadata, "Only with this label K=V (repeatable)");
-  v->add_option("--limit", f->limit, "Page size, 1 to 1000 (default 100)")
+  v->add_option("--limit", f->limit,
+                "At most this many, 1 to 1000 (default: every one, fetched 100 at a time)")
       ->check(CLI::Range(1, 1000));
-  v->add_flag("-a,--all", f->all, "Follow every page, not just the first");
+  v->add_flag("-a,--all", f->all,
+              "Also ended sandboxes (killed, expired, failed), like docker ps -a");
   AddConnectionFlags(v, &f->conn);
   verbs.Add(v, [f, &g] {
     auto md = ParsePairs(f->metadata, "--metadata");
@@ -218,7 +225,9 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
     auto c = MakeClient(g, f->conn);
     if (!c.ok()) return Fail(c.status());
     std::string query;
-    for (const auto& s : f->states) query += "&state=" + Q(s);
+    // As docker ps: what still lives, unless asked for more.
+    const std::vector<std::string>& states = !f->states.empty() || f->all ? f->states : kLiveStates;
+    for (const auto& s : states) query += "&state=" + Q(s);
     for (const auto& [k, val] : *md) query += "&metadata." + Q(k) + "=" + Q(val);
     if (f->limit > 0) query += "&limit=" + std::to_string(f->limit);
     json all = json::array();
@@ -233,7 +242,7 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       for (auto& s : (*r)["sandboxes"]) all.push_back(std::move(s));
       next = (*r)["next_cursor"];
       cursor = next.is_string() ? next.get<std::string>() : "";
-    } while (f->all && !cursor.empty());
+    } while (f->limit == 0 && !cursor.empty());
     if (f->conn.json) {
       PrintJson({{"sandboxes", all}, {"next_cursor", next}});
       return 0;
@@ -256,7 +265,7 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
     }
     t.Print();
     if (!cursor.empty())
-      std::fprintf(stderr, "sbx: more sandboxes: use --all to list every page\n");
+      std::fprintf(stderr, "sbx: more sandboxes: raise --limit, or leave it out to list all\n");
     return 0;
   });
 }
@@ -369,6 +378,7 @@ struct AuditFlags {
   ConnectionFlags conn;
   std::string sandbox, type, since;
   int limit = 0;
+  int64_t before = 0;
 };
 
 // "10m" (that long ago) or an RFC 3339 time -> ms since the epoch.
@@ -381,15 +391,20 @@ Result<int64_t> ParseSince(const std::string& text) {
 
 void RegisterAudit(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   auto f = std::make_shared<AuditFlags>();
-  CLI::App* v = app.add_subcommand("audit", "Show audit events (lifecycle, commands, file writes)");
+  CLI::App* v = app.add_subcommand(
+      "audit", "Show audit events (lifecycle, commands, file writes), newest first");
   v->add_option("--sandbox", f->sandbox, "Only this sandbox's events");
   v->add_option("--type", f->type, "Only this type, e.g. sandbox.create, command.start");
   v->add_option("--since", f->since, "Only newer: a duration ago (10m, 2h) or an RFC 3339 time");
   v->add_option("--limit", f->limit, "At most this many (default 100)")
       ->check(CLI::Range(1, 10000));
+  v->add_option("--before", f->before,
+                "Only older than this SEQ: the next page, as the previous one says")
+      ->check(CLI::PositiveNumber);
   AddConnectionFlags(v, &f->conn);
   verbs.Add(v, [f, &g] {
-    std::string query;
+    std::string query = "&order=desc";
+    if (f->before > 0) query += "&before=" + std::to_string(f->before);
     if (!f->sandbox.empty()) query += "&sandbox=" + Q(f->sandbox);
     if (!f->type.empty()) query += "&type=" + Q(f->type);
     if (!f->since.empty()) {
@@ -400,8 +415,15 @@ void RegisterAudit(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
     if (f->limit > 0) query += "&limit=" + std::to_string(f->limit);
     auto c = MakeClient(g, f->conn);
     if (!c.ok()) return Fail(c.status());
-    auto r = c->Call("GET", "/v1/audit" + (query.empty() ? "" : "?" + query.substr(1)));
+    auto r = c->Call("GET", "/v1/audit?" + query.substr(1));
     if (!r.ok()) return Fail(r.status());
+    // A full page may have older events behind it: say how to get them (on stderr, so that
+    // scripts reading --json or the table are not disturbed).
+    const json& events = (*r)["events"];
+    size_t page = f->limit > 0 ? static_cast<size_t>(f->limit) : 100;
+    if (events.is_array() && events.size() == page && events.back().contains("seq"))
+      std::fprintf(stderr, "sbx: older events: repeat with --before %s\n",
+                   events.back()["seq"].dump().c_str());
     if (f->conn.json) {
       PrintJson(*r);
       return 0;
@@ -509,9 +531,6 @@ std::string RangesText(const store::LimitRanges& r) {
   add("timeout", r.min_timeout_ms, r.max_timeout_ms, duration);
   return out.empty() ? "-" : out;
 }
-
-const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kStateRunning,
-                                              store::kStatePaused};
 
 // True when an `sbx serve` holds this data directory (its lock is taken).
 bool DaemonRunning(const GlobalOptions& g) {

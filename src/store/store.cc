@@ -724,7 +724,8 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   if (!q.type.empty()) sql += " AND type = ?";
   if (q.since != 0) sql += " AND time >= ?";
   if (q.until != 0) sql += " AND time < ?";
-  sql += " ORDER BY seq LIMIT ?";
+  if (q.before_seq != 0) sql += " AND seq < ?";
+  sql += q.newest_first ? " ORDER BY seq DESC LIMIT ?" : " ORDER BY seq LIMIT ?";
 
   MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(sql);
@@ -736,6 +737,7 @@ Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
   if (!q.type.empty()) st->BindText(i++, q.type);
   if (q.since != 0) st->BindInt(i++, q.since);
   if (q.until != 0) st->BindInt(i++, q.until);
+  if (q.before_seq != 0) st->BindInt(i++, q.before_seq);
   st->BindInt(i++, static_cast<int64_t>(limit));
 
   std::vector<AuditEvent> out;

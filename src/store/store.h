@@ -143,13 +143,15 @@ struct AuditEvent {
 };
 
 struct AuditQuery {
-  std::string sandbox_id;  // empty = any
-  std::string key_id;      // empty = any; applied in SQL, before `limit`
-  std::string type;        // empty = any
-  int64_t since = 0;       // time >= since; 0 = no bound
-  int64_t until = 0;       // time < until; 0 = no bound
-  int64_t after_seq = 0;   // seq > after_seq: pass the last seq seen to get the next page
-  size_t limit = 100;      // clamped to 1..10000
+  std::string sandbox_id;     // empty = any
+  std::string key_id;         // empty = any; applied in SQL, before `limit`
+  std::string type;           // empty = any
+  int64_t since = 0;          // time >= since; 0 = no bound
+  int64_t until = 0;          // time < until; 0 = no bound
+  int64_t after_seq = 0;      // seq > after_seq: pass the last seq seen to get the next page
+  int64_t before_seq = 0;     // seq < before_seq; 0 = no bound (the next page of newest_first)
+  bool newest_first = false;  // order by seq descending
+  size_t limit = 100;         // clamped to 1..10000
 };
 
 struct IdempotencyRecord {

@@ -719,6 +719,21 @@ TEST_F(StoreTest, AuditAppendAndQuery) {
   EXPECT_EQ(paged.size(), 15u);
   EXPECT_TRUE(std::is_sorted(paged.begin(), paged.end()));
 
+  // Newest first, paged with before_seq: the same events the other way round.
+  q = {};
+  q.type = "command.start";
+  q.limit = 4;
+  q.newest_first = true;
+  std::vector<int64_t> backwards;
+  for (;;) {
+    r = store->QueryAudit(q);
+    ASSERT_TRUE(r.ok());
+    if (r->empty()) break;
+    for (const auto& e : *r) backwards.push_back(e.seq);
+    q.before_seq = r->back().seq;
+  }
+  EXPECT_EQ(backwards, std::vector<int64_t>(paged.rbegin(), paged.rend()));
+
   q = {};
   q.type = "auth.denied";
   r = store->QueryAudit(q);

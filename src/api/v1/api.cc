@@ -1142,15 +1142,22 @@ void Audit(http::Router& r, ApiContext& ctx) {
           q.sandbox_id = ex.query().Get("sandbox").value_or("");
           q.type = ex.query().Get("type").value_or("");
           auto since = IntQuery(ex, "since", 0), until = IntQuery(ex, "until", 0),
-               after = IntQuery(ex, "after", 0), limit = IntQuery(ex, "limit", 100);
-          if (!since.ok() || !until.ok() || !after.ok() || !limit.ok() || *limit < 1 ||
-              *limit > 10000)
+               after = IntQuery(ex, "after", 0), before = IntQuery(ex, "before", 0),
+               limit = IntQuery(ex, "limit", 100);
+          if (!since.ok() || !until.ok() || !after.ok() || !before.ok() || !limit.ok() ||
+              *limit < 1 || *limit > 10000)
             co_return co_await ex.RespondError(
                 400, "invalid_argument",
-                "since, until (ms), after (seq) and limit (1..10000) are integers");
+                "since, until (ms), after, before (seq) and limit (1..10000) are integers");
+          std::string order = ex.query().Get("order").value_or("asc");
+          if (order != "asc" && order != "desc")
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "order: asc or desc (got " + order + ")");
           q.since = *since;
           q.until = *until;
           q.after_seq = *after;
+          q.before_seq = *before;
+          q.newest_first = order == "desc";
           q.limit = static_cast<size_t>(*limit);
           // A key sees the events of its own sandboxes and its own requests.
           if (!q.sandbox_id.empty()) {
