@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/verbs.h"
@@ -85,8 +86,9 @@ Status ArchiveError(const std::string& what, archive* a) {
   return Status::Error(what + ": " + (msg ? msg : "libarchive error"));
 }
 
-// Writes a tar of `dir`'s contents (names "./...") to `fd`. Symlinks are stored, not followed.
-Status Pack(const std::string& dir, int fd) {
+// Writes a tar of `dir`'s contents to `fd`, named "./<prefix>..." ("./" alone for `dir` itself
+// when `prefix` is empty). Symlinks are stored, not followed.
+Status Pack(const std::string& dir, int fd, const std::string& prefix = "") {
   ArchivePtr disk(archive_read_disk_new()), out(archive_write_new());
   archive_read_disk_set_symlink_physical(disk.get());
   archive_write_set_format_pax_restricted(out.get());
@@ -106,6 +108,7 @@ Status Pack(const std::string& dir, int fd) {
     std::string name = archive_entry_pathname(entry.get());
     name = "." + (name.size() > base.size() ? name.substr(base.size()) : std::string());
     if (name.size() > 2 && name[1] == '/' && name[2] == '/') name.erase(1, 1);  // base "/"
+    if (!prefix.empty()) name = "./" + prefix + name.substr(1);
     archive_entry_set_pathname(entry.get(), name.c_str());
     mode_t type = archive_entry_filetype(entry.get());
     if (type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK) {
@@ -204,24 +207,99 @@ Result<ApiResponse> UploadFd(Client& c, const std::string& target, int fd) {
                   });
 }
 
+std::string Parent(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  auto slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+// Who a copy into the box acts as: the owner of the nearest directory on the destination's path
+// that exists. A copy into /home/user (or under it) belongs to user, as E2B's and docker's users
+// expect of a sandbox whose default user owns its home; a copy into /tmp or /etc stays root's.
+struct Owner {
+  int64_t uid = 0, gid = 0;
+  std::string dir;  // the directory found
+};
+
+Result<Owner> OwnerFor(Client& c, const Location& dir, const json& known) {
+  Location l = dir;
+  json entry = known;
+  for (int depth = 0; depth < 256; ++depth) {
+    if (entry.is_null()) {
+      auto st = StatInBox(c, l);
+      if (!st.ok()) return st.status();
+      entry = std::move(*st);
+    }
+    if (entry.is_object() && entry.value("type", "") == "dir")
+      return Owner{entry.value("uid", int64_t{0}), entry.value("gid", int64_t{0}), l.path};
+    if (entry.is_object()) return Status::Error(l.sandbox + ":" + l.path + ": not a directory");
+    if (l.path == "/" || l.path.empty() || l.path[0] != '/') return Owner{};
+    l.path = Parent(l.path);
+    entry = nullptr;
+  }
+  return Owner{};
+}
+
+std::string OwnerQuery(const Owner& o) {
+  if (o.uid == 0 && o.gid == 0) return "";
+  return "&uid=" + std::to_string(o.uid) + "&gid=" + std::to_string(o.gid);
+}
+
+// Runs the box's tar as the owner (by uid: the box's own /etc/passwd gives the groups).
+std::string UserQuery(const Owner& o) { return o.uid == 0 ? "" : "&user=" + std::to_string(o.uid); }
+
+// Streams `fd` (a tar) into the existing box directory `dir` as `owner`.
+int UploadArchive(Client& c, const Location& dir, const Owner& owner, int fd) {
+  auto res = UploadFd(c, FilesPath(dir, "/archive") + UserQuery(owner), fd);
+  if (!res.ok()) return Fail(res.status());
+  if (res->status >= 300) return Fail(ApiError(res->status, res->raw));
+  return 0;
+}
+
 int HostToBox(Client& c, const std::string& src, Location dst) {
+  bool from_stdin = src == "-";
   struct stat st;
-  if (::stat(src.c_str(), &st) != 0) return Fail(Status::Errno(src));
+  if (!from_stdin && ::stat(src.c_str(), &st) != 0) return Fail(Status::Errno(src));
+  // A trailing slash names a directory that must exist, as cp(1) and docker cp: nothing is
+  // created under a name the user meant as a directory.
+  bool must_be_dir = from_stdin || dst.path.back() == '/';
   auto existing = StatInBox(c, dst);
   if (!existing.ok()) return Fail(existing.status());
-  if (existing->is_object() && existing->value("type", "") == "dir")
-    dst.path = Join(dst.path, BaseName(src));
+  bool is_dir = existing->is_object() && existing->value("type", "") == "dir";
+  std::string shown = dst.sandbox + ":" + dst.path;
+  if (must_be_dir && existing->is_null())
+    return Fail(Status::Error(shown + ": no such directory in the sandbox (cp creates no " +
+                              "directory named with a trailing / or given a tar on stdin)"));
+  if (must_be_dir && !is_dir) return Fail(Status::Error(shown + ": not a directory"));
+
+  if (from_stdin) {
+    auto owner = OwnerFor(c, dst, *existing);
+    if (!owner.ok()) return Fail(owner.status());
+    return UploadArchive(c, dst, *owner, 0);
+  }
+  // The directory the copy lands in, and whose it is.
+  Location parent{dst.sandbox, is_dir ? dst.path : Parent(dst.path)};
+  auto owner = OwnerFor(c, parent, is_dir ? *existing : json(nullptr));
+  if (!owner.ok()) return Fail(owner.status());
+  if (is_dir) dst.path = Join(dst.path, BaseName(src));
 
   if (S_ISDIR(st.st_mode)) {
+    // Unpacked into the parent under the new name, so the box's tar (running as the owner)
+    // makes the directory itself too; the parent must exist, as with docker cp.
+    if (owner->dir != parent.path)
+      return Fail(Status::Error(dst.sandbox + ":" + parent.path + ": no such directory"));
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return Fail(Status::Errno("pipe"));
     UniqueFd r(p[0]), w(p[1]);
     Status packed;
+    std::string name = BaseName(dst.path);
     std::thread packer([&] {
-      packed = Pack(src, w.get());
+      packed = Pack(src, w.get(), name);
       w.reset();
     });
-    auto res = UploadFd(c, FilesPath(dst, "/archive"), r.get());
+    auto res = UploadFd(c, FilesPath(parent, "/archive") + UserQuery(*owner), r.get());
     r.reset();  // a packer still writing sees EPIPE and stops
     packer.join();
     if (!res.ok()) return Fail(res.status());
@@ -234,9 +312,32 @@ int HostToBox(Client& c, const std::string& src, Location dst) {
   if (!fd) return Fail(Status::Errno("open " + src));
   char mode[16];
   std::snprintf(mode, sizeof mode, "%o", st.st_mode & 0777);
-  auto res = UploadFd(c, FilesPath(dst, "") + "&mode=" + mode, fd.get());
+  auto res = UploadFd(c, FilesPath(dst, "") + "&mode=" + mode + OwnerQuery(*owner), fd.get());
   if (!res.ok()) return Fail(res.status().Wrap(src));
   if (res->status >= 300) return Fail(ApiError(res->status, res->raw));
+  return 0;
+}
+
+// A directory to stdout: its tar, as docker cp does (`sbx cp ID:/dir - | tar -t`).
+int DirToStdout(Client& c, const Location& src) {
+  // The archive route answers an error as JSON before any byte of tar, and a tar from it starts
+  // with its first entry's name, "./": the first byte tells which this is, before stdout gets any.
+  std::optional<bool> failed;
+  std::string error_body;
+  Status written;
+  auto status = c.Download(FilesPath(src, "/archive"), [&](std::string_view d) {
+    if (d.empty()) return true;
+    if (!failed) failed = d[0] == '{';
+    if (*failed) {
+      if (error_body.size() < 4096) error_body.append(d.substr(0, 4096 - error_body.size()));
+      return true;
+    }
+    written = WriteAll(1, d);
+    return written.ok();
+  });
+  if (!status.ok()) return Fail(status.status());
+  if (*status >= 300) return Fail(ApiError(*status, error_body));
+  if (!written.ok()) return Fail(written.Wrap("stdout"));
   return 0;
 }
 
@@ -248,8 +349,8 @@ int BoxToHost(Client& c, const Location& src, std::string dst) {
   struct stat st;
   bool dst_is_dir = dst != "-" && ::stat(dst.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 
+  if (entry->value("type", "") == "dir" && dst == "-") return DirToStdout(c, src);
   if (entry->value("type", "") == "dir") {
-    if (dst == "-") return Fail(Status::Error("cp: a directory cannot go to stdout"));
     if (dst_is_dir) dst = Join(dst, BaseName(src.path));
     if (::mkdir(dst.c_str(), 0755) != 0 && errno != EEXIST) return Fail(Status::Errno(dst));
     if (::stat(dst.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -322,7 +423,8 @@ int BoxToHost(Client& c, const Location& src, std::string dst) {
 }
 
 int Cp(const GlobalOptions& g, const CpFlags& f) {
-  Location src = ParseLocation(f.src), dst = ParseLocation(f.dst);
+  Location src = f.src == "-" ? Location{"", "-"} : ParseLocation(f.src);
+  Location dst = f.dst == "-" ? Location{"", "-"} : ParseLocation(f.dst);
   if (src.sandbox.empty() == dst.sandbox.empty())
     return Fail(Status::Error("cp: exactly one of SRC and DST must be ID:/path"));
   if ((src.sandbox.empty() ? dst : src).path.empty())
@@ -339,12 +441,18 @@ void RegisterCpVerb(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   auto f = std::make_shared<CpFlags>();
   CLI::App* v = app.add_subcommand(
       "cp", "Copy a file or directory between the host and a sandbox (one side is ID:/path)");
-  v->add_option("src", f->src, "Source: a host path or ID:/path")->required();
-  v->add_option("dst", f->dst, "Destination: a host path (- for stdout) or ID:/path")->required();
+  v->add_option("src", f->src, "Source: a host path (- for a tar on stdin) or ID:/path")
+      ->required();
+  v->add_option("dst", f->dst,
+                "Destination: a host path (- for stdout: a directory as a tar) or ID:/path")
+      ->required();
   AddConnectionFlags(v, &f->conn, false);
   v->footer(
       "Like docker cp: into an existing directory, SRC keeps its name; otherwise it becomes DST.\n"
-      "Examples: sbx cp ./data ID:/work    sbx cp ID:/work/out.txt .");
+      "DST ending in / must be an existing directory. What is copied into the sandbox belongs\n"
+      "to the owner of the directory it lands in (under /home/user: user).\n"
+      "Examples: sbx cp ./data ID:/work    sbx cp ID:/work/out.txt .\n"
+      "          sbx cp ID:/work - | tar -tv    tar -c . | sbx cp - ID:/work");
   verbs.Add(v, [f, &g] { return Cp(g, *f); });
 }
 
