@@ -1,11 +1,16 @@
 #include "cli/client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <thread>
 
 #include "api/http/url.h"
 #include "cli/serve.h"
@@ -88,6 +93,43 @@ Status Connect(Socket& sock, const http::Endpoint& e) {
   return {};
 }
 
+// A 429 with `Retry-After: N` (seconds) is retried this many times, waiting at most this long
+// each time: a key's creation rate refills within seconds, and a wait beyond that is better left
+// to the user than hidden.
+constexpr int kMaxRetries = 3;
+constexpr int kMaxRetryWaitS = 10;
+std::atomic<bool> told_retrying{false};  // say it once per process, not once per try
+
+// True (after waiting) when the answer asks to come back later and tries remain.
+bool WaitToRetry(int status, std::string_view retry_after, int* tries) {
+  if (status != 429 || retry_after.empty() || *tries >= kMaxRetries) return false;
+  int seconds = 0;
+  for (char ch : retry_after) {
+    if (ch < '0' || ch > '9') return false;  // an HTTP date: not sent by sbx, not worth guessing
+    seconds = std::min(seconds * 10 + (ch - '0'), 1000);
+  }
+  seconds = std::min(seconds, kMaxRetryWaitS);
+  ++*tries;
+  if (!told_retrying.exchange(true))
+    std::fprintf(stderr, "sbx: the daemon asks to slow down (HTTP 429); retrying in %ds\n",
+                 seconds);
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  return true;
+}
+
+// The daemon's sentences about a sandbox ("sandbox X is paused; resume it first") read better
+// without the errno text the API appends ("...: Device or resource busy"); messages of system
+// calls in the box ("spawn x: No such file or directory") need theirs.
+std::string Sentence(std::string m) {
+  if (m.rfind("sandbox ", 0) != 0 && m.rfind("no sandbox ", 0) != 0) return m;
+  for (int e : {ENOENT, ESRCH, EBUSY, EEXIST}) {
+    std::string suffix = std::string(": ") + std::strerror(e);
+    if (m.size() > suffix.size() && m.compare(m.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return m.substr(0, m.size() - suffix.size());
+  }
+  return m;
+}
+
 }  // namespace
 
 void AddConnectionFlags(CLI::App* verb, ConnectionFlags* flags, bool with_json) {
@@ -130,7 +172,7 @@ Status ApiError(int status, const std::string& body) {
   json j = json::parse(body, nullptr, false);
   if (j.is_object() && j.contains("error") && j["error"].is_object() &&
       j["error"].contains("message") && j["error"]["message"].is_string())
-    return Status::Error(j["error"]["message"].get<std::string>());
+    return Status::Error(Sentence(j["error"]["message"].get<std::string>()));
   std::string text = Trim(body.substr(0, 200));
   return Status::Error("the daemon answered HTTP " + std::to_string(status) +
                        (text.empty() ? "" : ": " + text));
@@ -153,6 +195,8 @@ Result<ApiResponse> Client::Send(std::string_view method, const std::string& tar
   http::ClientHeaders h = Headers(!body.is_null());
   h.insert(h.end(), extra.begin(), extra.end());
   auto r = http::Request(c_.endpoint, method, target, h, payload, kCallTimeout);
+  for (int tries = 0; r.ok() && WaitToRetry(r->status, r->Header("Retry-After"), &tries);)
+    r = http::Request(c_.endpoint, method, target, h, payload, kCallTimeout);
   if (!r.ok()) return Unreachable(r.status());
   ApiResponse out;
   out.status = r->status;
@@ -169,6 +213,8 @@ Result<ApiResponse> Client::SendBytes(std::string_view method, const std::string
   http::ClientHeaders h = Headers(false);
   h.emplace_back("Content-Type", "application/octet-stream");
   auto r = http::Request(c_.endpoint, method, target, h, body, kCallTimeout);
+  for (int tries = 0; r.ok() && WaitToRetry(r->status, r->Header("Retry-After"), &tries);)
+    r = http::Request(c_.endpoint, method, target, h, body, kCallTimeout);
   if (!r.ok()) return Unreachable(r.status());
   ApiResponse out;
   out.status = r->status;
@@ -209,6 +255,13 @@ Status Client::StreamEvents(std::string_view method, const std::string& target, 
   std::string payload = body.is_null() ? "" : body.dump();
   auto r = http::RequestStream(c_.endpoint, method, target, Headers(!body.is_null()), payload,
                                kStreamTimeout, on_data);
+  // A 429 carries no events, only its error body: start over clean.
+  for (int tries = 0; r.ok() && WaitToRetry(r->status, r->Header("Retry-After"), &tries);) {
+    pending.clear();
+    error_body.clear();
+    r = http::RequestStream(c_.endpoint, method, target, Headers(!body.is_null()), payload,
+                            kStreamTimeout, on_data);
+  }
   if (!r.ok()) return Unreachable(r.status());
   if (r->status < 200 || r->status > 299) return ApiError(r->status, error_body + pending);
   if (!stopped && !pending.empty()) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <boost/asio/thread_pool.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 
@@ -30,6 +31,18 @@ namespace sbx::cli {
 std::string ApiKeyFile(const std::string& data_dir) { return data_dir + "/api-key"; }
 
 namespace {
+
+// `s` as one shell word: as it is when only safe characters make it, else single-quoted.
+std::string ShellWord(const std::string& s) {
+  bool plain = !s.empty();
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-+:=@%,", c)))
+      plain = false;
+  if (plain) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 // On first start (no key in the store) makes the key "default", prints it once and leaves it in
 // a 0600 file for the CLI. The store keeps only its hash. It is an operator key: whoever can read
@@ -201,12 +214,17 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: listen on %s: %s\n", o.listen.c_str(), s.message().c_str());
     return kExitSbxError;
   }
+  // The CLI finds the daemon and its key through the data directory: a command to copy must name
+  // one that is not the default.
+  std::string sbx = global.data_dir == GlobalOptions{}.data_dir
+                        ? "sbx"
+                        : "sbx --data-dir " + ShellWord(global.data_dir);
   std::fprintf(stderr,
                "sbx: serving on http://%s:%u (data in %s); stop with Ctrl-C or SIGTERM\n"
-               "     try:  sbx create            (the CLI finds the daemon and its key by itself)\n"
+               "     try:  %s create   (the CLI finds the daemon and its key by itself)\n"
                "           curl -H \"Authorization: Bearer $(cat %s)\" http://%s:%u/v1/sandboxes\n",
-               so.host.c_str(), server.port(), global.data_dir.c_str(),
-               ApiKeyFile(global.data_dir).c_str(), so.host.c_str(), server.port());
+               so.host.c_str(), server.port(), global.data_dir.c_str(), sbx.c_str(),
+               ShellWord(ApiKeyFile(global.data_dir)).c_str(), so.host.c_str(), server.port());
   // The port, for scripts and tests that asked for port 0.
   (void)WriteFileAtomic(global.data_dir + "/serve.port", std::to_string(server.port()) + "\n",
                         0644);

@@ -136,7 +136,7 @@ Result<SandboxRecord> Manager::LiveRecord(const std::string& id) {
   if (!rec.ok()) return rec.status();
   if (!*rec) return Status::Error("no sandbox '" + id + "'", ENOENT);
   if (!store::IsLiveState((*rec)->state))
-    return Status::Error("sandbox " + id + " is " + (*rec)->state, ENOENT);
+    return Status::Error("sandbox " + id + " has ended (" + (*rec)->state + ")", ENOENT);
   return **rec;
 }
 
@@ -647,7 +647,8 @@ Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
   if ((*rec)->state == store::kStatePaused)
     return Status::Error("sandbox " + id + " is already paused", EBUSY);
   if ((*rec)->state != store::kStateRunning)
-    return Status::Error("sandbox " + id + " is " + (*rec)->state, EBUSY);
+    return Status::Error(
+        "sandbox " + id + " is " + (*rec)->state + "; only a running sandbox can be paused", EBUSY);
   return PauseLocked(**rec, key.id);
 }
 
@@ -658,7 +659,7 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
   auto rec = Record(id);
   if (!rec.ok()) return rec.status();
   if (!*rec || (*rec)->state != store::kStatePaused)
-    return Status::Error("sandbox " + id + " is not paused", EBUSY);
+    return Status::Error("sandbox " + id + " is not paused; there is nothing to resume", EBUSY);
   return ResumeLocked(**rec, key.id);
 }
 
@@ -704,7 +705,7 @@ Result<Connected> Manager::Connect(const store::ApiKeyRecord& key, const std::st
       Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
     }
   } else {
-    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
+    return Status::Error("sandbox " + id + " is " + rec->state + "; try again once it runs", EBUSY);
   }
   out.record = *rec;
   return out;
@@ -714,7 +715,10 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
   auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (rec->state != store::kStateRunning)
-    return Status::Error("sandbox " + id + " is " + rec->state, EBUSY);
+    return Status::Error(
+        "sandbox " + id + " is " + rec->state +
+            (rec->state == store::kStatePaused ? "; resume it first" : "; it does not run"),
+        EBUSY);
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
   return runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
@@ -786,9 +790,9 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) co_return rec.status();
   if (rec->state == store::kStatePaused)
-    co_return Status::Error("sandbox " + id + " is paused", EBUSY);
+    co_return Status::Error("sandbox " + id + " is paused; resume it first", EBUSY);
   if (rec->state != store::kStateRunning)
-    co_return Status::Error("sandbox " + id + " is " + rec->state, ENOENT);
+    co_return Status::Error("sandbox " + id + " has ended (" + rec->state + ")", ENOENT);
   std::shared_ptr<Connecting> flight;
   bool leader = false;
   {
@@ -837,7 +841,7 @@ boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
   }
   if (!alive) {
     (*ch)->Close();
-    end.result = Status::Error("sandbox " + id + " is gone", ENOENT);
+    end.result = Status::Error("sandbox " + id + " has ended", ENOENT);
   } else {
     end.result = *ch;
   }
