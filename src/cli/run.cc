@@ -335,8 +335,11 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
       auto t_spawned = Clock::now();
       spawn_us = Us(t_hello, t_spawned);
       if (!reply.ok()) {
-        spawn_failure = SpawnFailureExit(reply.status().message());
-        outcome = reply.status();
+        // The agent's own words for a spawn it refused, without the connection's prefix.
+        std::string said = reply.status().message();
+        if (said.rfind("agent: ", 0) == 0) said.erase(0, 7);
+        spawn_failure = SpawnFailureExit(said);
+        outcome = Status::Error(said);
       } else {
         std::optional<RawTerminal> raw;
         if (o.tty && o.interactive) raw.emplace(0);

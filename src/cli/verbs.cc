@@ -243,6 +243,8 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       next = (*r)["next_cursor"];
       cursor = next.is_string() ? next.get<std::string>() : "";
     } while (f->limit == 0 && !cursor.empty());
+    if (!cursor.empty())
+      std::fprintf(stderr, "sbx: more sandboxes: raise --limit, or leave it out to list all\n");
     if (f->conn.json) {
       PrintJson({{"sandboxes", all}, {"next_cursor", next}});
       return 0;
@@ -264,8 +266,6 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       t.Row(row);
     }
     t.Print();
-    if (!cursor.empty())
-      std::fprintf(stderr, "sbx: more sandboxes: raise --limit, or leave it out to list all\n");
     return 0;
   });
 }

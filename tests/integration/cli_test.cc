@@ -312,5 +312,273 @@ TEST_F(CliTest, KeysAndConnectionErrors) {
   EXPECT_NE(r.err.find("--url"), std::string::npos) << r.err;
 }
 
+// ---- CLI habits (issue 11): what a new user tries ----
+
+TEST_F(CliTest, ExecDetachedPrintsThePidAndLogsFollowsIt) {
+  std::string id = Create();
+  auto r = Sbx({"exec", "-d", id, "--", "sh", "-c", "echo one; sleep 1; echo two >&2; exit 6"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string pid = r.out.substr(0, r.out.find('\n'));
+  ASSERT_FALSE(pid.empty());
+  EXPECT_EQ(pid.find_first_not_of("0123456789"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out, pid + "\n");
+  // logs follows it to the end and exits with its status.
+  r = Sbx({"logs", id, pid});
+  EXPECT_EQ(r.exit_code, 6) << r.err;
+  EXPECT_EQ(r.out, "one\n");
+  EXPECT_EQ(r.err, "two\n");
+  r = Sbx({"exec", "-d", "-i", id, "--", "cat"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("-d does not go with -i or -t"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, ExitCodesLikeDocker) {
+  std::string id = Create();
+  auto r = Sbx({"exec", id, "--", "no-such-command"});
+  EXPECT_EQ(r.exit_code, 127) << r.err;
+  EXPECT_NE(r.err.find("No such file or directory"), std::string::npos) << r.err;
+  r = Sbx({"exec", "-i", id, "--", "/no/such/path"});
+  EXPECT_EQ(r.exit_code, 127) << r.err;
+  r = Sbx({"exec", id, "--", "/etc/passwd"});  // not executable
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+  r = Sbx({"exec", "-d", id, "--", "/etc/passwd"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  r = Sbx({"exec", "-w", "/no/such/dir", id, "--", "true"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  r = Sbx({"exec", "nosuchsandbox", "--", "no-such-command"});
+  EXPECT_EQ(r.exit_code, 125) << r.err;  // sbx's own failure stays 125
+
+  r = Sbx({"run", "--", "no-such-command"});
+  EXPECT_EQ(r.exit_code, 127) << r.err;
+  EXPECT_NE(r.err.find("no-such-command: No such file or directory"), std::string::npos) << r.err;
+  r = Sbx({"run", "--", "/etc/passwd"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+}
+
+TEST_F(CliTest, ExecSaysWhenTheCommandWasKilledForMemory) {
+  std::string id = Create({"--memory", "32M"});
+  // Touches every page, so the memory is really used.
+  auto r = Sbx({"exec", id, "--", "python3", "-c", "b = bytearray(256 << 20)"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_NE(r.err.find("out of memory: the sandbox hit its memory limit of 32 MiB"),
+            std::string::npos)
+      << r.err;
+  // Another SIGKILL is not called an OOM kill.
+  r = Sbx({"exec", id, "--", "sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(r.err.find("out of memory"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, LsShowsLiveSandboxesUnlessAll) {
+  std::string live = Create(), paused = Create(), killed = Create();
+  ASSERT_EQ(Sbx({"pause", paused}).exit_code, 0);
+  ASSERT_EQ(Sbx({"kill", killed}).exit_code, 0);
+  auto ls = Sbx({"ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find(live), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find(paused), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find(killed), std::string::npos) << ls.out;
+  ls = Sbx({"ls", "--all"});
+  EXPECT_NE(ls.out.find(killed), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find(live), std::string::npos) << ls.out;
+  ls = Sbx({"ls", "--state", "killed"});
+  EXPECT_NE(ls.out.find(killed), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find(live), std::string::npos) << ls.out;
+  // --limit is one page, and says there is more.
+  ls = Sbx({"ls", "--all", "--limit", "1", "--json"});
+  EXPECT_EQ(json::parse(ls.out)["sandboxes"].size(), 1u);
+  EXPECT_NE(ls.err.find("more sandboxes"), std::string::npos) << ls.err;
+}
+
+TEST_F(CliTest, AuditIsNewestFirstAndPages) {
+  std::string id = Create();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Sbx({"exec", id, "--", "true"}).exit_code, 0);
+  auto all = Sbx({"audit", "--json", "--sandbox", id});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  json events = json::parse(all.out)["events"];
+  ASSERT_GE(events.size(), 7u);  // create, then start and exit three times
+  for (size_t i = 1; i < events.size(); ++i)
+    EXPECT_GT(events[i - 1]["seq"], events[i]["seq"]) << "not newest first";
+  EXPECT_EQ(events.back()["type"], "sandbox.create");
+  EXPECT_EQ(all.err, "");
+
+  // Pages of 2, each pointing at the next, give the same events.
+  std::vector<int64_t> paged;
+  std::string before;
+  for (int page = 0; page < 20; ++page) {
+    std::vector<std::string> args = {"audit", "--json", "--sandbox", id, "--limit", "2"};
+    if (!before.empty()) args.insert(args.end(), {"--before", before});
+    auto r = Sbx(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json page_events = json::parse(r.out)["events"];
+    for (const auto& e : page_events) paged.push_back(e["seq"]);
+    auto at = r.err.find("--before ");
+    if (at == std::string::npos) break;
+    before = r.err.substr(at + 9, r.err.find('\n', at) - at - 9);
+  }
+  std::vector<int64_t> want;
+  for (const auto& e : events) want.push_back(e["seq"]);
+  EXPECT_EQ(paged, want);
+
+  json bad = Api("GET", "/v1/audit?order=sideways");
+  EXPECT_NE(bad.dump().find("order: asc or desc"), std::string::npos) << bad;
+}
+
+TEST_F(CliTest, CopyDirectoryAsTarThroughStdio) {
+  std::string id = Create();
+  ASSERT_EQ(Sbx({"exec", id, "--", "sh", "-c",
+                 "mkdir -p /tmp/t/sub && echo a > /tmp/t/a && "
+                 "echo b > /tmp/t/sub/b"})
+                .exit_code,
+            0);
+  // To stdout: a tar of the directory, for a host tar to read.
+  std::string tar = dir_ + "/out.tar";
+  auto r = RunProcess(
+      {"/bin/sh", "-c",
+       std::string(SBX_BIN) + " --data-dir " + dir_ + " cp " + id + ":/tmp/t - > " + tar});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunProcess({"/bin/tar", "-tf", tar});
+  EXPECT_NE(r.out.find("./sub/b"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("./a"), std::string::npos) << r.out;
+  // A missing directory is an error, with nothing on stdout.
+  r = Sbx({"cp", id + ":/tmp/none", "-"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_EQ(r.out, "");
+  // From stdin: unpacked into an existing directory.
+  ASSERT_EQ(Sbx({"exec", id, "--", "mkdir", "/tmp/in"}).exit_code, 0);
+  r = RunProcess(
+      {"/bin/sh", "-c",
+       std::string(SBX_BIN) + " --data-dir " + dir_ + " cp - " + id + ":/tmp/in < " + tar});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Sbx({"exec", id, "--", "cat", "/tmp/in/a", "/tmp/in/sub/b"}).out, "a\nb\n");
+  ProcessOptions in;
+  in.stdin_data = "not a tar";
+  r = Sbx({"cp", "-", id + ":/tmp/nowhere"}, in);
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, CopyToAMissingDirectoryWithASlashIsAnError) {
+  std::string id = Create();
+  ASSERT_TRUE(WriteFile(dir_ + "/f.txt", "f\n").ok());
+  auto r = Sbx({"cp", dir_ + "/f.txt", id + ":/tmp/missing/dir/"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find(id + ":/tmp/missing/dir/: no such directory"), std::string::npos) << r.err;
+  EXPECT_NE(Sbx({"exec", id, "--", "test", "-e", "/tmp/missing"}).exit_code, 0)
+      << "nothing may be written";
+  r = Sbx({"cp", dir_ + "/f.txt", id + ":/etc/hostname/"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_NE(r.err.find("not a directory"), std::string::npos) << r.err;
+  // Without the slash the name is the file's new name, parents made, as before.
+  r = Sbx({"cp", dir_ + "/f.txt", id + ":/tmp/made/g.txt"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Sbx({"exec", id, "--", "cat", "/tmp/made/g.txt"}).out, "f\n");
+}
+
+TEST_F(CliTest, CopiesIntoHomeBelongToItsUser) {
+  std::string id = Create();
+  ASSERT_EQ(Sbx({"exec", id, "--", "stat", "-c", "%U", "/home/user"}).out, "user\n");
+  ASSERT_TRUE(WriteFile(dir_ + "/f.txt", "f\n").ok());
+  ASSERT_TRUE(MakeDirs(dir_ + "/tree/sub").ok());
+  ASSERT_TRUE(WriteFile(dir_ + "/tree/sub/b.txt", "b\n").ok());
+  ASSERT_EQ(Sbx({"cp", dir_ + "/f.txt", id + ":/home/user/"}).exit_code, 0);
+  ASSERT_EQ(Sbx({"cp", dir_ + "/f.txt", id + ":/home/user/new/deeper/f.txt"}).exit_code, 0);
+  ASSERT_EQ(Sbx({"cp", dir_ + "/tree", id + ":/home/user"}).exit_code, 0);
+  ASSERT_EQ(Sbx({"cp", dir_ + "/tree", id + ":/home/user/renamed"}).exit_code, 0);
+  ASSERT_EQ(Sbx({"cp", dir_ + "/f.txt", id + ":/tmp/"}).exit_code, 0);
+  auto r = Sbx({"exec", id, "--", "stat", "-c", "%U:%G %n", "/home/user/f.txt", "/home/user/new",
+                "/home/user/new/deeper/f.txt", "/home/user/tree", "/home/user/tree/sub/b.txt",
+                "/home/user/renamed/sub/b.txt", "/tmp/f.txt"});
+  EXPECT_EQ(r.out,
+            "user:user /home/user/f.txt\n"
+            "user:user /home/user/new\n"
+            "user:user /home/user/new/deeper/f.txt\n"
+            "user:user /home/user/tree\n"
+            "user:user /home/user/tree/sub/b.txt\n"
+            "user:user /home/user/renamed/sub/b.txt\n"
+            "root:root /tmp/f.txt\n")
+      << r.err;
+}
+
+TEST_F(CliTest, ServeBannerCommandWorksWithItsDataDir) {
+  std::string log = d_->log();
+  auto at = log.find("try:  ");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string line = log.substr(at + 6, log.find('\n', at) - at - 6);
+  std::string command = line.substr(0, line.find("   "));  // before the explanation
+  EXPECT_EQ(command, "sbx --data-dir " + dir_ + " create") << line;
+  // Copy-pasted into a shell (with this build's sbx), it creates a sandbox.
+  command.replace(0, 3, SBX_BIN);
+  auto r = RunProcess({"/bin/sh", "-c", command});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.size(), 21u) << r.out;
+}
+
+TEST_F(CliTest, RetriesAfterTooManyRequests) {
+  // One create per 4 s: the second is refused even when the first takes long on a busy machine.
+  auto k = Sbx({"key", "create", "--name", "slow", "--rate", "0.25"});
+  ASSERT_EQ(k.exit_code, 0) << k.err;
+  std::string secret = k.out.substr(0, k.out.find('\n'));
+  // The second create is answered 429 with Retry-After (up to 4 s); the CLI waits and tries
+  // again, saying so once.
+  auto first = Sbx({"create", "--api-key", secret});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  auto second = Sbx({"create", "--api-key", secret});
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(second.out.size(), 21u) << second.out;
+  size_t told = second.err.find("(HTTP 429); retrying in ");
+  EXPECT_NE(told, std::string::npos) << second.err;
+  if (told != std::string::npos) {
+    EXPECT_EQ(second.err.find("HTTP 429", told + 2), std::string::npos) << second.err;
+  }
+  EXPECT_EQ(json::parse(Sbx({"ls", "--json", "--api-key", secret}).out)["sandboxes"].size(), 2u);
+}
+
+TEST_F(CliTest, MessagesReadAsSentences) {
+  std::string id = Create();
+  ASSERT_EQ(Sbx({"pause", id}).exit_code, 0);
+  auto r = Sbx({"exec", id, "--", "true"});
+  EXPECT_EQ(r.exit_code, 125);
+  EXPECT_EQ(r.err, "sbx: sandbox " + id + " is paused; resume it first\n");
+  r = Sbx({"pause", id});
+  EXPECT_EQ(r.err, "sbx: sandbox " + id + " is already paused\n");
+  ASSERT_EQ(Sbx({"resume", id}).exit_code, 0);
+  r = Sbx({"resume", id});
+  EXPECT_EQ(r.err, "sbx: sandbox " + id + " is not paused; there is nothing to resume\n");
+  ASSERT_EQ(Sbx({"kill", id}).exit_code, 0);
+  r = Sbx({"exec", id, "--", "true"});
+  EXPECT_EQ(r.err, "sbx: sandbox " + id + " has ended (killed)\n");
+  // The API keeps the errno's status and its text.
+  json j = Api("POST", "/v1/sandboxes/" + id + "/commands", {{"argv", {"true"}}});
+  EXPECT_EQ(j["error"]["code"], "not_found") << j;
+}
+
+TEST_F(CliTest, RunVolumesAreBindMounts) {
+  std::string vol = dir_ + "/vol", ro = dir_ + "/ro";
+  ASSERT_TRUE(MakeDirs(vol).ok());
+  ASSERT_TRUE(MakeDirs(ro).ok());
+  // The box's root is an unprivileged id on the host: a writable volume is written where others
+  // may write.
+  ASSERT_EQ(::chmod(vol.c_str(), 0777), 0);
+  ASSERT_TRUE(WriteFile(vol + "/script.py", "print('hello from', __file__)\n").ok());
+  ASSERT_TRUE(WriteFile(ro + "/data.txt", "read me\n").ok());
+  auto r = Sbx({"run", "--volume", vol + ":/work", "--volume", ro + ":/data/in:ro", "-w", "/work",
+                "--", "sh", "-c",
+                "python3 script.py && cat /data/in/data.txt && echo out > /work/new.txt && "
+                "touch /data/in/x 2>&1 | grep -c 'Read-only file system'"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "hello from /work/script.py\nread me\n1\n") << r.err;
+  EXPECT_EQ(*ReadFile(vol + "/new.txt"), "out\n");
+  EXPECT_NE(::access((ro + "/x").c_str(), F_OK), 0);
+
+  for (const std::string& bad : {std::string("rel:/work"), vol + ":work", vol + ":/a/../b",
+                                 vol + ":/work:rx", vol + "/../vol:/work", dir_ + "/none:/work"}) {
+    r = Sbx({"run", "--volume", bad, "--", "true"});
+    EXPECT_EQ(r.exit_code, 125) << bad;
+    EXPECT_NE(r.err.find("--volume " + bad + ": "), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace sbx::test
