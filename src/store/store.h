@@ -130,7 +130,8 @@ struct ApiKeyRecord {
 
 struct NewApiKey {
   ApiKeyRecord record;
-  std::string secret;  // "sbx_" + 40 random [a-z0-9]; shown once, never stored
+  std::string secret;  // "e2b_" + 48 random hex digits (older keys: "sbx_" + 40 [a-z0-9]); shown
+                       // once, never stored
 };
 
 struct AuditEvent {
