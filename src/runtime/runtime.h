@@ -58,6 +58,10 @@ struct BoxStats {
   uint64_t memory_peak = 0;
   uint64_t pids_current = 0;
   uint64_t oom_kills = 0;
+  // The box's writable layer: the bytes it holds, and the most it may hold (the size of its disk
+  // image, or without a disk limit the size of the filesystem it lives on). 0 when unknown.
+  uint64_t disk_used = 0;
+  uint64_t disk_total = 0;
 };
 
 // Per-phase timings of one Create, for `sbx run --timings` and the benchmarks.

@@ -489,7 +489,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
         " AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"
         " WHERE m.key = ? AND m.type = 'text' AND m.value = ?)";
   }
-  if (f.created_after > 0) sql += " AND created_at > ?";
+  if (f.created_since > 0) sql += " AND created_at >= ?";
   if (f.template_name) sql += " AND template = ?";
   if (!f.after.empty())
     sql += f.oldest_first ? " AND (created_at, id) > (?, ?)" : " AND (created_at, id) < (?, ?)";
@@ -506,7 +506,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
     st->BindText(i++, k);
     st->BindText(i++, v);
   }
-  if (f.created_after > 0) st->BindInt(i++, f.created_after);
+  if (f.created_since > 0) st->BindInt(i++, f.created_since);
   if (f.template_name) st->BindText(i++, *f.template_name);
   if (!f.after.empty()) {
     st->BindInt(i++, cursor_created);

@@ -464,7 +464,7 @@ TEST_F(StoreTest, ListOldestFirstSinceATimeAndByTemplate) {
   }
   EXPECT_EQ(seen, (std::vector<std::string>{"o0", "o1", "o2", "o3", "o4", "o5"}));
   SandboxFilter since;
-  since.created_after = 103;  // strictly later
+  since.created_since = 104;  // inclusive: o4 was created at exactly 104
   EXPECT_EQ(Ids(store->ListSandboxes(since)->items), (std::vector<std::string>{"o5", "o4"}));
   since.template_name = "py";
   EXPECT_EQ(Ids(store->ListSandboxes(since)->items), std::vector<std::string>{"o5"});
