@@ -31,6 +31,11 @@ struct BindMount {
   std::string source;  // host path
   std::string target;  // absolute path inside the box
   bool read_only = true;
+  // Subdirectories of `target` (relative, such as "local/bin") over which the topmost layer's
+  // own directory of the same path (its <target>/<subdir>, hidden by the bind) is laid,
+  // read-only: what the layer has there wins, the rest of the bind shows through. Nothing of the
+  // host changes. The host template adds sbx's sudo and python to /usr/local/bin this way.
+  std::vector<std::string> overlaid;
 };
 
 struct BoxSpec {
