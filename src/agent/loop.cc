@@ -44,7 +44,8 @@ Agent::Agent(AgentOptions options)
     : options_(options),
       budget_(options.memory_cap, kMaxConnections * Connection::kSendQueueFloor),
       listen_fd_(options.listen_fd),
-      watcher_(&budget_) {}
+      watcher_(&budget_),
+      sudo_(users_, [this](int fd) { EpollDel(fd); }) {}
 
 Status Agent::Init() {
   epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -69,6 +70,12 @@ Status Agent::Init() {
       !EpollSet(signal_fd_.get(), Key(kSignal, 0), EPOLLIN, true))
     return Status::Errno("epoll_ctl");
   if (watcher_.fd() >= 0) EpollSet(watcher_.fd(), Key(kInotify, 0), EPOLLIN, true);
+  if (!options_.sudo_socket.empty()) {
+    Status s = sudo_.Listen(options_.sudo_socket);
+    if (s.ok()) EpollSet(sudo_.listen_fd(), Key(kSudo, 0), EPOLLIN, true);
+    if (!s.ok()) Log("sudo unavailable: %s", s.message().c_str());
+    if (options_.restore_nofile) sudo_.SetChildNofile(options_.child_nofile);
+  }
   // Children may already exist (none normally); reap anything pending.
   Reap();
   return {};
@@ -127,6 +134,15 @@ void Agent::OnEvent(uint64_t key, uint32_t events) {
   switch (kind) {
     case kListen:
       Accept();
+      break;
+    case kSudo:
+      if (v == 0) {
+        // Accept every pending caller; each is watched until its answer.
+        for (int fd; (fd = sudo_.Accept()) >= 0;)
+          EpollSet(fd, Key(kSudo, static_cast<uint64_t>(fd) + 1), EPOLLIN, true);
+      } else {
+        sudo_.OnReadable(static_cast<int>(v - 1));
+      }
       break;
     case kSignal:
       OnSignals();

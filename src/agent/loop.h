@@ -15,6 +15,7 @@
 #include "agent/budget.h"
 #include "agent/connection.h"
 #include "agent/process.h"
+#include "agent/sudo.h"
 #include "agent/users.h"
 #include "agent/watch.h"
 #include "common/fd.h"
@@ -31,6 +32,8 @@ struct AgentOptions {
   bool restore_nofile = false;
   // Box-wide cap on the agent's buffers (MemoryBudget); at least MemoryBudget::kMinCap.
   size_t memory_cap = MemoryBudget::kDefaultCap;
+  // The abstract socket sudo is served on (sudo.h); empty: no sudo.
+  std::string sudo_socket;
 };
 
 class Agent {
@@ -47,7 +50,16 @@ class Agent {
   int Run();
 
  private:
-  enum Kind : uint64_t { kListen = 1, kSignal, kInotify, kConn, kProcOut, kProcErr, kProcIn };
+  enum Kind : uint64_t {
+    kListen = 1,
+    kSignal,
+    kInotify,
+    kConn,
+    kProcOut,
+    kProcErr,
+    kProcIn,
+    kSudo  // value 0: the sudo socket; fd + 1: a sudo caller
+  };
   static uint64_t Key(Kind k, uint64_t v) { return (static_cast<uint64_t>(k) << 56) | v; }
 
   // loop.cc
@@ -106,6 +118,7 @@ class Agent {
   UniqueFd listen_fd_, epoll_fd_, signal_fd_;
   Watcher watcher_;
   UserDb users_;
+  SudoServer sudo_;
   std::map<uint64_t, std::unique_ptr<Connection>> conns_;
   uint64_t next_conn_ = 1;
   std::map<pid_t, std::unique_ptr<Process>> procs_;

@@ -6,6 +6,11 @@
 //   --max-procs N                tracked-process bound (default 1024; tests lower it)
 //   --memory-cap BYTES           box-wide cap on the agent's buffers (default 64 MiB, at least
 //                                8 MiB; a K, M or G suffix multiplies by 1024s)
+//   --sudo-socket NAME           serve sudo (sudo.h) on abstract socket NAME (default, as PID 1:
+//                                "sbx-sudo"; otherwise none)
+//
+// Called as `sudo` (the host template's /usr/local/bin/sudo is this binary), it is sudo's client
+// instead (sudo.h).
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -22,6 +27,7 @@
 
 #include "agent/log.h"
 #include "agent/loop.h"
+#include "agent/sudo.h"
 #include "agent/users.h"
 
 namespace {
@@ -29,7 +35,8 @@ namespace {
 using sbx::agent::Log;
 
 int Usage() {
-  Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N] [--memory-cap BYTES]");
+  Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N] [--memory-cap BYTES] "
+      "[--sudo-socket NAME]");
   return 2;
 }
 
@@ -82,6 +89,11 @@ std::optional<size_t> ParseBytes(std::string v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 0 && argv[0] != nullptr) {
+    const char* base = std::strrchr(argv[0], '/');
+    if (std::strcmp(base ? base + 1 : argv[0], "sudo") == 0)
+      return sbx::agent::SudoMain(argc, argv);
+  }
   // Descriptors 0-2 must exist, or pipes created later could land on them.
   for (int fd = 0; fd < 3; ++fd) {
     if (::fcntl(fd, F_GETFD) < 0) {
@@ -109,6 +121,9 @@ int main(int argc, char** argv) {
       auto n = sbx::agent::ParseId(v);
       if (!n || *n == 0) return Usage();
       opts.max_procs = *n;
+    } else if (a == "--sudo-socket") {
+      if (v.empty() || v.size() > 100) return Usage();
+      opts.sudo_socket = v;
     } else if (a == "--memory-cap") {
       auto n = ParseBytes(v);
       if (!n || *n < sbx::agent::MemoryBudget::kMinCap) return Usage();
@@ -124,6 +139,7 @@ int main(int argc, char** argv) {
   }
 
   opts.pid1 = ::getpid() == 1;
+  if (opts.pid1 && opts.sudo_socket.empty()) opts.sudo_socket = sbx::agent::kSudoSocket;
   // Outside a pid namespace (tests), orphans of spawned processes are re-parented to the agent.
   if (!opts.pid1) ::prctl(PR_SET_CHILD_SUBREAPER, 1);
 

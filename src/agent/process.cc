@@ -516,7 +516,10 @@ void Agent::Reap() {
     if (pid < 0 && errno == EINTR) continue;
     if (pid <= 0) return;
     Process* p = FindProcess(pid);
-    if (!p || p->exited) continue;  // an orphan re-parented to us
+    if (!p || p->exited) {
+      sudo_.OnExit(pid, st);  // a sudo command (sudo.h), or an orphan re-parented to us
+      continue;
+    }
     p->exited = true;
     p->ended_ns = RealtimeNs();
     if (WIFEXITED(st)) {

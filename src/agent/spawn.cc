@@ -223,6 +223,8 @@ Result<SpawnedChild> Spawn(const SpawnPlan& plan) {
     out.stdin_fd.reset(::fcntl(master.get(), F_DUPFD_CLOEXEC, 3));
     if (!out.stdin_fd) return Status::Errno("spawn " + prog + ": dup");
     out.stdout_fd = std::move(master);
+  } else if (plan.stdio[0] >= 0) {
+    // Used as they are; the child dup2()s them (the originals stay the caller's).
   } else {
     int p[2];
     if (plan.stdin_open) {
@@ -248,11 +250,21 @@ Result<SpawnedChild> Spawn(const SpawnPlan& plan) {
   if (::pipe2(rp, O_CLOEXEC) < 0) return Status::Errno("spawn " + prog + ": pipe");
   UniqueFd report_r(rp[0]), report_w(rp[1]);
 
-  ChildArgs a{argv.data(),      envp.data(),        cand_ptrs.data(),
-              plan.cwd.c_str(), plan.change_ids,    plan.uid,
-              plan.gid,         plan.groups.data(), plan.groups.size(),
-              child_in.get(),   child_out.get(),    child_err.get(),
-              slave.get(),      report_w.get(),     plan.restore_nofile ? &plan.nofile : nullptr};
+  ChildArgs a{argv.data(),
+              envp.data(),
+              cand_ptrs.data(),
+              plan.cwd.c_str(),
+              plan.change_ids,
+              plan.uid,
+              plan.gid,
+              plan.groups.data(),
+              plan.groups.size(),
+              plan.stdio[0] >= 0 ? plan.stdio[0] : child_in.get(),
+              plan.stdio[0] >= 0 ? plan.stdio[1] : child_out.get(),
+              plan.stdio[0] >= 0 ? plan.stdio[2] : child_err.get(),
+              slave.get(),
+              report_w.get(),
+              plan.restore_nofile ? &plan.nofile : nullptr};
   pid_t pid = ::fork();
   if (pid < 0) return Status::Errno("spawn " + prog + ": fork");
   if (pid == 0) ChildMain(a);

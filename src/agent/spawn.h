@@ -25,6 +25,9 @@ struct SpawnPlan {
   bool pty = false;
   unsigned short rows = 24, cols = 80;
   bool stdin_open = false;
+  // Descriptors the child gets as its 0, 1 and 2 as they are, instead of pipes (sudo.h: the
+  // caller's own stdio). All three or none; the SpawnedChild then has no descriptors.
+  int stdio[3] = {-1, -1, -1};
   // RLIMIT_NOFILE to restore in the child (the agent raises its own).
   struct rlimit nofile = {RLIM_INFINITY, RLIM_INFINITY};
   bool restore_nofile = false;

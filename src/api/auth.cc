@@ -1,6 +1,7 @@
 #include "api/auth.h"
 
 #include "api/http/exchange.h"
+#include "sandbox/manager.h"
 #include "store/audit_queue.h"
 
 namespace sbx::api {
@@ -96,6 +97,16 @@ Result<std::optional<store::ApiKeyRecord>> VerifyKey(store::Store& store, Denial
   auto key = store.VerifyApiKey(secret);
   if (!key.ok() || *key) return key;
   WriteDenials(store, denials.Record(ex.remote_address(), ex.path(), store::NowMs()));
+  return key;
+}
+
+Result<std::optional<store::ApiKeyRecord>> VerifyKey(sandbox::Manager& manager, DenialLog& denials,
+                                                     const http::Exchange& ex,
+                                                     const std::string& secret) {
+  auto key = manager.VerifyKey(secret);
+  if (!key.ok() || *key) return key;
+  for (auto& detail : denials.Record(ex.remote_address(), ex.path(), store::NowMs()))
+    manager.Audit("auth.denied", "", "", std::move(detail));
   return key;
 }
 

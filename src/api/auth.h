@@ -25,6 +25,9 @@
 namespace sbx::http {
 class Exchange;
 }
+namespace sbx::sandbox {
+class Manager;
+}
 
 namespace sbx::api {
 
@@ -79,6 +82,12 @@ class DenialLog {
 // nullopt when it names none (unknown or revoked), which is recorded in `denials` and written to
 // the audit log as it says. An error only when the store fails.
 Result<std::optional<store::ApiKeyRecord>> VerifyKey(store::Store& store, DenialLog& denials,
+                                                     const http::Exchange& ex,
+                                                     const std::string& secret);
+
+// The same through the sandbox manager, for a facade that never calls the store (the E2B
+// control plane): the manager verifies the key and records the denials.
+Result<std::optional<store::ApiKeyRecord>> VerifyKey(sandbox::Manager& manager, DenialLog& denials,
                                                      const http::Exchange& ex,
                                                      const std::string& secret);
 

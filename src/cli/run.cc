@@ -270,8 +270,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     return kExitSbxError;
   }
   std::function<void()> drop_template;
-  auto tmpl = storage::ResolveLocalTemplate(CliTemplateStore(global.data_dir, 0), **templates,
-                                            o.template_name, &drop_template);
+  storage::TemplateStore ts = CliTemplateStore(global.data_dir, 0);
+  ts.sudo_binary = cfg.agent_path;  // the host template's sudo (template.h)
+  auto tmpl = storage::ResolveLocalTemplate(ts, **templates, o.template_name, &drop_template);
   if (!tmpl.ok()) {
     Error(tmpl.status().message());
     return kExitSbxError;

@@ -186,6 +186,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   storage::TemplateStore templates = CliTemplateStore(global.data_dir, o.template_cache_bytes);
+  templates.sudo_binary = cfg.agent_path;  // the host template's sudo (template.h)
   if (s = RecordTemplateCacheBytes(templates); !s.ok()) {
     std::fprintf(stderr, "sbx: template cache: %s\n", s.message().c_str());
     return kExitSbxError;

@@ -31,6 +31,11 @@ struct BindMount {
   std::string source;  // host path
   std::string target;  // absolute path inside the box
   bool read_only = true;
+  // Subdirectories of `target` (relative, such as "local/bin") over which the topmost layer's
+  // own directory of the same path (its <target>/<subdir>, hidden by the bind) is laid,
+  // read-only: what the layer has there wins, the rest of the bind shows through. Nothing of the
+  // host changes. The host template adds sbx's sudo and python to /usr/local/bin this way.
+  std::vector<std::string> overlaid;
 };
 
 struct BoxSpec {
@@ -58,6 +63,10 @@ struct BoxStats {
   uint64_t memory_peak = 0;
   uint64_t pids_current = 0;
   uint64_t oom_kills = 0;
+  // The box's writable layer: the bytes it holds, and the most it may hold (the size of its disk
+  // image, or without a disk limit the size of the filesystem it lives on). 0 when unknown.
+  uint64_t disk_used = 0;
+  uint64_t disk_total = 0;
 };
 
 // Per-phase timings of one Create, for `sbx run --timings` and the benchmarks.

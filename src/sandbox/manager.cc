@@ -145,6 +145,7 @@ void Manager::WriteEnded(const SandboxRecord& rec) {
   // may just have freed the space a full disk lacked), then keep it for the TTL scan to retry.
   // Until it is written, this manager answers with it; if the daemon dies first, the reconciler
   // finds a live record without a box and marks it failed.
+  metrics_.Drop(rec.id);
   Status put = store_.PutSandbox(rec);
   if (!put.ok()) put = store_.PutSandbox(rec);
   MutexLock g(mu_);
@@ -732,6 +733,62 @@ Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const s
   return runtime_.Stats(*box);
 }
 
+Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& key,
+                                                   const std::string& id, int64_t start_ms,
+                                                   int64_t end_ms) {
+  auto rec = Owned(key, id, Access::kInspect);
+  if (!rec.ok()) return rec.status();
+  if (rec->state == store::kStateRunning && !metrics_.Has(id)) {
+    if (auto box = BoxOf(id); box.ok()) {
+      if (auto st = runtime_.Stats(*box); st.ok())
+        metrics_.Add(id, clock_.NowMs(), rec->created_at, std::ceil(rec->limits.cpus), *st);
+    }
+  }
+  return metrics_.Window(id, start_ms, end_ms);
+}
+
+void Manager::SampleMetrics() {
+  auto live = store_.ListLiveSandboxes();
+  if (!live.ok()) return;
+  std::set<std::string> ids;
+  for (const auto& rec : *live) {
+    ids.insert(rec.id);
+    if (rec.state != store::kStateRunning) continue;  // a paused sandbox's figures stand still
+    auto box = BoxOf(rec.id);
+    if (!box.ok()) continue;
+    if (auto st = runtime_.Stats(*box); st.ok())
+      metrics_.Add(rec.id, clock_.NowMs(), rec.created_at, std::ceil(rec.limits.cpus), *st);
+  }
+  metrics_.Retain(ids);
+}
+
+Result<std::optional<store::ApiKeyRecord>> Manager::VerifyKey(const std::string& secret) {
+  return store_.VerifyApiKey(secret);
+}
+
+Result<std::optional<std::string>> Manager::RegisteredTemplate(const std::string& name) {
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return std::optional<std::string>();
+  return std::optional<std::string>((*rec)->kind == store::kTemplateAlias ? (*rec)->alias_of
+                                                                          : name);
+}
+
+Result<int64_t> Manager::CountSandboxes(const store::ApiKeyRecord& key,
+                                        const std::vector<std::string>& states) {
+  return store_.CountSandboxes(key.is_operator ? "" : key.id, states);
+}
+
+Result<std::vector<store::AuditEvent>> Manager::AuditTrail(const store::ApiKeyRecord& key,
+                                                           const std::string& id, size_t limit) {
+  auto rec = Owned(key, id, Access::kInspect);
+  if (!rec.ok()) return rec.status();
+  store::AuditQuery q;
+  q.sandbox_id = id;
+  q.limit = limit;
+  return store_.QueryAudit(q);
+}
+
 // One connect in flight for a sandbox: the caller that started it publishes its result, and every
 // caller that arrived meanwhile waits for it (on its own executor).
 struct Manager::Connecting {
@@ -915,7 +972,14 @@ void Manager::ExpireDue() {
 
 void Manager::StartTtlLoop(std::chrono::milliseconds period) {
   ttl_thread_ = std::thread([this, period] {
-    while (!ttl_waiter_->WaitUntil(clock_.Steady() + period)) ExpireDue();
+    auto next_sample = clock_.Steady();
+    while (!ttl_waiter_->WaitUntil(std::min(clock_.Steady() + period, next_sample))) {
+      if (clock_.Steady() >= next_sample) {
+        SampleMetrics();
+        next_sample = clock_.Steady() + std::chrono::milliseconds(kMetricsPeriodMs);
+      }
+      ExpireDue();
+    }
   });
 }
 

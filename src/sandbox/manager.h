@@ -46,6 +46,7 @@
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
+#include "sandbox/metrics_history.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -161,6 +162,27 @@ class Manager {
   Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
                             int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
+  // The sampled history of a sandbox's figures (sandbox/metrics_history.h) from start_ms to
+  // end_ms, inclusive, oldest first; a running sandbox not sampled yet is sampled now, so a new
+  // sandbox has one. Who may read it: as Get.
+  Result<std::vector<MetricSample>> Metrics(const store::ApiKeyRecord& key, const std::string& id,
+                                            int64_t start_ms, int64_t end_ms);
+  // Samples every running sandbox into the history and forgets the ended ones. The TTL loop
+  // calls it every kMetricsPeriodMs of the config's clock; public for tests.
+  void SampleMetrics();
+
+  // ---- What the facades need of the store, through the manager (they never call it) ----
+  // The active key whose secret this is; nullopt for an unknown or revoked one (api/auth.h).
+  Result<std::optional<store::ApiKeyRecord>> VerifyKey(const std::string& secret);
+  // The registered template a create naming `name` would use (an alias resolved to its target),
+  // or nullopt when no template has that name.
+  Result<std::optional<std::string>> RegisteredTemplate(const std::string& name);
+  // How many sandboxes `key` sees (every key's for an operator key) in any of `states`.
+  Result<int64_t> CountSandboxes(const store::ApiKeyRecord& key,
+                                 const std::vector<std::string>& states);
+  // The newest `limit` audit events of sandbox `id`, which `key` may inspect (as Get).
+  Result<std::vector<store::AuditEvent>> AuditTrail(const store::ApiKeyRecord& key,
+                                                    const std::string& id, size_t limit);
   // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
   // reach a port on its loopback. EBUSY when the sandbox is paused.
   Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);
@@ -270,6 +292,7 @@ class Manager {
   // in statvfs).
   int64_t disk_in_flight_ GUARDED_BY(mu_) = 0;
   ManagerCounters counters_ GUARDED_BY(mu_);
+  MetricsHistory metrics_;                     // thread-safe on its own
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };

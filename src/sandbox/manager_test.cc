@@ -124,7 +124,14 @@ class FakeRuntime : public runtime::Runtime {
     it->second.frozen = false;
     return {};
   }
-  Result<runtime::BoxStats> Stats(const runtime::Box&) override { return runtime::BoxStats{}; }
+  Result<runtime::BoxStats> Stats(const runtime::Box&) override {
+    std::lock_guard<std::mutex> l(mu_);
+    return stats_;
+  }
+  void SetStats(const runtime::BoxStats& s) {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_ = s;
+  }
   Result<UniqueFd> OpenSocket(const runtime::Box& box, int, int) override {
     return Status::Error("socket " + box.id + ": not in the fake", ENOTSUP);
   }
@@ -166,6 +173,7 @@ class FakeRuntime : public runtime::Runtime {
     std::lock_guard<std::mutex> l(mu_);
     return std::exchange(g, nullptr);
   }
+  runtime::BoxStats stats_;
   std::mutex mu_;
   std::map<std::string, FakeBox> boxes_;
 };
@@ -279,6 +287,49 @@ TEST_F(ManagerTest, TheTtlLoopRunsOnTheClock) {
   ASSERT_TRUE(clock_.AwaitWaits(waits + 3));
   EXPECT_EQ(State(id), "killed");
   M().Stop();  // wakes the waiting loop at once, with no time passing
+}
+
+// E2B's getMetrics window: the TTL loop samples every 5 s of the clock; the history of a sandbox
+// goes when it ends.
+TEST_F(ManagerTest, TheTtlLoopSamplesMetricsEveryFiveSeconds) {
+  std::string id = Create(600000);
+  runtime::BoxStats st;
+  st.memory_current = 1 << 20;
+  st.disk_used = 4096;
+  st.disk_total = 1 << 30;
+  rt_.SetStats(st);
+  const int64_t t0 = clock_.NowMs();
+  uint64_t waits = clock_.waits();
+  M().StartTtlLoop(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 1));  // sampled at once, then waits
+  auto all = M().Metrics(key_, id, 0, INT64_MAX);
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].time_ms, t0);
+  EXPECT_EQ((*all)[0].stats.disk_used, 4096u);
+  st.cpu_usage_ns = 2'500'000'000;  // half of one CPU over the next 5 s
+  rt_.SetStats(st);
+  for (int i = 1; i <= 9; ++i) {
+    clock_.Advance(500ms);
+    ASSERT_TRUE(clock_.AwaitWaits(waits + 1 + i));
+  }
+  EXPECT_EQ(M().Metrics(key_, id, 0, INT64_MAX)->size(), 1u);  // 4.5 s: no new sample yet
+  clock_.Advance(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 11));
+  all = M().Metrics(key_, id, 0, INT64_MAX);
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[1].time_ms, t0 + 5000);
+  EXPECT_DOUBLE_EQ((*all)[1].cpu_used_pct, 50.0);
+  // The window is inclusive at both ends.
+  auto later = M().Metrics(key_, id, t0 + 1, t0 + 5000);
+  ASSERT_EQ(later->size(), 1u);
+  EXPECT_EQ((*later)[0].time_ms, t0 + 5000);
+  EXPECT_TRUE(M().Metrics(key_, id, t0 + 5001, INT64_MAX)->empty());
+  M().Stop();
+  ASSERT_TRUE(M().Kill(key_, id).ok());
+  auto ended = M().Metrics(key_, id, 0, INT64_MAX);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_TRUE(ended->empty());
 }
 
 TEST_F(ManagerTest, ConnectResumesOrExtendsButNeverShortens) {

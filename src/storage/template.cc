@@ -23,7 +23,8 @@ namespace sbx::storage {
 namespace {
 
 // Bump when the host template's content changes, so old caches are not reused.
-constexpr const char* kHostTemplateVersion = "host-template-2";  // 2: real ownership
+// 2: real ownership; 3: /usr/local/bin with sbx's sudo and python
+constexpr const char* kHostTemplateVersion = "host-template-3";
 
 // Host /etc entries copied into the host template: configuration programs need and that holds
 // no secrets. Everything else of the host's /etc (shadow, ssh keys, credentials in npmrc,
@@ -156,11 +157,28 @@ std::string ResolvConf() {
   return out;
 }
 
-Status BuildHostLayer(const std::string& root) {
+// What E2B's `base` template has and the host's /usr may lack, in the layer's usr/local/bin: the
+// host's /usr is bound over the layer's usr, and the box's /usr/local/bin is this directory laid
+// over the host's (BindMount::overlaid), so the host stays as it is. `python` is python3 (as on
+// E2B's base); `sudo` is the agent binary (see TemplateStore::sudo_binary).
+Status AddBaseCommands(const std::string& root, const std::string& sudo_binary) {
+  const std::string bin = root + "/usr/local/bin";
+  struct stat st {};
+  if (::stat("/usr/bin/python3", &st) == 0 && ::lstat("/usr/bin/python", &st) != 0 &&
+      ::symlink("/usr/bin/python3", (bin + "/python").c_str()) != 0)
+    return Status::Errno("symlink " + bin + "/python");
+  if (sudo_binary.empty()) return {};
+  auto content = ReadFile(sudo_binary, 64 << 20);
+  if (!content.ok()) return content.status().Wrap("copy sbx-agent as sudo");
+  return WriteFile(bin + "/sudo", *content, 0755);
+}
+
+Status BuildHostLayer(const std::string& root, const std::string& sudo_binary) {
   for (const char* d :
-       {"etc", "etc/ssl", "etc/ssl/certs", "usr",       "home",    "home/user", "tmp",
-        "var", "var/tmp", "var/lib",       "var/cache", "var/log", "root",      "proc",
-        "sys", "dev",     "run",           "opt",       "srv",     "mnt"}) {
+       {"etc",       "etc/ssl",   "etc/ssl/certs", "usr",  "usr/local", "usr/local/bin",
+        "home",      "home/user", "tmp",           "var",  "var/tmp",   "var/lib",
+        "var/cache", "var/log",   "root",          "proc", "sys",       "dev",
+        "run",       "opt",       "srv",           "mnt"}) {
     if (::mkdir((root + "/" + d).c_str(), 0755) != 0)
       return Status::Errno("mkdir " + root + "/" + d);
   }
@@ -192,7 +210,7 @@ Status BuildHostLayer(const std::string& root) {
       return Status::Errno("chmod " + root + "/" + d);
   }
   if (::chmod((root + "/root").c_str(), 0700) != 0) return Status::Errno("chmod " + root + "/root");
-  return {};
+  return AddBaseCommands(root, sudo_binary);
 }
 
 // Builds a directory with `build` in a temporary directory beside `final_dir` and renames it
@@ -503,9 +521,12 @@ Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st) {
   return ts.cache_bytes - (*total - evictable);
 }
 
-std::string HostLayerId() {
+std::string HostLayerId(const TemplateStore& ts) {
   Fnv f;
   f.Add(kHostTemplateVersion);
+  if (!ts.sudo_binary.empty()) Fingerprint(f, ts.sudo_binary);
+  Fingerprint(f, "/usr/bin/python3");
+  Fingerprint(f, "/usr/bin/python");
   for (const char* e : kHostEtcCopies) Fingerprint(f, std::string("/etc/") + e);
   Fingerprint(f, "/etc/ssl/certs/ca-certificates.crt");
   Fingerprint(f, "/etc/resolv.conf");
@@ -516,13 +537,15 @@ std::string HostLayerId() {
 // the `host` template row) when /etc changed or on first use.
 Status EnsureHostLayer(const TemplateStore& ts, store::Store& st,
                        const store::TemplateRecord& host) {
-  std::string id = HostLayerId();
+  std::string id = HostLayerId(ts);
   struct stat sb {};
   if (host.layers == std::vector<std::string>{id} && ::stat(LayerDir(ts, id).c_str(), &sb) == 0)
     return {};
   auto lock = CacheLock::Take(ts);
   if (!lock.ok()) return lock.status();
-  SBX_RETURN_IF_ERROR(BuildOnce(LayerDir(ts, id), BuildHostLayer).Wrap("build host template"));
+  SBX_RETURN_IF_ERROR(BuildOnce(LayerDir(ts, id), [&](const std::string& tmp) {
+                        return BuildHostLayer(tmp, ts.sudo_binary);
+                      }).Wrap("build host template"));
   int64_t size = TreeBytes(LayerDir(ts, id));
   SBX_RETURN_IF_ERROR(st.PutLayer({id, size, 0, 0}));
   store::TemplateRecord t = host;
@@ -546,7 +569,7 @@ Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& 
     t.layers.push_back(LayerDir(ts, id));
   }
   if (rec.kind == store::kTemplateHost) {
-    t.binds.push_back({"/usr", "/usr", true});
+    t.binds.push_back({"/usr", "/usr", true, {"local/bin"}});
     for (const char* l : kUsrLinks) {
       struct stat st {};
       std::string host = std::string("/") + l;

@@ -43,6 +43,10 @@ struct Template {
 struct TemplateStore {
   std::string dir = "/var/lib/sbx/templates";  // made 0700: nothing below it is reachable by users
   int64_t cache_bytes = kDefaultTemplateCacheBytes;  // bound on the layers' unpacked size
+  // The sbx-agent binary, copied into the host template's layer as /usr/local/bin/sudo: the
+  // agent is a multi-call binary, and called as `sudo` it asks the box's agent to run a command
+  // as root inside the box (docs/agent-protocol.md, "sudo"). Empty: the host template has none.
+  std::string sudo_binary;
 };
 
 // [a-z0-9][a-z0-9._-]{0,63}, optionally followed by ":" and a tag [a-z0-9][a-z0-9._-]{0,63}.

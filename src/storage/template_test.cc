@@ -111,6 +111,9 @@ TEST_F(TemplateTest, NamesAreNamesNeverPaths) {
 }
 
 TEST_F(TemplateTest, HostTemplateHasGeneratedEtcWithRealOwnershipAndNoHostSecrets) {
+  // The binary the host template's sudo is a copy of (the agent's, in the daemon).
+  ts_.sudo_binary = ts_.dir + "-fake-agent";
+  ASSERT_TRUE(WriteFile(ts_.sudo_binary, "#!/bin/sh\n", 0700).ok());
   auto t = ResolveTemplate(ts_, *st_, "host", "sb1");
   ASSERT_TRUE(t.ok()) << t.status().message();
   EXPECT_EQ(t->name, "host");
@@ -135,8 +138,20 @@ TEST_F(TemplateTest, HostTemplateHasGeneratedEtcWithRealOwnershipAndNoHostSecret
     EXPECT_NE(::lstat((root + secret).c_str(), &st), 0) << secret;
   }
   bool has_usr = false;
-  for (const auto& b : t->binds) has_usr |= b.source == "/usr" && b.target == "/usr" && b.read_only;
+  for (const auto& b : t->binds)
+    has_usr |= b.source == "/usr" && b.target == "/usr" && b.read_only &&
+               b.overlaid == std::vector<std::string>{"local/bin"};
   EXPECT_TRUE(has_usr);
+  // E2B's base has sudo and python: in the layer's usr/local/bin, laid over the host's.
+  EXPECT_EQ(*ReadFile(root + "/usr/local/bin/sudo"), "#!/bin/sh\n");
+  EXPECT_EQ(Stat(root + "/usr/local/bin/sudo").st_mode & 07777, 0755u);
+  EXPECT_EQ(Stat(root + "/usr/local/bin/sudo").st_uid, 0u);
+  struct stat py {};
+  if (::stat("/usr/bin/python3", &py) == 0 && ::lstat("/usr/bin/python", &py) != 0) {
+    char target[256] = {};
+    ASSERT_GT(::readlink((root + "/usr/local/bin/python").c_str(), target, sizeof target - 1), 0);
+    EXPECT_STREQ(target, "/usr/bin/python3");
+  }
   // Root-only: no host user can pass the cache directory (threats.md row 46).
   EXPECT_EQ(Stat(ts_.dir).st_mode & 07777, 0700u);
   EXPECT_EQ(Stat(ts_.dir).st_uid, 0u);

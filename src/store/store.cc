@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -181,6 +182,26 @@ Result<std::vector<SandboxRecord>> ReadSandboxes(Statement& st) {
     if (!r.ok()) return r.status();
     out.push_back(std::move(*r));
   }
+}
+
+// "e2b_" + 48 lowercase hex digits (192 bits from getrandom): the format every official E2B SDK
+// checks on the client side (JS 2.45 refuses anything but ^e2b_[0-9a-f]+$), so an sbx key works
+// unchanged with E2B_VALIDATE_API_KEY left on. Keys minted before this as "sbx_" + 40 [a-z0-9]
+// keep working: verification is by hash, whatever the secret looks like.
+std::string NewKeySecret() {
+  unsigned char raw[24];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "e2b_";
+  for (unsigned char b : raw) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
 }
 
 ApiKeyRecord ReadApiKey(const Statement& st) {
@@ -468,7 +489,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
         " AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m"
         " WHERE m.key = ? AND m.type = 'text' AND m.value = ?)";
   }
-  if (f.created_after > 0) sql += " AND created_at > ?";
+  if (f.created_since > 0) sql += " AND created_at >= ?";
   if (f.template_name) sql += " AND template = ?";
   if (!f.after.empty())
     sql += f.oldest_first ? " AND (created_at, id) > (?, ?)" : " AND (created_at, id) < (?, ?)";
@@ -485,7 +506,7 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
     st->BindText(i++, k);
     st->BindText(i++, v);
   }
-  if (f.created_after > 0) st->BindInt(i++, f.created_after);
+  if (f.created_since > 0) st->BindInt(i++, f.created_since);
   if (f.template_name) st->BindText(i++, *f.template_name);
   if (!f.after.empty()) {
     st->BindInt(i++, cursor_created);
@@ -582,7 +603,7 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   }
   SBX_RETURN_IF_ERROR(CheckRanges(ranges));
   NewApiKey k;
-  k.secret = "sbx_" + RandomId(40);  // 40 * log2(36) = 206 bits from getrandom
+  k.secret = NewKeySecret();
   k.record.id = "key_" + RandomId(12);
   k.record.name = name;
   k.record.hash = Sha256Hex(k.secret);
@@ -631,7 +652,7 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
 }
 
 Result<std::optional<ApiKeyRecord>> Store::VerifyApiKey(const std::string& secret) {
-  // Secrets are 44 characters; anything far longer is not worth hashing.
+  // Secrets are 52 characters (44 for older keys); anything far longer is not worth hashing.
   if (secret.empty() || secret.size() > 256) return std::optional<ApiKeyRecord>();
   std::string hash = Sha256Hex(secret);
   MutexLock lock(mu_);

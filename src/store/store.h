@@ -87,7 +87,8 @@ struct SandboxFilter {
   size_t limit = 100;                                         // clamped to 1..1000
   std::string after;          // the `next` token of the previous page; empty = first page
   bool oldest_first = false;  // order by created_at ascending
-  int64_t created_after = 0;  // only records created later (ms); 0 = any
+  // Only records created at or after this time (ms; inclusive, as E2B's startedAfter); 0 = any.
+  int64_t created_since = 0;
   std::optional<std::string> template_name;  // only records of this template ("" = host)
 };
 
@@ -117,7 +118,7 @@ struct ApiKeyRecord {
   std::string id;      // "key_" + 12 random [a-z0-9]
   std::string name;    // for people
   std::string hash;    // SHA-256 of the secret, lowercase hex
-  std::string prefix;  // the secret's first 8 characters ("sbx_abcd"), to recognise it
+  std::string prefix;  // the secret's first 8 characters ("e2b_1a2b"), to recognise it
   int64_t created_at = 0;
   int64_t revoked_at = 0;         // 0 = active
   int64_t max_sandboxes = 0;      // concurrent live sandboxes; 0 = unlimited
@@ -130,7 +131,8 @@ struct ApiKeyRecord {
 
 struct NewApiKey {
   ApiKeyRecord record;
-  std::string secret;  // "sbx_" + 40 random [a-z0-9]; shown once, never stored
+  std::string secret;  // "e2b_" + 48 random hex digits (older keys: "sbx_" + 40 [a-z0-9]); shown
+                       // once, never stored
 };
 
 struct AuditEvent {

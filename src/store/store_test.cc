@@ -464,7 +464,7 @@ TEST_F(StoreTest, ListOldestFirstSinceATimeAndByTemplate) {
   }
   EXPECT_EQ(seen, (std::vector<std::string>{"o0", "o1", "o2", "o3", "o4", "o5"}));
   SandboxFilter since;
-  since.created_after = 103;  // strictly later
+  since.created_since = 104;  // inclusive: o4 was created at exactly 104
   EXPECT_EQ(Ids(store->ListSandboxes(since)->items), (std::vector<std::string>{"o5", "o4"}));
   since.template_name = "py";
   EXPECT_EQ(Ids(store->ListSandboxes(since)->items), std::vector<std::string>{"o5"});
@@ -594,12 +594,41 @@ TEST_F(StoreTest, KeysCarryTheirOwnLimitRangesNullMeaningTheDaemons) {
   EXPECT_EQ(store->ListApiKeys()->size(), 2u);
 }
 
+// A key minted before keys took E2B's format ("sbx_" + 40 [a-z0-9]) still authenticates: the
+// row an older sbx wrote holds only the secret's hash, and verification never looks at the form.
+TEST_F(StoreTest, OldFormatKeyStillVerifies) {
+  const std::string old_secret = "sbx_k3y0" + std::string(36, 'q');
+  ASSERT_EQ(old_secret.size(), 44u);
+  std::string id;
+  {
+    auto store = OpenStore();
+    ASSERT_TRUE(store);
+    auto k = store->CreateApiKey("old", 0, 0);
+    ASSERT_TRUE(k.ok());
+    id = k->record.id;
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  std::string sql = "UPDATE api_keys SET hash = '" + Sha256Hex(old_secret) + "', prefix = '" +
+                    old_secret.substr(0, 8) + "' WHERE id = '" + id + "'";
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto v = store->VerifyApiKey(old_secret);
+  ASSERT_TRUE(v.ok());
+  ASSERT_TRUE(v->has_value());
+  EXPECT_EQ((*v)->id, id);
+  EXPECT_EQ((*v)->prefix, "sbx_k3y0");
+}
+
 TEST_F(StoreTest, ApiKeysVerifyByHashAndRevoke) {
   auto store = OpenStore();
   ASSERT_TRUE(store);
   auto k = store->CreateApiKey("laptop", 5, 2.5);
   ASSERT_TRUE(k.ok()) << k.status().message();
-  EXPECT_TRUE(std::regex_match(k->secret, std::regex("sbx_[a-z0-9]{40}"))) << k->secret;
+  // E2B's own format, which the official SDKs check on the client side (JS: ^e2b_[0-9a-f]+$).
+  EXPECT_TRUE(std::regex_match(k->secret, std::regex("e2b_[0-9a-f]{48}"))) << k->secret;
   EXPECT_TRUE(std::regex_match(k->record.id, std::regex("key_[a-z0-9]{12}"))) << k->record.id;
   EXPECT_EQ(k->record.prefix, k->secret.substr(0, 8));
   EXPECT_NE(k->record.hash, k->secret);

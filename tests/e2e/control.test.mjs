@@ -53,7 +53,8 @@ for (const [name, sdk] of SDKS) {
       const asc = Sandbox.list({ query: { metadata: { suite } }, order: 'asc', limit: 2 })
       const ascIds = [...(await asc.nextItems()), ...(await asc.nextItems())].map((s) => s.sandboxId)
       assert.deepEqual(ascIds, created)
-      const since = desc.find((s) => s.sandboxId === created[0]).startedAt
+      // startedAfter is inclusive, as E2B's: the sandbox started exactly then is listed too.
+      const since = desc.find((s) => s.sandboxId === created[1]).startedAt
       const later = await Sandbox.list({ query: { metadata: { suite }, startedAfter: since }, order: 'asc' }).nextItems()
       assert.deepEqual(later.map((s) => s.sandboxId), created.slice(1))
       // E2B's default template name 'base' is an alias of sbx's host template, in list as in create.

@@ -275,7 +275,7 @@ TEST_F(CliTest, KeysAndConnectionErrors) {
   auto r = Sbx({"key", "create", "--name", "ci", "--max-sandboxes", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::string secret = r.out.substr(0, r.out.find('\n'));
-  ASSERT_EQ(secret.rfind("sbx_", 0), 0u) << r.out;
+  ASSERT_EQ(secret.rfind("e2b_", 0), 0u) << r.out;
   r = Sbx({"ls", "--api-key", secret});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   auto keys = Sbx({"key", "ls", "--json"});

@@ -121,6 +121,54 @@ TEST_F(RunTest, EnvWorkdirAndUser) {
   EXPECT_EQ(r.out, "hi there\n/tmp\nuser\n/home/user\n");
 }
 
+// What users of E2B's `base` template expect of the host template: python, git, curl, and
+// passwordless sudo for `user`, which is the box's own root (sbx-agent runs the command: no setuid,
+// agent/sudo.h), so no_new_privs and every other limit of the box still hold (threats.md row 22).
+TEST_F(RunTest, HostTemplateHasPythonGitCurlAndSudoForUser) {
+  auto r = Sbx({"-u", "user", "--", "sh", "-c",
+                "python --version; git --version >/dev/null && echo git; "
+                "curl --version >/dev/null && echo curl; id -u; sudo id -u; sudo -n -E id -un; "
+                "sudo -u user id -un; sudo sh -c 'echo $SUDO_USER $HOME'; "
+                "echo piped | sudo cat; sudo sh -c 'exit 7'; echo status $?"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.substr(0, 7), "Python ") << r.out;
+  EXPECT_NE(r.out.find("\ngit\ncurl\n1000\n0\nroot\nuser\nuser /root\npiped\nstatus 7\n"),
+            std::string::npos)
+      << r.out << r.err;
+}
+
+TEST_F(RunTest, SudoGainsNothingBeyondTheBoxsRoot) {
+  auto r = Sbx({"-u", "user", "--", "sh", "-c",
+                "grep NoNewPrivs /proc/self/status; sudo grep NoNewPrivs /proc/self/status; "
+                "sudo grep CapBnd /proc/self/status; "
+                "sudo mount -t tmpfs x /mnt 2>/dev/null || echo no-mount; "
+                "sudo sh -c 'echo 1 > /proc/sysrq-trigger' 2>/dev/null || echo no-sysrq; "
+                "sudo touch /usr/sbx-probe 2>/dev/null || echo no-usr; "
+                "sudo unshare -U true 2>/dev/null || echo no-userns"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("NoNewPrivs:\t1\nNoNewPrivs:\t1\nCapBnd:\t", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("no-mount\nno-sysrq\nno-usr\nno-userns\n"), std::string::npos) << r.out;
+  // The capability bounding set is the box root's own, as the runtime left it.
+  auto root = Sbx({"--", "grep", "CapBnd", "/proc/self/status"});
+  EXPECT_EQ(root.exit_code, 0) << root.err;
+  EXPECT_NE(r.out.find(root.out), std::string::npos) << r.out << root.out;
+}
+
+TEST_F(RunTest, SudoRefusesOtherUsersAndUnknownOptions) {
+  auto r = Sbx({"-u", "65534", "--", "sudo", "id"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not allowed to use sudo"), std::string::npos) << r.err;
+  r = Sbx({"-u", "user", "--", "sudo", "-X", "id"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("option -X is not supported"), std::string::npos) << r.err;
+  r = Sbx({"-u", "user", "--", "sudo", "no-such-command"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no-such-command: command not found"), std::string::npos) << r.err;
+  r = Sbx({"-u", "user", "--", "sudo", "-i", "pwd"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "/root\n");
+}
+
 TEST_F(RunTest, LoopbackIsUpAndTheOnlyInterface) {
   // A test suite that starts a server on 127.0.0.1 and talks to it must work in a box.
   auto r = Sbx({"--", "python3", "-c",

@@ -94,7 +94,7 @@ class Tenants : public ::testing::Test {
       auto r = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "create", "--name", name});
       ASSERT_EQ(r.exit_code, 0) << r.err;
       *key = r.out.substr(0, r.out.find('\n'));
-      ASSERT_EQ(key->rfind("sbx_", 0), 0u) << r.out;
+      ASSERT_EQ(key->rfind("e2b_", 0), 0u) << r.out;
     }
   }
   void TearDown() override { (void)RemoveTree(dir_); }

@@ -2,7 +2,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
@@ -90,13 +93,13 @@ json DetailJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
 
 using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const store::ApiKeyRecord&)>;
 
-// `X-API-KEY` checked against sbx's own key store.
+// `X-API-KEY` checked against sbx's own keys (through the manager).
 http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
   return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
     ctx.metrics.requests++;
     std::string secret(ex.Header("X-API-Key"));
     if (secret.empty()) co_return co_await Error(ex, 401, "missing X-API-KEY header");
-    auto key = VerifyKey(ctx.store, *ctx.denials, ex, secret);
+    auto key = VerifyKey(ctx.manager, *ctx.denials, ex, secret);
     if (!key.ok()) co_return co_await Fail(ex, key.status());
     if (!*key) co_return co_await Error(ex, 401, "Invalid API key");
     co_await h(ex, **key);
@@ -154,16 +157,6 @@ Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRec
     return Status::Error("sandbox \"" + id + "\" doesn't exist or you don't have access to it",
                          ENOENT);
   return rec;
-}
-
-// The sbx template an E2B template ID stands for in a list filter: the registered template it
-// names (an alias, such as E2B's default "base", stands for its target), or the ID itself, which
-// then matches nothing. Create passes the ID to the manager, which answers 400 "template not
-// found: ID" for an unknown one.
-std::string SbxTemplate(ApiContext& ctx, const std::string& e2b_template) {
-  auto known = ctx.store.GetTemplate(e2b_template);
-  if (!known.ok() || !*known) return e2b_template;
-  return (*known)->kind == store::kTemplateAlias ? (*known)->alias_of : e2b_template;
 }
 
 awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key,
@@ -268,10 +261,16 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
   if (auto since = ex.query().Get("startedAfter"); v2 && since && !since->empty()) {
     auto ms = ParseRfc3339Millis(*since);
     if (!ms.ok()) co_return co_await Error(ex, 400, "startedAfter: " + ms.status().message());
-    f.created_after = *ms;
+    f.created_since = *ms;  // inclusive, as E2B's
   }
+  // The template filter names an E2B template ID: a registered template, or an alias of one
+  // (E2B's default "base" is sbx's host template), as in create. One that names no template
+  // lists nothing.
   if (auto tmpl = ex.query().Get("template"); v2 && tmpl && !tmpl->empty()) {
-    f.template_name = SbxTemplate(ctx, *tmpl);
+    auto known = ctx.manager.RegisteredTemplate(*tmpl);
+    if (!known.ok()) co_return co_await Fail(ex, known.status());
+    if (!*known) co_return co_await ex.RespondJson(200, json::array());
+    f.template_name = **known;
   }
   auto page = ctx.manager.List(key, f);
   if (!page.ok()) co_return co_await Fail(ex, page.status());
@@ -280,35 +279,49 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
   http::Headers h;
   if (v2 && !page->next.empty()) h.emplace_back("X-Next-Token", page->next);
   if (v2) {
-    auto running = ctx.store.CountSandboxes(key.is_operator ? "" : key.id, {store::kStateRunning});
+    auto running = ctx.manager.CountSandboxes(key, {store::kStateRunning});
     if (running.ok()) h.emplace_back("X-Total-Running", std::to_string(*running));
   }
   co_await ex.RespondJson(200, items, h);
 }
 
-json Metric(const store::SandboxRecord& r, const runtime::BoxStats& st) {
-  int64_t now = store::NowMs();
-  double cpus = std::max(1.0, std::ceil(r.limits.cpus));
-  double lifetime_ns = std::max<double>(1.0, static_cast<double>(now - r.created_at) * 1e6);
-  double pct = 100.0 * static_cast<double>(st.cpu_usage_ns) / lifetime_ns / cpus;
-  return {{"timestamp", Rfc3339(now)},
-          {"timestampUnix", now / 1000},
-          {"cpuCount", static_cast<int64_t>(cpus)},
-          {"cpuUsedPct", std::min(100.0, pct)},
-          {"memUsed", st.memory_current},
+// One sample of the sandbox's history (sandbox/metrics_history.h) as E2B's SandboxMetric.
+json Metric(const store::SandboxRecord& r, const sandbox::MetricSample& m) {
+  int64_t cpus = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.limits.cpus)));
+  auto total = [](uint64_t measured, int64_t limit) {
+    return measured > 0 ? static_cast<int64_t>(measured) : limit;
+  };
+  return {{"timestamp", Rfc3339(m.time_ms)},
+          {"timestampUnix", m.time_ms / 1000},
+          {"cpuCount", cpus},
+          {"cpuUsedPct", m.cpu_used_pct},
+          {"memUsed", m.stats.memory_current},
           {"memTotal", r.limits.memory_bytes},
           {"memCache", 0},
-          {"diskUsed", 0},
-          {"diskTotal", r.limits.disk_bytes}};
+          {"diskUsed", m.stats.disk_used},
+          {"diskTotal", total(m.stats.disk_total, r.limits.disk_bytes)}};
 }
 
-json LogEntries(ApiContext& ctx, const std::string& id, size_t limit) {
-  store::AuditQuery q;
-  q.sandbox_id = id;
-  q.limit = limit;
+// `field` of the query as unix seconds (E2B's metrics window), `def` when absent.
+Result<int64_t> UnixSeconds(const http::Exchange& ex, const char* field, int64_t def) {
+  auto v = ex.query().Get(field);
+  if (!v || v->empty()) return def;
+  char* end = nullptr;
+  errno = 0;
+  long long n = std::strtoll(v->c_str(), &end, 10);
+  // Up to year 9999, so that the milliseconds below cannot overflow.
+  if (*end != '\0' || errno != 0 || n < 0 || n > 253402300799LL)
+    return Status::Error(std::string(field) + ": unix seconds, got '" + *v + "'", EINVAL);
+  return static_cast<int64_t>(n);
+}
+
+// The sandbox's audit trail (lifecycle, commands, file writes) as E2B log entries; ENOENT when
+// `key` may not see the sandbox.
+Result<json> LogEntries(ApiContext& ctx, const store::ApiKeyRecord& key, const std::string& id,
+                        size_t limit) {
+  auto events = ctx.manager.AuditTrail(key, id, limit);
+  if (!events.ok()) return events.status();
   json out = json::array();
-  auto events = ctx.store.QueryAudit(q);
-  if (!events.ok()) return out;
   for (const auto& e : *events) {
     json fields = json::object();
     for (const auto& [k, v] : e.detail.items())
@@ -324,6 +337,14 @@ json LogEntries(ApiContext& ctx, const std::string& id, size_t limit) {
 }  // namespace
 
 void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
+  // The port is shared: sbx's own paths (/v1 and below, /healthz, /metrics) keep the native API's
+  // error body; every other path, including one nothing serves, is an E2B client's (control
+  // plane or envd), which gets E2B's {"code": <status>, "message": ...} (docs/api.md, "Errors").
+  r.SetErrorShape([](std::string_view path) {
+    bool native =
+        path == "/v1" || path.starts_with("/v1/") || path == "/healthz" || path == "/metrics";
+    return native ? http::ErrorShape::kNative : http::ErrorShape::kE2b;
+  });
   r.Post("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
            return Create(ctx, ex, key, true);
          }));
@@ -418,15 +439,21 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
            co_await ex.RespondJson(201, SandboxJson(ctx, key, done->record));
          }));
 
+  // The window is E2B's: unix seconds, both ends inclusive (an end second covers all of it);
+  // without start the sandbox's whole kept history, without end up to now.
   r.Get("/sandboxes/{id}/metrics",
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto start = UnixSeconds(ex, "start", 0);
+          if (!start.ok()) co_return co_await Fail(ex, start.status());
+          auto end = UnixSeconds(ex, "end", 253402300799LL);
+          if (!end.ok()) co_return co_await Fail(ex, end.status());
+          if (*start > *end) co_return co_await Error(ex, 400, "start: after end");
           auto rec = LiveSandbox(ctx, key, ex.Param("id"));
           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+          auto samples = ctx.manager.Metrics(key, rec->id, *start * 1000, *end * 1000 + 999);
+          if (!samples.ok()) co_return co_await Fail(ex, samples.status());
           json out = json::array();
-          if (rec->state == store::kStateRunning) {
-            auto st = ctx.manager.Stats(key, rec->id);
-            if (st.ok()) out.push_back(Metric(*rec, *st));
-          }
+          for (const auto& m : *samples) out.push_back(Metric(*rec, m));
           co_await ex.RespondJson(200, out);
         }));
 
@@ -440,8 +467,8 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
             std::string id = ids.substr(s, c - s);
             auto rec = LiveSandbox(ctx, key, id);
             if (rec.ok() && rec->state == store::kStateRunning) {
-              auto st = ctx.manager.Stats(key, id);
-              if (st.ok()) out[id] = Metric(*rec, *st);
+              auto samples = ctx.manager.Metrics(key, id, 0, INT64_MAX);  // the latest
+              if (samples.ok() && !samples->empty()) out[id] = Metric(*rec, samples->back());
             }
             if (c == std::string::npos) break;
             s = c + 1;
@@ -454,20 +481,19 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
   // writes) is what it has to say about it.
   r.Get("/sandboxes/{id}/logs",
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto rec = ctx.manager.Get(key, ex.Param("id"));
-          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          json entries = LogEntries(ctx, rec->id, 1000);
+          auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
+          if (!entries.ok()) co_return co_await Fail(ex, entries.status());
           json lines = json::array();
-          for (const auto& e : entries)
+          for (const auto& e : *entries)
             lines.push_back({{"timestamp", e["timestamp"]}, {"line", e["message"]}});
-          json body = {{"logs", lines}, {"logEntries", entries}};
+          json body = {{"logs", lines}, {"logEntries", *entries}};
           co_await ex.RespondJson(200, body);
         }));
   r.Get("/v2/sandboxes/{id}/logs",
         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto rec = ctx.manager.Get(key, ex.Param("id"));
-          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          json body = {{"logs", LogEntries(ctx, rec->id, 1000)}};
+          auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
+          if (!entries.ok()) co_return co_await Fail(ex, entries.status());
+          json body = {{"logs", *entries}};
           co_await ex.RespondJson(200, body);
         }));
 

@@ -23,7 +23,6 @@ nlohmann::json ErrorJson(std::string_view code, std::string_view message) {
   return {{"error", {{"code", code}, {"message", message}}}};
 }
 
-
 Exchange::Exchange(Connection& conn) : conn_(conn), body_limit_(RouteOptions().body_limit) {}
 Exchange::~Exchange() = default;
 
@@ -233,7 +232,10 @@ net::awaitable<void> Exchange::RespondJson(int status, const nlohmann::json& bod
 
 net::awaitable<void> Exchange::RespondError(int status, std::string_view code,
                                             std::string_view message, const Headers& headers) {
-  co_await Respond(status, JsonText(ErrorJson(code, message)), kJson, headers);
+  nlohmann::json body = error_shape_ == ErrorShape::kE2b
+                            ? nlohmann::json{{"code", status}, {"message", message}}
+                            : ErrorJson(code, message);
+  co_await Respond(status, JsonText(body), kJson, headers);
 }
 
 // ---- Streamed response ----

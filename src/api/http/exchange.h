@@ -52,6 +52,10 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 // {"error":{"code":code,"message":message}}
 nlohmann::json ErrorJson(std::string_view code, std::string_view message);
 
+// The body RespondError writes, chosen per request by the router (Router::SetErrorShape): sbx's
+// own {"error":{"code":"not_found","message":...}} (the native /v1 API), or E2B's
+// {"code":404,"message":...}, which the E2B SDKs read (they print `code` and `message`).
+enum class ErrorShape { kNative, kE2b };
 
 class Exchange {
  public:
@@ -105,8 +109,11 @@ class Exchange {
                                        const Headers& headers = {});
   boost::asio::awaitable<void> RespondJson(int status, const nlohmann::json& body,
                                            const Headers& headers = {});
+  // An error in this request's ErrorShape (`code` is dropped in E2B's, which has the status).
   boost::asio::awaitable<void> RespondError(int status, std::string_view code,
                                             std::string_view message, const Headers& headers = {});
+  void set_error_shape(ErrorShape shape) { error_shape_ = shape; }
+  ErrorShape error_shape() const { return error_shape_; }
 
   // ---- Streamed response ----
   // Sends the header. With `content_length` the body is sent raw and must be exactly that long
@@ -168,6 +175,7 @@ class Exchange {
   int status_ = 0;
   bool continue_sent_ = false;
   bool slow_body_ok_ = false;
+  ErrorShape error_shape_ = ErrorShape::kNative;
   std::optional<uint64_t> stream_length_;  // for a fixed-length stream: bytes still owed
   // Time spent waiting for the client's body, not the handler's own: what min_body_rate judges.
   std::chrono::steady_clock::duration body_wait_{};

@@ -327,6 +327,39 @@ TEST_F(HttpTest, NotFoundAndMethodNotAllowedAreJson) {
   EXPECT_EQ(r->status, 400);
 }
 
+// The router picks the error body per path (an E2B client gets E2B's, the native API its own),
+// for every error of the request: no route, wrong method, bad query, a handler's RespondError.
+TEST_F(HttpTest, ErrorShapeFollowsThePath) {
+  Router r = TestRouter(probe_);
+  r.SetErrorShape([](std::string_view path) {
+    return path.starts_with("/v1") ? ErrorShape::kNative : ErrorShape::kE2b;
+  });
+  r.Get("/v1/x", [](Exchange& ex) -> net::awaitable<void> {
+    co_await ex.RespondError(409, "conflict", "busy");
+  });
+  r.Get("/x", [](Exchange& ex) -> net::awaitable<void> {
+    co_await ex.RespondError(409, "conflict", "busy");
+  });
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  server_ = std::make_unique<Server>(options, std::move(r));
+  ASSERT_TRUE(server_->Start().ok());
+  auto body = [&](const std::string& method, const std::string& path) {
+    auto res = Request("127.0.0.1", server_->port(), method, path, {}, "", 5s);
+    EXPECT_TRUE(res.ok());
+    return res.ok() ? nlohmann::json::parse(res->body) : nlohmann::json();
+  };
+  nlohmann::json e2b = body("GET", "/nope");
+  EXPECT_EQ(e2b["code"], 404);
+  EXPECT_EQ(e2b["message"], "no route for GET /nope");
+  EXPECT_EQ(body("POST", "/items/7")["code"], 405);
+  EXPECT_EQ(body("GET", "/query?a=%zz")["code"], 400);
+  EXPECT_EQ(body("GET", "/x"), (nlohmann::json{{"code", 409}, {"message", "busy"}}));
+  EXPECT_EQ(body("GET", "/v1/nope")["error"]["code"], "not_found");
+  EXPECT_EQ(body("GET", "/v1/x")["error"]["code"], "conflict");
+}
+
 TEST_F(HttpTest, QueryDecoding) {
   StartServer();
   auto r = Get("/query?a=1&b=hello+w%C3%B6rld%21&a=x%26y");

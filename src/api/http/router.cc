@@ -152,7 +152,12 @@ Router::Match Router::Find(std::string_view method, std::string_view path) const
   return result;
 }
 
+void Router::ApplyErrorShape(Exchange& ex) const {
+  if (shape_for_) ex.set_error_shape(shape_for_(ex.path()));
+}
+
 boost::asio::awaitable<void> Router::Dispatch(Exchange& ex) const {
+  ApplyErrorShape(ex);
   if (before_) {
     bool proceed = co_await before_(ex);
     if (!proceed) co_return;  // the hook answered (or the server answers 500 if it did not)

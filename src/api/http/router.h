@@ -9,6 +9,9 @@
 // `{name}`, which beats a `{name...}`. Parameters are percent-decoded ("%2F" becomes '/').
 // Unknown paths get 404 `not_found`, a known path with the wrong method gets 405
 // `method_not_allowed` with an `Allow` header, and an undecodable path gets 400 `bad_request`.
+// Those errors, and every RespondError of the request, take the ErrorShape SetErrorShape picks
+// for the path (sbx's own by default), so an E2B client gets E2B's error body even for a path
+// nothing serves.
 //
 // Thread-safety: configure (Handle, SetBefore) before the Server starts; afterwards the router is
 // only read, from any number of threads.
@@ -28,6 +31,7 @@
 namespace sbx::http {
 
 class Exchange;
+enum class ErrorShape;
 
 // A handler answers one request. It must respond (Respond*, a stream, or a WebSocket upgrade);
 // returning without a response, or throwing, makes the server answer 500 `internal`.
@@ -77,6 +81,14 @@ class Router {
   }
 
   void SetBefore(Middleware before) { before_ = std::move(before); }
+  // Picks the error body of each request by its raw path, before the before hook runs. Unset:
+  // the exchange keeps the shape it has (ErrorShape::kNative unless an outer router set it).
+  void SetErrorShape(std::function<ErrorShape(std::string_view path)> shape_for) {
+    shape_for_ = std::move(shape_for);
+  }
+  // Applies SetErrorShape's choice to `ex` (the server calls it for errors it answers before
+  // dispatching, such as a malformed query string).
+  void ApplyErrorShape(Exchange& ex) const;
 
   // The outcome of matching a request line, exposed for tests.
   struct Match {
@@ -107,6 +119,7 @@ class Router {
 
   std::vector<Route> routes_;
   Middleware before_;
+  std::function<ErrorShape(std::string_view)> shape_for_;
 };
 
 }  // namespace sbx::http

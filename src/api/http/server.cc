@@ -261,6 +261,7 @@ net::awaitable<void> Connection::ServeRequest() {
   std::string error;
   std::string bad_json;  // a JSON field of the wrong type in the request: the client's mistake
   if (bad_query) {
+    state_.router.ApplyErrorShape(ex);
     co_await ex.RespondError(400, "bad_request", "malformed query string");
   } else {
     try {

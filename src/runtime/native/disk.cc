@@ -1,10 +1,12 @@
 #include "runtime/native/disk.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,6 +109,60 @@ Status MountDiskImage(const std::string& image, const std::string& mountpoint, i
   if (::mount(loop->second.c_str(), mountpoint.c_str(), "ext4", MS_NOSUID | MS_NODEV, "") != 0)
     return Status::Errno("mount " + loop->second + " on " + mountpoint);
   return {};
+}
+
+namespace {
+
+// Sums st_blocks below the directory `dir` (consumed) into *bytes. Every step is relative to an
+// fd opened with O_NOFOLLOW, so a box that swaps a directory for a symlink mid-walk only ends
+// its own walk early; nothing outside the layer is ever counted. Mount points are not crossed.
+void SumBlocks(UniqueFd dir, dev_t dev, int depth, size_t& entries, uint64_t& bytes) {
+  DIR* d = ::fdopendir(dir.get());
+  if (d == nullptr) return;
+  (void)dir.release();  // owned by `d` now
+  while (entries > 0) {
+    errno = 0;
+    struct dirent* e = ::readdir(d);
+    if (e == nullptr) break;
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    --entries;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != dev)
+      continue;
+    bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (S_ISDIR(st.st_mode) && depth < 64) {
+      UniqueFd sub(::openat(::dirfd(d), e->d_name,
+                            O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NOATIME));
+      if (!sub && errno == EPERM)
+        sub.reset(::openat(::dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (sub) SumBlocks(std::move(sub), dev, depth + 1, entries, bytes);
+    }
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+Result<LayerUsage> ImageUsage(int root_fd) {
+  struct statvfs vfs {};
+  if (::fstatvfs(root_fd, &vfs) != 0) return Status::Errno("statvfs of the box's root");
+  LayerUsage u;
+  u.total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  u.used = uint64_t{vfs.f_blocks - vfs.f_bfree} * vfs.f_frsize;
+  return u;
+}
+
+Result<LayerUsage> DirectoryUsage(const std::string& upper, size_t max_entries) {
+  UniqueFd dir(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) return Status::Errno("open " + upper);
+  struct stat st {};
+  struct statvfs vfs {};
+  if (::fstat(dir.get(), &st) != 0) return Status::Errno("stat " + upper);
+  if (::fstatvfs(dir.get(), &vfs) != 0) return Status::Errno("statvfs " + upper);
+  LayerUsage u;
+  u.total = uint64_t{vfs.f_blocks} * vfs.f_frsize;
+  SumBlocks(std::move(dir), st.st_dev, 0, max_entries, u.used);
+  return u;
 }
 
 }  // namespace sbx::runtime

@@ -17,4 +17,18 @@ namespace sbx::runtime {
 Status MountDiskImage(const std::string& image, const std::string& mountpoint, int64_t bytes,
                       uint32_t owner);
 
+// What a box's writable layer holds and may hold, for BoxStats.
+struct LayerUsage {
+  uint64_t used = 0;
+  uint64_t total = 0;
+};
+// Of a disk image, read through `root_fd` (the box's root as its agent sees it, open O_PATH):
+// the image's filesystem's used and total bytes (statfs of an overlay answers for its upper
+// layer).
+Result<LayerUsage> ImageUsage(int root_fd);
+// Of a plain upper directory `upper` on the host: the blocks of everything below it (st_blocks,
+// walked without following symlinks or crossing mounts, at most `max_entries` entries: a box
+// with more is reported as the sum of those) and the size of its filesystem.
+Result<LayerUsage> DirectoryUsage(const std::string& upper, size_t max_entries = 100000);
+
 }  // namespace sbx::runtime

@@ -127,6 +127,16 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
       ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target.substr(0, slash)));
     ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target));
     ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, r + b.target));
+    // A read-only overlay without an upper layer: the topmost layer's directory (attached on
+    // lower/0) over the bound one. Optional: a host without the directory keeps its bind alone.
+    for (const auto& sub : b.overlaid) {
+      if (in.layers.empty()) break;
+      std::string at = r + b.target + "/" + sub;
+      ops.push_back(Mount("overlay", at, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                          "lowerdir=" + OverlayEscape("lower/0" + b.target + "/" + sub) + ":" +
+                              OverlayEscape(at) + ",userxattr",
+                          true));
+    }
   }
 
   // /proc of the box's own pid namespace, with the host-revealing parts masked or read-only.

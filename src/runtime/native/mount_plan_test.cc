@@ -18,6 +18,25 @@ const MountOp* Find(const std::vector<MountOp>& ops, const std::string& target,
   return nullptr;
 }
 
+// The host template's /usr/local/bin: the topmost layer's copy laid over the bind, read-only.
+TEST(MountPlan, OverlaidSubdirOfABind) {
+  MountPlanInput in{"r", "upper", "work", {"/t/top"}, {{"/usr", "/usr", true, {"local/bin"}}}};
+  auto ops = BuildMountPlan(in);
+  size_t bind_at = ops.size(), over_at = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == MountOp::Kind::kAttach && ops[i].target == "r/usr") bind_at = i;
+    if (ops[i].target == "r/usr/local/bin") over_at = i;
+  }
+  ASSERT_LT(bind_at, over_at);
+  ASSERT_LT(over_at, ops.size());
+  const MountOp& o = ops[over_at];
+  EXPECT_EQ(o.fstype, "overlay");
+  EXPECT_EQ(o.data, "lowerdir=lower/0/usr/local/bin:r/usr/local/bin,userxattr");
+  EXPECT_TRUE(o.flags & MS_RDONLY);
+  EXPECT_TRUE(o.flags & MS_NOSUID);
+  EXPECT_TRUE(o.optional);  // a host without /usr/local/bin keeps the plain bind
+}
+
 TEST(MountPlan, OverlayRootThenProcSysDev) {
   MountPlanInput in{"r", "upper", "work", {"/t/top", "/t/base"}, {{"/usr", "/usr", true}}};
   auto ops = BuildMountPlan(in);

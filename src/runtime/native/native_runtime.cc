@@ -516,7 +516,29 @@ Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type)
 }
 
 Result<BoxStats> NativeRuntime::Stats(const Box& box) {
-  return Cgroup::Open(cgroups_, box.id)->Stats();
+  auto st = Cgroup::Open(cgroups_, box.id)->Stats();
+  if (!st.ok()) return st;
+  // The writable layer (Prepare): an ext4 image mounted only in the box's own mount namespace,
+  // read through its agent's root, or a directory on the data directory's filesystem. Disk
+  // figures are best effort: a box whose agent is going away still reports its cgroup's.
+  Result<LayerUsage> disk = Status::Error("no disk figures", ENOENT);
+  struct stat img {};
+  if (::stat((box.dir + "/disk.img").c_str(), &img) == 0) {
+    if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
+      UniqueFd root(::open(("/proc/" + std::to_string(box.init_pid) + "/root").c_str(),
+                           O_PATH | O_DIRECTORY | O_CLOEXEC));
+      // Still that agent once its root is open: the fd is of this box's root, not a successor's.
+      if (root && ::syscall(SYS_pidfd_send_signal, pidfd->get(), 0, nullptr, 0) == 0)
+        disk = ImageUsage(root.get());
+    }
+  } else {
+    disk = DirectoryUsage(box.dir + "/fs/upper");
+  }
+  if (disk.ok()) {
+    st->disk_used = disk->used;
+    st->disk_total = disk->total;
+  }
+  return st;
 }
 
 std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
