@@ -2,16 +2,15 @@
 // file routes: requests reach envd through the router's before hook when they carry
 // `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`) or a Host `<port>-<id>.<domain>`; envd's own port goes
 // to the services (envd_process.cc, envd_filesystem.cc, envd_files.cc), another port of the
-// sandbox through to that port.
+// sandbox through to that port (api/ingress.h).
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include "api/e2b/e2b.h"
 #include "api/e2b/envd_internal.h"
+#include "api/ingress.h"
+#include "network/ingress.h"
 
 namespace sbx::api::e2b {
 namespace {
@@ -20,20 +19,17 @@ using boost::asio::awaitable;
 using nlohmann::json;
 
 // A request for another port of a sandbox (`E2b-Sandbox-Port`, or a Host `<port>-<id>.<domain>`):
-// relayed to that port on the sandbox's loopback, as E2B's edge proxy does. Unless the sandbox
-// was made with public ports, it must carry the sandbox's traffic token (E2B-Traffic-Access-Token)
-// or its envd token (X-Access-Token): knowing an id is not enough.
+// relayed to that port on the sandbox's loopback (api/ingress.h), as E2B's edge proxy does, with
+// its answers. Unless the sandbox was made with public ports, it must carry the sandbox's traffic
+// token (E2B-Traffic-Access-Token) or its envd token (X-Access-Token): knowing an id is not
+// enough.
 awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::string id) {
-  auto rec = ctx.store.GetSandbox(id);
-  if (port < 1 || port > 65535 || !rec.ok() || !*rec || (*rec)->state != store::kStateRunning)
-    co_return co_await NotFound502(ex, id);
-  auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
-  if (!key.ok() || !*key || !(*key)->active()) co_return co_await NotFound502(ex, id);
-  const store::ApiKeyRecord& owner = **key;
-  if (!(*rec)->public_ports &&
-      !ConstantTimeEquals(ex.Header("E2B-Traffic-Access-Token"),
-                          TrafficToken(ctx.secret, owner.id, id)) &&
-      !ConstantTimeEquals(ex.Header("X-Access-Token"), EnvdToken(ctx.secret, owner.id, id))) {
+  auto target = network::ValidPort(port) ? FindPortTarget(ctx, id) : std::nullopt;
+  if (!target) co_return co_await NotFound502(ex, id);
+  const std::string& owner = target->owner.id;
+  if (!target->rec.public_ports &&
+      !network::IsTrafficToken(ctx.secret, owner, id, ex.Header("E2B-Traffic-Access-Token")) &&
+      !ConstantTimeEquals(ex.Header("X-Access-Token"), EnvdToken(ctx.secret, owner, id))) {
     json body = {{"sandboxId", id},
                  {"message",
                   "a valid E2B-Traffic-Access-Token (the sandbox's trafficAccessToken) "
@@ -41,16 +37,10 @@ awaitable<void> ProxyPort(ApiContext& ctx, http::Exchange& ex, int port, std::st
                  {"code", 403}};
     co_return co_await ex.RespondJson(403, body);
   }
-  auto socket = co_await OnPool(ctx.blocking, [&] { return ctx.manager.TcpSocket(owner, id); });
-  if (!socket.ok()) co_return co_await NotFound502(ex, id);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // The tenant's API key is never handed to a sandbox (a client may send it out of habit); the
   // sandbox-scoped tokens go through, since a server in the box may check them (envd does).
-  std::string head = ex.ForwardHead({"X-API-KEY"});
-  Status s = co_await ex.Relay(std::move(*socket), to, std::move(head));
+  std::string head = ex.ForwardHead({"X-API-KEY"});  // not beside co_await: GCC 12 miscompiles it
+  Status s = co_await RelayToPort(ctx, ex, *target, port, std::move(head));
   if (!s.ok() && !ex.responded()) {
     json body = {{"sandboxId", id},
                  {"message", "The sandbox is running but port is not open"},

@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "api/errors.h"
+#include "api/ingress.h"
 #include "api/http/exchange.h"
 #include "api/http/websocket.h"
 #include "api/v1/box_files.h"
@@ -1309,6 +1310,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Files(router, ctx);
   Archives(router, ctx);
   Audit(router, ctx);
+  RegisterPortRoutes(router, ctx);  // api/ingress.h
 }
 
 }  // namespace sbx::api
