@@ -355,8 +355,14 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
   };
   auto ids_ok = [&](int64_t v) { return v >= 0 && v <= 0xfffffffeLL; };
   switch (h.type) {
-    case Type::kStat:
-      return reply_entry(path, xattr_prefix);
+    case Type::kStat: {
+      users_.Reload();
+      Writer w;
+      if (Status s = StatEntry(path, users_, xattr_prefix, &w, r.Int(Tag::kFollow) != 0); !s.ok())
+        return fail(s);
+      c.Send(Type::kOk, id, w);
+      return;
+    }
     case Type::kList: {
       users_.Reload();
       auto s = StartList(path, r.Int(Tag::kDepth, 1), id, users_, xattr_prefix);

@@ -125,6 +125,7 @@ enum class Tag : uint16_t {
   kXattrPrefix = 65,  // string: entries carry the xattrs whose names start with this ("user.…")
   kWithEntry = 66,    // int 0/1: WATCH events carry the entry's fields
   kEntry = 67,        // record: entry fields, nested in a WATCH_EVENT
+  kFollow = 68,       // int 0/1: STAT resolves a symlink (the target's type and mode)
 };
 
 enum class FileType : int64_t { kFile = 1, kDir = 2, kSymlink = 3, kOther = 4 };

@@ -720,6 +720,14 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
   return runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
 }
 
+Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,
+                                              const std::string& id) {
+  auto owned = Owned(key, id, Access::kInspect);
+  if (!owned.ok()) return owned.status();
+  { Transition t(*this, id, "settle"); }
+  return Owned(key, id, Access::kInspect);
+}
+
 Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
   auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();

@@ -161,6 +161,10 @@ class Manager {
   Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
                             int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
+  // The sandbox as Get() says, once no transition of it is in flight: a kill closes the agent
+  // connection before it records the end, so a facade whose stream from the box ended asks this
+  // to tell a killed sandbox from a dropped connection. Blocking (for the transition).
+  Result<store::SandboxRecord> Settled(const store::ApiKeyRecord& key, const std::string& id);
   // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
   // reach a port on its loopback. EBUSY when the sandbox is paused.
   Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);

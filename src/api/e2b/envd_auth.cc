@@ -4,6 +4,7 @@
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
 
+#include <algorithm>
 #include <map>
 
 #include "api/e2b/envd_internal.h"
@@ -14,17 +15,37 @@ namespace {
 using boost::asio::awaitable;
 using nlohmann::json;
 
-bool ValidSignature(const http::Exchange& ex, const std::string& token, std::string_view op) {
+// What a pre-signed URL's signature says, checked in envd's order (validateSigning): a signature
+// that does not match is invalid whatever its expiry; one that matches may have expired.
+enum class Signature { kMissing, kInvalid, kExpired, kValid };
+
+Signature CheckSignature(const http::Exchange& ex, const std::string& token, std::string_view op) {
   auto sig = ex.query().Get("signature");
-  if (!sig) return false;
+  if (!sig) return Signature::kMissing;
   std::optional<int64_t> expiry;
-  if (auto e = ex.query().Get("signature_expiration"); e && !e->empty()) {
+  if (auto e = ex.query().Get("signature_expiration"); e && !e->empty())
     expiry = std::strtoll(e->c_str(), nullptr, 10);
-    if (*expiry * 1000 < store::NowMs()) return false;
-  }
   std::string want = FileSignature(ex.query().Get("path").value_or(""), op,
                                    ex.query().Get("username").value_or(""), token, expiry);
-  return ConstantTimeEquals(*sig, want);
+  if (!ConstantTimeEquals(*sig, want)) return Signature::kInvalid;
+  // Seconds, compared as seconds: an absurd expiry must not overflow into the past.
+  if (expiry && *expiry < store::NowMs() / 1000) return Signature::kExpired;
+  return Signature::kValid;
+}
+
+// envd's 401 messages (envd/internal/api/auth.go), word for word: the SDKs show them as they are.
+constexpr char kBadToken[] =
+    "unauthorized access, please provide a valid access token or method signing if supported";
+constexpr char kHeaderTokenMismatch[] = "access token present in header but does not match";
+const char* SignatureMessage(Signature s) {
+  switch (s) {
+    case Signature::kMissing:
+      return "missing signature query parameter";
+    case Signature::kExpired:
+      return "signature is already expired";
+    default:
+      return "invalid signature";
+  }
 }
 
 }  // namespace
@@ -40,7 +61,7 @@ std::optional<std::pair<int, std::string>> EnvdAddress(const http::Exchange& ex)
 }
 
 awaitable<void> JsonError(http::Exchange& ex, int status, const std::string& message) {
-  json body = {{"code", status}, {"message", message}};
+  json body = {{"code", status}, {"message", WithoutHostPaths(message)}};
   co_await ex.RespondJson(status, body);
 }
 
@@ -52,6 +73,8 @@ awaitable<void> NotFound502(http::Exchange& ex, const std::string& id) {
 awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Auth auth,
                                          std::string_view op) {
   auto addr = EnvdAddress(ex);
+  // The best a signature did against any sandbox, for the message when none accepts it.
+  Signature best = Signature::kMissing;
   if (!addr && auth == Auth::kTokenOrSignature) {
     // A pre-signed URL built on E2B_SANDBOX_URL names no sandbox (spec 3.2: it is
     // `<sandbox url>/files?path=...&signature=...`): the sandbox is the one whose token made the
@@ -66,17 +89,20 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
           keys[rec.owner_key_id] =
               (k.ok() && *k && (*k)->active()) ? **k : std::optional<store::ApiKeyRecord>();
         }
-        const auto& key = keys[rec.owner_key_id];
-        if (key && ValidSignature(ex, EnvdToken(ctx.secret, rec.owner_key_id, rec.id), op)) {
+        if (!keys[rec.owner_key_id]) continue;
+        Signature s = CheckSignature(ex, EnvdToken(ctx.secret, rec.owner_key_id, rec.id), op);
+        if (s == Signature::kValid) {
           addr = std::make_pair(kEnvdPort, rec.id);
           break;
         }
+        best = std::max(best, s);
       }
     }
-  }
-  if (!addr && auth == Auth::kTokenOrSignature) {
-    co_await JsonError(ex, 401, "invalid or expired signature");
-    co_return std::nullopt;
+    if (!addr) {
+      if (best == Signature::kMissing && ex.query().Has("signature")) best = Signature::kInvalid;
+      co_await JsonError(ex, 401, SignatureMessage(best));
+      co_return std::nullopt;
+    }
   }
   std::string id = addr ? addr->second : "";
   if (!addr || addr->first != kEnvdPort) {
@@ -95,13 +121,40 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     co_return std::nullopt;
   }
   Target t{**key, **rec, EnvdToken(ctx.secret, (*key)->id, id)};
-  bool ok = auth == Auth::kNone || ConstantTimeEquals(ex.Header("X-Access-Token"), t.token) ||
-            (auth == Auth::kTokenOrSignature && ValidSignature(ex, t.token, op));
-  if (!ok) {
-    co_await JsonError(ex, 401, "unauthorized access, please provide a valid access token");
+  if (auth == Auth::kNone) co_return t;
+  std::string_view header = ex.Header("X-Access-Token");
+  if (auth == Auth::kToken && !ConstantTimeEquals(header, t.token)) {
+    co_await JsonError(ex, 401, kBadToken);
     co_return std::nullopt;
   }
+  if (auth == Auth::kTokenOrSignature) {
+    // As envd: a token in the header is the proof, right or wrong; without one, the signature.
+    if (!header.empty() && !ConstantTimeEquals(header, t.token)) {
+      co_await JsonError(ex, 401, kHeaderTokenMismatch);
+      co_return std::nullopt;
+    }
+    if (header.empty()) {
+      Signature s = CheckSignature(ex, t.token, op);
+      if (s != Signature::kValid) {
+        co_await JsonError(ex, 401, SignatureMessage(s));
+        co_return std::nullopt;
+      }
+    }
+  }
   co_return t;
+}
+
+awaitable<bool> SandboxEnded(ApiContext& ctx, const Target& t) {
+  auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Settled(t.key, t.rec.id); });
+  co_return !rec.ok() || (rec->state != store::kStateRunning && rec->state != store::kStatePaused &&
+                          rec->state != store::kStateCreating);
+}
+
+std::string ChannelFailure(const Status& s, const std::string& id) {
+  // Manager::Channel's own messages say what state the sandbox is in; a failed connection names
+  // the agent socket, a host path: the client learns only that the agent is not reachable.
+  if (s.message().rfind("sandbox " + id + " is ", 0) == 0) return s.message();
+  return "sandbox " + id + ": its agent is not reachable";
 }
 
 }  // namespace sbx::api::e2b

@@ -20,7 +20,7 @@ using sandbox::FrameError;
 using sandbox::Subscription;
 
 awaitable<void> RpcError(http::Exchange& ex, const std::string& code, const std::string& message) {
-  json body = {{"code", code}, {"message", message}};
+  json body = {{"code", code}, {"message", WithoutHostPaths(message)}};
   co_await ex.RespondJson(ConnectHttpStatus(code), body);
 }
 
@@ -39,7 +39,7 @@ awaitable<void> EndRpcStream(http::Exchange& ex, const std::string& code,
     if (!s.ok()) co_return;
   }
   json end = json::object();
-  if (!code.empty()) end["error"] = {{"code", code}, {"message", message}};
+  if (!code.empty()) end["error"] = {{"code", code}, {"message", WithoutHostPaths(message)}};
   std::string env = Envelope(2, http::JsonText(end));
   (void)co_await ex.WriteChunk(env);
   (void)co_await ex.EndStream();

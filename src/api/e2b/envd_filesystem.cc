@@ -48,9 +48,11 @@ awaitable<Result<json>> FilesystemUnary(AgentChannel& ch, const std::string& met
                                         const json& req, const User& u) {
   std::string path = ResolvePath(req.value("path", ""), u.home);
   if (method == "Stat") {
-    auto r = co_await ch.Call(
-        Type::kStat,
-        protocol::Writer().Str(Tag::kPath, path).Str(Tag::kXattrPrefix, kMetadataXattrPrefix));
+    // A symlink answers for its target, with the resolved path as symlinkTarget (envd's Stat).
+    auto r = co_await ch.Call(Type::kStat, protocol::Writer()
+                                               .Str(Tag::kPath, path)
+                                               .Str(Tag::kXattrPrefix, kMetadataXattrPrefix)
+                                               .Int(Tag::kFollow, 1));
     if (!r.ok()) co_return r.status();
     co_return json{{"entry", EntryInfo(r->fields)}};
   }
@@ -141,7 +143,11 @@ json FsEvent(const protocol::Frame& f) {
   return fs;
 }
 
-awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, const User& u) {
+// Streams a watch's events, keepalives while it is quiet; ended by Connect-Timeout-Ms, by the
+// client, or by the agent connection (cut off without an end when the sandbox was killed, as
+// PumpProcess does).
+awaitable<void> WatchDir(ApiContext& ctx, const Target& t, http::Exchange& ex, AgentChannel& ch,
+                         const json& req, const User& u) {
   auto sub = co_await StartWatch(ch, req, u);
   if (!sub.ok())
     co_return co_await EndRpcStream(ex, ConnectCode(sub.status().err()), sub.status().message());
@@ -177,6 +183,7 @@ awaitable<void> WatchDir(http::Exchange& ex, AgentChannel& ch, const json& req, 
   if (!alive) co_return;
   if (expired)
     co_return co_await EndRpcStream(ex, "deadline_exceeded", "context deadline exceeded");
+  if (co_await SandboxEnded(ctx, t)) co_return;  // no end-stream: the connection is cut
   co_await EndRpcStream(ex, "unavailable", "the sandbox's agent connection closed");
 }
 
@@ -288,8 +295,9 @@ awaitable<void> FilesystemRpc(ApiContext& ctx, http::Exchange& ex,
   if (!req) co_return;
   auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
   if (!ch.ok()) {
-    if (streaming) co_return co_await EndRpcStream(ex, "unavailable", ch.status().message());
-    co_return co_await RpcError(ex, "unavailable", ch.status().message());
+    if (streaming)
+      co_return co_await EndRpcStream(ex, "unavailable", ChannelFailure(ch.status(), t->rec.id));
+    co_return co_await RpcError(ex, "unavailable", ChannelFailure(ch.status(), t->rec.id));
   }
   AgentChannel& channel = **ch;
   auto user = co_await LookupUser(channel, BasicAuthUser(ex.Header("Authorization")));
@@ -297,7 +305,7 @@ awaitable<void> FilesystemRpc(ApiContext& ctx, http::Exchange& ex,
     if (streaming) co_return co_await EndRpcStream(ex, "unauthenticated", user.status().message());
     co_return co_await RpcError(ex, "unauthenticated", user.status().message());
   }
-  if (method == "WatchDir") co_return co_await WatchDir(ex, channel, *req, *user);
+  if (method == "WatchDir") co_return co_await WatchDir(ctx, *t, ex, channel, *req, *user);
   Result<json> out = Status::Error("unknown method", ENOSYS);
   if (method == "CreateWatcher" || method == "GetWatcherEvents" || method == "RemoveWatcher")
     out = co_await PolledWatchRpc(watches, *ch, t->rec.id, method, *req, *user);

@@ -52,8 +52,17 @@ enum class Auth { kNone, kToken, kTokenOrSignature };
 boost::asio::awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex,
                                                       Auth auth, std::string_view op = {});
 
+// Whether the sandbox of `t` has ended (killed, failed), once a transition in flight is done:
+// asked when a stream from the box lost its agent connection. A kill closes that connection
+// before it records the end, so the record read at once could still say running.
+boost::asio::awaitable<bool> SandboxEnded(ApiContext& ctx, const Target& t);
+// The message for a failed Manager::Channel(): its state ("sandbox X is paused") as it says, a
+// failed connection without the agent socket's host path.
+std::string ChannelFailure(const Status& s, const std::string& id);
+
 // ---- Connect helpers (envd_connect.cc) ----
 
+// Every message these send goes through WithoutHostPaths (wire.h).
 // A unary RPC's error: {"code", "message"} with the code's HTTP status.
 boost::asio::awaitable<void> RpcError(http::Exchange& ex, const std::string& code,
                                       const std::string& message);

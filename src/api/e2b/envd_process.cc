@@ -96,9 +96,11 @@ json EndEvent(const protocol::Frame& f) {
 }
 
 // Streams a subscribed process as ProcessEvents: start, data..., end, the end-stream frame;
-// keepalives while it is quiet. A client that goes away leaves the process running.
-awaitable<void> PumpProcess(http::Exchange& ex, AgentChannel& ch, Subscription& sub, int64_t pid,
-                            bool pty) {
+// keepalives while it is quiet. A client that goes away leaves the process running. A sandbox
+// killed meanwhile cuts the response off without an end, as E2B's edge does when a sandbox goes
+// away: the SDKs then ask /health, which answers 502, and report the sandbox as killed.
+awaitable<void> PumpProcess(ApiContext& ctx, const Target& t, http::Exchange& ex, AgentChannel& ch,
+                            Subscription& sub, int64_t pid, bool pty) {
   Status begun = co_await ex.BeginStream(200, "application/connect+json");
   if (!begun.ok()) {
     sub.Cancel();
@@ -116,8 +118,11 @@ awaitable<void> PumpProcess(http::Exchange& ex, AgentChannel& ch, Subscription& 
         alive = co_await SendMessage(ex, keepalive);
         continue;
       }
+      // The agent connection ended: a kill, or the agent went away while the sandbox lives.
+      sub.Cancel();
+      if (co_await SandboxEnded(ctx, t)) co_return;  // no end-stream: the connection is cut
       end_code = "unavailable";
-      end_message = f.status().message();
+      end_message = "the sandbox's agent connection closed";
       break;
     }
     if (f->type() == Type::kOutput) {
@@ -206,10 +211,11 @@ awaitable<void> Start(ApiContext& ctx, http::Exchange& ex, const Target& t, Agen
       if (a.is_string()) argv.push_back(a);
   ctx.manager.Audit("command.start", t.rec.id, t.key.id,
                     {{"pid", pid}, {"argv", argv}, {"pty", pty}, {"via", "e2b"}});
-  co_await PumpProcess(ex, ch, *opened->sub, pid, pty);
+  co_await PumpProcess(ctx, t, ex, ch, *opened->sub, pid, pty);
 }
 
-awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json& req) {
+awaitable<void> ConnectProcess(ApiContext& ctx, const Target& t, http::Exchange& ex,
+                               AgentChannel& ch, const json& req) {
   auto proc = co_await Select(ch, req, true);
   if (!proc.ok()) co_return co_await EndRpcStream(ex, "not_found", proc.status().message());
   // As in envd, Connect follows from now on: output written before it is not replayed.
@@ -221,7 +227,7 @@ awaitable<void> ConnectProcess(http::Exchange& ex, AgentChannel& ch, const json&
     Status s = opened.status();
     co_return co_await EndRpcStream(ex, ConnectCode(s.err()), s.message());
   }
-  co_await PumpProcess(ex, ch, *opened->sub, proc->pid, proc->pty);
+  co_await PumpProcess(ctx, t, ex, ch, *opened->sub, proc->pid, proc->pty);
 }
 
 // Sends `data` to a process's stdin in agent-sized chunks, waiting while its queue is full.
@@ -378,13 +384,13 @@ awaitable<void> ProcessRpc(ApiContext& ctx, http::Exchange& ex) {
   auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
   if (!ch.ok()) {
     if (streaming || method == "StreamInput")
-      co_return co_await EndRpcStream(ex, "unavailable", ch.status().message());
-    co_return co_await RpcError(ex, "unavailable", ch.status().message());
+      co_return co_await EndRpcStream(ex, "unavailable", ChannelFailure(ch.status(), t->rec.id));
+    co_return co_await RpcError(ex, "unavailable", ChannelFailure(ch.status(), t->rec.id));
   }
   AgentChannel& channel = **ch;
   if (method == "StreamInput") co_return co_await StreamInput(ex, channel);
   if (method == "Start") co_return co_await Start(ctx, ex, *t, channel, *req);
-  if (method == "Connect") co_return co_await ConnectProcess(ex, channel, *req);
+  if (method == "Connect") co_return co_await ConnectProcess(ctx, *t, ex, channel, *req);
   co_await RespondUnary(ex, co_await ProcessUnary(channel, method, *req));
 }
 
