@@ -46,6 +46,8 @@ enum class Type : uint16_t {
   kOutput = 24,  // event
   kExit = 25,    // event
   kProcEntry = 26,
+  kWait = 27,        // answered (OK with the exit fields) once the process has exited
+  kLookupUser = 28,  // a user of the box's /etc/passwd: name, uid, gid, home
   // files
   kStat = 48,
   kList = 49,
