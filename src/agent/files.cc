@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <vector>
 
 #include "agent/paths.h"
@@ -67,13 +68,16 @@ void XattrFields(const std::string& path, const struct stat& st, const std::stri
   }
 }
 
+// The entry's type and mode: its own, or for a followed symlink its target's (`target`).
 void EntryFields(const std::string& path, const struct stat& st, const std::string& link,
-                 const UserDb& users, const std::string& xattr_prefix, Writer* w) {
+                 const UserDb& users, const std::string& xattr_prefix, Writer* w,
+                 const struct stat* target = nullptr) {
+  mode_t mode = target ? target->st_mode : st.st_mode;
   w->Str(Tag::kName, BaseName(path))
       .Str(Tag::kPath, path)
-      .Int(Tag::kFileType, static_cast<int64_t>(TypeOf(st.st_mode)))
+      .Int(Tag::kFileType, static_cast<int64_t>(mode == 0 ? FileType::kOther : TypeOf(mode)))
       .Int(Tag::kSize, st.st_size)
-      .Int(Tag::kMode, st.st_mode)
+      .Int(Tag::kMode, mode)
       .Int(Tag::kUid, st.st_uid)
       .Int(Tag::kGid, st.st_gid)
       .Str(Tag::kOwner, users.UserName(st.st_uid))
@@ -279,12 +283,30 @@ Status CheckXattrs(const Xattrs& xattrs) {
 }
 
 Status StatEntry(const std::string& path, const UserDb& users, const std::string& xattr_prefix,
-                 Writer* w) {
+                 Writer* w, bool follow) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return Status::Errno("stat " + path);
   std::string link;
-  if (S_ISLNK(st.st_mode)) link = ReadLinkAt(AT_FDCWD, path.c_str());
-  EntryFields(path, st, link, users, xattr_prefix, w);
+  if (!S_ISLNK(st.st_mode)) {
+    EntryFields(path, st, link, users, xattr_prefix, w);
+    return {};
+  }
+  if (!follow) {
+    link = ReadLinkAt(AT_FDCWD, path.c_str());
+    EntryFields(path, st, link, users, xattr_prefix, w);
+    return {};
+  }
+  // As Go's filepath.EvalSymlinks then os.Stat (envd): a link that does not resolve (dangling,
+  // a loop, too deep) names itself, and its type is unknown.
+  struct stat target {};
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) != nullptr && ::stat(resolved, &target) == 0) {
+    link = resolved;
+  } else {
+    link = path;
+    target = {};
+  }
+  EntryFields(path, st, link, users, xattr_prefix, w, &target);
   return {};
 }
 

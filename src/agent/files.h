@@ -33,8 +33,12 @@ Status CheckXattrs(const Xattrs& xattrs);
 // Appends the entry fields (name, path, file_type, size, mode, uid, gid, owner, group_name,
 // mtime_ns, link_target, and xattr* for the names starting with `xattr_prefix` when it is not
 // empty) of `path` without following a final symlink. Xattrs beyond kMaxXattrBytes are left out.
+// With `follow`, a symlink answers as envd's Stat does: file_type and mode are its target's (kOther
+// and 0 when the target does not exist), link_target the absolute path it resolves to (itself when
+// it does not resolve), the rest (size, owner, mtime) the link's own. Resolution happens in the
+// agent's root, which is the box's: a link cannot lead out of the box.
 Status StatEntry(const std::string& path, const UserDb& users, const std::string& xattr_prefix,
-                 protocol::Writer* w);
+                 protocol::Writer* w, bool follow = false);
 
 // LIST: ENTRY frames for `path`'s content down to `depth` levels (clamped to 1..16), directories
 // before their content, sorted by name within a directory, then OK.

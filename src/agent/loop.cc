@@ -250,6 +250,8 @@ void Agent::CloseConnection(uint64_t id) {
   conns_.erase(it);
   EpollDel(c->fd());
   watcher_.RemoveConnection(id);
+  // Held STDIN writes and WAITs of `c` go: nobody is left to answer.
+  for (const auto& [pid, p] : procs_) ForgetConnection(*p, id);
   if (c->subscriptions > 0) {
     std::vector<pid_t> pids;
     for (const auto& [pid, p] : procs_) pids.push_back(pid);
@@ -336,9 +338,12 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
   auto t = static_cast<uint16_t>(h.type);
   if (h.type == Type::kPause || h.type == Type::kResume) {
     SetPaused(c, h.id, h.type == Type::kPause);  // no reply: it would land in the paused stream
-  } else if (t >= static_cast<uint16_t>(Type::kSpawn) &&
-             t <= static_cast<uint16_t>(Type::kListProcs)) {
+  } else if ((t >= static_cast<uint16_t>(Type::kSpawn) &&
+              t <= static_cast<uint16_t>(Type::kListProcs)) ||
+             h.type == Type::kWait) {
     HandleProcessRequest(c, h, r);
+  } else if (h.type == Type::kLookupUser) {
+    LookupUser(c, h.id, r);
   } else if (t >= static_cast<uint16_t>(Type::kStat) &&
              t <= static_cast<uint16_t>(Type::kWriteAbort) && h.type != Type::kEntry &&
              h.type != Type::kData && h.type != Type::kWatchEvent) {
@@ -371,8 +376,14 @@ void Agent::HandleFileRequest(Connection& c, const Header& h, const Reader& r) {
   };
   auto ids_ok = [&](int64_t v) { return v >= 0 && v <= 0xfffffffeLL; };
   switch (h.type) {
-    case Type::kStat:
-      return reply_entry(path, xattr_prefix);
+    case Type::kStat: {
+      users_.Reload();
+      Writer w;
+      if (Status s = StatEntry(path, users_, xattr_prefix, &w, r.Int(Tag::kFollow) != 0); !s.ok())
+        return fail(s);
+      c.Send(Type::kOk, id, w);
+      return;
+    }
     case Type::kList: {
       users_.Reload();
       auto s = StartList(path, r.Int(Tag::kDepth, 1), id, users_, xattr_prefix);

@@ -145,7 +145,7 @@ void Manager::WriteEnded(const SandboxRecord& rec) {
   // may just have freed the space a full disk lacked), then keep it for the TTL scan to retry.
   // Until it is written, this manager answers with it; if the daemon dies first, the reconciler
   // finds a live record without a box and marks it failed.
-  metrics_.Drop(rec.id);
+  history_.Drop(rec.id);
   Status put = store_.PutSandbox(rec);
   if (!put.ok()) put = store_.PutSandbox(rec);
   MutexLock g(mu_);
@@ -405,6 +405,10 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
   rec.public_ports = req.public_ports;
+  // What a command gets when it says nothing, fixed now: the template may change later.
+  rec.defaults.env = tmpl->env;
+  rec.defaults.user = tmpl->user == "root" ? "" : tmpl->user;
+  rec.defaults.workdir = tmpl->workdir;
   rec.created_at = clock_.NowMs();
   rec.updated_at = rec.created_at;
 
@@ -483,6 +487,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     if (counters_.create_seconds.size() >= 4096)
       counters_.create_seconds.erase(counters_.create_seconds.begin());
     counters_.create_seconds.push_back(secs);
+    metrics_.create_seconds.Observe(secs);
   }
   if (!req.idempotency_key.empty()) {
     store::IdempotencyRecord ir{key.id, req.idempotency_key, req.request_hash, made.id, 0};
@@ -725,6 +730,14 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
   return runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
 }
 
+Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,
+                                              const std::string& id) {
+  auto owned = Owned(key, id, Access::kInspect);
+  if (!owned.ok()) return owned.status();
+  { Transition t(*this, id, "settle"); }
+  return Owned(key, id, Access::kInspect);
+}
+
 Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
   auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();
@@ -738,13 +751,13 @@ Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& ke
                                                    int64_t end_ms) {
   auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();
-  if (rec->state == store::kStateRunning && !metrics_.Has(id)) {
+  if (rec->state == store::kStateRunning && !history_.Has(id)) {
     if (auto box = BoxOf(id); box.ok()) {
       if (auto st = runtime_.Stats(*box); st.ok())
-        metrics_.Add(id, clock_.NowMs(), rec->created_at, std::ceil(rec->limits.cpus), *st);
+        history_.Add(id, clock_.NowMs(), rec->created_at, std::ceil(rec->limits.cpus), *st);
     }
   }
-  return metrics_.Window(id, start_ms, end_ms);
+  return history_.Window(id, start_ms, end_ms);
 }
 
 void Manager::SampleMetrics() {
@@ -757,9 +770,9 @@ void Manager::SampleMetrics() {
     auto box = BoxOf(rec.id);
     if (!box.ok()) continue;
     if (auto st = runtime_.Stats(*box); st.ok())
-      metrics_.Add(rec.id, clock_.NowMs(), rec.created_at, std::ceil(rec.limits.cpus), *st);
+      history_.Add(rec.id, clock_.NowMs(), rec.created_at, std::ceil(rec.limits.cpus), *st);
   }
-  metrics_.Retain(ids);
+  history_.Retain(ids);
 }
 
 Result<std::optional<store::ApiKeyRecord>> Manager::VerifyKey(const std::string& secret) {

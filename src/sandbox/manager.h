@@ -47,6 +47,7 @@
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
 #include "sandbox/metrics_history.h"
+#include "sandbox/metrics.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -183,6 +184,10 @@ class Manager {
   // The newest `limit` audit events of sandbox `id`, which `key` may inspect (as Get).
   Result<std::vector<store::AuditEvent>> AuditTrail(const store::ApiKeyRecord& key,
                                                     const std::string& id, size_t limit);
+  // The sandbox as Get() says, once no transition of it is in flight: a kill closes the agent
+  // connection before it records the end, so a facade whose stream from the box ended asks this
+  // to tell a killed sandbox from a dropped connection. Blocking (for the transition).
+  Result<store::SandboxRecord> Settled(const store::ApiKeyRecord& key, const std::string& id);
   // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
   // reach a port on its loopback. EBUSY when the sandbox is paused.
   Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);
@@ -210,6 +215,9 @@ class Manager {
   void Stop();
 
   ManagerCounters counters();
+  // The latency histograms and counters of creates (observed here) and commands (by Session),
+  // whichever facade asked.
+  SandboxMetrics& metrics() { return metrics_; }
   // Live sandboxes of every key with their stats, for /metrics.
   std::vector<std::pair<store::SandboxRecord, runtime::BoxStats>> LiveStats();
 
@@ -292,7 +300,8 @@ class Manager {
   // in statvfs).
   int64_t disk_in_flight_ GUARDED_BY(mu_) = 0;
   ManagerCounters counters_ GUARDED_BY(mu_);
-  MetricsHistory metrics_;                     // thread-safe on its own
+  MetricsHistory history_;                     // thread-safe on its own
+  SandboxMetrics metrics_;                     // thread-safe itself
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };

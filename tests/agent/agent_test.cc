@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -482,6 +483,41 @@ TEST_F(AgentTest, ListMkdirMoveRemove) {
   ASSERT_TRUE(
       c.Call(Type::kRemove, Writer().Str(Tag::kPath, t + "/a").Int(Tag::kRecursive, 1)).ok());
   EXPECT_EQ(::access((t + "/a").c_str(), F_OK), -1);
+}
+
+// STAT with follow answers for a symlink's target, as envd's getInfo: the target's type and
+// mode, the resolved absolute path, the link's own name and path; a dangling link names itself.
+TEST_F(AgentTest, StatFollowResolvesSymlinks) {
+  auto c = Connect();
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(dir_.c_str(), real), nullptr);
+  std::string d = real;
+  ASSERT_TRUE(WriteFile(c, d + "/f", "x").ok());
+  ASSERT_EQ(::chmod((d + "/f").c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("f", (d + "/l1").c_str()), 0);
+  ASSERT_EQ(::symlink((d + "/l1").c_str(), (d + "/l2").c_str()), 0);
+  ASSERT_EQ(::symlink("missing", (d + "/dangling").c_str()), 0);
+  auto st = c.Call(Type::kStat, Writer().Str(Tag::kPath, d + "/l2").Int(Tag::kFollow, 1));
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  EXPECT_EQ(st->fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kFile));
+  EXPECT_EQ(st->fields.Int(Tag::kMode) & 07777, 0600);
+  EXPECT_EQ(st->fields.Str(Tag::kLinkTarget), d + "/f");
+  EXPECT_EQ(st->fields.Str(Tag::kPath), d + "/l2");
+  EXPECT_EQ(st->fields.Str(Tag::kName), "l2");
+  auto plain = c.Call(Type::kStat, Writer().Str(Tag::kPath, d + "/l2"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kSymlink));
+  EXPECT_EQ(plain->fields.Str(Tag::kLinkTarget), d + "/l1");  // as written
+  auto dangling =
+      c.Call(Type::kStat, Writer().Str(Tag::kPath, d + "/dangling").Int(Tag::kFollow, 1));
+  ASSERT_TRUE(dangling.ok());
+  EXPECT_EQ(dangling->fields.Int(Tag::kFileType), static_cast<int64_t>(FileType::kOther));
+  EXPECT_EQ(dangling->fields.Int(Tag::kMode), 0);
+  EXPECT_EQ(dangling->fields.Str(Tag::kLinkTarget), d + "/dangling");
+  // Not a symlink: follow changes nothing.
+  auto file = c.Call(Type::kStat, Writer().Str(Tag::kPath, d + "/f").Int(Tag::kFollow, 1));
+  ASSERT_TRUE(file.ok());
+  EXPECT_FALSE(file->fields.Has(Tag::kLinkTarget));
 }
 
 TEST_F(AgentTest, RecursiveRemoveDoesNotFollowSymlinks) {

@@ -378,6 +378,55 @@ TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", json{{"public_ports", "yes"}}.dump()).status, 400);
 }
 
+// /v1/sandboxes/{id}/ports/{port}/...: the native way to a box port (api/ingress.h), with the
+// owner's API key or the traffic token. The server signals that it listens through a FIFO the
+// test's command waits on, so nothing polls.
+TEST_F(ServeTest, V1PortRouteRelaysWithTheKeyOrTheTrafficToken) {
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"], token = s["traffic_token"];
+  auto setup =
+      d_->Exec(id, {{"command", "mkfifo /tmp/up && mkdir -p /srv && echo hi > /srv/a.txt"}});
+  ASSERT_EQ(setup.exit_code, 0) << setup.err;
+  d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
+           {{"argv",
+             {"python3", "-c",
+              "import http.server, functools\n"
+              "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv')\n"
+              "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), h)\n"
+              "open('/tmp/up', 'w').close()\n"
+              "s.serve_forever()\n"}},
+            {"background", true}},
+           201);
+  ASSERT_EQ(d_->Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);  // returns once it listens
+  const std::string base = "/v1/sandboxes/" + id + "/ports/8000";
+  // With the owner's key (which the server in the box never sees).
+  auto with_key = d_->Call("GET", base + "/a.txt");
+  EXPECT_EQ(with_key.status, 200) << with_key.body;
+  EXPECT_EQ(with_key.body, "hi\n");
+  // With the traffic token alone; the query string goes through too.
+  auto get = [&](const std::string& target, http::ClientHeaders h) {
+    auto r = http::Request("127.0.0.1", d_->port(), "GET", target, h);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : http::Response{};
+  };
+  EXPECT_EQ(get(base + "/a.txt?x=1", {{"E2B-Traffic-Access-Token", token}}).body, "hi\n");
+  EXPECT_EQ(get(base + "?x=1", {{"E2B-Traffic-Access-Token", token}}).status, 200);  // "/"
+  // Neither, a wrong token, or a key that is not the owner's.
+  EXPECT_EQ(get(base + "/a.txt", {}).status, 401);
+  EXPECT_EQ(get(base + "/a.txt", {{"E2B-Traffic-Access-Token", std::string(64, '0')}}).status, 403);
+  EXPECT_EQ(get(base + "/a.txt", {{"Authorization", "Bearer sbx_nope"}}).status, 401);
+  EXPECT_EQ(get("/v1/sandboxes/nope/ports/8000/", {{"E2B-Traffic-Access-Token", token}}).status,
+            403);
+  EXPECT_EQ(get("/v1/sandboxes/nope/ports/8000/", {}).status, 401);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/nope/ports/8000/").status, 404);
+  // A port nobody listens on, and ports that are none.
+  auto closed = d_->Call("GET", "/v1/sandboxes/" + id + "/ports/8001/");
+  EXPECT_EQ(closed.status, 502) << closed.body;
+  EXPECT_EQ(closed.body.find(dir_), std::string::npos) << closed.body;  // no host path
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/ports/0/").status, 400);
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/ports/http/").status, 400);
+}
+
 // The daemon runs its TTL loop. What the TTL does (kill, pause, a reset timeout) is proved on a
 // fake clock in src/sandbox/manager_test.cc; here only that it fires, waited for as an event.
 TEST_F(ServeTest, TheTtlLoopRunsInTheDaemon) {

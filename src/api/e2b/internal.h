@@ -12,6 +12,7 @@
 #include <string>
 
 #include "api/v1/api.h"
+#include "network/ingress.h"
 #include "store/store.h"
 
 namespace sbx::api::e2b {
@@ -32,15 +33,15 @@ boost::asio::awaitable<decltype(std::declval<F>()())> OnPool(boost::asio::thread
 }
 
 // The envdAccessToken of a sandbox: HMAC-SHA256 under the install secret of the owner key's id
-// and the sandbox id, like api::TrafficToken (see there). It also keys the sandbox's pre-signed
+// and the sandbox id, like network::TrafficToken (see there). It also keys the sandbox's pre-signed
 // /files URLs (FileSignature), which the E2B SDK computes from it on the client side.
 inline std::string EnvdToken(const InstallSecret& secret, const std::string& owner_key_id,
                              const std::string& sandbox_id) {
   return secret.HmacHex("sbx-envd-token\n" + owner_key_id + "\n" + sandbox_id);
 }
-// The trafficAccessToken is api::TrafficToken (shared with the native API): sbx never serves
+// The trafficAccessToken is network::TrafficToken (shared with the native API): sbx never serves
 // ports publicly (threats.md row 37).
-using api::TrafficToken;
+using network::TrafficToken;
 
 void RegisterControlPlane(http::Router& router, ApiContext& ctx);
 void RegisterEnvd(http::Router& router, ApiContext& ctx);

@@ -103,6 +103,26 @@ Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
 
 std::string Rfc3339(int64_t ms) { return Rfc3339Millis(ms); }
 
+std::string WithoutHostPaths(std::string_view message) {
+  constexpr std::string_view kSocket = "/agent.sock";
+  std::string out;
+  size_t pos = 0;
+  for (size_t end; (end = message.find(kSocket, pos)) != std::string_view::npos;) {
+    // The path is the run of non-space characters that ends in kSocket and starts with '/'.
+    size_t start = end;
+    while (start > pos && message[start - 1] != ' ' && message[start - 1] != '\'') --start;
+    out.append(message.substr(pos, start - pos));
+    out += message[start] == '/' ? "the sandbox's agent"
+                                 : std::string(message.substr(start, end + kSocket.size() - start));
+    pos = end + kSocket.size();
+  }
+  out.append(message.substr(pos));
+  // "agent <path>: ..." (AgentChannel's form) reads "the sandbox's agent: ...".
+  for (size_t at; (at = out.find("agent the sandbox's agent")) != std::string::npos;)
+    out.erase(at, 6);
+  return out;
+}
+
 std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view host) {
   size_t dot = host.find('.');
   if (dot == std::string_view::npos) return std::nullopt;
@@ -154,7 +174,8 @@ std::string BasicAuthUser(std::string_view auth) {
 }
 
 std::string Permissions(int64_t mode, int64_t file_type) {
-  std::string p = file_type == 2 ? "d" : file_type == 3 ? "l" : "-";
+  // Go's FileMode.String(), which envd sends: 'L' for a symlink.
+  std::string p = file_type == 2 ? "d" : file_type == 3 ? "L" : "-";
   const char* rwx = "rwxrwxrwx";
   for (int i = 0; i < 9; ++i) p.push_back((mode & (0400 >> i)) ? rwx[i] : '-');
   return p;
@@ -241,7 +262,9 @@ json EntryInfo(const protocol::Reader& f) {
             {"path", std::string(f.Str(Tag::kPath))},
             {"size", std::to_string(f.Int(Tag::kSize))},
             {"mode", mode & 0777},
-            {"permissions", Permissions(mode, t)},
+            // A followed symlink (STAT with follow) has its target's type and mode, but envd's
+            // permissions are the link's own, which Linux always makes 0777.
+            {"permissions", f.Has(Tag::kLinkTarget) ? Permissions(0777, 3) : Permissions(mode, t)},
             {"owner", std::string(f.Str(Tag::kOwner))},
             {"group", std::string(f.Str(Tag::kGroupName))}};
   if (mtime_ns > 0) j["modifiedTime"] = Rfc3339(mtime_ns / 1000000);

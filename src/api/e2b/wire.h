@@ -64,6 +64,10 @@ Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
 std::string Rfc3339(int64_t ms);
 
 // ---- envd ----
+// `message` with every host path of an agent socket ("/var/lib/sbx/boxes/x/agent.sock", which
+// the daemon's agent-connection errors name) replaced by "the sandbox's agent": no answer may
+// show a host path (threats.md), and box paths in the agent's own messages stay.
+std::string WithoutHostPaths(std::string_view message);
 // The sandbox and port an envd request is for, from the Host header "<port>-<id>.<domain>";
 // nullopt when the host has another form.
 std::optional<std::pair<int, std::string>> ParseSandboxHost(std::string_view host);
@@ -74,7 +78,8 @@ std::string FileSignature(std::string_view path, std::string_view op, std::strin
 std::string BasicAuthUser(std::string_view authorization);
 std::string Base64(std::string_view in);
 Result<std::string> Unbase64(std::string_view in);
-// "-rw-r--r--" for a st_mode.
+// "-rw-r--r--" for a st_mode, as Go's FileMode.String() writes it (envd): "Lrwxrwxrwx" for a
+// symlink.
 std::string Permissions(int64_t st_mode, int64_t file_type);
 // EntryInfo JSON (filesystem.proto) for an agent ENTRY / STAT reply, with `metadata` from the
 // entry's kMetadataXattrPrefix xattrs (prefix stripped; values that are not UTF-8 left out).

@@ -50,6 +50,17 @@ TEST(E2bWire, SandboxHost) {
   EXPECT_FALSE(ParseSandboxHost("x-abc.e2b.test"));
 }
 
+TEST(E2bWire, AgentSocketPathsLeaveNoMessage) {
+  EXPECT_EQ(WithoutHostPaths("stat#7: agent /var/lib/sbx/boxes/sbx1/agent.sock: connection closed"),
+            "stat#7: the sandbox's agent: connection closed");
+  EXPECT_EQ(WithoutHostPaths("sandbox x: connect /d/b/agent.sock: Connection refused"),
+            "sandbox x: connect the sandbox's agent: Connection refused");
+  // The agent's own messages name box paths, which stay.
+  EXPECT_EQ(WithoutHostPaths("stat /home/user/missing: No such file or directory"),
+            "stat /home/user/missing: No such file or directory");
+  EXPECT_EQ(WithoutHostPaths(""), "");
+}
+
 TEST(E2bWire, SignatureAndBasicAuth) {
   std::string s = FileSignature("/home/user/a.txt", "read", "", "tok", std::nullopt);
   EXPECT_EQ(s.rfind("v1_", 0), 0u);
@@ -193,6 +204,7 @@ TEST(E2bWire, UsersAndPaths) {
   EXPECT_EQ(ResolvePath("/abs", "/home/user"), "/abs");
   EXPECT_EQ(Permissions(0100644, 1), "-rw-r--r--");
   EXPECT_EQ(Permissions(040755, 2), "drwxr-xr-x");
+  EXPECT_EQ(Permissions(0120777, 3), "Lrwxrwxrwx");
 }
 
 TEST(E2bWire, UploadMetadataHeaders) {

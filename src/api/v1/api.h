@@ -15,6 +15,7 @@
 #include "api/http/router.h"
 #include "api/v1/metrics.h"
 #include "common/secret.h"
+#include "network/ingress.h"
 #include "sandbox/manager.h"
 #include "store/store.h"
 
@@ -33,14 +34,7 @@ struct ApiContext {
 // Adds every route. `ctx` must outlive the server.
 void RegisterV1(http::Router& router, ApiContext& ctx);
 
-// A sandbox's traffic token: what a request relayed to one of its ports must carry
-// (E2B-Traffic-Access-Token). HMAC-SHA256 under the install secret of the owner key's id and the
-// sandbox id: it needs no storage, survives restarts, is useless once the owner key is revoked
-// (the owner check fails first), and cannot be computed from the database alone. Compare it
-// with ConstantTimeEquals.
-inline std::string TrafficToken(const InstallSecret& secret, const std::string& owner_key_id,
-                                const std::string& sandbox_id) {
-  return secret.HmacHex("sbx-traffic-token\n" + owner_key_id + "\n" + sandbox_id);
-}
+// A sandbox's traffic token: network/ingress.h (ingress owns what reaching a port takes).
+using network::TrafficToken;
 
 }  // namespace sbx::api
