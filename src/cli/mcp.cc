@@ -151,6 +151,13 @@ class Bridge {
         std::lock_guard lock(mu_);
         session_.clear();
       }
+      // A refused batch has no one id to answer with: the daemon's own error goes through.
+      if (!request && line.find_first_not_of(" \t") != std::string::npos &&
+          line[line.find_first_not_of(" \t")] == '[' && body.is_object() &&
+          body.contains("error")) {
+        std::fprintf(stderr, "sbx mcp: %s\n", why.c_str());
+        return Emit(body);
+      }
       return Failed(request, id, why);
     }
     if (sse) {
