@@ -3,6 +3,8 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { McpError, ErrorCode } from '@modelcontextprotocol/sdk/types.js'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { URL_BASE, KEY, httpClient, post, rawSession, text } from './helpers.mjs'
 
 const ping = (id = 2) => ({ jsonrpc: '2.0', id, method: 'ping' })
@@ -126,4 +128,19 @@ test('a bad argument is a tool error the model can read; an unknown tool a proto
   } finally {
     await close()
   }
+})
+
+test('stdio: a daemon that cannot be reached is an error the client sees, on stderr too', async () => {
+  const transport = new StdioClientTransport({
+    command: process.env.SBX_BIN,
+    // Port 1 on loopback: nothing listens there.
+    args: ['mcp', '--url', 'http://127.0.0.1:1', '--api-key', 'sbx_unused'],
+    stderr: 'pipe',
+  })
+  let stderr = ''
+  transport.stderr?.on('data', (d) => { stderr += d })
+  const client = new Client({ name: 'sbx-mcp-test', version: '1.0.0' })
+  await assert.rejects(client.connect(transport), /cannot reach the sbx daemon at http:\/\/127\.0\.0\.1:1/)
+  await client.close()
+  assert.match(stderr, /cannot reach the sbx daemon/)
 })
