@@ -234,6 +234,8 @@ void Agent::CloseConnection(uint64_t id) {
   conns_.erase(it);
   EpollDel(c->fd());
   watcher_.RemoveConnection(id);
+  // Held STDIN writes and WAITs of `c` go: nobody is left to answer.
+  for (const auto& [pid, p] : procs_) ForgetConnection(*p, id);
   if (c->subscriptions > 0) {
     std::vector<pid_t> pids;
     for (const auto& [pid, p] : procs_) pids.push_back(pid);
@@ -320,9 +322,12 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
   auto t = static_cast<uint16_t>(h.type);
   if (h.type == Type::kPause || h.type == Type::kResume) {
     SetPaused(c, h.id, h.type == Type::kPause);  // no reply: it would land in the paused stream
-  } else if (t >= static_cast<uint16_t>(Type::kSpawn) &&
-             t <= static_cast<uint16_t>(Type::kListProcs)) {
+  } else if ((t >= static_cast<uint16_t>(Type::kSpawn) &&
+              t <= static_cast<uint16_t>(Type::kListProcs)) ||
+             h.type == Type::kWait) {
     HandleProcessRequest(c, h, r);
+  } else if (h.type == Type::kLookupUser) {
+    LookupUser(c, h.id, r);
   } else if (t >= static_cast<uint16_t>(Type::kStat) &&
              t <= static_cast<uint16_t>(Type::kWriteAbort) && h.type != Type::kEntry &&
              h.type != Type::kData && h.type != Type::kWatchEvent) {

@@ -75,7 +75,17 @@ class Agent {
   void HandleProcessRequest(Connection& c, const protocol::Header& h, const protocol::Reader& r);
   void Spawn(Connection& c, uint32_t id, const protocol::Reader& r);
   void Attach(Connection& c, uint32_t id, const protocol::Reader& r);
+  // Queues `data` for the process's stdin and answers OK; past kStdinQueueLimit the OK is held
+  // (with the data, in Process::in_held) until the queue has room for it.
   void WriteStdin(Connection& c, uint32_t id, Process& p, std::string_view data);
+  // Moves held STDIN writes into the queue while they fit, answering each; true if any moved.
+  bool AdmitHeldStdin(Process& p);
+  // Drops what connection `conn` left waiting on `p`: held STDIN writes and WAITs.
+  void ForgetConnection(Process& p, uint64_t conn);
+  // Answers every WAIT of an exited process.
+  void AnswerWaiters(Process& p);
+  // LOOKUP_USER: a user of the box's /etc/passwd (users_), by name or number.
+  void LookupUser(Connection& c, uint32_t id, const protocol::Reader& r);
   void ListProcs(Connection& c, uint32_t id);
   Process* FindProcess(pid_t pid);
   void OnProcessOutput(pid_t pid, int stream);

@@ -37,6 +37,7 @@ constexpr size_t kPipeChunk = 64u << 10;
 // process wrote before exiting sits in the pipe (at most the pipe's capacity); anything beyond is
 // descendants writing after it, which is not delivered.
 constexpr uint64_t kDrainAfterExit = 1u << 20;
+constexpr size_t kMaxWaiters = 16;
 
 const char* kRootPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const char* kUserPath = "/usr/local/bin:/usr/bin:/bin";
@@ -120,12 +121,23 @@ void Agent::HandleProcessRequest(Connection& c, const protocol::Header& h, const
       return;
     case Type::kStdin:
       return WriteStdin(c, id, *p, r.Str(Tag::kData));
+    case Type::kWait:
+      if (p->exited) {
+        p->waiters.push_back({c.id(), id});
+        AnswerWaiters(*p);
+        return;
+      }
+      // One daemon connection waits once per process; a bound keeps a confused client harmless.
+      if (p->waiters.size() >= kMaxWaiters)
+        return SendError(c, id, EAGAIN, "wait " + what + ": too many waiters");
+      p->waiters.push_back({c.id(), id});
+      return;
     case Type::kCloseStdin:
       if (p->pty && p->in) {
         WriteStdin(c, id, *p, "\x04");  // EOF for the terminal's line discipline
         return;
       }
-      if (p->in_queue.empty())
+      if (p->in_queue.empty() && p->in_held.empty())
         CloseStdin(*p);
       else
         p->in_close_pending = true;
@@ -191,7 +203,8 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
       pw = users_.FindUid(static_cast<uid_t>(uid));
     } else {
       pw = users_.FindUser(user);
-      if (!pw) return SendError(c, id, ENOENT, what + ": unknown user " + std::string(user));
+      // The caller's mistake, not a missing program (ENOENT means that to every facade).
+      if (!pw) return SendError(c, id, EINVAL, what + ": unknown user " + std::string(user));
       uid = pw->uid;
     }
   } else {
@@ -220,8 +233,16 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
     plan.env.push_back(std::string("PATH=") + (plan.uid == 0 ? kRootPath : kUserPath));
 
   if (r.Has(Tag::kCwd) && !r.Str(Tag::kCwd).empty()) {
-    if (!CleanPath(r.Str(Tag::kCwd), &plan.cwd))
-      return SendError(c, id, EINVAL, what + ": bad cwd");
+    // A relative cwd ("src", "~", "~/src") is below the user's home, which only the agent knows.
+    std::string cwd(r.Str(Tag::kCwd));
+    if (cwd[0] != '/') {
+      if (cwd == "~")
+        cwd.clear();
+      else if (cwd.rfind("~/", 0) == 0)
+        cwd.erase(0, 2);
+      cwd = home + "/" + cwd;
+    }
+    if (!CleanPath(cwd, &plan.cwd)) return SendError(c, id, EINVAL, what + ": bad cwd");
   } else {
     plan.cwd = IsDir(home) ? home : "/";
   }
@@ -326,13 +347,90 @@ void Agent::ListProcs(Connection& c, uint32_t id) {
 void Agent::WriteStdin(Connection& c, uint32_t id, Process& p, std::string_view data) {
   std::string what = "stdin pid " + std::to_string(p.pid);
   if (!p.in || (p.in_close_pending && !p.pty)) return SendError(c, id, EPIPE, what + ": closed");
-  if (p.in_queue.size() + data.size() > kStdinQueueLimit)
+  // Writes are taken in order: behind a held one, a write is held too.
+  bool hold = !p.in_held.empty() || p.in_queue.size() + data.size() > kStdinQueueLimit;
+  if (hold && p.in_held_bytes + data.size() > kStdinQueueLimit)
     return SendError(c, id, EAGAIN, what + ": process is not reading its input");
   if (!p.in_memory.TryAdd(data.size()))
     return SendError(c, id, EAGAIN, what + ": the agent's buffers are at the box's cap");
+  if (hold) {
+    p.in_held.push_back({c.id(), id, std::string(data)});
+    p.in_held_bytes += data.size();
+    return;  // answered by AdmitHeldStdin, or EPIPE by CloseStdin
+  }
   p.in_queue.append(data);
   FlushStdin(p);
   c.Send(Type::kOk, id, Writer());
+}
+
+bool Agent::AdmitHeldStdin(Process& p) {
+  bool moved = false;
+  while (!p.in_held.empty() &&
+         p.in_queue.size() + p.in_held.front().data.size() <= kStdinQueueLimit) {
+    Process::HeldStdin h = std::move(p.in_held.front());
+    p.in_held.pop_front();
+    p.in_held_bytes -= h.data.size();
+    p.in_queue.append(h.data);  // its bytes stay reserved in in_memory
+    if (Connection* c = FindConnection(h.conn)) c->Send(Type::kOk, h.id, Writer());
+    moved = true;
+  }
+  return moved;
+}
+
+void Agent::ForgetConnection(Process& p, uint64_t conn) {
+  for (auto it = p.in_held.begin(); it != p.in_held.end();) {
+    if (it->conn != conn) {
+      ++it;
+      continue;
+    }
+    p.in_held_bytes -= it->data.size();
+    p.in_memory.Sub(it->data.size());
+    it = p.in_held.erase(it);
+  }
+  std::erase_if(p.waiters, [&](const Process::Waiter& w) { return w.conn == conn; });
+}
+
+void Agent::AnswerWaiters(Process& p) {
+  if (p.waiters.empty()) return;
+  Writer w;
+  w.Int(Tag::kPid, p.pid)
+      .Int(Tag::kExitCode, p.exit_code)
+      .Int(Tag::kSignal, p.signal)
+      .Int(Tag::kTimedOut, p.timed_out)
+      .Int(Tag::kEndedNs, p.ended_ns);
+  for (const auto& waiter : p.waiters)
+    if (Connection* c = FindConnection(waiter.conn)) c->Send(Type::kOk, waiter.id, w);
+  p.waiters.clear();
+}
+
+void Agent::LookupUser(Connection& c, uint32_t id, const Reader& r) {
+  std::string name(r.Str(Tag::kUser));
+  if (name.empty() || name.find('\0') != std::string::npos)
+    return SendError(c, id, EINVAL, "lookup user: a name or a number is required");
+  users_.Reload();
+  const PasswdEntry* pw = nullptr;
+  auto number = ParseId(name);
+  if (number && *number <= 0xfffffffeUL)
+    pw = users_.FindUid(static_cast<uid_t>(*number));
+  else
+    pw = users_.FindUser(name);
+  Writer w;
+  if (pw) {
+    w.Str(Tag::kName, pw->name)
+        .Int(Tag::kUid, pw->uid)
+        .Int(Tag::kGid, pw->gid)
+        .Str(Tag::kPath, pw->home.empty() ? "/" : pw->home);
+  } else if (number && *number <= 0xfffffffeUL) {
+    // A uid without an entry is still a user to run as (as SPAWN treats it): its own group.
+    auto n = static_cast<int64_t>(*number);
+    w.Str(Tag::kName, name).Int(Tag::kUid, n).Int(Tag::kGid, n).Str(Tag::kPath, "/");
+  } else if (name == "root") {
+    // A rootfs without /etc/passwd still has root.
+    w.Str(Tag::kName, "root").Int(Tag::kUid, 0).Int(Tag::kGid, 0).Str(Tag::kPath, "/root");
+  } else {
+    return SendError(c, id, ENOENT, "user " + name + ": not in the sandbox's /etc/passwd");
+  }
+  c.Send(Type::kOk, id, w);
 }
 
 void Agent::FlushStdin(Process& p) {
@@ -349,6 +447,8 @@ void Agent::FlushStdin(Process& p) {
   }
   if (p.in_queue.empty()) p.in_queue.shrink_to_fit();  // a drained queue holds no memory
   if (!p.in) return;
+  // Room in the queue: the held writes move in (answered now) and go on to the pipe.
+  if (AdmitHeldStdin(p)) return FlushStdin(p);
   if (p.in_queue.empty() && p.in_close_pending) {
     CloseStdin(p);
     return;
@@ -364,6 +464,11 @@ void Agent::FlushStdin(Process& p) {
 }
 
 void Agent::CloseStdin(Process& p) {
+  for (const auto& h : p.in_held)
+    if (Connection* c = FindConnection(h.conn))
+      SendError(*c, h.id, EPIPE, "stdin pid " + std::to_string(p.pid) + ": closed");
+  p.in_held.clear();
+  p.in_held_bytes = 0;
   if (p.in && p.in_polled) EpollDel(p.in.get());
   p.in_polled = false;
   p.in.reset();
@@ -526,6 +631,7 @@ void Agent::Reap() {
       p->signal = WTERMSIG(st);
     }
     CloseStdin(*p);
+    AnswerWaiters(*p);
     for (int s = 0; s < 2; ++s) {
       p->drain_left[s] = kDrainAfterExit;
       if (p->out[s]) ReadOutput(*p, s, true);

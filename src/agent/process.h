@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ struct Process {
   uint64_t drain_left[2] = {};  // after exit: bytes still taken from the pipe before closing it
   UniqueFd in;                  // stdin pipe, or a dup of the PTY master
   std::string in_queue;         // STDIN bytes the pipe has not taken yet
+  // STDIN requests past the queue's limit, whose OK waits until their data fits in in_queue
+  // (their bytes are reserved in in_memory too): back-pressure without the client polling.
+  struct HeldStdin {
+    uint64_t conn;
+    uint32_t id;
+    std::string data;
+  };
+  std::deque<HeldStdin> in_held;
+  size_t in_held_bytes = 0;
   bool in_close_pending = false;
   bool in_polled = false;
 
@@ -55,6 +65,12 @@ struct Process {
   int64_t finished_ms = 0;  // when it became finished (exited and output drained)
 
   std::vector<Subscriber> subs;
+  // WAIT requests, answered when the process exits.
+  struct Waiter {
+    uint64_t conn;
+    uint32_t id;
+  };
+  std::vector<Waiter> waiters;
 
   Reservation memory;     // rings and record
   Reservation in_memory;  // in_queue's bytes

@@ -7,6 +7,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
+#include "sandbox/session.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -289,27 +291,26 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     if (!conn.ok()) {
       outcome = conn.status().Wrap("connect to the box's agent");
     } else {
-      protocol::Writer w;
-      for (const auto& a : o.command) w.Str(Tag::kArgv, a);
-      for (const auto& e : tmpl->env) w.Str(Tag::kEnv, e);
-      if (o.tty)
-        w.Str(Tag::kEnv,
-              std::string("TERM=") + (std::getenv("TERM") ? std::getenv("TERM") : "xterm"));
-      for (const auto& e : o.env) w.Str(Tag::kEnv, e);
-      std::string workdir = o.workdir.empty() ? tmpl->workdir : o.workdir;
-      if (!workdir.empty()) w.Str(Tag::kCwd, workdir);
-      // Root needs no lookup, so a rootfs without /etc/passwd still runs as root.
-      std::string user = o.user.empty() ? tmpl->user : o.user;
-      if (user != "root" && user != "0") w.Str(Tag::kUser, user);
-      w.Int(Tag::kStdinOpen, o.interactive ? 1 : 0);
-      if (limits->timeout_ms > 0) w.Int(Tag::kTimeoutMs, limits->timeout_ms);
+      // The daemon's merge of the template's defaults with the command's (sandbox/session.h).
+      sandbox::CommandSpec cmd;
+      cmd.argv = o.command;
+      if (o.tty) cmd.env["TERM"] = std::getenv("TERM") ? std::getenv("TERM") : "xterm";
+      for (const auto& e : o.env) cmd.env[e.substr(0, e.find('='))] = e.substr(e.find('=') + 1);
+      cmd.cwd = o.workdir;
+      cmd.user = o.user;
+      cmd.stdin_open = o.interactive;
+      cmd.timeout = std::chrono::milliseconds(limits->timeout_ms);
       if (o.tty) {
         winsize ws{};
         if (::ioctl(0, TIOCGWINSZ, &ws) != 0 || ws.ws_row == 0) ws = {24, 80, 0, 0};
-        w.Int(Tag::kPty, 1).Int(Tag::kRows, ws.ws_row).Int(Tag::kCols, ws.ws_col);
+        cmd.pty = sandbox::PtySize{std::min<int>(ws.ws_row, sandbox::kMaxPtySide),
+                                   std::min<int>(ws.ws_col, sandbox::kMaxPtySide)};
       }
+      store::TemplateDefaults defaults{tmpl->env, tmpl->user, tmpl->workdir};
+      auto w = sandbox::SpawnRequest(defaults, {}, cmd);
       uint32_t id = conn->NextId();
-      auto reply = conn->CallWithId(Type::kSpawn, id, w, nullptr, 30000);
+      auto reply = w.ok() ? conn->CallWithId(Type::kSpawn, id, *w, nullptr, 30000)
+                          : Result<protocol::Frame>(w.status());
       auto t_spawned = Clock::now();
       spawn_us = Us(t_hello, t_spawned);
       if (!reply.ok()) {

@@ -46,6 +46,8 @@ enum class Type : uint16_t {
   kOutput = 24,  // event
   kExit = 25,    // event
   kProcEntry = 26,
+  kWait = 27,        // answered (OK with the exit fields) once the process has exited
+  kLookupUser = 28,  // a user of the box's /etc/passwd: name, uid, gid, home
   // files
   kStat = 48,
   kList = 49,
@@ -125,6 +127,7 @@ enum class Tag : uint16_t {
   kXattrPrefix = 65,  // string: entries carry the xattrs whose names start with this ("user.…")
   kWithEntry = 66,    // int 0/1: WATCH events carry the entry's fields
   kEntry = 67,        // record: entry fields, nested in a WATCH_EVENT
+  kFollow = 68,       // int 0/1: STAT resolves a symlink (the target's type and mode)
 };
 
 enum class FileType : int64_t { kFile = 1, kDir = 2, kSymlink = 3, kOther = 4 };

@@ -404,6 +404,10 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
   rec.public_ports = req.public_ports;
+  // What a command gets when it says nothing, fixed now: the template may change later.
+  rec.defaults.env = tmpl->env;
+  rec.defaults.user = tmpl->user == "root" ? "" : tmpl->user;
+  rec.defaults.workdir = tmpl->workdir;
   rec.created_at = clock_.NowMs();
   rec.updated_at = rec.created_at;
 
@@ -482,6 +486,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     if (counters_.create_seconds.size() >= 4096)
       counters_.create_seconds.erase(counters_.create_seconds.begin());
     counters_.create_seconds.push_back(secs);
+    metrics_.create_seconds.Observe(secs);
   }
   if (!req.idempotency_key.empty()) {
     store::IdempotencyRecord ir{key.id, req.idempotency_key, req.request_hash, made.id, 0};

@@ -46,6 +46,7 @@
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
+#include "sandbox/metrics.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -188,6 +189,9 @@ class Manager {
   void Stop();
 
   ManagerCounters counters();
+  // The latency histograms and counters of creates (observed here) and commands (by Session),
+  // whichever facade asked.
+  SandboxMetrics& metrics() { return metrics_; }
   // Live sandboxes of every key with their stats, for /metrics.
   std::vector<std::pair<store::SandboxRecord, runtime::BoxStats>> LiveStats();
 
@@ -270,6 +274,7 @@ class Manager {
   // in statvfs).
   int64_t disk_in_flight_ GUARDED_BY(mu_) = 0;
   ManagerCounters counters_ GUARDED_BY(mu_);
+  SandboxMetrics metrics_;                     // thread-safe itself
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };

@@ -155,6 +155,11 @@ ALTER TABLE api_keys ADD COLUMN min_timeout_ms INTEGER;
 ALTER TABLE api_keys ADD COLUMN max_timeout_ms INTEGER;
 )sql";
 
+// The template's command defaults, kept with the sandbox (a JSON object; NULL before).
+constexpr char kV8[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN defaults TEXT;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -166,6 +171,7 @@ const std::vector<Migration>& Migrations() {
       {5, "template registry: kinds, aliases, template_layers, layer_pins", kV5},
       {6, "audit_by_key index", kV6},
       {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
+      {8, "sandboxes.defaults: the template's env, user and workdir", kV8},
   };
   return kAll;
 }

@@ -23,7 +23,7 @@ namespace {
 constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
-    "public_ports, id_base, idmapped";
+    "public_ports, id_base, idmapped, defaults";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
@@ -168,6 +168,19 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.public_ports = st.ColumnInt(17) != 0;
   r.id_base = st.ColumnInt(18);
   r.idmapped = st.ColumnInt(19) != 0;
+  // NULL for rows written before version 8: no defaults.
+  Result<json> defaults =
+      Parse(st.ColumnText(20).empty() ? "{}" : st.ColumnText(20), what + " defaults");
+  if (!defaults.ok()) return defaults.status();
+  if (defaults->is_object()) {
+    if (auto e = defaults->find("env"); e != defaults->end() && e->is_array())
+      for (const auto& v : *e)
+        if (v.is_string()) r.defaults.env.push_back(v.get<std::string>());
+    if (auto u = defaults->find("user"); u != defaults->end() && u->is_string())
+      r.defaults.user = u->get<std::string>();
+    if (auto w = defaults->find("workdir"); w != defaults->end() && w->is_string())
+      r.defaults.workdir = w->get<std::string>();
+  }
   return r;
 }
 
@@ -349,6 +362,10 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   if (!metadata.ok()) return metadata.status();
   Result<std::string> env = Dump(json(r.env), what + ": env");
   if (!env.ok()) return env.status();
+  Result<std::string> defaults = Dump(
+      json{{"env", r.defaults.env}, {"user", r.defaults.user}, {"workdir", r.defaults.workdir}},
+      what + ": defaults");
+  if (!defaults.ok()) return defaults.status();
   json limits = {{"memory_bytes", r.limits.memory_bytes},
                  {"cpus", r.limits.cpus},
                  {"cpu_weight", r.limits.cpu_weight},
@@ -359,7 +376,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20)"
+      "?19, ?20, ?21)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -368,7 +385,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " ended_at = excluded.ended_at, init_pid = excluded.init_pid,"
       " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error,"
       " public_ports = excluded.public_ports, id_base = excluded.id_base,"
-      " idmapped = excluded.idmapped");
+      " idmapped = excluded.idmapped, defaults = excluded.defaults");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -389,7 +406,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindText(17, r.error)
       .BindInt(18, r.public_ports ? 1 : 0)
       .BindInt(19, r.id_base)
-      .BindInt(20, r.idmapped ? 1 : 0);
+      .BindInt(20, r.idmapped ? 1 : 0)
+      .BindText(21, *defaults);
   return st->Run().Wrap(what);
 }
 

@@ -57,6 +57,15 @@ struct SandboxLimits {
   int64_t disk_bytes = 0;
 };
 
+// What a sandbox's template says a command gets when the command says nothing, kept with the
+// sandbox at create so a template changed or removed later does not change running sandboxes
+// (column `defaults`, version 8). Empty for sandboxes created before: the agent's defaults.
+struct TemplateDefaults {
+  std::vector<std::string> env;  // "K=V"
+  std::string user;              // "" = root
+  std::string workdir;           // "" = the user's home
+};
+
 struct SandboxRecord {
   std::string id;
   std::string template_name;  // column `template`
@@ -78,6 +87,7 @@ struct SandboxRecord {
   bool public_ports = false;  // its ports answer without the traffic token
   int64_t id_base = 0;        // host id of root inside its box (0: not created yet)
   bool idmapped = false;      // its shared layers are idmapped (false: the runtime's fallback)
+  TemplateDefaults defaults;  // the template's env, user and workdir at create
 };
 
 struct SandboxFilter {

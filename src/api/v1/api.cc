@@ -511,7 +511,6 @@ awaitable<Status> WriteStdin(sandbox::AgentChannel& ch, int64_t pid, std::string
 void Sandboxes(http::Router& r, ApiContext& ctx) {
   r.Post("/v1/sandboxes",
          Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto started = Clock::now();
            auto body = co_await ex.ReadBody();
            if (!body.ok()) co_return co_await Fail(ex, body.status());
            json j = body->empty() ? json::object() : http::ParseJsonBody(*body);
@@ -533,8 +532,6 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
                               std::to_string(static_cast<int>(std::ceil(quota.retry_after_s))));
              co_return co_await Fail(ex, rec.status(), h);
            }
-           ctx.metrics.create_seconds.Observe(
-               std::chrono::duration<double>(Clock::now() - started).count());
            co_await ex.RespondJson(201, SandboxJson(ctx, key, *rec));
          }));
 
@@ -636,8 +633,8 @@ void Commands(http::Router& r, ApiContext& ctx) {
            if (!opened.ok()) co_return co_await Fail(ex, opened.status());
            auto sub = opened->sub;
            int64_t pid = opened->reply.fields.Int(Tag::kPid);
-           ctx.metrics.commands++;
-           ctx.metrics.exec_seconds.Observe(
+           ctx.manager.metrics().commands++;
+           ctx.manager.metrics().exec_seconds.Observe(
                std::chrono::duration<double>(Clock::now() - started).count());
            json argv = j->contains("argv") ? (*j)["argv"] : json((*j).value("command", ""));
            ctx.manager.Audit("command.start", rec->id, key.id,
@@ -1231,73 +1228,76 @@ void Health(http::Router& r, ApiContext& ctx) {
     co_await ex.RespondJson(s.ok() ? 200 : 503, body);
   });
   // Per-sandbox series name every live sandbox: only for operator keys.
-  r.Get("/metrics",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          if (!key.is_operator)
-            co_return co_await ex.RespondError(
-                403, "permission_denied",
-                "/metrics needs an operator key (sbx key create --operator)");
-          std::string out;
-          auto live = co_await OnPool(ctx.blocking, [&] { return ctx.manager.LiveStats(); });
-          std::map<std::string, int> by_state = {{"creating", 0}, {"running", 0}, {"paused", 0}};
-          if (auto recs = ctx.store.ListLiveSandboxes(); recs.ok())
-            for (const auto& rec : *recs) by_state[rec.state]++;
-          out += "# HELP sbx_sandboxes Live sandboxes by state.\n# TYPE sbx_sandboxes gauge\n";
-          for (const auto& [state, n] : by_state)
-            out += "sbx_sandboxes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
-          auto c = ctx.manager.counters();
-          out +=
-              "# HELP sbx_sandbox_creations_total Sandboxes created.\n# TYPE "
-              "sbx_sandbox_creations_total "
-              "counter\n";
-          out += "sbx_sandbox_creations_total " + std::to_string(c.creations) + "\n";
-          out +=
-              "# HELP sbx_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE "
-              "sbx_sandbox_creation_failures_total counter\n";
-          out +=
-              "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
-          auto audit = ctx.store.audit_queue().counters();
-          out +=
-              "# HELP sbx_audit_queued Audit events in memory, waiting for the store to write "
-              "again.\n# TYPE sbx_audit_queued gauge\nsbx_audit_queued " +
-              std::to_string(audit.queued) + "\n";
-          out +=
-              "# HELP sbx_audit_queued_total Audit events the store could not take at once "
-              "(queued and retried).\n# TYPE sbx_audit_queued_total counter\n"
-              "sbx_audit_queued_total " +
-              std::to_string(audit.queued_total) + "\n";
-          out +=
-              "# HELP sbx_audit_dropped_total Audit events lost (the queue was full, or held "
-              "them at shutdown).\n# TYPE sbx_audit_dropped_total counter\n"
-              "sbx_audit_dropped_total " +
-              std::to_string(audit.dropped_total) + "\n";
-          out +=
-              "# HELP sbx_store_writable 1 when the store's last write succeeded, 0 when it failed "
-              "for want of storage.\n# TYPE sbx_store_writable gauge\nsbx_store_writable " +
-              std::string(ctx.store.WriteHealth().ok() ? "1" : "0") + "\n";
-          out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
-          out += "sbx_commands_total " + std::to_string(ctx.metrics.commands.load()) + "\n";
-          ctx.metrics.create_seconds.Render("sbx_create_seconds",
-                                            "Time from create request to a running sandbox.", &out);
-          ctx.metrics.exec_seconds.Render(
-              "sbx_exec_seconds", "Time from command request to the process running.", &out);
-          out +=
-              "# HELP sbx_sandbox_cpu_seconds_total CPU time used by a sandbox.\n# TYPE "
-              "sbx_sandbox_cpu_seconds_total counter\n";
-          for (const auto& [rec, st] : live) {
-            char line[200];
-            std::snprintf(line, sizeof line, "sbx_sandbox_cpu_seconds_total{sandbox=\"%s\"} %.6f\n",
-                          rec.id.c_str(), st.cpu_usage_ns / 1e9);
-            out += line;
-          }
-          out +=
-              "# HELP sbx_sandbox_memory_bytes Memory used by a sandbox.\n# TYPE "
-              "sbx_sandbox_memory_bytes gauge\n";
-          for (const auto& [rec, st] : live)
-            out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
-                   std::to_string(st.memory_current) + "\n";
-          co_await ex.Respond(200, out, "text/plain; version=0.0.4");
-        }));
+  r.Get(
+      "/metrics",
+      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+        if (!key.is_operator)
+          co_return co_await ex.RespondError(
+              403, "permission_denied",
+              "/metrics needs an operator key (sbx key create --operator)");
+        std::string out;
+        auto live = co_await OnPool(ctx.blocking, [&] { return ctx.manager.LiveStats(); });
+        std::map<std::string, int> by_state = {{"creating", 0}, {"running", 0}, {"paused", 0}};
+        if (auto recs = ctx.store.ListLiveSandboxes(); recs.ok())
+          for (const auto& rec : *recs) by_state[rec.state]++;
+        out += "# HELP sbx_sandboxes Live sandboxes by state.\n# TYPE sbx_sandboxes gauge\n";
+        for (const auto& [state, n] : by_state)
+          out += "sbx_sandboxes{state=\"" + state + "\"} " + std::to_string(n) + "\n";
+        auto c = ctx.manager.counters();
+        out +=
+            "# HELP sbx_sandbox_creations_total Sandboxes created.\n# TYPE "
+            "sbx_sandbox_creations_total "
+            "counter\n";
+        out += "sbx_sandbox_creations_total " + std::to_string(c.creations) + "\n";
+        out +=
+            "# HELP sbx_sandbox_creation_failures_total Sandbox creations that failed.\n# TYPE "
+            "sbx_sandbox_creation_failures_total counter\n";
+        out += "sbx_sandbox_creation_failures_total " + std::to_string(c.creation_failures) + "\n";
+        auto audit = ctx.store.audit_queue().counters();
+        out +=
+            "# HELP sbx_audit_queued Audit events in memory, waiting for the store to write "
+            "again.\n# TYPE sbx_audit_queued gauge\nsbx_audit_queued " +
+            std::to_string(audit.queued) + "\n";
+        out +=
+            "# HELP sbx_audit_queued_total Audit events the store could not take at once "
+            "(queued and retried).\n# TYPE sbx_audit_queued_total counter\n"
+            "sbx_audit_queued_total " +
+            std::to_string(audit.queued_total) + "\n";
+        out +=
+            "# HELP sbx_audit_dropped_total Audit events lost (the queue was full, or held "
+            "them at shutdown).\n# TYPE sbx_audit_dropped_total counter\n"
+            "sbx_audit_dropped_total " +
+            std::to_string(audit.dropped_total) + "\n";
+        out +=
+            "# HELP sbx_store_writable 1 when the store's last write succeeded, 0 when it failed "
+            "for want of storage.\n# TYPE sbx_store_writable gauge\nsbx_store_writable " +
+            std::string(ctx.store.WriteHealth().ok() ? "1" : "0") + "\n";
+        out += "# HELP sbx_commands_total Commands started.\n# TYPE sbx_commands_total counter\n";
+        // Until every facade spawns through the session, the E2B facade counts its own.
+        out += "sbx_commands_total " +
+               std::to_string(ctx.manager.metrics().commands.load() + ctx.metrics.commands.load()) +
+               "\n";
+        ctx.manager.metrics().create_seconds.Render(
+            "sbx_create_seconds", "Time from create request to a running sandbox.", &out);
+        ctx.manager.metrics().exec_seconds.Render(
+            "sbx_exec_seconds", "Time from command request to the process running.", &out);
+        out +=
+            "# HELP sbx_sandbox_cpu_seconds_total CPU time used by a sandbox.\n# TYPE "
+            "sbx_sandbox_cpu_seconds_total counter\n";
+        for (const auto& [rec, st] : live) {
+          char line[200];
+          std::snprintf(line, sizeof line, "sbx_sandbox_cpu_seconds_total{sandbox=\"%s\"} %.6f\n",
+                        rec.id.c_str(), st.cpu_usage_ns / 1e9);
+          out += line;
+        }
+        out +=
+            "# HELP sbx_sandbox_memory_bytes Memory used by a sandbox.\n# TYPE "
+            "sbx_sandbox_memory_bytes gauge\n";
+        for (const auto& [rec, st] : live)
+          out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
+                 std::to_string(st.memory_current) + "\n";
+        co_await ex.Respond(200, out, "text/plain; version=0.0.4");
+      }));
 }
 
 }  // namespace

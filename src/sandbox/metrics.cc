@@ -1,11 +1,11 @@
-#include "api/v1/metrics.h"
+#include "sandbox/metrics.h"
 
 #include <cstdio>
 
-namespace sbx::api {
+namespace sbx::sandbox {
 
 void Histogram::Observe(double seconds) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   size_t i = 0;
   while (i < kBounds.size() && seconds > kBounds[i]) ++i;
   ++counts_[i];
@@ -14,7 +14,7 @@ void Histogram::Observe(double seconds) {
 }
 
 void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
   uint64_t cumulative = 0;
   char line[160];
@@ -31,4 +31,4 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
   *out += line;
 }
 
-}  // namespace sbx::api
+}  // namespace sbx::sandbox
