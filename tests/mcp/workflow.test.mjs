@@ -28,20 +28,10 @@ if os.fork() == 0:
     srv.serve_forever()
 `
 
-// The command and file tools are built on the session layer (sandbox/session.h); a build
-// without it offers the others only, and these tests say so instead of failing.
-async function sessionTools(client, t) {
-  const { tools } = await client.listTools()
-  if (tools.some((x) => x.name === 'run_command')) return true
-  t.skip('this build has no session layer: no run_command')
-  return false
-}
-
 for (const [name, connect] of TRANSPORTS) {
-  test(`${name}: create -> run_command -> files -> expose_port -> kill`, async (t) => {
+  test(`${name}: create -> run_command -> files -> expose_port -> kill`, async () => {
     const { client, close } = await connect()
     try {
-      if (!(await sessionTools(client, t))) return
       await withSandbox(client, async (id) => {
         // A shell line: exit code and both streams.
         const sh = await call(client, 'run_command', { sandbox_id: id, command: 'echo hello; echo oops >&2; exit 3' })
@@ -109,10 +99,9 @@ for (const [name, connect] of TRANSPORTS) {
     }
   })
 
-  test(`${name}: capped output, timeout, background, progress`, async (t) => {
+  test(`${name}: capped output, timeout, background, progress`, async () => {
     const { client, close } = await connect()
     try {
-      if (!(await sessionTools(client, t))) return
       await withSandbox(client, async (id) => {
         const flood = await call(client, 'run_command', {
           sandbox_id: id, command: "head -c 200000 /dev/zero | tr '\\0' a; printf END", max_output: 2048,

@@ -1,22 +1,13 @@
 // The command and file tools, on sandbox::Session: run_command, read_file, write_file and
 // list_files. Output and file contents come back capped, with a note saying what was cut, so a
 // flood (threats.md row 30) costs the daemon and the model's context a bounded amount.
-#include "api/mcp/tools.h"
-
-// Until the session layer (issue 11, item 1) is on the branch this file is built in, the server
-// has the lifecycle and port tools only.
-#if !__has_include("sandbox/session.h")
-namespace sbx::api::mcp {
-void AddSessionTools(McpContext&, std::vector<Tool>&) {}
-}  // namespace sbx::api::mcp
-#else
-
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 
+#include "api/mcp/tools.h"
 #include "common/encoding.h"
 #include "sandbox/session.h"
 
@@ -536,5 +527,3 @@ void AddSessionTools(McpContext& ctx, std::vector<Tool>& tools) {
 }
 
 }  // namespace sbx::api::mcp
-
-#endif  // __has_include("sandbox/session.h")
