@@ -16,6 +16,7 @@
 #include "api/audit_keeper.h"
 #include "api/e2b/e2b.h"
 #include "api/http/server.h"
+#include "api/mcp/mcp.h"
 #include "api/v1/api.h"
 #include "cli/template.h"
 #include "cli/units.h"
@@ -209,6 +210,8 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   http::Router router;
   api::RegisterV1(router, ctx);
   api::RegisterE2b(router, ctx);
+  api::McpContext mcp_ctx{manager, **st, blocking, *secret, ctx.denials};
+  api::RegisterMcp(router, mcp_ctx);
   http::Server server(so, std::move(router));
   s = server.Start();
   if (!s.ok()) {

@@ -683,6 +683,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterInspect(app, global, *this);
   RegisterExecVerbs(app, global, *this);
   RegisterCpVerb(app, global, *this);
+  RegisterMcpVerb(app, global, *this);
   RegisterLifecycle(app, global, *this);
   RegisterPs(app, global, *this);
   RegisterAudit(app, global, *this);

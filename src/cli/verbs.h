@@ -51,5 +51,6 @@ Result<std::vector<std::pair<std::string, std::string>>> ParsePairs(
 
 void RegisterExecVerbs(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
 void RegisterCpVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
+void RegisterMcpVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);  // mcp.cc
 
 }  // namespace sbx::cli

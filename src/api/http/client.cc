@@ -65,7 +65,11 @@ net::awaitable<Result<Response>> DoRequest(const Endpoint& endpoint, std::string
   req.method_string(beast::string_view(method.data(), method.size()));
   req.target(beast::string_view(target.data(), target.size()));
   req.version(11);
-  req.set(bhttp::field::host, endpoint.unix_socket.empty() ? endpoint.host : "localhost");
+  // With the port (RFC 9110 7.2): servers build URLs for the client from it (MCP's expose_port).
+  std::string host =
+      endpoint.host.find(':') != std::string::npos ? "[" + endpoint.host + "]" : endpoint.host;
+  if (endpoint.port != 80) host += ":" + std::to_string(endpoint.port);
+  req.set(bhttp::field::host, endpoint.unix_socket.empty() ? host : "localhost");
   for (const auto& [name, value] : headers) req.insert(name, value);
   req.body() = std::string(body);
   req.keep_alive(false);
