@@ -1,0 +1,304 @@
+// /v1/sandboxes/{id}/commands and /pty: the native JSON (NDJSON, WebSocket) encoding of the
+// session's processes (sandbox/session.h). Nothing here talks to the agent.
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
+// clang-format on
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <csignal>
+
+#include "api/http/websocket.h"
+#include "api/v1/internal.h"
+#include "common/encoding.h"
+
+namespace sbx::api::v1 {
+namespace {
+
+namespace asio = boost::asio;
+using Kind = sandbox::ProcessEvent::Kind;
+
+struct CommandRequest {
+  sandbox::CommandSpec spec;
+  bool background = false;
+};
+
+// A command request's JSON: argv or command, env, cwd, user, stdin, background, timeout, tag,
+// pty {rows, cols}.
+Result<CommandRequest> ParseCommand(const json& j) {
+  if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
+  CommandRequest c;
+  sandbox::CommandSpec& s = c.spec;
+  json argv_audit;
+  if (j.contains("argv")) {
+    if (!j["argv"].is_array() || j["argv"].empty())
+      return Status::Error("argv: a non-empty array of strings", EINVAL);
+    for (const auto& a : j["argv"]) {
+      if (!a.is_string()) return Status::Error("argv: a non-empty array of strings", EINVAL);
+      s.argv.push_back(a.get<std::string>());
+    }
+  } else if (j.contains("command") && j["command"].is_string()) {
+    s.argv = {"/bin/sh", "-c", j["command"].get<std::string>()};
+  } else {
+    return Status::Error("give argv (an array) or command (a shell string)", EINVAL);
+  }
+  auto env = StringMap(j, "env");
+  if (!env.ok()) return env.status();
+  s.env = std::move(*env);
+  for (const char* field : {"cwd", "user", "tag"}) {
+    if (!j.contains(field)) continue;
+    if (!j[field].is_string())
+      return Status::Error(std::string(field) + ": must be a string", EINVAL);
+    std::string v = j[field].get<std::string>();
+    (std::string_view(field) == "cwd"    ? s.cwd
+     : std::string_view(field) == "user" ? s.user
+                                         : s.tag) = v;
+  }
+  auto stdin_open = BoolField(j, "stdin", false);
+  if (!stdin_open.ok()) return stdin_open.status();
+  s.stdin_open = *stdin_open;
+  auto bg = BoolField(j, "background", false);
+  if (!bg.ok()) return bg.status();
+  c.background = *bg;
+  auto t = SecondsField(j, "timeout", kMinCommandTimeoutS, kMaxCommandTimeoutS);
+  if (!t.ok()) return t.status();
+  s.timeout = std::chrono::milliseconds(*t);
+  if (j.contains("pty")) {
+    const json& p = j["pty"];
+    auto rows =
+        p.is_object() ? IntField(p, "rows", 24) : Result<int64_t>(Status::Error("", EINVAL));
+    auto cols =
+        p.is_object() ? IntField(p, "cols", 80) : Result<int64_t>(Status::Error("", EINVAL));
+    if (!rows.ok() || !cols.ok() || *rows < 1 || *cols < 1 || *rows > sandbox::kMaxPtySide ||
+        *cols > sandbox::kMaxPtySide)
+      return Status::Error("pty: an object with rows and cols from 1 to 1000", EINVAL);
+    s.pty = sandbox::PtySize{static_cast<int>(*rows), static_cast<int>(*cols)};
+  }
+  s.audit = {{"background", c.background}};
+  return c;
+}
+
+json EventJson(const sandbox::ProcessEvent& e) {
+  if (e.kind == Kind::kOutput)
+    return {{"type", e.stream == 2 ? "stderr" : "stdout"},
+            {"offset", e.offset},
+            {"data", Base64Encode(e.data)}};
+  if (e.kind == Kind::kError) return {{"type", "error"}, {"message", e.error.message()}};
+  json j = {{"type", "exit"}, {"exit_code", e.exit_code}};
+  if (e.signal) j["signal"] = e.signal;
+  if (e.timed_out) j["timed_out"] = true;
+  if (e.oom) j["oom"] = true;
+  return j;
+}
+
+// Streams a process as NDJSON until its exit. A client that goes away leaves the process running
+// (it is detached; the agent keeps buffering its output).
+awaitable<void> StreamProcess(http::Exchange& ex, sandbox::Process& p) {
+  for (;;) {
+    auto e = co_await p.Next();
+    json line = e.ok() ? EventJson(*e) : json{{"type", "error"}, {"message", e.status().message()}};
+    std::string text = http::JsonText(line) + "\n";
+    if (!(co_await ex.WriteChunk(text)).ok()) {
+      co_await p.Detach();
+      co_return;
+    }
+    if (!e.ok() || e->kind != Kind::kOutput) break;
+  }
+  (void)co_await ex.EndStream();
+}
+
+Result<int64_t> PidParam(const http::Exchange& ex) {
+  char* end = nullptr;
+  const std::string& s = ex.Param("pid");
+  long long p = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || p <= 0 || p > 0x7fffffff)
+    return Status::Error("pid: a positive integer (got '" + s.substr(0, 32) + "')", EINVAL);
+  return static_cast<int64_t>(p);
+}
+
+// Forwards a PTY WebSocket's input to the process: binary messages are keystrokes, text messages
+// JSON control ({"type":"resize","rows","cols"} or {"type":"signal","signal"}). A free function,
+// not a lambda: a lambda coroutine's captures would die with the temporary closure.
+awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
+                         std::shared_ptr<sandbox::Session> session, int64_t pid) {
+  for (;;) {
+    auto m = co_await sock->Read();
+    if (!m.ok()) co_return;
+    if (m->binary) {
+      (void)co_await session->WriteStdin(pid, m->data);
+      continue;
+    }
+    json c = http::ParseJsonBody(m->data);
+    std::string what = c.is_object() ? c.value("type", "") : "";
+    if (what == "resize") {
+      auto rows = IntField(c, "rows", 24), cols = IntField(c, "cols", 80);
+      if (rows.ok() && cols.ok())
+        (void)co_await session->Resize(
+            pid, sandbox::PtySize{static_cast<int>(*rows), static_cast<int>(*cols)});
+    } else if (what == "signal" && c.contains("signal")) {
+      (void)co_await session->Signal(pid, SignalNumber(c["signal"]));
+    }
+  }
+}
+
+}  // namespace
+
+void Commands(http::Router& r, ApiContext& ctx) {
+  r.Post("/v1/sandboxes/{id}/commands",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto s = co_await SessionOrFail(ctx, ex, key);
+           if (!s) co_return;
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           auto req = ParseCommand(*j);
+           if (!req.ok()) co_return co_await Fail(ex, req.status());
+           auto p = co_await s->Spawn(req->spec);
+           if (!p.ok()) co_return co_await Fail(ex, p.status());
+           int64_t pid = (*p)->pid();
+           if (req->background) {
+             co_await (*p)->Detach();
+             json body = {{"pid", pid}};
+             co_return co_await ex.RespondJson(201, body);
+           }
+           http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
+           Status begun = co_await ex.BeginStream(200, "application/x-ndjson", headers);
+           if (!begun.ok()) co_return;
+           std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
+           (void)co_await ex.WriteChunk(start);
+           co_await StreamProcess(ex, **p);
+         }));
+
+  r.Get("/v1/sandboxes/{id}/commands",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto s = co_await SessionOrFail(ctx, ex, key);
+          if (!s) co_return;
+          auto procs = co_await s->ListProcesses();
+          if (!procs.ok()) co_return co_await Fail(ex, procs.status());
+          json out = json::array();
+          for (const auto& e : *procs) {
+            json p = {{"pid", e.pid},         {"argv", e.argv},
+                      {"tag", e.tag},         {"pty", e.pty},
+                      {"running", e.running}, {"started_at", IsoTime(e.started_ns / 1000000)}};
+            if (!e.running) {
+              p["exit_code"] = e.exit_code;
+              if (e.signal) p["signal"] = e.signal;
+            }
+            out.push_back(p);
+          }
+          json body = {{"commands", out}};
+          co_await ex.RespondJson(200, body);
+        }));
+
+  r.Get("/v1/sandboxes/{id}/commands/{pid}/output",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          auto pid = PidParam(ex);
+          auto so = IntQuery(ex, "stdout_offset", 0), se = IntQuery(ex, "stderr_offset", 0);
+          if (!pid.ok() || !so.ok() || !se.ok())
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "pid and offsets must be integers");
+          auto s = co_await SessionOrFail(ctx, ex, key);
+          if (!s) co_return;
+          auto p = co_await s->Attach(*pid, *so, *se);
+          if (!p.ok()) co_return co_await Fail(ex, p.status());
+          Status begun = co_await ex.BeginStream(200, "application/x-ndjson");
+          if (!begun.ok()) co_return;
+          co_await StreamProcess(ex, **p);
+        }));
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin",
+         Authed(ctx,
+                [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+                  auto pid = PidParam(ex);
+                  if (!pid.ok()) co_return co_await Fail(ex, pid.status());
+                  auto s = co_await SessionOrFail(ctx, ex, key);
+                  if (!s) co_return;
+                  ex.AllowSlowBody();  // may be typed as it goes
+                  std::string buf(protocol::kMaxChunk, '\0');
+                  for (;;) {
+                    auto n = co_await ex.ReadSome(buf.data(), buf.size());
+                    if (!n.ok()) co_return co_await Fail(ex, n.status());
+                    if (*n == 0) break;
+                    Status sent = co_await s->WriteStdin(*pid, std::string_view(buf.data(), *n));
+                    if (!sent.ok()) co_return co_await Fail(ex, sent);
+                  }
+                  co_await ex.Respond(204, "");
+                }),
+         http::RouteOptions{size_t{1} << 40});
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin/close",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto pid = PidParam(ex);
+           if (!pid.ok()) co_return co_await Fail(ex, pid.status());
+           auto s = co_await SessionOrFail(ctx, ex, key);
+           if (!s) co_return;
+           Status closed = co_await s->CloseStdin(*pid);
+           if (!closed.ok()) co_return co_await Fail(ex, closed);
+           co_await ex.Respond(204, "");
+         }));
+
+  r.Post("/v1/sandboxes/{id}/commands/{pid}/signal",
+         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+           auto j = co_await ex.ReadJson();
+           if (!j.ok()) co_return co_await Fail(ex, j.status());
+           int sig = j->contains("signal") ? SignalNumber((*j)["signal"]) : SIGKILL;
+           auto group = BoolField(*j, "group", true);
+           if (!group.ok()) co_return co_await Fail(ex, group.status());
+           if (sig <= 0 || sig >= 65)
+             co_return co_await ex.RespondError(400, "invalid_argument",
+                                                "signal: a number or a name like SIGTERM");
+           auto pid = PidParam(ex);
+           if (!pid.ok()) co_return co_await Fail(ex, pid.status());
+           auto s = co_await SessionOrFail(ctx, ex, key);
+           if (!s) co_return;
+           Status sent = co_await s->Signal(*pid, sig, *group);
+           if (!sent.ok()) co_return co_await Fail(ex, sent);
+           co_await ex.Respond(204, "");
+         }));
+
+  // PTY over WebSocket: binary messages are input, text messages are JSON control
+  // ({"type":"resize","rows":R,"cols":C}); output comes as binary messages, the exit as a text
+  // message {"type":"exit",...}, then the socket closes.
+  r.Get("/v1/sandboxes/{id}/pty",
+        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+          // The owner check first, so another key's id is a 404 (and audited) however asked.
+          auto s = co_await SessionOrFail(ctx, ex, key);
+          if (!s) co_return;
+          if (!ex.WantsWebSocket())
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "this endpoint needs a WebSocket upgrade");
+          auto rows = IntQuery(ex, "rows", 24), cols = IntQuery(ex, "cols", 80);
+          sandbox::CommandSpec spec;
+          spec.argv = {"/bin/sh", "-c", ex.query().Get("command").value_or("/bin/bash -l")};
+          spec.pty = sandbox::PtySize{rows.ok() ? static_cast<int>(*rows) : 24,
+                                      cols.ok() ? static_cast<int>(*cols) : 80};
+          spec.stdin_open = true;
+          spec.user = ex.query().Get("user").value_or("");
+          spec.cwd = ex.query().Get("cwd").value_or("");
+          auto p = co_await s->Spawn(spec);
+          if (!p.ok()) co_return co_await Fail(ex, p.status());
+          int64_t pid = (*p)->pid();
+          auto ws = co_await ex.AcceptWebSocket();
+          if (!ws.ok()) {
+            (void)co_await s->Signal(pid, SIGKILL);
+            co_return;
+          }
+          std::shared_ptr<http::WebSocket> sock = std::move(*ws);
+          std::string start = json{{"type", "start"}, {"pid", pid}}.dump();
+          (void)co_await sock->WriteText(start);
+          // Input: a coroutine of its own, so output never waits for input.
+          asio::co_spawn(sock->executor(), PtyInput(sock, s, pid), asio::detached);
+          for (;;) {
+            auto e = co_await (*p)->Next();
+            if (!e.ok() || e->kind == Kind::kError) break;
+            if (e->kind == Kind::kOutput) {
+              if (!(co_await sock->WriteBinary(e->data)).ok()) break;
+            } else {
+              (void)co_await sock->WriteText(EventJson(*e).dump());
+              break;
+            }
+          }
+          (void)co_await sock->Close();
+        }));
+}
+
+}  // namespace sbx::api::v1
