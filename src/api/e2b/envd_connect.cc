@@ -6,15 +6,12 @@
 
 #include "api/e2b/envd_internal.h"
 #include "api/http/json.h"
-#include "protocol/wire.h"
 
 namespace sbx::api::e2b {
 
 namespace asio = boost::asio;
 using asio::awaitable;
 using nlohmann::json;
-using protocol::Tag;
-using protocol::Type;
 
 awaitable<void> RpcError(http::Exchange& ex, const std::string& code, const std::string& message) {
   json body = {{"code", code}, {"message", WithoutHostPaths(message)}};
