@@ -5,6 +5,12 @@
 // departs from it only where the protocol it copies says otherwise, next to the call.
 #pragma once
 
+#include <cerrno>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
 namespace sbx::api {
 
 struct ErrorAnswer {
@@ -16,5 +22,22 @@ struct ErrorAnswer {
 // The answer for `err`; {500, "internal", "internal"} for an errno no row names (a bug, or a
 // system error nobody mapped: logged as such by the facades).
 ErrorAnswer AnswerFor(int err);
+
+// The errno of a request whose client went away: its connection is gone, so the answer reaches
+// no one, and it is no server error (logged as what it is, not as a 500). The status it is
+// answered with, for the access log: nginx's 499 "client closed request".
+inline constexpr int kClientGone = ECONNABORTED;
+inline constexpr int kClientGoneStatus = 499;
+inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
+
+// What a failed body read means: when the read already answered (`responded`: 408 too slow, 400
+// malformed, 413 too large) `read` itself; otherwise the client went away (or stopped sending)
+// after `received` bytes, as a kClientGone status saying so.
+inline Status BodyReadFailure(bool responded, const Status& read, int64_t received) {
+  if (responded) return read;
+  return Status::Error("upload cut short: the client went away after " + std::to_string(received) +
+                           " bytes of the body (" + read.message() + ")",
+                       kClientGone);
+}
 
 }  // namespace sbx::api

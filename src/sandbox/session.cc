@@ -380,6 +380,7 @@ class WatchImpl : public Watch {
       co_return e;
     }
   }
+  void Cancel() override { sub_->Cancel(); }
 
  private:
   static asio::awaitable<void> Unwatch(std::shared_ptr<AgentChannel> ch, uint32_t id) {
@@ -430,7 +431,9 @@ Awaitable<Result<std::shared_ptr<AgentChannel>>> Session::Channel() {
 Status Session::Ended(const Status& s) {
   int err = s.err();
   if (err != ECONNRESET && err != EPROTO && err != ECANCELED && err != EPIPE) return s;
-  auto rec = manager_.Get(key_, record_.id);
+  // Once a transition in flight is done: a kill closes the agent connection before it records
+  // the end, so the record read at once could still say running. (Blocks only while one is.)
+  auto rec = manager_.Settled(key_, record_.id);
   if (!rec.ok()) return s;
   if (rec->state == store::kStateKilled)
     return Status::Error("sandbox " + record_.id + " was killed", ENOENT);

@@ -194,6 +194,8 @@ class Watch {
   // ETIMEDOUT after `timeout` with nothing.
   virtual Awaitable<Result<WatchEvent>> Next(
       std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) = 0;
+  // Ends the watch now: a Next() waiting (in another coroutine) returns an error (ECANCELED).
+  virtual void Cancel() = 0;
 };
 
 class Session : public std::enable_shared_from_this<Session> {

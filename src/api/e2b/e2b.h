@@ -6,15 +6,15 @@
 // docs/e2b-compat in README "Coming from E2B").
 //
 // It only translates: every lifecycle call goes to sandbox::Manager and every process or file
-// operation to the sandbox's AgentChannel, exactly as the native /v1 API does.
+// operation to the sandbox's sandbox::Session, exactly as the native /v1 API does.
 #pragma once
 
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
 
+#include "api/context.h"
 #include "api/http/router.h"
-#include "api/v1/api.h"
 
 namespace sbx::api {
 

@@ -120,7 +120,7 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     co_await NotFound502(ex, id);
     co_return std::nullopt;
   }
-  Target t{**key, **rec, EnvdToken(ctx.secret, (*key)->id, id)};
+  Target t{**key, **rec, EnvdToken(ctx.secret, (*key)->id, id), nullptr, ""};
   if (auth == Auth::kNone) co_return t;
   std::string_view header = ex.Header("X-Access-Token");
   if (auth == Auth::kToken && !ConstantTimeEquals(header, t.token)) {
@@ -141,13 +141,12 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
       }
     }
   }
+  auto session = co_await sandbox::Session::Open(ctx.manager, t.key, id, "e2b");
+  if (session.ok())
+    t.session = std::move(*session);
+  else
+    t.unavailable = ChannelFailure(session.status(), id);
   co_return t;
-}
-
-awaitable<bool> SandboxEnded(ApiContext& ctx, const Target& t) {
-  auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Settled(t.key, t.rec.id); });
-  co_return !rec.ok() || (rec->state != store::kStateRunning && rec->state != store::kStatePaused &&
-                          rec->state != store::kStateCreating);
 }
 
 std::string ChannelFailure(const Status& s, const std::string& id) {

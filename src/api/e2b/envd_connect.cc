@@ -6,18 +6,12 @@
 
 #include "api/e2b/envd_internal.h"
 #include "api/http/json.h"
-#include "protocol/wire.h"
 
 namespace sbx::api::e2b {
 
 namespace asio = boost::asio;
 using asio::awaitable;
 using nlohmann::json;
-using protocol::Tag;
-using protocol::Type;
-using sandbox::AgentChannel;
-using sandbox::FrameError;
-using sandbox::Subscription;
 
 awaitable<void> RpcError(http::Exchange& ex, const std::string& code, const std::string& message) {
   json body = {{"code", code}, {"message", WithoutHostPaths(message)}};
@@ -74,21 +68,16 @@ Result<int64_t> IntIn(const json& j, const char* field, int64_t def, int64_t min
 
 // ---- users ----
 
-// The passwd entry of `name` inside the sandbox ("" = envd's default user: `user` when the
-// template has one, else root).
-awaitable<Result<User>> LookupUser(AgentChannel& ch, std::string name) {
-  std::vector<protocol::Frame> data;
-  auto r = co_await ch.Call(Type::kRead, protocol::Writer().Str(Tag::kPath, "/etc/passwd"), &data);
-  std::string passwd;
-  if (r.ok())
-    for (const auto& f : data) passwd += f.fields.Str(Tag::kData);
+awaitable<Result<User>> EnvdUser(sandbox::Session& s, std::string name) {
   if (name.empty()) {
-    if (auto u = FindUser(passwd, "user")) co_return *u;
+    if (!s.record().defaults.user.empty()) co_return co_await s.ResolveUser("");
+    if (auto u = co_await s.ResolveUser("user"); u.ok() || u.status().err() != ENOENT) co_return u;
     name = "root";
   }
-  if (auto u = FindUser(passwd, name)) co_return *u;
-  if (name == "root") co_return User{"root", 0, 0, "/root"};
-  co_return Status::Error("invalid username: '" + name + "'", EACCES);
+  auto u = co_await s.ResolveUser(name);
+  if (!u.ok() && (u.status().err() == ENOENT || u.status().err() == EINVAL))
+    co_return Status::Error("invalid username: '" + name + "'", EACCES);
+  co_return u;
 }
 
 awaitable<std::optional<json>> ReadRequest(http::Exchange& ex, bool streaming) {

@@ -1,5 +1,5 @@
-// GET and POST /files (spec 2.5): downloads stream out of the box, uploads (raw, gzip, multipart)
-// stream into it through the agent's WRITE_BEGIN..WRITE_END, so a file of any size passes.
+// GET and POST /files (spec 2.5): downloads stream out of the box (Session::Read), uploads (raw,
+// gzip, multipart) stream into it (Session::Write), so a file of any size passes.
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
@@ -10,8 +10,6 @@
 
 #include "api/e2b/envd_internal.h"
 #include "api/errors.h"
-#include "api/v1/box_files.h"
-#include "protocol/wire.h"
 
 namespace sbx::api::e2b {
 namespace {
@@ -19,24 +17,19 @@ namespace {
 namespace asio = boost::asio;
 using asio::awaitable;
 using nlohmann::json;
-using protocol::Tag;
-using protocol::Type;
-using sandbox::AgentChannel;
-using sandbox::FrameError;
-using sandbox::Subscription;
+using sandbox::FileEntry;
+using sandbox::FileWriter;
+using sandbox::Session;
 
-// WRITE_BEGIN of an upload to `path`: parents created, owned by `u`, with exactly `metadata`.
-protocol::Writer WriteBegin(const std::string& path, const User& u, const FileMetadata& metadata) {
-  protocol::Writer w;
-  w.Str(Tag::kPath, path)
-      .Int(Tag::kParents, 1)
-      .Int(Tag::kUid, u.uid)
-      .Int(Tag::kGid, u.gid)
-      .Str(Tag::kXattrPrefix, kMetadataXattrPrefix);
-  for (const auto& [key, value] : metadata)
-    w.Nested(Tag::kXattr,
-             protocol::Writer().Str(Tag::kName, kMetadataXattrPrefix + key).Str(Tag::kData, value));
-  return w;
+// An upload to `path`: parents created, owned by `u`, with exactly `metadata`.
+awaitable<Result<std::unique_ptr<FileWriter>>> BeginWrite(Session& s, const std::string& path,
+                                                          const User& u,
+                                                          const FileMetadata& metadata) {
+  sandbox::WriteOptions options;
+  options.owner = u;
+  options.parents = true;
+  options.metadata = metadata;
+  co_return co_await s.Write(path, std::move(options));
 }
 
 // The one errno table (api/errors.h), but for envd's own answer to a permission error: 401, which
@@ -48,9 +41,9 @@ int FilesStatus(int err) {
 
 // An upload's answer for one file; its metadata is what the file has now (read back, as envd
 // does: a filesystem without xattrs shows none).
-json WriteInfo(const std::string& path, const protocol::Frame& entry) {
+json WriteInfo(const std::string& path, const FileEntry& entry) {
   json j = {{"path", path}, {"name", path.substr(path.rfind('/') + 1)}, {"type", "file"}};
-  if (FileMetadata m = EntryMetadata(entry.fields); !m.empty()) j["metadata"] = m;
+  if (FileMetadata m = EntryMetadata(entry); !m.empty()) j["metadata"] = m;
   return j;
 }
 
@@ -71,13 +64,13 @@ class UploadBody {
       : ex_(ex),
         gzip_(gzip ? std::make_unique<GzipInflater>() : nullptr),
         // One piece of deflate data inflates to at most ~1000 times its size.
-        buf_(gzip ? size_t{16} << 10 : protocol::kMaxChunk, '\0') {}
+        buf_(gzip ? size_t{16} << 10 : size_t{64} << 10, '\0') {}
 
   // The next piece; empty at the end of the body.
   awaitable<Result<std::string>> Next() {
     for (;;) {
       auto n = co_await ex_.ReadSome(buf_.data(), buf_.size());
-      if (!n.ok()) co_return BodyReadFailure(ex_, n.status(), received_);
+      if (!n.ok()) co_return BodyReadFailure(ex_.responded(), n.status(), received_);
       received_ += static_cast<int64_t>(*n);
       if (*n == 0) {
         if (gzip_) {
@@ -101,10 +94,11 @@ class UploadBody {
   int64_t received_ = 0;
 };
 
-// A multipart upload: each `file` part streams into its own BoxWrite as it arrives.
-awaitable<Status> UploadParts(UploadBody& body, BoxWrite& w, const std::string& boundary,
-                              const std::string& query_path, const User& user,
-                              const FileMetadata& metadata, json* written) {
+// A multipart upload: each `file` part streams into its own FileWriter as it arrives (`w`, which
+// the caller aborts on failure).
+awaitable<Status> UploadParts(UploadBody& body, Session& sess, std::unique_ptr<FileWriter>& w,
+                              const std::string& boundary, const std::string& query_path,
+                              const User& user, const FileMetadata& metadata, json* written) {
   MultipartParser parser(boundary);
   std::set<std::string> seen;
   bool in_file = false;
@@ -120,14 +114,17 @@ awaitable<Status> UploadParts(UploadBody& body, BoxWrite& w, const std::string& 
       if (e.kind == MultipartParser::Event::kPartBegin) {
         in_file = e.name == "file";  // other form fields are ignored, as by envd
         if (!in_file) continue;
-        dest = ResolvePath(query_path.empty() ? e.filename : query_path, user.home);
+        dest = Session::ResolvePath(query_path.empty() ? e.filename : query_path, user);
         if (!seen.insert(dest).second)
           co_return Status::Error("cannot upload " + dest + " twice in one request", EINVAL);
-        s = co_await w.Begin(WriteBegin(dest, user, metadata));
+        auto begun = co_await BeginWrite(sess, dest, user, metadata);
+        if (!begun.ok()) co_return begun.status();
+        w = std::move(*begun);
       } else if (e.kind == MultipartParser::Event::kData) {
-        if (in_file) s = co_await w.Append(e.data);
+        if (in_file) s = co_await w->Append(e.data);
       } else if (in_file) {
-        auto entry = co_await w.End();
+        auto entry = co_await w->End();
+        w.reset();
         if (!entry.ok()) co_return entry.status();
         written->push_back(WriteInfo(dest, *entry));
         in_file = false;
@@ -137,28 +134,26 @@ awaitable<Status> UploadParts(UploadBody& body, BoxWrite& w, const std::string& 
   }
 }
 
-// What a /files request works on: its sandbox, the agent channel, and the user it acts as
-// (`username`). Answers 502/401 itself and returns nullopt when the request cannot go on.
+// What a /files request works on: its sandbox's session and the user it acts as (`username`).
+// Answers 502/401 itself and returns nullopt when the request cannot go on.
 struct FilesTarget {
   Target t;
-  std::shared_ptr<AgentChannel> ch;
   User user;
 };
 awaitable<std::optional<FilesTarget>> ResolveFiles(ApiContext& ctx, http::Exchange& ex,
                                                    std::string_view op) {
   auto t = co_await Resolve(ctx, ex, Auth::kTokenOrSignature, op);
   if (!t) co_return std::nullopt;
-  auto ch = co_await ctx.manager.Channel(t->key, t->rec.id);
-  if (!ch.ok()) {
+  if (!t->session) {
     co_await NotFound502(ex, t->rec.id);
     co_return std::nullopt;
   }
-  auto user = co_await LookupUser(**ch, ex.query().Get("username").value_or(""));
+  auto user = co_await EnvdUser(*t->session, ex.query().Get("username").value_or(""));
   if (!user.ok()) {
     co_await JsonError(ex, 401, user.status().message());
     co_return std::nullopt;
   }
-  FilesTarget target{std::move(*t), *ch, std::move(*user)};
+  FilesTarget target{std::move(*t), std::move(*user)};
   co_return target;
 }
 
@@ -167,8 +162,7 @@ awaitable<std::optional<FilesTarget>> ResolveFiles(ApiContext& ctx, http::Exchan
 awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   auto target = co_await ResolveFiles(ctx, ex, "write");
   if (!target) co_return;
-  const Target& t = target->t;
-  AgentChannel& ch = *target->ch;
+  Session& sess = *target->t.session;
   const User& user = target->user;
   auto metadata = UploadMetadata(ex.HeadersWithPrefix("X-Metadata-"));
   if (!metadata.ok()) co_return co_await JsonError(ex, 400, metadata.status().message());
@@ -178,25 +172,30 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
   std::string query_path = ex.query().Get("path").value_or("");
   std::string content_type(ex.Header("Content-Type"));
   UploadBody body(ex, encoding == "gzip");
-  BoxWrite w(ch);
+  std::unique_ptr<FileWriter> w;  // the file being written
   json written = json::array();
   Status s;
   if (content_type.rfind("multipart/", 0) == 0) {
     auto boundary = MultipartParser::Boundary(content_type);
     if (!boundary.ok()) co_return co_await JsonError(ex, 400, boundary.status().message());
-    s = co_await UploadParts(body, w, *boundary, query_path, user, *metadata, &written);
+    s = co_await UploadParts(body, sess, w, *boundary, query_path, user, *metadata, &written);
   } else {
     if (query_path.empty()) co_return co_await JsonError(ex, 400, "path: required");
-    std::string dest = ResolvePath(query_path, user.home);
-    s = co_await w.Begin(WriteBegin(dest, user, *metadata));
+    std::string dest = Session::ResolvePath(query_path, user);
+    auto begun = co_await BeginWrite(sess, dest, user, *metadata);
+    if (begun.ok())
+      w = std::move(*begun);
+    else
+      s = begun.status();
     while (s.ok()) {
       auto piece = co_await body.Next();
       if (!piece.ok()) s = piece.status();
       if (!s.ok() || piece->empty()) break;
-      s = co_await w.Append(*piece);
+      s = co_await w->Append(*piece);
     }
     if (s.ok()) {
-      auto entry = co_await w.End();
+      auto entry = co_await w->End();
+      w.reset();
       if (entry.ok())
         written.push_back(WriteInfo(dest, *entry));
       else
@@ -204,27 +203,26 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
     }
   }
   if (!s.ok()) {
-    co_await w.Abort();  // the file being written keeps its old content
+    if (w) co_await w->Abort();  // the file being written keeps its old content
     co_return co_await UploadError(ex, s);
   }
-  ctx.manager.Audit("file.write", t.rec.id, t.key.id, {{"files", written.size()}, {"via", "e2b"}});
   co_await ex.RespondJson(200, written);
 }
 
 awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
   auto target = co_await ResolveFiles(ctx, ex, "read");
   if (!target) co_return;
-  AgentChannel& ch = *target->ch;
+  Session& sess = *target->t.session;
   auto qp = ex.query().Get("path");
   if (!qp || qp->empty()) co_return co_await JsonError(ex, 400, "path: required");
-  std::string path = ResolvePath(*qp, target->user.home);
-  auto st = co_await ch.Call(Type::kStat, protocol::Writer().Str(Tag::kPath, path));
+  std::string path = Session::ResolvePath(*qp, target->user);
+  auto st = co_await sess.Stat(path);
   if (!st.ok()) {
     int status = FilesStatus(st.status().err());
     std::string msg = status == 404 ? "path '" + path + "' does not exist" : st.status().message();
     co_return co_await JsonError(ex, status, msg);
   }
-  if (st->fields.Int(Tag::kFileType) == 2)
+  if (st->type == FileEntry::Type::kDir)
     co_return co_await JsonError(ex, 400, "path '" + path + "' is a directory");
   std::string name = path.substr(path.rfind('/') + 1);
   http::Headers headers = {{"Content-Disposition", "inline; filename=\"" + name + "\""},
@@ -240,44 +238,40 @@ awaitable<void> Download(ApiContext& ctx, http::Exchange& ex) {
   std::string out;
   // The empty answer only for an empty regular file: a socket or a FIFO (size 0 too) goes to the
   // agent's READ, which says what it is (ENXIO: 400).
-  if (st->fields.Int(Tag::kSize) == 0 &&
-      st->fields.Int(Tag::kFileType) == static_cast<int64_t>(protocol::FileType::kFile)) {
+  if (st->size == 0 && st->type == FileEntry::Type::kFile) {
     if (gzip) (void)gzip->Finish(&out);
     co_return co_await ex.Respond(200, out, content_type, headers);
   }
-  auto sub = co_await ch.Open(Type::kRead, protocol::Writer().Str(Tag::kPath, path));
-  if (!sub.ok()) co_return co_await JsonError(ex, 500, sub.status().message());
+  auto reader = co_await sess.Read(path);
+  if (!reader.ok())
+    co_return co_await JsonError(ex, FilesStatus(reader.status().err()), reader.status().message());
   bool started = false;
   for (;;) {
-    auto f = co_await (*sub)->Next(std::chrono::seconds(60));
-    if (!f.ok() || f->type() == Type::kError) {
-      if (!started) {
-        Status s = FrameError(f);
-        co_await JsonError(ex, FilesStatus(s.err()), s.message());
-      }
+    auto piece = co_await (*reader)->Next();
+    if (!piece.ok()) {
+      if (!started)
+        co_await JsonError(ex, FilesStatus(piece.status().err()), piece.status().message());
       break;  // after the first byte the transfer is cut short
     }
     if (!started) {
       if (!(co_await ex.BeginStream(200, content_type, headers)).ok()) break;
       started = true;
     }
-    if (f->type() == Type::kData) {
-      std::string_view data = f->fields.Str(Tag::kData);
-      if (gzip) {
-        out.clear();
-        if (!gzip->Feed(data, &out).ok()) break;
-        data = out;
-      }
-      if (!(co_await ex.WriteChunk(data)).ok()) break;
-    } else if (f->type() == Type::kOk) {
+    if (piece->empty()) {
       out.clear();
       if (gzip && !gzip->Finish(&out).ok()) break;
       Status last = co_await ex.WriteChunk(out);  // empty: a no-op
       if (last.ok()) (void)co_await ex.EndStream();
       break;
     }
+    std::string_view data = *piece;
+    if (gzip) {
+      out.clear();
+      if (!gzip->Feed(data, &out).ok()) break;
+      data = out;
+    }
+    if (!(co_await ex.WriteChunk(data)).ok()) break;
   }
-  (*sub)->Cancel();
 }
 
 }  // namespace sbx::api::e2b

@@ -19,8 +19,7 @@
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
 #include "api/http/exchange.h"
-#include "sandbox/agent_channel.h"
-#include "store/store.h"
+#include "sandbox/session.h"
 
 namespace sbx::api::e2b {
 
@@ -41,6 +40,10 @@ struct Target {
   store::ApiKeyRecord key;
   store::SandboxRecord rec;
   std::string token;
+  // The sandbox's session (sandbox/session.h), every route's only way into the box; null for
+  // Auth::kNone, and when it could not be opened (`unavailable` says why, without host paths).
+  std::shared_ptr<sandbox::Session> session;
+  std::string unavailable;
 };
 
 // What a route takes as proof: nothing (/health), the X-Access-Token, or (for /files) the token
@@ -52,10 +55,14 @@ enum class Auth { kNone, kToken, kTokenOrSignature };
 boost::asio::awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex,
                                                       Auth auth, std::string_view op = {});
 
-// Whether the sandbox of `t` has ended (killed, failed), once a transition in flight is done:
-// asked when a stream from the box lost its agent connection. A kill closes that connection
-// before it records the end, so the record read at once could still say running.
-boost::asio::awaitable<bool> SandboxEnded(ApiContext& ctx, const Target& t);
+// Whether a stream's end `s` (a ProcessEvent's or a watch's error) is its sandbox's end
+// (Session::Ended): the response is then cut off without an end, as E2B's edge does.
+inline bool SandboxEnded(const Status& s) { return s.err() == ENOENT; }
+// Whether `s` is a lost agent connection (the sandbox lives on).
+inline bool ConnectionLost(const Status& s) {
+  int e = s.err();
+  return e == ECONNRESET || e == EPROTO || e == ECANCELED || e == EPIPE;
+}
 // The message for a failed Manager::Channel(): its state ("sandbox X is paused") as it says, a
 // failed connection without the agent socket's host path.
 std::string ChannelFailure(const Status& s, const std::string& id);
@@ -84,9 +91,10 @@ inline constexpr int64_t kMaxPtySide = 1000;
 Result<int64_t> IntIn(const nlohmann::json& j, const char* field, int64_t def, int64_t min,
                       int64_t max);
 
-// The passwd entry of `name` inside the sandbox ("" = envd's default user: `user` when the
-// template has one, else root). EACCES "invalid username" for a user the box does not have.
-boost::asio::awaitable<Result<User>> LookupUser(sandbox::AgentChannel& ch, std::string name);
+using sandbox::User;
+// The user `name` inside the sandbox ("" = envd's default user: the template's, else `user` when
+// the box has one, else root). EACCES "invalid username" for a user the box does not have.
+boost::asio::awaitable<Result<User>> EnvdUser(sandbox::Session& s, std::string name);
 
 // A request's body as the JSON request message: the first envelope of a streaming RPC, the body
 // of a unary one. Answers the error itself (in-band for a stream) and returns nullopt when the

@@ -11,9 +11,8 @@
 #include <optional>
 #include <string>
 
-#include "api/v1/api.h"
-#include "network/ingress.h"
-#include "store/store.h"
+#include "api/context.h"
+#include "api/http/router.h"
 
 namespace sbx::api::e2b {
 

@@ -8,7 +8,6 @@
 #include "api/e2b/internal.h"
 #include "api/e2b/wire.h"
 #include "common/secret.h"
-#include "store/store.h"
 
 namespace sbx::api::e2b {
 namespace {

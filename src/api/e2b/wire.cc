@@ -13,6 +13,7 @@
 #include "api/http/json.h"
 #include "api/http/url.h"
 #include "common/encoding.h"
+#include "sandbox/session.h"
 
 namespace sbx::api::e2b {
 
@@ -208,17 +209,10 @@ bool PrintableAscii(std::string_view s) {
 
 }  // namespace
 
-FileMetadata EntryMetadata(const protocol::Reader& f) {
+FileMetadata EntryMetadata(const sandbox::FileEntry& e) {
   FileMetadata out;
-  const std::string_view prefix = kMetadataXattrPrefix;
-  for (std::string_view x : f.All(Tag::kXattr)) {
-    protocol::Reader r;
-    if (!r.Parse(x)) continue;
-    std::string_view name = r.Str(Tag::kName), value = r.Str(Tag::kData);
-    if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) continue;
-    name.remove_prefix(prefix.size());
-    if (IsUtf8(name) && IsUtf8(value)) out.emplace(name, value);
-  }
+  for (const auto& [name, value] : e.metadata)
+    if (!name.empty() && IsUtf8(name) && IsUtf8(value)) out.emplace(name, value);
   return out;
 }
 
@@ -251,25 +245,23 @@ Result<FileMetadata> UploadMetadata(
   return out;
 }
 
-json EntryInfo(const protocol::Reader& f) {
+json EntryInfo(const sandbox::FileEntry& e) {
   static const char* kTypes[] = {"FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE", "FILE_TYPE_DIRECTORY",
                                  "FILE_TYPE_SYMLINK"};
-  int64_t t = f.Int(Tag::kFileType);
-  int64_t mode = f.Int(Tag::kMode);
-  int64_t mtime_ns = f.Int(Tag::kMtimeNs);
-  json j = {{"name", std::string(f.Str(Tag::kName))},
+  int t = static_cast<int>(e.type);
+  json j = {{"name", e.name},
             {"type", kTypes[(t >= 1 && t <= 3) ? t : 0]},
-            {"path", std::string(f.Str(Tag::kPath))},
-            {"size", std::to_string(f.Int(Tag::kSize))},
-            {"mode", mode & 0777},
-            // A followed symlink (STAT with follow) has its target's type and mode, but envd's
+            {"path", e.path},
+            {"size", std::to_string(e.size)},
+            {"mode", e.mode & 0777},
+            // A followed symlink (Stat with follow) has its target's type and mode, but envd's
             // permissions are the link's own, which Linux always makes 0777.
-            {"permissions", f.Has(Tag::kLinkTarget) ? Permissions(0777, 3) : Permissions(mode, t)},
-            {"owner", std::string(f.Str(Tag::kOwner))},
-            {"group", std::string(f.Str(Tag::kGroupName))}};
-  if (mtime_ns > 0) j["modifiedTime"] = Rfc3339(mtime_ns / 1000000);
-  if (f.Has(Tag::kLinkTarget)) j["symlinkTarget"] = std::string(f.Str(Tag::kLinkTarget));
-  if (FileMetadata m = EntryMetadata(f); !m.empty()) j["metadata"] = m;
+            {"permissions", !e.link_target.empty() ? Permissions(0777, 3) : Permissions(e.mode, t)},
+            {"owner", e.owner},
+            {"group", e.group}};
+  if (e.mtime_ns > 0) j["modifiedTime"] = Rfc3339(e.mtime_ns / 1000000);
+  if (!e.link_target.empty()) j["symlinkTarget"] = e.link_target;
+  if (FileMetadata m = EntryMetadata(e); !m.empty()) j["metadata"] = m;
   return j;
 }
 
@@ -557,39 +549,6 @@ Status GzipInflater::Feed(std::string_view in, std::string* out) {
 Status GzipInflater::Finish() const {
   if (!impl_->ended) return Status::Error("gzip: truncated body", EINVAL);
   return {};
-}
-
-std::optional<User> FindUser(std::string_view passwd, std::string_view name) {
-  size_t pos = 0;
-  while (pos < passwd.size()) {
-    size_t eol = passwd.find('\n', pos);
-    std::string_view line = passwd.substr(pos, eol - pos);
-    pos = eol == std::string_view::npos ? passwd.size() : eol + 1;
-    std::vector<std::string_view> f;
-    size_t s = 0;
-    for (;;) {
-      size_t c = line.find(':', s);
-      f.push_back(line.substr(s, c - s));
-      if (c == std::string_view::npos) break;
-      s = c + 1;
-    }
-    if (f.size() < 6 || f[0] != name) continue;
-    User u;
-    u.name = std::string(f[0]);
-    u.uid = std::strtoll(std::string(f[2]).c_str(), nullptr, 10);
-    u.gid = std::strtoll(std::string(f[3]).c_str(), nullptr, 10);
-    u.home = std::string(f[5]);
-    return u;
-  }
-  return std::nullopt;
-}
-
-std::string ResolvePath(std::string_view path, const std::string& home) {
-  if (path.empty()) return home;
-  if (path == "~") return home;
-  if (path.substr(0, 2) == "~/") return home + std::string(path.substr(1));
-  if (path[0] == '/') return std::string(path);
-  return (home == "/" ? "" : home) + "/" + std::string(path);
 }
 
 }  // namespace sbx::api::e2b

@@ -16,6 +16,10 @@
 #include "common/status.h"
 #include "protocol/wire.h"
 
+namespace sbx::sandbox {
+struct FileEntry;
+}  // namespace sbx::sandbox
+
 namespace sbx::api::e2b {
 
 // The envd version sbx reports. The SDK gates features on it (spec 2.7); 0.6.4 enables all of
@@ -81,9 +85,9 @@ Result<std::string> Unbase64(std::string_view in);
 // "-rw-r--r--" for a st_mode, as Go's FileMode.String() writes it (envd): "Lrwxrwxrwx" for a
 // symlink.
 std::string Permissions(int64_t st_mode, int64_t file_type);
-// EntryInfo JSON (filesystem.proto) for an agent ENTRY / STAT reply, with `metadata` from the
-// entry's kMetadataXattrPrefix xattrs (prefix stripped; values that are not UTF-8 left out).
-nlohmann::json EntryInfo(const protocol::Reader& f);
+// EntryInfo JSON (filesystem.proto) for a session's entry, with `metadata` from its
+// kMetadataXattrPrefix xattrs (values that are not UTF-8 left out).
+nlohmann::json EntryInfo(const sandbox::FileEntry& e);
 
 // File metadata lives in xattrs under this prefix (spec 2.4, 2.5).
 inline constexpr char kMetadataXattrPrefix[] = "user.e2b.";
@@ -95,7 +99,7 @@ using FileMetadata = std::map<std::string, std::string>;
 Result<FileMetadata> UploadMetadata(
     const std::vector<std::pair<std::string, std::string>>& headers);
 // The metadata part of an entry (see EntryInfo); empty when there is none.
-FileMetadata EntryMetadata(const protocol::Reader& f);
+FileMetadata EntryMetadata(const sandbox::FileEntry& e);
 
 // Splits a multipart/form-data body as it arrives, in pieces of any size, so that an upload
 // never has to be held whole: Feed() reports each part's start (with its form name and filename),
@@ -166,17 +170,5 @@ class GzipInflater {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// A passwd entry inside a sandbox.
-struct User {
-  std::string name;
-  int64_t uid = 0;
-  int64_t gid = 0;
-  std::string home;
-};
-// Looks `name` up in the text of an /etc/passwd.
-std::optional<User> FindUser(std::string_view passwd, std::string_view name);
-// envd's path rules: "~" and relative paths resolve against the user's home.
-std::string ResolvePath(std::string_view path, const std::string& home);
 
 }  // namespace sbx::api::e2b

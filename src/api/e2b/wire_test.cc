@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include "sandbox/session.h"
+
 namespace sbx::api::e2b {
 namespace {
 
@@ -191,17 +193,7 @@ TEST(E2bWire, GzipDeflaterRoundTripAndDownloadEncoding) {
   EXPECT_EQ(DownloadEncoding("*;q=0"), std::nullopt);
 }
 
-TEST(E2bWire, UsersAndPaths) {
-  std::string passwd =
-      "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n";
-  auto u = FindUser(passwd, "user");
-  ASSERT_TRUE(u);
-  EXPECT_EQ(u->uid, 1000);
-  EXPECT_EQ(u->home, "/home/user");
-  EXPECT_FALSE(FindUser(passwd, "nobody"));
-  EXPECT_EQ(ResolvePath("a.txt", "/home/user"), "/home/user/a.txt");
-  EXPECT_EQ(ResolvePath("~/a", "/home/user"), "/home/user/a");
-  EXPECT_EQ(ResolvePath("/abs", "/home/user"), "/abs");
+TEST(E2bWire, Permissions) {
   EXPECT_EQ(Permissions(0100644, 1), "-rw-r--r--");
   EXPECT_EQ(Permissions(040755, 2), "drwxr-xr-x");
   EXPECT_EQ(Permissions(0120777, 3), "Lrwxrwxrwx");
@@ -226,27 +218,31 @@ TEST(E2bWire, UploadMetadataHeaders) {
   EXPECT_EQ(big.status().err(), EINVAL);
 }
 
-TEST(E2bWire, EntryMetadataFromXattrs) {
-  auto xattr = [](std::string_view name, std::string_view value) {
-    return protocol::Writer().Str(protocol::Tag::kName, name).Str(protocol::Tag::kData, value);
-  };
-  protocol::Writer w;
-  w.Str(protocol::Tag::kName, "a.txt")
-      .Int(protocol::Tag::kFileType, 1)
-      .Nested(protocol::Tag::kXattr, xattr("user.e2b.owner", "alice"))
-      .Nested(protocol::Tag::kXattr, xattr("user.other", "x"))
-      .Nested(protocol::Tag::kXattr, xattr("user.e2b.bad", "\xff\xfe"))
-      .Nested(protocol::Tag::kXattr, xattr("user.e2b.", "no key"));
-  protocol::Reader r;
-  ASSERT_TRUE(r.Parse(w.payload()));
-  EXPECT_EQ(EntryMetadata(r), (FileMetadata{{"owner", "alice"}}));
-  auto j = EntryInfo(r);
+TEST(E2bWire, EntryInfoOfAnEntry) {
+  sandbox::FileEntry e;
+  e.name = "a.txt";
+  e.path = "/home/user/a.txt";
+  e.type = sandbox::FileEntry::Type::kFile;
+  e.mode = 0100644;
+  e.size = 3;
+  // Values that are not UTF-8 are left out (the SDKs decode metadata as JSON strings).
+  e.metadata = {{"owner", "alice"}, {"bad", "\xff\xfe"}};
+  EXPECT_EQ(EntryMetadata(e), (FileMetadata{{"owner", "alice"}}));
+  auto j = EntryInfo(e);
   EXPECT_EQ(j["metadata"], (nlohmann::json{{"owner", "alice"}}));
-  protocol::Writer bare;  // outlives `none`, which views its bytes
-  bare.Str(protocol::Tag::kName, "b");
-  protocol::Reader none;
-  ASSERT_TRUE(none.Parse(bare.payload()));
-  EXPECT_FALSE(EntryInfo(none).contains("metadata"));
+  EXPECT_EQ(j["permissions"], "-rw-r--r--");
+  EXPECT_EQ(j["size"], "3");
+  EXPECT_FALSE(j.contains("symlinkTarget"));
+  // A followed symlink: its target's type, the link's own permissions, the resolved target.
+  e.type = sandbox::FileEntry::Type::kDir;
+  e.mode = 040755;
+  e.link_target = "/tmp/d";
+  e.metadata.clear();
+  j = EntryInfo(e);
+  EXPECT_EQ(j["type"], "FILE_TYPE_DIRECTORY");
+  EXPECT_EQ(j["permissions"], "Lrwxrwxrwx");
+  EXPECT_EQ(j["symlinkTarget"], "/tmp/d");
+  EXPECT_FALSE(j.contains("metadata"));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "api/errors.h"
 #include "api/http/exchange.h"
 #include "common/status.h"
 #include "protocol/wire.h"
@@ -48,16 +49,9 @@ boost::asio::awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Excha
                                                                      sandbox::AgentChannel& ch,
                                                                      protocol::Writer begin);
 
-// The errno of a request whose client went away: its connection is gone, so the answer reaches
-// no one, and it is no server error (logged as what it is, not as a 500). The status it is
-// answered with, for the access log: nginx's 499 "client closed request".
-inline constexpr int kClientGone = ECONNABORTED;
-inline constexpr int kClientGoneStatus = 499;
-inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
-
-// What a failed body read means: when the read already answered (408 too slow, 400 malformed,
-// 413 too large) `read` itself; otherwise the client went away (or stopped sending) after
-// `received` bytes, as a kClientGone status saying so.
-Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received);
+// What a failed body read means (api/errors.h).
+inline Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received) {
+  return BodyReadFailure(ex.responded(), read, received);
+}
 
 }  // namespace sbx::api
