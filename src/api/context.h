@@ -17,7 +17,10 @@
 #include "network/ingress.h"
 #include "sandbox/manager.h"
 #include "sandbox/metrics.h"
-#include "store/store.h"
+
+namespace sbx::store {
+class Store;
+}
 
 namespace sbx::api {
 
@@ -34,7 +37,8 @@ struct Metrics {
 
 struct ApiContext {
   sandbox::Manager& manager;
-  // For API key checks (api/auth.h) and what has no manager call yet (audit listing, health).
+  // Only for api/e2b/envd_auth.cc until the E2B facade moves onto the manager (issue 11); the
+  // native API, ingress and MCP reach the store through the manager alone. Remove with that use.
   store::Store& store;
   Metrics& metrics;
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here

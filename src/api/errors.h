@@ -5,6 +5,15 @@
 // departs from it only where the protocol it copies says otherwise, next to the call.
 #pragma once
 
+#include <cerrno>
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace sbx::http {
+class Exchange;
+}
+
 namespace sbx::api {
 
 struct ErrorAnswer {
@@ -16,5 +25,17 @@ struct ErrorAnswer {
 // The answer for `err`; {500, "internal", "internal"} for an errno no row names (a bug, or a
 // system error nobody mapped: logged as such by the facades).
 ErrorAnswer AnswerFor(int err);
+
+// The errno of a request whose client went away: its connection is gone, so the answer reaches
+// no one, and it is no server error (logged as what it is, not as a 500). The status it is
+// answered with, for the access log: nginx's 499 "client closed request".
+inline constexpr int kClientGone = ECONNABORTED;
+inline constexpr int kClientGoneStatus = 499;
+inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
+
+// What a failed body read means: when the read already answered (408 too slow, 400 malformed,
+// 413 too large) `read` itself; otherwise the client went away (or stopped sending) after
+// `received` bytes, as a kClientGone status saying so.
+Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received);
 
 }  // namespace sbx::api

@@ -210,7 +210,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   http::Router router;
   api::RegisterV1(router, ctx);
   api::RegisterE2b(router, ctx);
-  api::McpContext mcp_ctx{manager, **st, blocking, *secret, ctx.denials};
+  api::McpContext mcp_ctx{manager, blocking, *secret, ctx.denials};
   api::RegisterMcp(router, mcp_ctx);
   http::Server server(so, std::move(router));
   s = server.Start();

@@ -59,11 +59,4 @@ awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
   co_return co_await w.End();
 }
 
-Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received) {
-  if (ex.responded()) return read;
-  return Status::Error("upload cut short: the client went away after " + std::to_string(received) +
-                           " bytes of the body (" + read.message() + ")",
-                       kClientGone);
-}
-
 }  // namespace sbx::api

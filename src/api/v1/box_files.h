@@ -8,10 +8,10 @@
 // clang-format on
 
 #include <boost/asio/awaitable.hpp>
-#include <cerrno>
 #include <cstdint>
 #include <string_view>
 
+#include "api/errors.h"  // kClientGone, BodyReadFailure: api/e2b/envd_files.cc takes them from here
 #include "api/http/exchange.h"
 #include "common/status.h"
 #include "protocol/wire.h"
@@ -47,17 +47,5 @@ class BoxWrite {
 boost::asio::awaitable<Result<protocol::Frame>> WriteBoxFileFromBody(http::Exchange& ex,
                                                                      sandbox::AgentChannel& ch,
                                                                      protocol::Writer begin);
-
-// The errno of a request whose client went away: its connection is gone, so the answer reaches
-// no one, and it is no server error (logged as what it is, not as a 500). The status it is
-// answered with, for the access log: nginx's 499 "client closed request".
-inline constexpr int kClientGone = ECONNABORTED;
-inline constexpr int kClientGoneStatus = 499;
-inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
-
-// What a failed body read means: when the read already answered (408 too slow, 400 malformed,
-// 413 too large) `read` itself; otherwise the client went away (or stopped sending) after
-// `received` bytes, as a kClientGone status saying so.
-Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received);
 
 }  // namespace sbx::api
