@@ -78,15 +78,16 @@ class DenialLog {
   std::unordered_map<std::string, Window> windows_;  // GUARDED_BY(mu_)
 };
 
-// What both facades' Authed wrappers do once they have the secret: the active key it names, or
+// What a facade's Authed wrapper does once it has the secret, for a caller with the store and no
+// manager (auth_test): the facades use the manager overload below: the active key it names, or
 // nullopt when it names none (unknown or revoked), which is recorded in `denials` and written to
 // the audit log as it says. An error only when the store fails.
 Result<std::optional<store::ApiKeyRecord>> VerifyKey(store::Store& store, DenialLog& denials,
                                                      const http::Exchange& ex,
                                                      const std::string& secret);
 
-// The same through the sandbox manager, for a facade that never calls the store (the E2B
-// control plane): the manager verifies the key and records the denials.
+// The same through the sandbox manager, what every facade calls (they never call the store):
+// the manager verifies the key and records the denials.
 Result<std::optional<store::ApiKeyRecord>> VerifyKey(sandbox::Manager& manager, DenialLog& denials,
                                                      const http::Exchange& ex,
                                                      const std::string& secret);

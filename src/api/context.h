@@ -17,7 +17,6 @@
 #include "network/ingress.h"
 #include "sandbox/manager.h"
 #include "sandbox/metrics.h"
-#include "store/store.h"
 
 namespace sbx::api {
 
@@ -27,15 +26,10 @@ using sandbox::Histogram;
 // sandbox layer's (Manager::metrics()), so that every facade counts.
 struct Metrics {
   std::atomic<uint64_t> requests{0};
-  // Unused once every facade spawns through sandbox::Session (which counts commands); until
-  // then the E2B facade counts its own here and /metrics adds it.
-  std::atomic<uint64_t> commands{0};
 };
 
 struct ApiContext {
   sandbox::Manager& manager;
-  // For API key checks (api/auth.h) and what has no manager call yet (audit listing, health).
-  store::Store& store;
   Metrics& metrics;
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
   const InstallSecret& secret;         // every token the API hands out is an HMAC under it

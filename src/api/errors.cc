@@ -1,6 +1,9 @@
 #include "api/errors.h"
 
 #include <cerrno>
+#include <string>
+
+#include "api/http/exchange.h"
 
 namespace sbx::api {
 
@@ -43,6 +46,13 @@ ErrorAnswer AnswerFor(int err) {
     default:
       return {500, "internal", "internal"};
   }
+}
+
+Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received) {
+  if (ex.responded()) return read;
+  return Status::Error("upload cut short: the client went away after " + std::to_string(received) +
+                           " bytes of the body (" + read.message() + ")",
+                       kClientGone);
 }
 
 }  // namespace sbx::api

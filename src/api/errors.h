@@ -7,9 +7,12 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <string>
 
 #include "common/status.h"
+
+namespace sbx::http {
+class Exchange;
+}
 
 namespace sbx::api {
 
@@ -30,14 +33,9 @@ inline constexpr int kClientGone = ECONNABORTED;
 inline constexpr int kClientGoneStatus = 499;
 inline bool IsClientGone(const Status& s) { return s.err() == kClientGone; }
 
-// What a failed body read means: when the read already answered (`responded`: 408 too slow, 400
-// malformed, 413 too large) `read` itself; otherwise the client went away (or stopped sending)
-// after `received` bytes, as a kClientGone status saying so.
-inline Status BodyReadFailure(bool responded, const Status& read, int64_t received) {
-  if (responded) return read;
-  return Status::Error("upload cut short: the client went away after " + std::to_string(received) +
-                           " bytes of the body (" + read.message() + ")",
-                       kClientGone);
-}
+// What a failed body read means: when the read already answered (408 too slow, 400 malformed,
+// 413 too large) `read` itself; otherwise the client went away (or stopped sending) after
+// `received` bytes, as a kClientGone status saying so.
+Status BodyReadFailure(const http::Exchange& ex, const Status& read, int64_t received);
 
 }  // namespace sbx::api

@@ -1,10 +1,10 @@
 #include "api/ingress.h"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/awaitable.hpp>
 
 #include "api/auth.h"
-#include "api/v1/api.h"
+#include "api/context.h"
+#include "api/http/pool.h"
 #include "network/ingress.h"
 
 namespace sbx::api {
@@ -48,9 +48,9 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
     key_secret = std::string(authorization.substr(7));
     key_in_authorization = true;
   }
-  std::optional<store::ApiKeyRecord> key;
+  std::optional<sandbox::ApiKeyRecord> key;
   if (!key_secret.empty()) {
-    auto k = VerifyKey(ctx.store, *ctx.denials, ex, key_secret);
+    auto k = VerifyKey(ctx.manager, *ctx.denials, ex, key_secret);
     if (!k.ok()) co_return co_await ex.RespondError(500, "internal", "the store failed");
     if (!*k)
       co_return co_await ex.RespondError(401, "unauthenticated", "unknown or revoked API key");
@@ -90,27 +90,21 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
 }  // namespace
 
 std::optional<PortTarget> FindPortTarget(ApiContext& ctx, const std::string& id) {
-  auto rec = ctx.store.GetSandbox(id);
-  if (!rec.ok() || !*rec || (*rec)->state != store::kStateRunning) return std::nullopt;
-  auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
-  if (!key.ok() || !*key || !(*key)->active()) return std::nullopt;
-  return PortTarget{**key, **rec};
+  // Trusted lookup: the caller proves ownership (the owner's key, its traffic token) or the
+  // sandbox has public ports.
+  auto owned = ctx.manager.OwnedBy(id);
+  if (!owned.ok() || !*owned) return std::nullopt;
+  return PortTarget{std::move((*owned)->owner), std::move((*owned)->record)};
 }
 
 awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex, const PortTarget& target,
                               int port, std::string head) {
   if (!network::ValidPort(port)) co_return Status::Error("port " + std::to_string(port), EINVAL);
   // Making a socket in the box's network namespace waits on the kernel: off the I/O thread.
-  std::optional<Result<UniqueFd>> socket;
-  co_await asio::co_spawn(
-      ctx.blocking,
-      [&]() -> awaitable<void> {
-        socket.emplace(ctx.manager.TcpSocket(target.owner, target.rec.id));
-        co_return;
-      },
-      asio::use_awaitable);
-  if (!socket->ok()) co_return socket->status();
-  co_return co_await ex.Relay(std::move(**socket), network::BoxLoopback(port), std::move(head));
+  auto socket = co_await http::OnPool(
+      ctx.blocking, [&] { return ctx.manager.TcpSocket(target.owner, target.rec.id); });
+  if (!socket.ok()) co_return socket.status();
+  co_return co_await ex.Relay(std::move(*socket), network::BoxLoopback(port), std::move(head));
 }
 
 std::string WithTarget(const std::string& head, std::string_view target) {

@@ -19,7 +19,7 @@
 #include "api/http/exchange.h"
 #include "api/http/router.h"
 #include "common/status.h"
-#include "store/store.h"
+#include "sandbox/manager.h"  // ApiKeyRecord, SandboxRecord
 
 namespace sbx::api {
 
@@ -27,8 +27,8 @@ struct ApiContext;
 
 // A running sandbox a port request is for, and its owner's key (active).
 struct PortTarget {
-  store::ApiKeyRecord owner;
-  store::SandboxRecord rec;
+  sandbox::ApiKeyRecord owner;
+  sandbox::SandboxRecord rec;
 };
 
 // The running sandbox `id` with an active owner key; nullopt when there is none (unknown, paused,

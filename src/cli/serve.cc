@@ -202,7 +202,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
 
   boost::asio::thread_pool blocking(4);
   api::Metrics metrics;
-  api::ApiContext ctx{manager, **st, metrics, blocking, *secret};
+  api::ApiContext ctx{manager, metrics, blocking, *secret};
   api::AuditKeeperOptions ko;
   ko.retention_ms = *retention;
   api::AuditKeeper audit_keeper(**st, *ctx.denials, ko);
@@ -210,7 +210,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   http::Router router;
   api::RegisterV1(router, ctx);
   api::RegisterE2b(router, ctx);
-  api::McpContext mcp_ctx{manager, **st, blocking, *secret, ctx.denials};
+  api::McpContext mcp_ctx{manager, blocking, *secret, ctx.denials};
   api::RegisterMcp(router, mcp_ctx);
   http::Server server(so, std::move(router));
   s = server.Start();

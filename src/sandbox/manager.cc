@@ -802,6 +802,36 @@ Result<std::vector<store::AuditEvent>> Manager::AuditTrail(const store::ApiKeyRe
   return store_.QueryAudit(q);
 }
 
+Result<std::vector<store::AuditEvent>> Manager::QueryAudit(const store::AuditQuery& q) {
+  return store_.QueryAudit(q);
+}
+
+Result<std::optional<Manager::OwnedSandbox>> Manager::OwnedBy(const std::string& id) {
+  auto rec = Record(id);
+  if (!rec.ok()) return rec.status();
+  if (!*rec || (*rec)->state != store::kStateRunning) return std::optional<OwnedSandbox>();
+  auto key = store_.GetApiKey((*rec)->owner_key_id);
+  if (!key.ok()) return key.status();
+  if (!*key || !(*key)->active()) return std::optional<OwnedSandbox>();
+  return std::optional<OwnedSandbox>(OwnedSandbox{std::move(**rec), std::move(**key)});
+}
+
+Status Manager::PingStore() { return store_.Ping(); }
+
+store::WriteHealth Manager::CheckStoreWritable(int64_t probe_after_ms) {
+  return store_.CheckWritable(probe_after_ms);
+}
+
+store::WriteHealth Manager::StoreWriteHealth() { return store_.WriteHealth(); }
+
+Status Manager::CheckStoreIntegrity() { return store_.CheckIntegrity(); }
+
+store::AuditQueueCounters Manager::AuditCounters() { return store_.audit_queue().counters(); }
+
+Result<std::vector<store::SandboxRecord>> Manager::LiveRecords() {
+  return store_.ListLiveSandboxes();
+}
+
 // One connect in flight for a sandbox: the caller that started it publishes its result, and every
 // caller that arrived meanwhile waits for it (on its own executor).
 struct Manager::Connecting {

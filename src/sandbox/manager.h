@@ -46,12 +46,34 @@
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
-#include "sandbox/metrics_history.h"
 #include "sandbox/metrics.h"
+#include "sandbox/metrics_history.h"
 #include "storage/template.h"
+#include "store/audit_queue.h"
 #include "store/store.h"
 
 namespace sbx::sandbox {
+
+// The records the facades take and give through the manager, named here so that a facade never
+// names (or includes) the store: they are the store's types, not copies.
+using store::ApiKeyRecord;
+using store::AuditEvent;
+using store::AuditQuery;
+using store::AuditQueueCounters;
+using store::IsLiveState;
+using store::kOnTimeoutKill;
+using store::kOnTimeoutPause;
+using store::kStateCreating;
+using store::kStateFailed;
+using store::kStateKilled;
+using store::kStatePaused;
+using store::kStateRunning;
+using store::NowMs;
+using store::SandboxFilter;
+using store::SandboxPage;
+using store::SandboxRecord;
+using store::Sha256Hex;
+using store::WriteHealth;
 
 struct ManagerConfig {
   int64_t default_timeout_ms = int64_t{5} * 60 * 1000;  // as E2B: 5 minutes
@@ -184,6 +206,35 @@ class Manager {
   // The newest `limit` audit events of sandbox `id`, which `key` may inspect (as Get).
   Result<std::vector<store::AuditEvent>> AuditTrail(const store::ApiKeyRecord& key,
                                                     const std::string& id, size_t limit);
+  // Audit events as `q` says (/v1/audit). No ownership check here: the caller scopes the query
+  // (q.key_id for a tenant key, a sandbox_id the key may inspect).
+  Result<std::vector<store::AuditEvent>> QueryAudit(const store::AuditQuery& q);
+
+  // The running sandbox `id` and its owner's key (active), for checks of tokens derived from the
+  // owner key (traffic tokens, envd tokens) ONLY: no key is verified here, so the caller must prove
+  // ownership with such a token before acting on what this returns. nullopt when there is none
+  // (unknown, paused, ended, or its owner key revoked).
+  struct OwnedSandbox {
+    store::SandboxRecord record;
+    store::ApiKeyRecord owner;
+  };
+  Result<std::optional<OwnedSandbox>> OwnedBy(const std::string& id);
+
+  // ---- Health of the store, for /healthz and /metrics ----
+  // A trivial read of the store.
+  Status PingStore();
+  // Whether the store can write; after `probe_after_ms` without a write, a small probe write
+  // refreshes the answer (Store::CheckWritable).
+  store::WriteHealth CheckStoreWritable(int64_t probe_after_ms);
+  // Whether the store's last write succeeded (no probe).
+  store::WriteHealth StoreWriteHealth();
+  // PRAGMA quick_check: slow and locks the store meanwhile; never once per request.
+  Status CheckStoreIntegrity();
+  // The audit queue's counters (store/audit_queue.h).
+  store::AuditQueueCounters AuditCounters();
+  // Every key's live records (creating, running, paused), for /metrics.
+  Result<std::vector<store::SandboxRecord>> LiveRecords();
+
   // The sandbox as Get() says, once no transition of it is in flight: a kill closes the agent
   // connection before it records the end, so a facade whose stream from the box ended asks this
   // to tell a killed sandbox from a dropped connection. Blocking (for the transition).

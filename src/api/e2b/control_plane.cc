@@ -36,21 +36,21 @@ awaitable<void> Fail(http::Exchange& ex, const Status& s) {
   co_await Error(ex, status, s.message());
 }
 
-bool Live(const store::SandboxRecord& r) { return store::IsLiveState(r.state); }
-std::string E2bState(const store::SandboxRecord& r) {
-  return r.state == store::kStatePaused ? "paused" : "running";
+bool Live(const sandbox::SandboxRecord& r) { return sandbox::IsLiveState(r.state); }
+std::string E2bState(const sandbox::SandboxRecord& r) {
+  return r.state == sandbox::kStatePaused ? "paused" : "running";
 }
 
 // The sandbox's tokens go to its owner only: an operator key inspecting another key's sandbox
 // gets null, since the tokens would let it use the sandbox.
-json EnvdTokenJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
-                   const store::SandboxRecord& r) {
+json EnvdTokenJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
+                   const sandbox::SandboxRecord& r) {
   if (r.owner_key_id != key.id) return nullptr;
   return EnvdToken(ctx.secret, r.owner_key_id, r.id);
 }
 
-json SandboxJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
-                 const store::SandboxRecord& r) {
+json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
+                 const sandbox::SandboxRecord& r) {
   bool owner = r.owner_key_id == key.id;
   return {{"sandboxID", r.id},
           {"templateID", r.template_name},
@@ -64,7 +64,7 @@ json SandboxJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
                                      : json(TrafficToken(ctx.secret, r.owner_key_id, r.id))}};
 }
 
-json ListedJson(const store::SandboxRecord& r) {
+json ListedJson(const sandbox::SandboxRecord& r) {
   int64_t cpus = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.limits.cpus)));
   int64_t mem_mb = std::max<int64_t>(128, r.limits.memory_bytes >> 20);
   int64_t end = r.expires_at ? r.expires_at : r.created_at + r.timeout_ms;
@@ -81,8 +81,8 @@ json ListedJson(const store::SandboxRecord& r) {
           {"metadata", r.metadata}};
 }
 
-json DetailJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
-                const store::SandboxRecord& r) {
+json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
+                const sandbox::SandboxRecord& r) {
   json j = ListedJson(r);
   j["envdAccessToken"] = EnvdTokenJson(ctx, key, r);
   j["domain"] = nullptr;
@@ -91,7 +91,7 @@ json DetailJson(const ApiContext& ctx, const store::ApiKeyRecord& key,
   return j;
 }
 
-using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const store::ApiKeyRecord&)>;
+using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const sandbox::ApiKeyRecord&)>;
 
 // `X-API-KEY` checked against sbx's own keys (through the manager).
 http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
@@ -150,8 +150,8 @@ Result<int64_t> TimeoutField(const ApiContext& ctx, const json& j, const char* f
 }
 
 // A sandbox that exists for E2B: live and owned by `key` (killed ones are 404, as in E2B).
-Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRecord& key,
-                                         const std::string& id) {
+Result<sandbox::SandboxRecord> LiveSandbox(ApiContext& ctx, const sandbox::ApiKeyRecord& key,
+                                           const std::string& id) {
   auto rec = ctx.manager.Get(key, id);
   if (!rec.ok() || !Live(*rec))
     return Status::Error("sandbox \"" + id + "\" doesn't exist or you don't have access to it",
@@ -159,7 +159,7 @@ Result<store::SandboxRecord> LiveSandbox(ApiContext& ctx, const store::ApiKeyRec
   return rec;
 }
 
-awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key,
+awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKeyRecord& key,
                        bool v2) {
   auto j = co_await BodyObject(ex);
   if (!j) co_return;
@@ -177,7 +177,7 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
   req.metadata = *md;
   req.env = *env;
   req.timeout_ms = *timeout * 1000;
-  if (BoolField(*j, "autoPause")) req.on_timeout = store::kOnTimeoutPause;
+  if (BoolField(*j, "autoPause")) req.on_timeout = sandbox::kOnTimeoutPause;
   // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
   if (j->contains("network") && (*j)["network"].is_object())
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
@@ -198,7 +198,7 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyR
 
 // Connect (v1 and v2): resumes a paused sandbox (201) or only extends a running one's TTL (200).
 awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
-                               const store::ApiKeyRecord& key) {
+                               const sandbox::ApiKeyRecord& key) {
   auto j = co_await BodyObject(ex);
   if (!j) co_return;
   auto timeout = TimeoutField(ctx, *j, "timeout", kV2DefaultTimeoutS);
@@ -214,8 +214,9 @@ awaitable<void> ConnectSandbox(ApiContext& ctx, http::Exchange& ex,
   co_await ex.RespondJson(done->resumed ? 201 : 200, SandboxJson(ctx, key, done->record));
 }
 
-awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRecord& key, bool v2) {
-  store::SandboxFilter f;
+awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKeyRecord& key,
+                     bool v2) {
+  sandbox::SandboxFilter f;
   std::vector<std::string> states;
   for (const auto& v : ex.query().GetAll("state")) {
     size_t s = 0;
@@ -231,10 +232,10 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
         v2 ? std::vector<std::string>{"running", "paused"} : std::vector<std::string>{"running"};
   for (const auto& s : states) {
     if (s == "running") {
-      f.states.push_back(store::kStateRunning);
-      f.states.push_back(store::kStateCreating);
+      f.states.push_back(sandbox::kStateRunning);
+      f.states.push_back(sandbox::kStateCreating);
     } else if (s == "paused") {
-      f.states.push_back(store::kStatePaused);
+      f.states.push_back(sandbox::kStatePaused);
     } else {
       co_return co_await Error(ex, 400, "state: 'running' or 'paused', got '" + s + "'");
     }
@@ -279,14 +280,14 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const store::ApiKeyRec
   http::Headers h;
   if (v2 && !page->next.empty()) h.emplace_back("X-Next-Token", page->next);
   if (v2) {
-    auto running = ctx.manager.CountSandboxes(key, {store::kStateRunning});
+    auto running = ctx.manager.CountSandboxes(key, {sandbox::kStateRunning});
     if (running.ok()) h.emplace_back("X-Total-Running", std::to_string(*running));
   }
   co_await ex.RespondJson(200, items, h);
 }
 
 // One sample of the sandbox's history (sandbox/metrics_history.h) as E2B's SandboxMetric.
-json Metric(const store::SandboxRecord& r, const sandbox::MetricSample& m) {
+json Metric(const sandbox::SandboxRecord& r, const sandbox::MetricSample& m) {
   int64_t cpus = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.limits.cpus)));
   auto total = [](uint64_t measured, int64_t limit) {
     return measured > 0 ? static_cast<int64_t>(measured) : limit;
@@ -317,7 +318,7 @@ Result<int64_t> UnixSeconds(const http::Exchange& ex, const char* field, int64_t
 
 // The sandbox's audit trail (lifecycle, commands, file writes) as E2B log entries; ENOENT when
 // `key` may not see the sandbox.
-Result<json> LogEntries(ApiContext& ctx, const store::ApiKeyRecord& key, const std::string& id,
+Result<json> LogEntries(ApiContext& ctx, const sandbox::ApiKeyRecord& key, const std::string& id,
                         size_t limit) {
   auto events = ctx.manager.AuditTrail(key, id, limit);
   if (!events.ok()) return events.status();
@@ -345,33 +346,34 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         path == "/v1" || path.starts_with("/v1/") || path == "/healthz" || path == "/metrics";
     return native ? http::ErrorShape::kNative : http::ErrorShape::kE2b;
   });
-  r.Post("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+  r.Post("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
            return Create(ctx, ex, key, true);
          }));
-  r.Post("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+  r.Post("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
            return Create(ctx, ex, key, false);
          }));
-  r.Get("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+  r.Get("/v2/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
           return List(ctx, ex, key, true);
         }));
-  r.Get("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+  r.Get("/sandboxes", Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
           return List(ctx, ex, key, false);
         }));
   for (const char* p : {"/v2/sandboxes/{id}/connect", "/sandboxes/{id}/connect"})
-    r.Post(p, Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) {
+    r.Post(p, Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
              return ConnectSandbox(ctx, ex, key);
            }));
 
-  r.Get("/sandboxes/{id}",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto rec = LiveSandbox(ctx, key, ex.Param("id"));
-          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          co_await ex.RespondJson(200, DetailJson(ctx, key, *rec));
-        }));
+  r.Get(
+      "/sandboxes/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto rec = LiveSandbox(ctx, key, ex.Param("id"));
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        co_await ex.RespondJson(200, DetailJson(ctx, key, *rec));
+      }));
 
   r.Delete(
       "/sandboxes/{id}",
-      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         std::string id = ex.Param("id");
         auto rec = LiveSandbox(ctx, key, id);
         if (!rec.ok()) co_return co_await Fail(ex, rec.status());
@@ -380,122 +382,130 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         co_await ex.Respond(204, "");
       }));
 
-  r.Post("/sandboxes/{id}/timeout",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await BodyObject(ex);
-           if (!j) co_return;
-           if (!j->contains("timeout")) co_return co_await Error(ex, 400, "timeout: required");
-           auto t = TimeoutField(ctx, *j, "timeout", 0);
-           if (!t.ok()) co_return co_await Fail(ex, t.status());
-           std::string id = ex.Param("id");
-           auto rec = LiveSandbox(ctx, key, id);
-           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           auto set = ctx.manager.SetTimeout(key, id, *t * 1000);
-           if (!set.ok()) co_return co_await Fail(ex, set.status());
-           co_await ex.Respond(204, "");
-         }));
+  r.Post(
+      "/sandboxes/{id}/timeout",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        if (!j->contains("timeout")) co_return co_await Error(ex, 400, "timeout: required");
+        auto t = TimeoutField(ctx, *j, "timeout", 0);
+        if (!t.ok()) co_return co_await Fail(ex, t.status());
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        auto set = ctx.manager.SetTimeout(key, id, *t * 1000);
+        if (!set.ok()) co_return co_await Fail(ex, set.status());
+        co_await ex.Respond(204, "");
+      }));
 
-  r.Post("/sandboxes/{id}/refreshes",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await BodyObject(ex);
-           if (!j) co_return;
-           auto d = TimeoutField(ctx, *j, "duration", kV2DefaultTimeoutS);
-           if (!d.ok()) co_return co_await Fail(ex, d.status());
-           std::string id = ex.Param("id");
-           // A refresh only ever extends the sandbox's life: the expiry is compared and moved in
-           // one manager transition.
-           auto set = ctx.manager.SetTimeout(key, id, *d * 1000, /*extend_only=*/true);
-           if (!set.ok()) co_return co_await Fail(ex, set.status());
-           co_await ex.Respond(204, "");
-         }));
+  r.Post(
+      "/sandboxes/{id}/refreshes",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        auto d = TimeoutField(ctx, *j, "duration", kV2DefaultTimeoutS);
+        if (!d.ok()) co_return co_await Fail(ex, d.status());
+        std::string id = ex.Param("id");
+        // A refresh only ever extends the sandbox's life: the expiry is compared and moved in
+        // one manager transition.
+        auto set = ctx.manager.SetTimeout(key, id, *d * 1000, /*extend_only=*/true);
+        if (!set.ok()) co_return co_await Fail(ex, set.status());
+        co_await ex.Respond(204, "");
+      }));
 
-  r.Post("/sandboxes/{id}/pause",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           std::string id = ex.Param("id");
-           auto rec = LiveSandbox(ctx, key, id);
-           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           if (rec->state == store::kStatePaused)
-             co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already paused");
-           Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pause(key, id); });
-           if (!s.ok()) co_return co_await Fail(ex, s);
-           co_await ex.Respond(204, "");
-         }));
+  r.Post(
+      "/sandboxes/{id}/pause",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        if (rec->state == sandbox::kStatePaused)
+          co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already paused");
+        Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pause(key, id); });
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
 
-  r.Post("/sandboxes/{id}/resume",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await BodyObject(ex);
-           if (!j) co_return;
-           auto t = TimeoutField(ctx, *j, "timeout", kV1DefaultTimeoutS);
-           if (!t.ok()) co_return co_await Fail(ex, t.status());
-           std::string id = ex.Param("id");
-           auto rec = LiveSandbox(ctx, key, id);
-           if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-           if (rec->state != store::kStatePaused)
-             co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already running");
-           // The timeout and the thaw in one manager transition (Connect resumes a paused one).
-           auto done = co_await OnPool(ctx.blocking,
-                                       [&] { return ctx.manager.Connect(key, id, *t * 1000); });
-           if (!done.ok()) co_return co_await Fail(ex, done.status());
-           co_await ex.RespondJson(201, SandboxJson(ctx, key, done->record));
-         }));
+  r.Post(
+      "/sandboxes/{id}/resume",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        auto t = TimeoutField(ctx, *j, "timeout", kV1DefaultTimeoutS);
+        if (!t.ok()) co_return co_await Fail(ex, t.status());
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        if (rec->state != sandbox::kStatePaused)
+          co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already running");
+        // The timeout and the thaw in one manager transition (Connect resumes a paused one).
+        auto done =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.Connect(key, id, *t * 1000); });
+        if (!done.ok()) co_return co_await Fail(ex, done.status());
+        co_await ex.RespondJson(201, SandboxJson(ctx, key, done->record));
+      }));
 
   // The window is E2B's: unix seconds, both ends inclusive (an end second covers all of it);
   // without start the sandbox's whole kept history, without end up to now.
-  r.Get("/sandboxes/{id}/metrics",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto start = UnixSeconds(ex, "start", 0);
-          if (!start.ok()) co_return co_await Fail(ex, start.status());
-          auto end = UnixSeconds(ex, "end", 253402300799LL);
-          if (!end.ok()) co_return co_await Fail(ex, end.status());
-          if (*start > *end) co_return co_await Error(ex, 400, "start: after end");
-          auto rec = LiveSandbox(ctx, key, ex.Param("id"));
-          if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-          auto samples = ctx.manager.Metrics(key, rec->id, *start * 1000, *end * 1000 + 999);
-          if (!samples.ok()) co_return co_await Fail(ex, samples.status());
-          json out = json::array();
-          for (const auto& m : *samples) out.push_back(Metric(*rec, m));
-          co_await ex.RespondJson(200, out);
-        }));
+  r.Get(
+      "/sandboxes/{id}/metrics",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto start = UnixSeconds(ex, "start", 0);
+        if (!start.ok()) co_return co_await Fail(ex, start.status());
+        auto end = UnixSeconds(ex, "end", 253402300799LL);
+        if (!end.ok()) co_return co_await Fail(ex, end.status());
+        if (*start > *end) co_return co_await Error(ex, 400, "start: after end");
+        auto rec = LiveSandbox(ctx, key, ex.Param("id"));
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        auto samples = ctx.manager.Metrics(key, rec->id, *start * 1000, *end * 1000 + 999);
+        if (!samples.ok()) co_return co_await Fail(ex, samples.status());
+        json out = json::array();
+        for (const auto& m : *samples) out.push_back(Metric(*rec, m));
+        co_await ex.RespondJson(200, out);
+      }));
 
-  r.Get("/sandboxes/metrics",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          json out = json::object();
-          std::string ids = ex.query().Get("sandbox_ids").value_or("");
-          size_t s = 0;
-          while (s <= ids.size() && !ids.empty()) {
-            size_t c = ids.find(',', s);
-            std::string id = ids.substr(s, c - s);
-            auto rec = LiveSandbox(ctx, key, id);
-            if (rec.ok() && rec->state == store::kStateRunning) {
-              auto samples = ctx.manager.Metrics(key, id, 0, INT64_MAX);  // the latest
-              if (samples.ok() && !samples->empty()) out[id] = Metric(*rec, samples->back());
-            }
-            if (c == std::string::npos) break;
-            s = c + 1;
+  r.Get(
+      "/sandboxes/metrics",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        json out = json::object();
+        std::string ids = ex.query().Get("sandbox_ids").value_or("");
+        size_t s = 0;
+        while (s <= ids.size() && !ids.empty()) {
+          size_t c = ids.find(',', s);
+          std::string id = ids.substr(s, c - s);
+          auto rec = LiveSandbox(ctx, key, id);
+          if (rec.ok() && rec->state == sandbox::kStateRunning) {
+            auto samples = ctx.manager.Metrics(key, id, 0, INT64_MAX);  // the latest
+            if (samples.ok() && !samples->empty()) out[id] = Metric(*rec, samples->back());
           }
-          json body = {{"sandboxes", out}};
-          co_await ex.RespondJson(200, body);
-        }));
+          if (c == std::string::npos) break;
+          s = c + 1;
+        }
+        json body = {{"sandboxes", out}};
+        co_await ex.RespondJson(200, body);
+      }));
 
   // Logs: sbx keeps no console log of a sandbox; its audit trail (lifecycle, commands, file
   // writes) is what it has to say about it.
-  r.Get("/sandboxes/{id}/logs",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
-          if (!entries.ok()) co_return co_await Fail(ex, entries.status());
-          json lines = json::array();
-          for (const auto& e : *entries)
-            lines.push_back({{"timestamp", e["timestamp"]}, {"line", e["message"]}});
-          json body = {{"logs", lines}, {"logEntries", *entries}};
-          co_await ex.RespondJson(200, body);
-        }));
-  r.Get("/v2/sandboxes/{id}/logs",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
-          if (!entries.ok()) co_return co_await Fail(ex, entries.status());
-          json body = {{"logs", *entries}};
-          co_await ex.RespondJson(200, body);
-        }));
+  r.Get(
+      "/sandboxes/{id}/logs",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
+        if (!entries.ok()) co_return co_await Fail(ex, entries.status());
+        json lines = json::array();
+        for (const auto& e : *entries)
+          lines.push_back({{"timestamp", e["timestamp"]}, {"line", e["message"]}});
+        json body = {{"logs", lines}, {"logEntries", *entries}};
+        co_await ex.RespondJson(200, body);
+      }));
+  r.Get(
+      "/v2/sandboxes/{id}/logs",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto entries = LogEntries(ctx, key, ex.Param("id"), 1000);
+        if (!entries.ok()) co_return co_await Fail(ex, entries.status());
+        json body = {{"logs", *entries}};
+        co_await ex.RespondJson(200, body);
+      }));
 
   r.Get("/health", [](http::Exchange& ex) -> awaitable<void> { co_await ex.Respond(204, ""); });
 }

@@ -29,7 +29,7 @@ Signature CheckSignature(const http::Exchange& ex, const std::string& token, std
                                    ex.query().Get("username").value_or(""), token, expiry);
   if (!ConstantTimeEquals(*sig, want)) return Signature::kInvalid;
   // Seconds, compared as seconds: an absurd expiry must not overflow into the past.
-  if (expiry && *expiry < store::NowMs() / 1000) return Signature::kExpired;
+  if (expiry && *expiry < sandbox::NowMs() / 1000) return Signature::kExpired;
   return Signature::kValid;
 }
 
@@ -79,17 +79,13 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     // A pre-signed URL built on E2B_SANDBOX_URL names no sandbox (spec 3.2: it is
     // `<sandbox url>/files?path=...&signature=...`): the sandbox is the one whose token made the
     // signature.
-    auto live = ctx.store.ListLiveSandboxes();
+    auto live = ctx.manager.LiveRecords();
     if (live.ok()) {
-      std::map<std::string, std::optional<store::ApiKeyRecord>> keys;
       for (const auto& rec : *live) {
-        if (rec.state != store::kStateRunning) continue;
-        if (!keys.count(rec.owner_key_id)) {
-          auto k = ctx.store.GetApiKey(rec.owner_key_id);
-          keys[rec.owner_key_id] =
-              (k.ok() && *k && (*k)->active()) ? **k : std::optional<store::ApiKeyRecord>();
-        }
-        if (!keys[rec.owner_key_id]) continue;
+        if (rec.state != sandbox::kStateRunning) continue;
+        // The owner key must still be active: OwnedBy answers only then.
+        auto owned = ctx.manager.OwnedBy(rec.id);
+        if (!owned.ok() || !*owned) continue;
         Signature s = CheckSignature(ex, EnvdToken(ctx.secret, rec.owner_key_id, rec.id), op);
         if (s == Signature::kValid) {
           addr = std::make_pair(kEnvdPort, rec.id);
@@ -109,18 +105,13 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     co_await NotFound502(ex, id);
     co_return std::nullopt;
   }
-  auto rec = ctx.store.GetSandbox(id);
-  if (!rec.ok() || !*rec ||
-      ((*rec)->state != store::kStateRunning && (*rec)->state != store::kStateCreating)) {
+  auto owned = ctx.manager.OwnedBy(id);
+  if (!owned.ok() || !*owned) {
     co_await NotFound502(ex, id);
     co_return std::nullopt;
   }
-  auto key = ctx.store.GetApiKey((*rec)->owner_key_id);
-  if (!key.ok() || !*key || !(*key)->active()) {
-    co_await NotFound502(ex, id);
-    co_return std::nullopt;
-  }
-  Target t{**key, **rec, EnvdToken(ctx.secret, (*key)->id, id), nullptr, ""};
+  Target t{(*owned)->owner, (*owned)->record, EnvdToken(ctx.secret, (*owned)->owner.id, id),
+           nullptr, ""};
   if (auth == Auth::kNone) co_return t;
   std::string_view header = ex.Header("X-Access-Token");
   if (auth == Auth::kToken && !ConstantTimeEquals(header, t.token)) {

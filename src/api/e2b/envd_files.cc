@@ -70,7 +70,7 @@ class UploadBody {
   awaitable<Result<std::string>> Next() {
     for (;;) {
       auto n = co_await ex_.ReadSome(buf_.data(), buf_.size());
-      if (!n.ok()) co_return BodyReadFailure(ex_.responded(), n.status(), received_);
+      if (!n.ok()) co_return BodyReadFailure(ex_, n.status(), received_);
       received_ += static_cast<int64_t>(*n);
       if (*n == 0) {
         if (gzip_) {

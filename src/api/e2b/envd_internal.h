@@ -37,8 +37,8 @@ boost::asio::awaitable<void> NotFound502(http::Exchange& ex, const std::string& 
 
 // The sandbox an envd request works on, its owner's key and its envd access token.
 struct Target {
-  store::ApiKeyRecord key;
-  store::SandboxRecord rec;
+  sandbox::ApiKeyRecord key;
+  sandbox::SandboxRecord rec;
   std::string token;
   // The sandbox's session (sandbox/session.h), every route's only way into the box; null for
   // Auth::kNone, and when it could not be opened (`unavailable` says why, without host paths).

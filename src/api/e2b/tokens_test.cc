@@ -16,11 +16,11 @@ InstallSecret Secret(char fill) { return *InstallSecret::FromBytes(std::string(3
 
 // What tokens were before the install secret: SHA-256 over values the database holds (the owner
 // key's stored hash and the sandbox id). Anyone with a copy of sbx.db could compute these.
-std::string OldEnvdToken(const store::ApiKeyRecord& key, const std::string& id) {
-  return store::Sha256Hex("sbx-e2b-envd-token\n" + key.hash + "\n" + id);
+std::string OldEnvdToken(const sandbox::ApiKeyRecord& key, const std::string& id) {
+  return sandbox::Sha256Hex("sbx-e2b-envd-token\n" + key.hash + "\n" + id);
 }
-std::string OldTrafficToken(const store::ApiKeyRecord& key, const std::string& id) {
-  return store::Sha256Hex("sbx-e2b-traffic-token\n" + key.hash + "\n" + id);
+std::string OldTrafficToken(const sandbox::ApiKeyRecord& key, const std::string& id) {
+  return sandbox::Sha256Hex("sbx-e2b-traffic-token\n" + key.hash + "\n" + id);
 }
 
 TEST(Tokens, AreHmacsUnderTheInstallSecret) {
@@ -41,18 +41,18 @@ TEST(Tokens, AreHmacsUnderTheInstallSecret) {
 
 TEST(Tokens, CannotBeDerivedFromTheDatabase) {
   // Everything a copy of sbx.db tells about a key and a sandbox.
-  store::ApiKeyRecord key;
+  sandbox::ApiKeyRecord key;
   key.id = "key_abcdefghijkl";
-  key.hash = store::Sha256Hex("sbx_" + std::string(40, 'x'));
+  key.hash = sandbox::Sha256Hex("sbx_" + std::string(40, 'x'));
   const std::string id = "sbx0123456789abcdefgh";
   InstallSecret secret = Secret('s');
   std::string envd = EnvdToken(secret, key.id, id), traffic = TrafficToken(secret, key.id, id);
   EXPECT_NE(envd, OldEnvdToken(key, id));
   EXPECT_NE(traffic, OldTrafficToken(key, id));
   for (const std::string& guess :
-       {store::Sha256Hex(key.id + "\n" + id), store::Sha256Hex(key.hash + "\n" + id),
-        store::Sha256Hex("sbx-envd-token\n" + key.id + "\n" + id),
-        store::Sha256Hex("sbx-traffic-token\n" + key.id + "\n" + id)}) {
+       {sandbox::Sha256Hex(key.id + "\n" + id), sandbox::Sha256Hex(key.hash + "\n" + id),
+        sandbox::Sha256Hex("sbx-envd-token\n" + key.id + "\n" + id),
+        sandbox::Sha256Hex("sbx-traffic-token\n" + key.id + "\n" + id)}) {
     EXPECT_NE(envd, guess);
     EXPECT_NE(traffic, guess);
   }
@@ -68,9 +68,9 @@ TEST(Tokens, FileSignaturesStayE2bsAndAreKeyedByTheEnvdToken) {
       FileSignature("/home/user/a.txt", "read", "", EnvdToken(Secret('b'), key, id), std::nullopt);
   EXPECT_EQ(with_a.rfind("v1_", 0), 0u);
   EXPECT_NE(with_a, with_b);
-  store::ApiKeyRecord rec;
+  sandbox::ApiKeyRecord rec;
   rec.id = key;
-  rec.hash = store::Sha256Hex("sbx_" + std::string(40, 'x'));
+  rec.hash = sandbox::Sha256Hex("sbx_" + std::string(40, 'x'));
   EXPECT_NE(with_a,
             FileSignature("/home/user/a.txt", "read", "", OldEnvdToken(rec, id), std::nullopt));
 }

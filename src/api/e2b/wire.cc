@@ -18,7 +18,6 @@
 namespace sbx::api::e2b {
 
 using nlohmann::json;
-using protocol::Tag;
 
 std::string Envelope(uint8_t flags, std::string_view payload) {
   std::string out;

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "protocol/wire.h"
 
 namespace sbx::sandbox {
 struct FileEntry;

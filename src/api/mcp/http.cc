@@ -84,7 +84,7 @@ std::string Secret(const http::Exchange& ex) {
 }
 
 // The caller's key, or nullopt after answering 401 (or 500 when the store fails).
-awaitable<std::optional<store::ApiKeyRecord>> Authenticate(McpContext& ctx, http::Exchange& ex) {
+awaitable<std::optional<sandbox::ApiKeyRecord>> Authenticate(McpContext& ctx, http::Exchange& ex) {
   static const http::Headers kChallenge = {{"WWW-Authenticate", "Bearer realm=\"sbx\""}};
   std::string secret = Secret(ex);
   if (secret.empty()) {
@@ -92,7 +92,7 @@ awaitable<std::optional<store::ApiKeyRecord>> Authenticate(McpContext& ctx, http
                     kChallenge);
     co_return std::nullopt;
   }
-  auto key = VerifyKey(ctx.store, *ctx.denials, ex, secret);
+  auto key = VerifyKey(ctx.manager, *ctx.denials, ex, secret);
   if (!key.ok()) {
     spdlog::error("mcp: key check: {}", key.status().message());
     co_await Refuse(ex, 500, "the key could not be checked; see the daemon log");

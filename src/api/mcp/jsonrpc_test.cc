@@ -190,7 +190,7 @@ TEST(Args, RefusesEachBadShapeNamingTheArgument) {
 // Runs a coroutine of the protocol to its end on a private io_context.
 json Call(const Server& server, const std::string& text) {
   boost::asio::io_context io;
-  store::ApiKeyRecord key;
+  sandbox::ApiKeyRecord key;
   key.id = "key_test";
   Body b = ParseBody(text);
   CallContext call{key, "http://127.0.0.1:1", [](std::string) -> Awaitable<void> { co_return; }};

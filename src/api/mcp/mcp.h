@@ -4,7 +4,8 @@
 // (cli/mcp.cc) bridges a local agent's stdio onto this endpoint, so the tools exist once, here.
 //
 // It translates MCP onto the manager (lifecycle) and the session (work inside a box) and nothing
-// else: no agent frames, no store calls beyond api/auth.h's key check, no other facade's headers.
+// else: no agent frames, no store calls (the key check too goes through the manager), no other
+// facade's headers.
 #pragma once
 
 // clang-format off
@@ -21,7 +22,6 @@
 #include "api/http/router.h"
 #include "common/secret.h"
 #include "sandbox/manager.h"
-#include "store/store.h"
 
 namespace sbx::api {
 
@@ -39,7 +39,6 @@ struct McpOptions {
 
 struct McpContext {
   sandbox::Manager& manager;
-  store::Store& store;                 // for api/auth.h's key check only
   boost::asio::thread_pool& blocking;  // lifecycle calls that wait on the kernel run here
   const InstallSecret& secret;         // expose_port's traffic token
   std::shared_ptr<DenialLog> denials;  // shared with the other facades

@@ -21,7 +21,7 @@
 #include "api/mcp/args.h"
 #include "api/mcp/jsonrpc.h"
 #include "common/status.h"
-#include "store/store.h"
+#include "sandbox/manager.h"  // ApiKeyRecord
 
 namespace sbx::api::mcp {
 
@@ -47,7 +47,7 @@ struct ToolResult {
 
 // Who calls and how to reach back.
 struct CallContext {
-  const store::ApiKeyRecord& key;
+  const sandbox::ApiKeyRecord& key;
   // How the client reached the daemon ("http://127.0.0.1:7777"): expose_port's URLs start here.
   std::string base_url;
   // Tells the client the call is still going (notifications/progress) when it asked for that

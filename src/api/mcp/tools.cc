@@ -2,12 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <cmath>
 #include <optional>
 
 #include "api/errors.h"
+#include "api/http/pool.h"
 #include "common/encoding.h"
 #include "network/ingress.h"
 
@@ -16,20 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-// Runs blocking `f` on the blocking pool and resumes the caller with its result.
-template <typename F>
-Awaitable<decltype(std::declval<F>()())> OnPool(boost::asio::thread_pool& pool, F f) {
-  using R = decltype(f());
-  std::optional<R> out;
-  co_await boost::asio::co_spawn(
-      pool,
-      [&]() -> Awaitable<void> {
-        out.emplace(f());
-        co_return;
-      },
-      boost::asio::use_awaitable);
-  co_return std::move(*out);
-}
+using http::OnPool;  // api/http/pool.h
 
 // Sandbox ids are [a-z0-9]; 64 bytes is far more than any.
 Arg IdArg() {
@@ -40,7 +26,7 @@ Arg IdArg() {
           .non_empty = true};
 }
 
-json SandboxJson(const store::SandboxRecord& r) {
+json SandboxJson(const sandbox::SandboxRecord& r) {
   return {{"id", r.id},
           {"template", r.template_name.empty() ? "host" : r.template_name},
           {"state", r.state},
@@ -51,7 +37,7 @@ json SandboxJson(const store::SandboxRecord& r) {
           {"cpus", r.limits.cpus}};
 }
 
-std::string Line(const store::SandboxRecord& r) {
+std::string Line(const sandbox::SandboxRecord& r) {
   std::string s =
       r.id + "  " + r.state + "  template " + (r.template_name.empty() ? "host" : r.template_name);
   if (r.expires_at) s += "  expires " + Rfc3339Millis(r.expires_at);
@@ -102,7 +88,7 @@ Tool CreateSandbox(McpContext& ctx) {
     req.env = StringMapArg(a, "env");
     req.metadata = StringMapArg(a, "metadata");
     sandbox::QuotaExceeded quota;
-    const store::ApiKeyRecord& key = call.key;
+    const sandbox::ApiKeyRecord& key = call.key;
     auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
     if (!rec.ok()) {
       if (rec.status().err() == EAGAIN)
@@ -146,10 +132,10 @@ Tool ListSandboxes(McpContext& ctx) {
   };
   t.annotations = {{"readOnlyHint", true}, {"openWorldHint", false}};
   t.run = [&ctx](const json& a, CallContext& call) -> Awaitable<ToolResult> {
-    store::SandboxFilter f;
+    sandbox::SandboxFilter f;
     std::string state = StringArg(a, "state", "live");
     if (state == "live")
-      f.states = {store::kStateRunning, store::kStatePaused, store::kStateCreating};
+      f.states = {sandbox::kStateRunning, sandbox::kStatePaused, sandbox::kStateCreating};
     else if (state != "all")
       f.states = {state};
     for (const auto& [k, v] : StringMapArg(a, "metadata")) f.metadata.emplace_back(k, v);
@@ -187,7 +173,7 @@ Tool KillSandbox(McpContext& ctx) {
                    {"openWorldHint", false}};
   t.run = [&ctx](const json& a, CallContext& call) -> Awaitable<ToolResult> {
     std::string id = StringArg(a, "sandbox_id");
-    const store::ApiKeyRecord& key = call.key;
+    const sandbox::ApiKeyRecord& key = call.key;
     Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Kill(key, id); });
     if (!s.ok()) co_return ToolResult::Error(FailureText(s, "kill_sandbox"));
     co_return ToolResult{"Killed sandbox " + id + ".", json{{"id", id}, {"state", "killed"}},
@@ -226,11 +212,12 @@ Tool ExposePort(McpContext& ctx) {
       co_return ToolResult::Error("sandbox " + id +
                                   " belongs to another key: only its owner "
                                   "may reach its ports");
-    if (rec->state != store::kStateRunning)
+    if (rec->state != sandbox::kStateRunning)
       co_return ToolResult::Error("sandbox " + id + " is " + rec->state +
-                                  (rec->state == store::kStatePaused ? "; resume it first" : ""));
+                                  (rec->state == sandbox::kStatePaused ? "; resume it first" : ""));
     json headers = {{"E2b-Sandbox-Id", id}, {"E2b-Sandbox-Port", std::to_string(port)}};
-    if (!rec->public_ports) headers[kTrafficTokenHeader] = network::TrafficToken(ctx.secret, rec->owner_key_id, rec->id);
+    if (!rec->public_ports)
+      headers[kTrafficTokenHeader] = network::TrafficToken(ctx.secret, rec->owner_key_id, rec->id);
     std::string url =
         call.base_url.empty() ? "http://<the sbx daemon's address>/" : call.base_url + "/";
     std::string text = "Port " + std::to_string(port) + " of sandbox " + id + " answers at " + url +

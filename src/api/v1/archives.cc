@@ -18,56 +18,57 @@ std::string UnpackError(const std::string& path, const std::string& tar_stderr) 
 }  // namespace
 
 void Archives(http::Router& r, ApiContext& ctx) {
-  r.Get("/v1/sandboxes/{id}/files/archive",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto path = PathQuery(ex);
-          if (!path.ok()) co_return co_await Fail(ex, path.status());
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          sandbox::CommandSpec spec;
-          spec.argv = {"tar", "-C", *path, "-cf", "-", "."};
-          spec.user = ex.query().Get("user").value_or("");
-          auto p = co_await s->Spawn(spec);
-          if (!p.ok()) co_return co_await Fail(ex, p.status());
-          bool started = false;
-          std::string err;
-          for (;;) {
-            auto e = co_await (*p)->Next(std::chrono::seconds(60));
-            if (!e.ok()) break;
-            if (e->kind == Kind::kError) {
-              err = e->error.message();
-              break;
-            }
-            if (e->kind == Kind::kOutput && e->stream == 2) {
-              if (err.size() < 4096) err += e->data;
-            } else if (e->kind == Kind::kOutput) {
-              if (!started) {
-                if (!(co_await ex.BeginStream(200, "application/x-tar")).ok()) break;
-                started = true;
-              }
-              if (!(co_await ex.WriteChunk(e->data)).ok()) break;
-            } else {
-              if (e->exit_code == 0 && started) {
-                (void)co_await ex.EndStream();
-                started = false;
-                err.clear();
-              } else if (err.empty()) {
-                err = "tar exited with " + std::to_string(e->exit_code);
-              }
-              break;
-            }
+  r.Get(
+      "/v1/sandboxes/{id}/files/archive",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        sandbox::CommandSpec spec;
+        spec.argv = {"tar", "-C", *path, "-cf", "-", "."};
+        spec.user = ex.query().Get("user").value_or("");
+        auto p = co_await s->Spawn(spec);
+        if (!p.ok()) co_return co_await Fail(ex, p.status());
+        bool started = false;
+        std::string err;
+        for (;;) {
+          auto e = co_await (*p)->Next(std::chrono::seconds(60));
+          if (!e.ok()) break;
+          if (e->kind == Kind::kError) {
+            err = e->error.message();
+            break;
           }
-          // A failure before any byte is an error answer; after the first byte the stream is cut
-          // short (no final chunk), which a client sees as a broken transfer.
-          if (!started && !ex.responded()) {
-            int code = err.find("No such file") != std::string::npos ? ENOENT : EINVAL;
-            co_await Fail(ex, Status::Error("archive " + *path + ": " + err, code));
+          if (e->kind == Kind::kOutput && e->stream == 2) {
+            if (err.size() < 4096) err += e->data;
+          } else if (e->kind == Kind::kOutput) {
+            if (!started) {
+              if (!(co_await ex.BeginStream(200, "application/x-tar")).ok()) break;
+              started = true;
+            }
+            if (!(co_await ex.WriteChunk(e->data)).ok()) break;
+          } else {
+            if (e->exit_code == 0 && started) {
+              (void)co_await ex.EndStream();
+              started = false;
+              err.clear();
+            } else if (err.empty()) {
+              err = "tar exited with " + std::to_string(e->exit_code);
+            }
+            break;
           }
-        }));
+        }
+        // A failure before any byte is an error answer; after the first byte the stream is cut
+        // short (no final chunk), which a client sees as a broken transfer.
+        if (!started && !ex.responded()) {
+          int code = err.find("No such file") != std::string::npos ? ENOENT : EINVAL;
+          co_await Fail(ex, Status::Error("archive " + *path + ": " + err, code));
+        }
+      }));
 
   r.Put("/v1/sandboxes/{id}/files/archive",
         Authed(ctx,
-               [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+               [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
                  auto path = PathQuery(ex);
                  if (!path.ok()) co_return co_await Fail(ex, path.status());
                  auto s = co_await SessionOrFail(ctx, ex, key);

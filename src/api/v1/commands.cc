@@ -144,70 +144,73 @@ awaitable<void> PtyInput(std::shared_ptr<http::WebSocket> sock,
 }  // namespace
 
 void Commands(http::Router& r, ApiContext& ctx) {
-  r.Post("/v1/sandboxes/{id}/commands",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto s = co_await SessionOrFail(ctx, ex, key);
-           if (!s) co_return;
-           auto j = co_await ex.ReadJson();
-           if (!j.ok()) co_return co_await Fail(ex, j.status());
-           auto req = ParseCommand(*j);
-           if (!req.ok()) co_return co_await Fail(ex, req.status());
-           auto p = co_await s->Spawn(req->spec);
-           if (!p.ok()) co_return co_await Fail(ex, p.status());
-           int64_t pid = (*p)->pid();
-           if (req->background) {
-             co_await (*p)->Detach();
-             json body = {{"pid", pid}};
-             co_return co_await ex.RespondJson(201, body);
-           }
-           http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
-           Status begun = co_await ex.BeginStream(200, "application/x-ndjson", headers);
-           if (!begun.ok()) co_return;
-           std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
-           (void)co_await ex.WriteChunk(start);
-           co_await StreamProcess(ex, **p);
-         }));
+  r.Post(
+      "/v1/sandboxes/{id}/commands",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto j = co_await ex.ReadJson();
+        if (!j.ok()) co_return co_await Fail(ex, j.status());
+        auto req = ParseCommand(*j);
+        if (!req.ok()) co_return co_await Fail(ex, req.status());
+        auto p = co_await s->Spawn(req->spec);
+        if (!p.ok()) co_return co_await Fail(ex, p.status());
+        int64_t pid = (*p)->pid();
+        if (req->background) {
+          co_await (*p)->Detach();
+          json body = {{"pid", pid}};
+          co_return co_await ex.RespondJson(201, body);
+        }
+        http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
+        Status begun = co_await ex.BeginStream(200, "application/x-ndjson", headers);
+        if (!begun.ok()) co_return;
+        std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
+        (void)co_await ex.WriteChunk(start);
+        co_await StreamProcess(ex, **p);
+      }));
 
-  r.Get("/v1/sandboxes/{id}/commands",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto procs = co_await s->ListProcesses();
-          if (!procs.ok()) co_return co_await Fail(ex, procs.status());
-          json out = json::array();
-          for (const auto& e : *procs) {
-            json p = {{"pid", e.pid},         {"argv", e.argv},
-                      {"tag", e.tag},         {"pty", e.pty},
-                      {"running", e.running}, {"started_at", IsoTime(e.started_ns / 1000000)}};
-            if (!e.running) {
-              p["exit_code"] = e.exit_code;
-              if (e.signal) p["signal"] = e.signal;
-            }
-            out.push_back(p);
+  r.Get(
+      "/v1/sandboxes/{id}/commands",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto procs = co_await s->ListProcesses();
+        if (!procs.ok()) co_return co_await Fail(ex, procs.status());
+        json out = json::array();
+        for (const auto& e : *procs) {
+          json p = {{"pid", e.pid},         {"argv", e.argv},
+                    {"tag", e.tag},         {"pty", e.pty},
+                    {"running", e.running}, {"started_at", IsoTime(e.started_ns / 1000000)}};
+          if (!e.running) {
+            p["exit_code"] = e.exit_code;
+            if (e.signal) p["signal"] = e.signal;
           }
-          json body = {{"commands", out}};
-          co_await ex.RespondJson(200, body);
-        }));
+          out.push_back(p);
+        }
+        json body = {{"commands", out}};
+        co_await ex.RespondJson(200, body);
+      }));
 
-  r.Get("/v1/sandboxes/{id}/commands/{pid}/output",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto pid = PidParam(ex);
-          auto so = IntQuery(ex, "stdout_offset", 0), se = IntQuery(ex, "stderr_offset", 0);
-          if (!pid.ok() || !so.ok() || !se.ok())
-            co_return co_await ex.RespondError(400, "invalid_argument",
-                                               "pid and offsets must be integers");
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto p = co_await s->Attach(*pid, *so, *se);
-          if (!p.ok()) co_return co_await Fail(ex, p.status());
-          Status begun = co_await ex.BeginStream(200, "application/x-ndjson");
-          if (!begun.ok()) co_return;
-          co_await StreamProcess(ex, **p);
-        }));
+  r.Get(
+      "/v1/sandboxes/{id}/commands/{pid}/output",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto pid = PidParam(ex);
+        auto so = IntQuery(ex, "stdout_offset", 0), se = IntQuery(ex, "stderr_offset", 0);
+        if (!pid.ok() || !so.ok() || !se.ok())
+          co_return co_await ex.RespondError(400, "invalid_argument",
+                                             "pid and offsets must be integers");
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto p = co_await s->Attach(*pid, *so, *se);
+        if (!p.ok()) co_return co_await Fail(ex, p.status());
+        Status begun = co_await ex.BeginStream(200, "application/x-ndjson");
+        if (!begun.ok()) co_return;
+        co_await StreamProcess(ex, **p);
+      }));
 
   r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin",
          Authed(ctx,
-                [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+                [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
                   auto pid = PidParam(ex);
                   if (!pid.ok()) co_return co_await Fail(ex, pid.status());
                   auto s = co_await SessionOrFail(ctx, ex, key);
@@ -225,80 +228,83 @@ void Commands(http::Router& r, ApiContext& ctx) {
                 }),
          http::RouteOptions{size_t{1} << 40});
 
-  r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin/close",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto pid = PidParam(ex);
-           if (!pid.ok()) co_return co_await Fail(ex, pid.status());
-           auto s = co_await SessionOrFail(ctx, ex, key);
-           if (!s) co_return;
-           Status closed = co_await s->CloseStdin(*pid);
-           if (!closed.ok()) co_return co_await Fail(ex, closed);
-           co_await ex.Respond(204, "");
-         }));
+  r.Post(
+      "/v1/sandboxes/{id}/commands/{pid}/stdin/close",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto pid = PidParam(ex);
+        if (!pid.ok()) co_return co_await Fail(ex, pid.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        Status closed = co_await s->CloseStdin(*pid);
+        if (!closed.ok()) co_return co_await Fail(ex, closed);
+        co_await ex.Respond(204, "");
+      }));
 
-  r.Post("/v1/sandboxes/{id}/commands/{pid}/signal",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await ex.ReadJson();
-           if (!j.ok()) co_return co_await Fail(ex, j.status());
-           int sig = j->contains("signal") ? SignalNumber((*j)["signal"]) : SIGKILL;
-           auto group = BoolField(*j, "group", true);
-           if (!group.ok()) co_return co_await Fail(ex, group.status());
-           if (sig <= 0 || sig >= 65)
-             co_return co_await ex.RespondError(400, "invalid_argument",
-                                                "signal: a number or a name like SIGTERM");
-           auto pid = PidParam(ex);
-           if (!pid.ok()) co_return co_await Fail(ex, pid.status());
-           auto s = co_await SessionOrFail(ctx, ex, key);
-           if (!s) co_return;
-           Status sent = co_await s->Signal(*pid, sig, *group);
-           if (!sent.ok()) co_return co_await Fail(ex, sent);
-           co_await ex.Respond(204, "");
-         }));
+  r.Post(
+      "/v1/sandboxes/{id}/commands/{pid}/signal",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await ex.ReadJson();
+        if (!j.ok()) co_return co_await Fail(ex, j.status());
+        int sig = j->contains("signal") ? SignalNumber((*j)["signal"]) : SIGKILL;
+        auto group = BoolField(*j, "group", true);
+        if (!group.ok()) co_return co_await Fail(ex, group.status());
+        if (sig <= 0 || sig >= 65)
+          co_return co_await ex.RespondError(400, "invalid_argument",
+                                             "signal: a number or a name like SIGTERM");
+        auto pid = PidParam(ex);
+        if (!pid.ok()) co_return co_await Fail(ex, pid.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        Status sent = co_await s->Signal(*pid, sig, *group);
+        if (!sent.ok()) co_return co_await Fail(ex, sent);
+        co_await ex.Respond(204, "");
+      }));
 
   // PTY over WebSocket: binary messages are input, text messages are JSON control
   // ({"type":"resize","rows":R,"cols":C}); output comes as binary messages, the exit as a text
   // message {"type":"exit",...}, then the socket closes.
-  r.Get("/v1/sandboxes/{id}/pty",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          // The owner check first, so another key's id is a 404 (and audited) however asked.
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          if (!ex.WantsWebSocket())
-            co_return co_await ex.RespondError(400, "invalid_argument",
-                                               "this endpoint needs a WebSocket upgrade");
-          auto rows = IntQuery(ex, "rows", 24), cols = IntQuery(ex, "cols", 80);
-          sandbox::CommandSpec spec;
-          spec.argv = {"/bin/sh", "-c", ex.query().Get("command").value_or("/bin/bash -l")};
-          spec.pty = sandbox::PtySize{rows.ok() ? static_cast<int>(*rows) : 24,
-                                      cols.ok() ? static_cast<int>(*cols) : 80};
-          spec.stdin_open = true;
-          spec.user = ex.query().Get("user").value_or("");
-          spec.cwd = ex.query().Get("cwd").value_or("");
-          auto p = co_await s->Spawn(spec);
-          if (!p.ok()) co_return co_await Fail(ex, p.status());
-          int64_t pid = (*p)->pid();
-          auto ws = co_await ex.AcceptWebSocket();
-          if (!ws.ok()) {
-            (void)co_await s->Signal(pid, SIGKILL);
-            co_return;
+  r.Get(
+      "/v1/sandboxes/{id}/pty",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        // The owner check first, so another key's id is a 404 (and audited) however asked.
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        if (!ex.WantsWebSocket())
+          co_return co_await ex.RespondError(400, "invalid_argument",
+                                             "this endpoint needs a WebSocket upgrade");
+        auto rows = IntQuery(ex, "rows", 24), cols = IntQuery(ex, "cols", 80);
+        sandbox::CommandSpec spec;
+        spec.argv = {"/bin/sh", "-c", ex.query().Get("command").value_or("/bin/bash -l")};
+        spec.pty = sandbox::PtySize{rows.ok() ? static_cast<int>(*rows) : 24,
+                                    cols.ok() ? static_cast<int>(*cols) : 80};
+        spec.stdin_open = true;
+        spec.user = ex.query().Get("user").value_or("");
+        spec.cwd = ex.query().Get("cwd").value_or("");
+        auto p = co_await s->Spawn(spec);
+        if (!p.ok()) co_return co_await Fail(ex, p.status());
+        int64_t pid = (*p)->pid();
+        auto ws = co_await ex.AcceptWebSocket();
+        if (!ws.ok()) {
+          (void)co_await s->Signal(pid, SIGKILL);
+          co_return;
+        }
+        std::shared_ptr<http::WebSocket> sock = std::move(*ws);
+        std::string start = json{{"type", "start"}, {"pid", pid}}.dump();
+        (void)co_await sock->WriteText(start);
+        // Input: a coroutine of its own, so output never waits for input.
+        asio::co_spawn(sock->executor(), PtyInput(sock, s, pid), asio::detached);
+        for (;;) {
+          auto e = co_await (*p)->Next();
+          if (!e.ok() || e->kind == Kind::kError) break;
+          if (e->kind == Kind::kOutput) {
+            if (!(co_await sock->WriteBinary(e->data)).ok()) break;
+          } else {
+            (void)co_await sock->WriteText(EventJson(*e).dump());
+            break;
           }
-          std::shared_ptr<http::WebSocket> sock = std::move(*ws);
-          std::string start = json{{"type", "start"}, {"pid", pid}}.dump();
-          (void)co_await sock->WriteText(start);
-          // Input: a coroutine of its own, so output never waits for input.
-          asio::co_spawn(sock->executor(), PtyInput(sock, s, pid), asio::detached);
-          for (;;) {
-            auto e = co_await (*p)->Next();
-            if (!e.ok() || e->kind == Kind::kError) break;
-            if (e->kind == Kind::kOutput) {
-              if (!(co_await sock->WriteBinary(e->data)).ok()) break;
-            } else {
-              (void)co_await sock->WriteText(EventJson(*e).dump());
-              break;
-            }
-          }
-          (void)co_await sock->Close();
-        }));
+        }
+        (void)co_await sock->Close();
+      }));
 }
 
 }  // namespace sbx::api::v1

@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "api/v1/box_files.h"  // BodyReadFailure
+#include "api/errors.h"  // BodyReadFailure
 #include "api/v1/internal.h"
 
 namespace sbx::api::v1 {
@@ -29,28 +29,29 @@ json EntryJson(const sandbox::FileEntry& e) {
 }  // namespace
 
 void Files(http::Router& r, ApiContext& ctx) {
-  r.Get("/v1/sandboxes/{id}/files",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto path = PathQuery(ex);
-          if (!path.ok()) co_return co_await Fail(ex, path.status());
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto reader = co_await s->Read(*path);
-          if (!reader.ok()) co_return co_await Fail(ex, reader.status());
-          // The first piece before the answer: a missing file is a 404, not a cut stream.
-          auto piece = co_await (*reader)->Next();
-          if (!piece.ok()) co_return co_await Fail(ex, piece.status());
-          if (!(co_await ex.BeginStream(200, "application/octet-stream")).ok()) co_return;
-          while (piece.ok() && !piece->empty()) {
-            if (!(co_await ex.WriteChunk(*piece)).ok()) co_return;
-            piece = co_await (*reader)->Next();
-          }
-          if (piece.ok()) (void)co_await ex.EndStream();  // else cut short: a broken transfer
-        }));
+  r.Get(
+      "/v1/sandboxes/{id}/files",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto reader = co_await s->Read(*path);
+        if (!reader.ok()) co_return co_await Fail(ex, reader.status());
+        // The first piece before the answer: a missing file is a 404, not a cut stream.
+        auto piece = co_await (*reader)->Next();
+        if (!piece.ok()) co_return co_await Fail(ex, piece.status());
+        if (!(co_await ex.BeginStream(200, "application/octet-stream")).ok()) co_return;
+        while (piece.ok() && !piece->empty()) {
+          if (!(co_await ex.WriteChunk(*piece)).ok()) co_return;
+          piece = co_await (*reader)->Next();
+        }
+        if (piece.ok()) (void)co_await ex.EndStream();  // else cut short: a broken transfer
+      }));
 
   r.Put("/v1/sandboxes/{id}/files",
         Authed(ctx,
-               [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+               [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
                  auto path = PathQuery(ex);
                  if (!path.ok()) co_return co_await Fail(ex, path.status());
                  sandbox::WriteOptions o;
@@ -95,71 +96,74 @@ void Files(http::Router& r, ApiContext& ctx) {
                }),
         http::RouteOptions{size_t{1} << 40});
 
-  r.Get("/v1/sandboxes/{id}/files/stat",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto path = PathQuery(ex);
-          if (!path.ok()) co_return co_await Fail(ex, path.status());
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto e = co_await s->Stat(*path, FlagQuery(ex, "follow"));
-          if (!e.ok()) co_return co_await Fail(ex, e.status());
-          co_await ex.RespondJson(200, EntryJson(*e));
-        }));
+  r.Get(
+      "/v1/sandboxes/{id}/files/stat",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto e = co_await s->Stat(*path, FlagQuery(ex, "follow"));
+        if (!e.ok()) co_return co_await Fail(ex, e.status());
+        co_await ex.RespondJson(200, EntryJson(*e));
+      }));
 
-  r.Get("/v1/sandboxes/{id}/files/list",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto path = PathQuery(ex);
-          auto depth = IntQuery(ex, "depth", 1);
-          if (!path.ok()) co_return co_await Fail(ex, path.status());
-          if (!depth.ok() || *depth < 1 || *depth > protocol::kMaxListDepth)
-            co_return co_await ex.RespondError(
-                400, "invalid_argument",
-                "depth: a whole number from 1 to " + std::to_string(protocol::kMaxListDepth) +
-                    " (got " + std::string(ex.query().Get("depth").value_or("")) + ")");
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto entries = co_await s->List(*path, static_cast<int>(*depth));
-          if (!entries.ok()) co_return co_await Fail(ex, entries.status());
-          json out = json::array();
-          for (const auto& e : *entries) out.push_back(EntryJson(e));
-          json body = {{"entries", out}};
-          co_await ex.RespondJson(200, body);
-        }));
+  r.Get(
+      "/v1/sandboxes/{id}/files/list",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        auto depth = IntQuery(ex, "depth", 1);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        if (!depth.ok() || *depth < 1 || *depth > protocol::kMaxListDepth)
+          co_return co_await ex.RespondError(
+              400, "invalid_argument",
+              "depth: a whole number from 1 to " + std::to_string(protocol::kMaxListDepth) +
+                  " (got " + std::string(ex.query().Get("depth").value_or("")) + ")");
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto entries = co_await s->List(*path, static_cast<int>(*depth));
+        if (!entries.ok()) co_return co_await Fail(ex, entries.status());
+        json out = json::array();
+        for (const auto& e : *entries) out.push_back(EntryJson(e));
+        json body = {{"entries", out}};
+        co_await ex.RespondJson(200, body);
+      }));
 
-  r.Post("/v1/sandboxes/{id}/files/mkdir",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await ex.ReadJson();
-           if (!j.ok()) co_return co_await Fail(ex, j.status());
-           if (!j->contains("path") || !(*j)["path"].is_string())
-             co_return co_await ex.RespondError(400, "invalid_argument", "path: required");
-           auto parents = BoolField(*j, "parents", true);
-           if (!parents.ok()) co_return co_await Fail(ex, parents.status());
-           auto s = co_await SessionOrFail(ctx, ex, key);
-           if (!s) co_return;
-           auto e = co_await s->MakeDir((*j)["path"].get<std::string>(), std::nullopt, *parents);
-           if (!e.ok()) co_return co_await Fail(ex, e.status());
-           co_await ex.RespondJson(200, EntryJson(*e));
-         }));
+  r.Post(
+      "/v1/sandboxes/{id}/files/mkdir",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await ex.ReadJson();
+        if (!j.ok()) co_return co_await Fail(ex, j.status());
+        if (!j->contains("path") || !(*j)["path"].is_string())
+          co_return co_await ex.RespondError(400, "invalid_argument", "path: required");
+        auto parents = BoolField(*j, "parents", true);
+        if (!parents.ok()) co_return co_await Fail(ex, parents.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto e = co_await s->MakeDir((*j)["path"].get<std::string>(), std::nullopt, *parents);
+        if (!e.ok()) co_return co_await Fail(ex, e.status());
+        co_await ex.RespondJson(200, EntryJson(*e));
+      }));
 
-  r.Post("/v1/sandboxes/{id}/files/move",
-         Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-           auto j = co_await ex.ReadJson();
-           if (!j.ok()) co_return co_await Fail(ex, j.status());
-           if (!j->contains("from") || !j->contains("to") || !(*j)["from"].is_string() ||
-               !(*j)["to"].is_string())
-             co_return co_await ex.RespondError(400, "invalid_argument",
-                                                "from and to: required strings");
-           auto s = co_await SessionOrFail(ctx, ex, key);
-           if (!s) co_return;
-           auto e =
-               co_await s->Move((*j)["from"].get<std::string>(), (*j)["to"].get<std::string>());
-           if (!e.ok()) co_return co_await Fail(ex, e.status());
-           co_await ex.RespondJson(200, EntryJson(*e));
-         }));
+  r.Post(
+      "/v1/sandboxes/{id}/files/move",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await ex.ReadJson();
+        if (!j.ok()) co_return co_await Fail(ex, j.status());
+        if (!j->contains("from") || !j->contains("to") || !(*j)["from"].is_string() ||
+            !(*j)["to"].is_string())
+          co_return co_await ex.RespondError(400, "invalid_argument",
+                                             "from and to: required strings");
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto e = co_await s->Move((*j)["from"].get<std::string>(), (*j)["to"].get<std::string>());
+        if (!e.ok()) co_return co_await Fail(ex, e.status());
+        co_await ex.RespondJson(200, EntryJson(*e));
+      }));
 
   r.Delete(
       "/v1/sandboxes/{id}/files",
-      Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         auto path = PathQuery(ex);
         if (!path.ok()) co_return co_await Fail(ex, path.status());
         auto s = co_await SessionOrFail(ctx, ex, key);
@@ -169,33 +173,33 @@ void Files(http::Router& r, ApiContext& ctx) {
         co_await ex.Respond(204, "");
       }));
 
-  r.Get("/v1/sandboxes/{id}/files/watch",
-        Authed(ctx, [&ctx](http::Exchange& ex, const store::ApiKeyRecord& key) -> awaitable<void> {
-          auto path = PathQuery(ex);
-          if (!path.ok()) co_return co_await Fail(ex, path.status());
-          auto s = co_await SessionOrFail(ctx, ex, key);
-          if (!s) co_return;
-          auto w = co_await s->WatchDir(*path, FlagQuery(ex, "recursive"));
-          if (!w.ok()) co_return co_await Fail(ex, w.status());
-          if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
-          static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
-          // Keepalives every 15 s also tell us when the client went away.
-          for (;;) {
-            auto e = co_await (*w)->Next(std::chrono::seconds(15));
-            std::string line;
-            if (!e.ok() && e.status().err() == ETIMEDOUT) {
-              line = json{{"type", "keepalive"}}.dump() + "\n";
-            } else if (!e.ok()) {
-              break;
-            } else {
-              json event = {{"type", kEvents[static_cast<int>(e->type)]},
-                            {"path", e->path},
-                            {"name", e->name}};
-              line = http::JsonText(event) + "\n";
-            }
-            if (!(co_await ex.WriteChunk(line)).ok()) break;
+  r.Get(
+      "/v1/sandboxes/{id}/files/watch",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto path = PathQuery(ex);
+        if (!path.ok()) co_return co_await Fail(ex, path.status());
+        auto s = co_await SessionOrFail(ctx, ex, key);
+        if (!s) co_return;
+        auto w = co_await s->WatchDir(*path, FlagQuery(ex, "recursive"));
+        if (!w.ok()) co_return co_await Fail(ex, w.status());
+        if (!(co_await ex.BeginStream(200, "application/x-ndjson")).ok()) co_return;
+        static const char* kEvents[] = {"", "create", "write", "remove", "rename", "chmod"};
+        // Keepalives every 15 s also tell us when the client went away.
+        for (;;) {
+          auto e = co_await (*w)->Next(std::chrono::seconds(15));
+          std::string line;
+          if (!e.ok() && e.status().err() == ETIMEDOUT) {
+            line = json{{"type", "keepalive"}}.dump() + "\n";
+          } else if (!e.ok()) {
+            break;
+          } else {
+            json event = {
+                {"type", kEvents[static_cast<int>(e->type)]}, {"path", e->path}, {"name", e->name}};
+            line = http::JsonText(event) + "\n";
           }
-        }));
+          if (!(co_await ex.WriteChunk(line)).ok()) break;
+        }
+      }));
 }
 
 }  // namespace sbx::api::v1
