@@ -1,5 +1,6 @@
 #include "sandbox/agent_channel.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/un.h>
 
 #include <algorithm>
@@ -98,7 +99,7 @@ AgentChannel::~AgentChannel() = default;
 asio::awaitable<Result<std::shared_ptr<AgentChannel>>> AgentChannel::Connect(
     Executor ex, std::string socket_path, std::chrono::milliseconds timeout) {
   if (socket_path.size() >= sizeof(sockaddr_un::sun_path))
-    co_return Status::Error("connect " + socket_path + ": path too long", ENAMETOOLONG);
+    co_return Status::Error("connect to the sandbox's agent: socket path too long", ENAMETOOLONG);
   Clock::time_point deadline = DeadlineAfter(timeout);
   Strand strand = asio::make_strand(ex);
   Socket socket(strand);
@@ -112,7 +113,7 @@ asio::awaitable<Result<std::shared_ptr<AgentChannel>>> AgentChannel::Connect(
     socket.close(ignored);
     int e = ec.value();
     if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN) || Clock::now() >= deadline)
-      co_return Status::Error("connect " + socket_path, e);
+      co_return Status::Error("connect to the sandbox's agent", e);
     retry.expires_at(std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
     co_await retry.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
   }
@@ -133,10 +134,10 @@ asio::awaitable<Result<std::shared_ptr<AgentChannel>>> AgentChannel::Connect(
       hello_timeout);
   Status failed;
   if (!reply.ok()) {
-    failed = reply.status().Wrap("hello " + socket_path);
+    failed = reply.status().Wrap("hello from the sandbox's agent");
   } else if (reply->type() != Type::kHello ||
              reply->fields.Int(Tag::kVersion, -1) != protocol::kProtocolVersion) {
-    failed = Status::Error("hello " + socket_path + ": unexpected reply", EPROTO);
+    failed = Status::Error("hello from the sandbox's agent: unexpected reply", EPROTO);
   }
   if (!failed.ok()) {
     channel->Close();
@@ -156,7 +157,7 @@ uint32_t AgentChannel::NextId() {
 void AgentChannel::Close() {
   closed_flag_ = true;
   asio::post(strand_, [self = shared_from_this()] {
-    self->Shutdown(Status::Error("agent " + self->socket_path_ + ": channel closed", ECONNRESET));
+    self->Shutdown(Status::Error("the sandbox's agent: channel closed", ECONNRESET));
   });
 }
 
@@ -311,10 +312,10 @@ asio::awaitable<void> AgentChannel::ReadLoop() {
       Frame f;
       int r = in.Next(&f.header, &f.payload);
       if (r < 0) {
-        why = Status::Error("agent " + socket_path_ + ": oversized frame", EPROTO);
+        why = Status::Error("the sandbox's agent: oversized frame", EPROTO);
       } else if (r > 0) {
         if (!f.fields.Parse(f.payload)) {
-          why = Status::Error("agent " + socket_path_ + ": malformed payload", EPROTO);
+          why = Status::Error("the sandbox's agent: malformed payload", EPROTO);
         } else {
           co_await Deliver(std::move(f));
         }
@@ -324,9 +325,9 @@ asio::awaitable<void> AgentChannel::ReadLoop() {
                                                     asio::redirect_error(asio::use_awaitable, ec));
         if (closed_) co_return;
         if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-          why = Status::Error("agent " + socket_path_ + ": connection closed", ECONNRESET);
+          why = Status::Error("the sandbox's agent: connection closed", ECONNRESET);
         } else if (ec) {
-          why = Status::Error("agent " + socket_path_ + ": read", ec.value());
+          why = Status::Error("the sandbox's agent: read", ec.value());
         } else {
           in.Append(buf.data(), n);
         }
@@ -334,7 +335,7 @@ asio::awaitable<void> AgentChannel::ReadLoop() {
       if (closed_) co_return;
     }
   } catch (const std::exception& e) {
-    why = Status::Error("agent " + socket_path_ + ": reader failed: " + e.what(), EIO);
+    why = Status::Error(std::string("the sandbox's agent: reader failed: ") + e.what(), EIO);
   }
   Shutdown(why);
 }
@@ -392,9 +393,9 @@ asio::awaitable<void> AgentChannel::WriteLoop() {
       if (closed_) {
         status = close_status_;
       } else if (ec == asio::error::broken_pipe || ec == asio::error::connection_reset) {
-        status = Status::Error("agent " + socket_path_ + ": connection closed", ECONNRESET);
+        status = Status::Error("the sandbox's agent: connection closed", ECONNRESET);
       } else if (ec) {
-        status = Status::Error("agent " + socket_path_ + ": write", ec.value());
+        status = Status::Error("the sandbox's agent: write", ec.value());
       }
       for (auto& op : batch) {
         op->done = true;
@@ -407,7 +408,7 @@ asio::awaitable<void> AgentChannel::WriteLoop() {
       }
     }
   } catch (const std::exception& e) {
-    Shutdown(Status::Error("agent " + socket_path_ + ": writer failed: " + e.what(), EIO));
+    Shutdown(Status::Error(std::string("the sandbox's agent: writer failed: ") + e.what(), EIO));
   }
 }
 
@@ -415,6 +416,8 @@ void AgentChannel::Shutdown(Status why) {
   if (closed_) return;
   closed_ = true;
   closed_flag_ = true;
+  // Messages name no host path (they reach API clients); the log says which socket it was.
+  spdlog::debug("agent channel {} closed: {}", socket_path_, why.message());
   close_status_ = std::move(why);
   boost::system::error_code ignored;
   socket_.close(ignored);  // aborts the reader's read and the writer's write
