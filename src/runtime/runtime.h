@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,11 @@ struct BoxSpec {
   // from the runtime's id pool, or without a pool the runtime's shared legacy base. A caller that
   // passes its own range keeps it: the runtime never releases it.
   uint32_t id_base = 0;
+  // Host work on the box's namespaces from outside, between the clone and the go-ahead (the
+  // network moves the box's veth into its network namespace here): called with the agent's host
+  // pid while it waits, before anything of its own runs. A failure fails the Create; what the
+  // hook made is its caller's to remove (network::Stack::Release), the runtime knows nothing of it.
+  std::function<Status(pid_t init_pid)> at_sync_point;
 };
 
 struct BoxStats {

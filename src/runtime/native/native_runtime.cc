@@ -426,12 +426,11 @@ Status NativeRuntime::Clone(Creation& c) {
   return {};
 }
 
-Status NativeRuntime::AtSyncPoint(Creation& /*c*/) {
+Status NativeRuntime::AtSyncPoint(Creation& c) {
   // The child is cloned, mapped and in its cgroups, and waits for the go-ahead before any of its
-  // own setup. What the host must do to the box's namespaces from outside goes here (the network
-  // issue moves the box's veth into its network namespace, c.box.init_pid's, here); today
-  // nothing does. What it makes needs an owner in Creation, like everything else.
-  return {};
+  // own setup: what the host does to the box's namespaces from outside goes here (its veth).
+  if (!c.spec.at_sync_point) return {};
+  return c.spec.at_sync_point(c.box.init_pid);
 }
 
 Status NativeRuntime::SendGoAhead(Creation& c) {
