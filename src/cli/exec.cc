@@ -256,11 +256,10 @@ class PtySession {
     ws_.handshake(e.unix_socket.empty() ? e.host : "localhost", target, ec);
     if (ec) {
       // Boost 1.74 hands back the response only on success, so the API's message for a refused
-      // upgrade is lost; Exec checks the sandbox beforehand for the common causes.
+      // upgrade is lost; Exec checks the sandbox beforehand for the common causes (a process
+      // that cannot start is told over the accepted socket instead).
       if (ec == websocket::error::upgrade_declined)
-        return Status::Error(
-            "the daemon refused the terminal session (is the sandbox running? "
-            "do --user and --workdir exist in it?)");
+        return Status::Error("the daemon refused the terminal session (is the sandbox running?)");
       return client_.Unreachable(Status::Error("WebSocket handshake: " + ec.message()));
     }
     return {};
@@ -289,6 +288,7 @@ class PtySession {
     pump.reset();
     raw.reset();
     if (exit_) return ExitStatusOf(*exit_);
+    if (!start_error_.ok()) return FailStart(start_error_);
     if (!error_.ok()) return Fail(error_);
     return Fail(Status::Error("the terminal session ended before the command exited"));
   }
@@ -314,6 +314,9 @@ class PtySession {
       } else {
         json m = json::parse(data, nullptr, false);
         if (m.is_object() && m.value("type", "") == "exit") exit_ = m;
+        // The process could not start: the daemon's only message before it closes.
+        if (m.is_object() && m.value("type", "") == "error" && m["message"].is_string())
+          start_error_ = Status::Error(m["message"].get<std::string>());
       }
       Read();
     });
@@ -371,6 +374,7 @@ class PtySession {
   bool writing_ = false;
   std::optional<json> exit_;
   Status error_;
+  Status start_error_;  // the process could not start (the daemon said why)
 };
 
 // ---- the verbs ----

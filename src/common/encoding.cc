@@ -127,4 +127,31 @@ std::string FormatSize(int64_t bytes) {
   return buf;
 }
 
+std::string RedactPaths(std::string_view message) {
+  auto starts = [&](size_t i) {
+    if (message[i] != '/') return false;
+    if (i == 0) return true;
+    char before = message[i - 1];
+    return before == ' ' || before == '\'' || before == '"' || before == '(' || before == '=';
+  };
+  auto ends = [&](size_t i) {
+    char c = message[i];
+    return c == ' ' || c == '\'' || c == '"' || c == ')' || c == ',' ||
+           (c == ':' && (i + 1 == message.size() || message[i + 1] == ' '));
+  };
+  std::string out;
+  out.reserve(message.size());
+  for (size_t i = 0; i < message.size();) {
+    if (!starts(i)) {
+      out += message[i++];
+      continue;
+    }
+    // A quoted path runs to its closing quote, spaces and all.
+    char quote = i > 0 && (message[i - 1] == '\'' || message[i - 1] == '"') ? message[i - 1] : 0;
+    while (i < message.size() && (quote ? message[i] != quote : !ends(i))) ++i;
+    out += "[host path]";
+  }
+  return out;
+}
+
 }  // namespace sbx

@@ -21,4 +21,11 @@ Result<int64_t> ParseRfc3339Millis(std::string_view text);
 // "64 MiB", "1.5 GiB", "512 B" (binary units up to EiB).
 std::string FormatSize(int64_t bytes);
 
+// `message` with every absolute path in it replaced by "[host path]": for what a host-side
+// operation (a runtime's create, freeze or destroy) failed with, before it reaches an API client
+// (threats.md: no host path ever reaches a tenant). A path is a run starting with '/' at the
+// start or after a space, '(' or '=', up to a space, quote, ')', ',' or ": "; after a quote, up to
+// the closing quote.
+std::string RedactPaths(std::string_view message);
+
 }  // namespace sbx

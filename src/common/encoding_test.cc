@@ -39,5 +39,20 @@ TEST(Encoding, FormatSize) {
   EXPECT_EQ(FormatSize(int64_t{1} << 50), "1 PiB");
 }
 
+TEST(RedactPaths, ReplacesEveryAbsolutePathAndKeepsTheRest) {
+  EXPECT_EQ(
+      RedactPaths("box setup: mount overlay on /var/lib/sbx/run/ab/fs/rootfs: Invalid argument"),
+      "box setup: mount overlay on [host path]: Invalid argument");
+  EXPECT_EQ(RedactPaths("/sys/fs/cgroup/sbx/x/cgroup.freeze: Device or resource busy"),
+            "[host path]: Device or resource busy");
+  EXPECT_EQ(RedactPaths("open '/d/a b' (at /d/x), then /e=/f"),
+            "open '[host path]' (at [host path]), then [host path]");
+  EXPECT_EQ(RedactPaths("free in the data directory: 1/2 of it"),
+            "free in the data directory: 1/2 of it");
+  EXPECT_EQ(RedactPaths("path=/a:b/c: gone"), "path=[host path]: gone");
+  EXPECT_EQ(RedactPaths(""), "");
+  EXPECT_EQ(RedactPaths("/"), "[host path]");
+}
+
 }  // namespace
 }  // namespace sbx

@@ -22,6 +22,16 @@
 namespace sbx::sandbox {
 namespace {
 
+// What a host-side operation on sandbox `id` failed with, as the manager's callers (API clients)
+// get it: every host path replaced (a tenant never learns the host's layout); the full message
+// goes to the daemon's log for the operator.
+Status ForClients(const std::string& id, std::string_view op, const Status& s) {
+  if (s.ok()) return s;
+  std::string redacted = RedactPaths(s.what());
+  if (redacted != s.what()) spdlog::warn("sandbox {}: {}: {}", id, op, s.message());
+  return Status::Error(std::move(redacted), s.err());
+}
+
 using store::SandboxRecord;
 
 constexpr size_t kMaxMetadataEntries = 64;
@@ -207,7 +217,7 @@ Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
   if (l.disk_bytes > available)
     return Status::Error(
         "limits.disk_bytes: " + Bytes(l.disk_bytes) + " does not fit: " + Bytes(available) +
-            " free in " + config_.data_dir + " (" + Bytes(free) + " free on its filesystem, less " +
+            " free in the data directory (" + Bytes(free) + " free on its filesystem, less " +
             Bytes(reserve) + " kept in reserve" +
             (in_flight > 0 ? " and " + Bytes(in_flight) + " promised to sandboxes being created"
                            : std::string()) +
@@ -251,7 +261,8 @@ Status Manager::Reconcile() {
               " is held by another live process: is another sbx serve using this data directory?",
           EBUSY);
     } else {
-      why = "lost while the daemon was down: " + box.status().message();
+      why =
+          "lost while the daemon was down: " + ForClients(rec.id, "adopt", box.status()).message();
     }
     Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
     if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
@@ -434,8 +445,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   auto box = runtime_.Create(spec);
   int64_t now = clock_.NowMs();
   if (!box.ok()) {
+    Status failed = ForClients(rec.id, "create", box.status());
     rec.state = store::kStateFailed;
-    rec.error = box.status().message();
+    rec.error = failed.message();
     rec.ended_at = now;
     rec.updated_at = 0;
     WriteEnded(rec);
@@ -444,7 +456,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
       ++counters_.creation_failures;
     }
     Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
-    return box.status();
+    return failed;
   }
   SandboxRecord made = rec;
   made.state = store::kStateRunning;
@@ -569,7 +581,7 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
   // The host first: a sandbox must never be recorded ended while its box still runs (nothing
   // would ever stop it), and a kill on a full disk must still free the box's disk. The record
   // follows; WriteEnded keeps it consistent if that write fails.
-  Status s = runtime_.Destroy(box);
+  Status s = ForClients(rec.id, "destroy", runtime_.Destroy(box));
   {
     MutexLock g(mu_);
     boxes_.erase(rec.id);
@@ -597,7 +609,7 @@ Status Manager::Kill(const store::ApiKeyRecord& key, const std::string& id) {
 
 Status Manager::FailUnrecordable(SandboxRecord rec, const Status& why, const Status& undo) {
   spdlog::error("sandbox {}: {}; undoing it failed: {}", rec.id, why.message(), undo.message());
-  rec.error = why.message() + "; undoing it failed: " + undo.message();
+  rec.error = RedactPaths(why.message() + "; undoing it failed: " + undo.message());
   (void)KillLocked(rec, "unrecordable", {{"error", rec.error}}, store::kStateFailed);
   return why;
 }
@@ -607,7 +619,7 @@ Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
   if (!box.ok()) return box.status();
   // Freeze, then record. A pause the store cannot record (a full disk) is undone: a `running`
   // record over a frozen box would hang every command until its timeout.
-  SBX_RETURN_IF_ERROR(runtime_.Freeze(*box));
+  SBX_RETURN_IF_ERROR(ForClients(rec.id, "freeze", runtime_.Freeze(*box)));
   SandboxRecord paused = rec;
   paused.state = store::kStatePaused;
   paused.expires_at = 0;  // a paused sandbox waits for resume, however long
@@ -626,7 +638,7 @@ Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
 Status Manager::ResumeLocked(SandboxRecord& rec, const std::string& key_id) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
-  SBX_RETURN_IF_ERROR(runtime_.Thaw(*box));
+  SBX_RETURN_IF_ERROR(ForClients(rec.id, "thaw", runtime_.Thaw(*box)));
   SandboxRecord running = rec;
   running.state = store::kStateRunning;
   running.expires_at = clock_.NowMs() + rec.timeout_ms;
@@ -727,7 +739,9 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
         EBUSY);
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
-  return runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
+  auto socket = runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
+  if (!socket.ok()) return ForClients(id, "socket", socket.status());
+  return socket;
 }
 
 Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,
@@ -743,7 +757,9 @@ Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const s
   if (!rec.ok()) return rec.status();
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
-  return runtime_.Stats(*box);
+  auto stats = runtime_.Stats(*box);
+  if (!stats.ok()) return ForClients(id, "stats", stats.status());
+  return stats;
 }
 
 Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& key,

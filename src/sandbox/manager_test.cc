@@ -94,11 +94,12 @@ class FakeRuntime : public runtime::Runtime {
   std::shared_ptr<Gate> create_gate, freeze_gate, destroy_gate;
   // Called on every Create before the box exists (after create_gate).
   std::function<void(const std::string&)> on_create;
-  Status fail_thaw;
+  Status fail_thaw, fail_create, fail_destroy;
 
   Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
     if (auto g = Take(create_gate)) g->Pass(spec.id);
     if (on_create) on_create(spec.id);
+    if (!fail_create.ok()) return fail_create;
     std::lock_guard<std::mutex> l(mu_);
     boxes_[spec.id] = FakeBox{};
     runtime::Box b;
@@ -144,7 +145,7 @@ class FakeRuntime : public runtime::Runtime {
     if (auto g = Take(destroy_gate)) g->Pass(box.id);
     std::lock_guard<std::mutex> l(mu_);
     boxes_.erase(box.id);
-    return {};
+    return fail_destroy;
   }
   Result<int> ReapOrphans(const std::string&) override { return 0; }
   Result<runtime::Box> Adopt(const std::string& id) override {
@@ -246,6 +247,37 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<Manager> manager_;
   store::ApiKeyRecord key_;
 };
+
+// ---- What reaches clients (issue 11: no error message anywhere contains a host path) ----
+
+TEST_F(ManagerTest, RuntimeFailuresReachClientsWithoutHostPaths) {
+  const std::string host = "/var/lib/sbx/run/";
+  rt_.fail_create = Status::Error("box setup: mount overlay on " + host + "x/fs/rootfs", EINVAL);
+  CreateRequest r;
+  auto failed = M().Create(key_, r);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().err(), EINVAL);
+  EXPECT_EQ(failed.status().message(), "box setup: mount overlay on [host path]: Invalid argument");
+  auto page = M().List(key_, {});
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->items.size(), 1u);
+  EXPECT_EQ(page->items[0].error.find(host), std::string::npos) << page->items[0].error;
+  rt_.fail_create = {};
+
+  std::string id = Create();
+  rt_.fail_thaw = Status::Error("write /sys/fs/cgroup/sbx/" + id + "/cgroup.freeze", EBUSY);
+  ASSERT_TRUE(M().Pause(key_, id).ok());
+  Status resumed = M().Resume(key_, id);
+  EXPECT_EQ(resumed.err(), EBUSY);
+  EXPECT_EQ(resumed.message().find("/sys/fs"), std::string::npos) << resumed.message();
+  rt_.fail_thaw = {};
+
+  rt_.fail_destroy = Status::Error("remove " + host + id + ": Directory not empty", ENOTEMPTY);
+  Status killed = M().Kill(key_, id);
+  EXPECT_EQ(killed.err(), ENOTEMPTY);
+  EXPECT_EQ(killed.message().find(host), std::string::npos) << killed.message();
+  EXPECT_EQ(Stored(id).error.find(host), std::string::npos) << Stored(id).error;
+}
 
 // ---- TTL on the fake clock (was ServeTest.TimeoutKillsAndSettingItResets, 2 x 2.5 s asleep) ----
 
@@ -510,7 +542,9 @@ TEST_F(ManagerTest, ARetriedCreateGetsItsSandboxEvenWhenTheHostIsFull) {
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_EQ(again->id, first->id);
   r.idempotency_key = "new";
-  EXPECT_EQ(other.Create(key_, r).status().err(), ENOSPC);
+  Status full_disk = other.Create(key_, r).status();
+  EXPECT_EQ(full_disk.err(), ENOSPC);
+  EXPECT_EQ(full_disk.message().find(dir_), std::string::npos) << full_disk.message();
 }
 
 // ---- single-flight Channel ----

@@ -348,6 +348,16 @@ TEST_F(CliTest, ExitCodesLikeDocker) {
   EXPECT_EQ(r.exit_code, 126) << r.err;
   r = Sbx({"exec", "nosuchsandbox", "--", "no-such-command"});
   EXPECT_EQ(r.exit_code, 125) << r.err;  // sbx's own failure stays 125
+  // With -t the shell runs the command (127 is its own); what cannot start at all is told over
+  // the terminal socket and maps as without -t.
+  r = Sbx({"exec", "-t", id, "--", "no-such-command"});
+  EXPECT_EQ(r.exit_code, 127) << r.err;
+  r = Sbx({"exec", "-t", "-w", "/no/such/dir", id, "--", "true"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  EXPECT_NE(r.err.find("/no/such/dir"), std::string::npos) << r.err;
+  r = Sbx({"exec", "-t", "-u", "nosuchuser", id, "--", "true"});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  EXPECT_NE(r.err.find("nosuchuser"), std::string::npos) << r.err;
 
   r = Sbx({"run", "--", "no-such-command"});
   EXPECT_EQ(r.exit_code, 127) << r.err;

@@ -8,6 +8,7 @@
 #include <boost/asio/detached.hpp>
 #include <csignal>
 
+#include "api/errors.h"
 #include "api/http/websocket.h"
 #include "api/v1/internal.h"
 #include "common/encoding.h"
@@ -281,14 +282,24 @@ void Commands(http::Router& r, ApiContext& ctx) {
         spec.user = ex.query().Get("user").value_or("");
         spec.cwd = ex.query().Get("cwd").value_or("");
         auto p = co_await s->Spawn(spec);
-        if (!p.ok()) co_return co_await Fail(ex, p.status());
-        int64_t pid = (*p)->pid();
         auto ws = co_await ex.AcceptWebSocket();
         if (!ws.ok()) {
-          (void)co_await s->Signal(pid, SIGKILL);
+          if (p.ok()) (void)co_await s->Signal((*p)->pid(), SIGKILL);
           co_return;
         }
         std::shared_ptr<http::WebSocket> sock = std::move(*ws);
+        // A process that cannot start is told over the socket, not by refusing the upgrade: a
+        // WebSocket client (a browser's, Beast's) never sees the body of a refused upgrade.
+        if (!p.ok()) {
+          api::ErrorAnswer e = api::AnswerFor(p.status().err());
+          json error = {{"type", "error"}, {"status", e.status}, {"code", std::string(e.code)}};
+          error["message"] = p.status().message();
+          std::string text = error.dump();
+          (void)co_await sock->WriteText(text);
+          (void)co_await sock->Close();
+          co_return;
+        }
+        int64_t pid = (*p)->pid();
         std::string start = json{{"type", "start"}, {"pid", pid}}.dump();
         (void)co_await sock->WriteText(start);
         // Input: a coroutine of its own, so output never waits for input.

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "api/v1/internal.h"
+#include "common/encoding.h"
 
 namespace sbx::api::v1 {
 namespace {
@@ -75,8 +76,10 @@ void Health(http::Router& r, ApiContext& ctx) {
       }
       if (s.ok()) s = cache->last;
     }
-    json body =
-        s.ok() ? json{{"status", "ok"}} : json{{"status", "unhealthy"}, {"error", s.message()}};
+    // /healthz answers anyone: the store's path (in its errors) goes to the log only.
+    if (!s.ok()) spdlog::warn("healthz: {}", s.message());
+    json body = s.ok() ? json{{"status", "ok"}}
+                       : json{{"status", "unhealthy"}, {"error", RedactPaths(s.message())}};
     co_await ex.RespondJson(s.ok() ? 200 : 503, body);
   });
   // Per-sandbox series name every live sandbox: only for operator keys.
