@@ -172,6 +172,32 @@ TEST_F(RuntimeTest, TwoBoxesCannotSeeEachOther) {
 
 // Threat 24: the agent's file API resolves every path inside the box's own root, so traversal,
 // absolute paths and symlinks pointing out all stay in the box.
+// A regular file bound over a file of the layer (the network's /etc/resolv.conf) replaces it,
+// read-only.
+TEST_F(RuntimeTest, AFileBindReplacesTheLayersFile) {
+  std::string conf = dir_ + "/resolv.conf";
+  ASSERT_TRUE(WriteFile(conf, "nameserver 10.213.0.1\n", 0644).ok());
+  BoxSpec spec = Spec();
+  spec.binds.push_back({conf, "/etc/resolv.conf", true});
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  auto conn = protocol::AgentConnection::Connect(box->agent_socket);
+  ASSERT_TRUE(conn.ok());
+  std::vector<protocol::Frame> data;
+  auto r = conn->Call(Type::kRead, protocol::Writer().Str(Tag::kPath, "/etc/resolv.conf"), &data);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::string got;
+  for (const auto& f : data) got += f.fields.Str(Tag::kData);
+  EXPECT_EQ(got, "nameserver 10.213.0.1\n");
+  // The agent writes a temporary file and renames it over the target: the bind refuses that.
+  uint32_t wid = conn->NextId();
+  auto w = conn->CallWithId(Type::kWriteBegin, wid,
+                            protocol::Writer().Str(Tag::kPath, "/etc/resolv.conf"));
+  if (w.ok()) w = conn->CallWithId(Type::kWriteEnd, wid, protocol::Writer());
+  EXPECT_FALSE(w.ok()) << "a read-only bind was replaced";
+  ASSERT_TRUE(rt_->Destroy(*box).ok());
+}
+
 TEST_F(RuntimeTest, FileApiStaysInsideTheBox) {
   // A host file the box must never reach.
   std::string secret = dir_ + "/host-secret";

@@ -1,6 +1,7 @@
 #include "runtime/native/mount_plan.h"
 
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 namespace sbx::runtime {
 namespace {
@@ -119,13 +120,16 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
 
   // Binds arrive with their flags set (read-only ones: ro, nosuid, nodev, idmapped). Their
   // mount points are made with every missing parent (`sbx run --volume H:/a/new/dir`), in the
-  // box's writable layer.
+  // box's writable layer: a directory, or for a regular file (the network's resolv.conf) a file,
+  // never followed if it is a symlink (the bind then fails: nothing is mounted outside the box).
   for (size_t i = 0; i < in.binds.size(); ++i) {
     const auto& b = in.binds[i];
     for (size_t slash = b.target.find('/', 1); slash != std::string::npos;
          slash = b.target.find('/', slash + 1))
       ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target.substr(0, slash)));
-    ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target));
+    struct stat st {};
+    bool file = ::stat(b.source.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    ops.push_back(Simple(file ? MountOp::Kind::kTouch : MountOp::Kind::kMkdir, r + b.target));
     ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, r + b.target));
     // A read-only overlay without an upper layer: the topmost layer's directory (attached on
     // lower/0) over the bound one. Optional: a host without the directory keeps its bind alone.

@@ -96,6 +96,19 @@ TEST(MountPlan, BindMountPointsGetTheirParents) {
   EXPECT_EQ(made, (std::vector<std::string>{"r/a", "r/a/b", "r/a/b/c"}));
 }
 
+TEST(MountPlan, AFileIsBoundOnAFile) {
+  MountPlanInput in{"r", "upper", "work", {"/t/base"}, {{"/etc/hostname", "/etc/resolv.conf"}}};
+  auto ops = BuildMountPlan(in);
+  bool touched = false;
+  for (const auto& op : ops) {
+    if (op.target == "r/etc/resolv.conf") {
+      EXPECT_NE(op.kind, MountOp::Kind::kMkdir);
+      touched = touched || op.kind == MountOp::Kind::kTouch;
+    }
+  }
+  EXPECT_TRUE(touched);
+}
+
 TEST(MountPlan, NoHostDeviceBeyondTheHarmlessOnes) {
   auto ops = BuildMountPlan({"r", "u", "w", {"/l"}, {}});
   for (const auto& op : ops) {
