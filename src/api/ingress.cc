@@ -58,9 +58,16 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
   }
   auto target = FindPortTarget(ctx, id);
   if (key) {
-    // Another key's sandbox is as unknown as one that does not exist (docs/api.md, "Tenants").
-    if (!target || key->id != target->owner.id)
-      co_return co_await ex.RespondError(404, "not_found", "sandbox " + id + " not found");
+    // Another key's sandbox is as unknown as one that does not exist, and audited as
+    // sandbox.access_denied (docs/api.md, "Tenants"): the manager's owner check says so.
+    if (!target || key->id != target->owner.id) {
+      auto owned = co_await http::OnPool(ctx.blocking, [&] { return ctx.manager.Get(*key, id); });
+      if (!owned.ok() || !target) {
+        // Built before the co_await: GCC 12 destroys a conditional's temporary twice in one.
+        std::string why = owned.ok() ? "no sandbox '" + id + "'" : owned.status().what();
+        co_return co_await ex.RespondError(404, "not_found", why);
+      }
+    }
   } else if (!target || !target->rec.public_ports) {
     // Without a key nothing tells whether the sandbox exists: no proof is 401, a token that is not
     // a running sandbox's is 403.

@@ -24,8 +24,15 @@ std::string DaemonProcess::log() const {
 
 void DaemonProcess::Start() {
   ::unlink((data_dir_ + "/serve.port").c_str());
-  std::vector<std::string> args = {SBX_BIN, "--data-dir", data_dir_,
-                                   "serve", "--listen",   "127.0.0.1:0"};
+  std::vector<std::string> args = prefix_;
+  for (std::string a :
+       {SBX_BIN, "--data-dir", data_dir_.c_str(), "serve", "--listen", "127.0.0.1:0"})
+    args.push_back(a);
+  if (!prefix_.empty()) {
+    ::unlink(unix_socket().c_str());
+    args.insert(args.end(), {"--unix-socket", unix_socket()});
+  }
+  args.insert(args.end(), serve_flags_.begin(), serve_flags_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -34,7 +41,8 @@ void DaemonProcess::Start() {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  int rc = ::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ);
+  int rc = prefix_.empty() ? ::posix_spawn(&pid_, SBX_BIN, &fa, nullptr, argv.data(), environ)
+                           : ::posix_spawnp(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   ASSERT_EQ(rc, 0) << "spawn " << SBX_BIN;
   for (int i = 0; i < 200 && port_ == 0; ++i) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sbx::test {
 
@@ -24,6 +25,13 @@ class DaemonProcess {
   // False once the daemon process has exited (crashed, or stopped).
   bool Alive();
 
+  // Before Start: a command the daemon runs under (e.g. {"ip", "netns", "exec", NS}: then the
+  // test reaches it only through `unix_socket`, which Start adds), and more `serve` flags.
+  void set_prefix(std::vector<std::string> prefix) { prefix_ = std::move(prefix); }
+  void set_serve_flags(std::vector<std::string> flags) { serve_flags_ = std::move(flags); }
+  // <data dir>/api.sock when a prefix is set, else empty.
+  std::string unix_socket() const { return prefix_.empty() ? "" : data_dir_ + "/api.sock"; }
+
   uint16_t port() const { return port_; }
   const std::string& key() const { return key_; }
   const std::string& data_dir() const { return data_dir_; }
@@ -31,6 +39,7 @@ class DaemonProcess {
 
  private:
   std::string data_dir_;
+  std::vector<std::string> prefix_, serve_flags_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;
   std::string key_;

@@ -239,6 +239,7 @@ void Tenants::Row38() {
       {"GET", s + "/files/archive?path=/tmp", ""},
       {"PUT", s + "/files/archive?path=/tmp", ""},
       {"GET", "/v1/audit?sandbox=" + id, ""},
+      {"GET", s + "/ports/8080/", ""},
       {"DELETE", s, ""},
   };
   std::vector<std::string> failures;
@@ -297,14 +298,78 @@ void Tenants::Row38() {
       failures.push_back("envd " + r.target + ": expected 401 without A's access token, got " +
                          std::to_string(status));
   }
+  // MCP with B's key: every tool that names a sandbox answers as for no sandbox, audited, and
+  // list_sandboxes does not show A's.
+  {
+    http::ClientHeaders h = {{"Authorization", "Bearer " + b_key_},
+                             {"Accept", "application/json, text/event-stream"},
+                             {"Content-Type", "application/json"}};
+    json init = {{"jsonrpc", "2.0"},
+                 {"id", 1},
+                 {"method", "initialize"},
+                 {"params",
+                  {{"protocolVersion", "2025-06-18"},
+                   {"capabilities", json::object()},
+                   {"clientInfo", {{"name", "tenant-battery"}, {"version", "1"}}}}}};
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST", "/mcp", h,
+                           init.dump(), std::chrono::seconds(30));
+    std::string session = r.ok() ? std::string(r->Header("Mcp-Session-Id")) : "";
+    if (session.empty()) failures.push_back("MCP initialize with B's key: no session");
+    h.push_back({"Mcp-Session-Id", session});
+    struct Tool {
+      std::string name;
+      json args;
+    };
+    std::vector<Tool> tools = {
+        {"run_command", {{"sandbox_id", id}, {"command", "true"}}},
+        {"read_file", {{"sandbox_id", id}, {"path", "/etc/hostname"}}},
+        {"write_file", {{"sandbox_id", id}, {"path", "/tmp/x"}, {"content", "x"}}},
+        {"list_files", {{"sandbox_id", id}, {"path", "/"}}},
+        {"expose_port", {{"sandbox_id", id}, {"port", 8080}}},
+        {"kill_sandbox", {{"sandbox_id", id}}},
+        {"list_sandboxes", json::object()},
+    };
+    int n = 2;
+    for (const auto& t : tools) {
+      int before = AccessDenied();
+      json call = {{"jsonrpc", "2.0"},
+                   {"id", n++},
+                   {"method", "tools/call"},
+                   {"params", {{"name", t.name}, {"arguments", t.args}}}};
+      auto resp = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST", "/mcp", h,
+                                call.dump(), std::chrono::seconds(30));
+      ++routes;
+      std::string body = resp.ok() ? resp->body : "";
+      // A JSON answer, or one SSE event holding it.
+      if (size_t data = body.find("data: "); data != std::string::npos)
+        body = body.substr(data + 6);
+      json j = json::parse(body, nullptr, false);
+      json result = j.is_object() && j.contains("result") ? j["result"] : json();
+      std::string text = result.is_object() ? result.dump() : body.substr(0, 160);
+      if (t.name == "list_sandboxes") {
+        if (text.find(id) != std::string::npos)
+          failures.push_back("MCP list_sandboxes with B's key lists A's sandbox");
+        continue;
+      }
+      if (!result.is_object() || !result.value("isError", false) ||
+          text.find("no sandbox") == std::string::npos)
+        failures.push_back("MCP " + t.name +
+                           " with B's key: expected an error saying there is "
+                           "no sandbox, got " +
+                           text.substr(0, 160));
+      if (AccessDenied() <= before)
+        failures.push_back("MCP " + t.name + ": no sandbox.access_denied audit event");
+    }
+  }
   // A's sandbox is untouched by all of it.
   auto mine = Call(a_key_, "GET", s);
   if (mine.status != 200 || mine.body.find("\"running\"") == std::string::npos)
     failures.push_back("A's sandbox is no longer running: " + std::to_string(mine.status));
   RecordChecks("38-other-tenant-id", "38", failures,
                std::to_string(routes) +
-                   " routes (v1, E2B control plane: 404 + audit each; envd: "
-                   "401 without the owner's token); A's sandbox untouched");
+                   " routes (v1 with the port route, E2B control plane, MCP tools: as for no "
+                   "sandbox + audit each; envd: 401 without the owner's token); A's sandbox "
+                   "untouched");
 }
 
 // Row 41: a template (or any request field) naming a host path is refused with 400 `template not
