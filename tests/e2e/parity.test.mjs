@@ -130,3 +130,21 @@ test('e2b@2.45.0: the key the daemon minted passes the SDK\'s own format check',
   // An sbx_ key (what older sbx minted) is refused by the SDK before any request.
   await assert.rejects(v245.Sandbox.list({ apiKey: 'sbx_abc' }).nextItems(), /Invalid API key format/)
 })
+
+test('Template.exists knows the base template and the registered ones, and no other', async () => {
+  assert.equal(await v245.Template.exists('base'), true)
+  assert.equal(await v245.Template.exists('host'), true)
+  assert.equal(await v245.Template.exists('no-such-template-' + randomUUID().slice(0, 8)), false)
+})
+
+test('a feature sbx does not have yet is a 501 the SDK reports as such, not "sandbox not found"', async () => {
+  await withSandbox(v245, {}, async (sbx) => {
+    const err = await sbx.createSnapshot().then(
+      () => null,
+      (e) => e,
+    )
+    assert.ok(err, 'createSnapshot succeeded')
+    assert.notEqual(err.name, 'SandboxNotFoundError', String(err))
+    assert.match(String(err.message), /501|does not implement snapshots/)
+  })
+})

@@ -507,6 +507,44 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         co_await ex.RespondJson(200, body);
       }));
 
+  // Template.exists(name): a registered template or an alias of one (E2B's "base" is sbx's host
+  // template) answers 200, anything else 404 (the SDK's "does not exist").
+  r.Get("/templates/aliases/{alias}",
+        Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord&) -> awaitable<void> {
+          const std::string& alias = ex.Param("alias");
+          auto known = co_await http::OnPool(ctx.blocking,
+                                             [&] { return ctx.manager.RegisteredTemplate(alias); });
+          if (!known.ok()) co_return co_await Fail(ex, known.status());
+          if (!*known) co_return co_await Error(ex, 404, "template '" + alias + "' not found");
+          json body = {{"templateID", **known}, {"public", true}};
+          co_await ex.RespondJson(200, body);
+        }));
+  // E2B routes whose feature sbx does not have yet answer 501 in E2B's shape, not the 404 of an
+  // unknown path, which the SDK reports as "sandbox not found" for a sandbox that exists.
+  struct NotYet {
+    const char* method;
+    const char* path;
+    const char* what;
+  };
+  static constexpr NotYet kNotYet[] = {
+      {"POST", "/sandboxes/{id}/fork", "fork"},
+      {"POST", "/sandboxes/{id}/snapshots", "snapshots"},
+      {"GET", "/snapshots", "snapshots"},
+      {"POST", "/v3/templates", "template builds"},
+      {"POST", "/v2/templates/{id}/builds/{build}", "template builds"},
+      {"GET", "/templates/{id}/builds/{build}/status", "template builds"},
+      {"GET", "/templates/{id}/files/{hash}", "template builds"},
+      {"POST", "/templates/tags", "template tags"},
+      {"DELETE", "/templates/tags", "template tags"},
+      {"GET", "/volumes", "volumes"},
+      {"POST", "/volumes", "volumes"},
+  };
+  for (const NotYet& n : kNotYet) {
+    r.Handle(n.method, n.path, [what = n.what](http::Exchange& ex) -> awaitable<void> {
+      co_await Error(ex, 501, std::string("sbx does not implement ") + what + " yet");
+    });
+  }
+
   r.Get("/health", [](http::Exchange& ex) -> awaitable<void> { co_await ex.Respond(204, ""); });
 }
 
