@@ -61,11 +61,12 @@ class BoxRegistry {
 };
 
 // Something the network did that goes into the audit trail. Types:
-//   net.dns_denied     {"names": {"x.evil.test": 3, ...}, "dropped": N} aggregated per box per period
-//   net.connect_denied {"dst": "1.2.3.4:443", "name": "sni-or-host", "reason": "..."}
+//   net.dns_denied     {"names": {"x.evil.test": 3, ...}, "dropped": N} aggregated per box per
+//   period net.connect_denied {"dst": "1.2.3.4:443", "name": "sni-or-host", "reason": "..."}
 //   net.connect        {"dst": ..., "name": ..., "sent": N, "received": N, "ms": N} on close
 //   secret.use         {"secret": "openai", "host": "api.openai.com"}
-//   secret.leak        {"secret": "openai", "host": "evil.test"}  placeholder sent elsewhere, unreplaced
+//   secret.leak        {"secret": "openai", "host": "evil.test"}  placeholder sent elsewhere,
+//   unreplaced
 struct NetEvent {
   std::string type;
   std::string box_id;
