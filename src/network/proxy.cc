@@ -494,6 +494,12 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     co_await Refuse(st, c, a, reason);
     co_return;
   }
+  // Boxes are in private ranges, but an operator's --allow-range may have opened them.
+  if (st->boxes.ByAddress(a.dst.address())) {
+    reason = "another box's address";
+    co_await Refuse(st, c, a, reason);
+    co_return;
+  }
   std::vector<address> targets;
   if (a.name && (policy.AllowsName(*a.name, port) || policy.mode == Mode::kOpen)) {
     // Never the box's choice of address: the name's own addresses, as the host resolves them.
@@ -507,8 +513,8 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     std::string refusal;
     for (const address& raw : *resolved) {
       address ip = Unmap(raw);
-      if (st->IsHostAddress(ip)) {
-        if (refusal.empty()) refusal = "resolves to the host's own address";
+      if (st->IsHostAddress(ip) || st->boxes.ByAddress(ip)) {
+        if (refusal.empty()) refusal = "resolves to the host's own address or a box's";
         continue;
       }
       Policy::Decision d = policy.Decide(a.name, ip, port, Proto::kTcp, opened);

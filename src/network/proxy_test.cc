@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/write.hpp>
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
@@ -78,7 +79,13 @@ struct Topology {
          Sh(b + "route add default via 10.213.0.1") == 0 &&
          Sh(h + "addr add 198.18.0.1/24 dev hu") == 0 && Sh(h + "link set hu up") == 0 &&
          Sh(u + "addr add 198.18.0.10/24 dev uh") == 0 &&
-         Sh(u + "addr add 198.18.0.11/24 dev uh") == 0 && Sh(u + "link set uh up") == 0;
+         Sh(u + "addr add 198.18.0.11/24 dev uh") == 0 && Sh(u + "link set uh up") == 0 &&
+         // IPv6 (nodad: usable at once): the box at fd00:213::2, the upstream at 2001:db8::10.
+         Sh(h + "addr add fd00:213::1/64 dev hb nodad") == 0 &&
+         Sh(b + "addr add fd00:213::2/64 dev bh nodad") == 0 &&
+         Sh(b + "route add default via fd00:213::1") == 0 &&
+         Sh(h + "addr add 2001:db8::1/64 dev hu nodad") == 0 &&
+         Sh(u + "addr add 2001:db8::10/64 dev uh nodad") == 0;
   }
   ~Topology() {
     for (const std::string& ns : {host, box, up}) (void)Sh("ip netns del " + ns);
@@ -87,7 +94,7 @@ struct Topology {
   bool Redirect(uint16_t port) {
     std::string file = "/tmp/sbx-proxy-test-" + kPid + ".nft";
     std::ofstream(file) << "flush ruleset\n"
-                           "table ip sbxtest {\n"
+                           "table inet sbxtest {\n"
                            "  chain pre {\n"
                            "    type nat hook prerouting priority dstnat;\n"
                            "    iifname \"hb\" meta l4proto tcp redirect to :" +
@@ -170,7 +177,7 @@ class Upstream {
     ctx_ = SSL_CTX_new(TLS_server_method());
     SSL_CTX_use_certificate_chain_file(ctx_, (certs.dir + "/leaf.pem").c_str());
     SSL_CTX_use_PrivateKey_file(ctx_, (certs.dir + "/leaf.key").c_str(), SSL_FILETYPE_PEM);
-    for (const char* ip : {"198.18.0.10", "198.18.0.11"}) {
+    for (const char* ip : {"198.18.0.10", "198.18.0.11", "2001:db8::10"}) {
       for (auto [port, kind] : {std::pair{80, 'h'}, std::pair{443, 't'}, std::pair{7000, 'b'}}) {
         int fd = InNs(ns, [&] { return Listen(ip, static_cast<uint16_t>(port)); });
         if (fd < 0) continue;
@@ -188,22 +195,24 @@ class Upstream {
     }
     for (UniqueFd& l : listeners_) ::shutdown(l.get(), SHUT_RDWR);
     for (std::thread& t : threads_) t.join();
-    std::lock_guard lock(mu_);
-    for (std::thread& t : handlers_) t.join();
+    // No new handlers now; join them without the lock, which each takes on its way out.
+    std::vector<std::thread> handlers;
+    {
+      std::lock_guard lock(mu_);
+      handlers.swap(handlers_);
+    }
+    for (std::thread& t : handlers) t.join();
     SSL_CTX_free(ctx_);
   }
   int listening() const { return listening_; }
 
  private:
   static int Listen(const char* ip, uint16_t port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    boost::asio::ip::tcp::endpoint e(A(ip), port);
+    int fd = ::socket(e.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    inet_pton(AF_INET, ip, &a.sin_addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 64) != 0) {
+    if (bind(fd, e.data(), static_cast<socklen_t>(e.size())) != 0 || listen(fd, 64) != 0) {
       ::close(fd);
       return -1;
     }
@@ -228,14 +237,14 @@ class Upstream {
     }
   }
   void Serve(int fd, char kind) {
-    sockaddr_in local{};
-    socklen_t len = sizeof local;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
-    char ip[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &local.sin_addr, ip, sizeof ip);
+    boost::asio::ip::tcp::endpoint local;
+    socklen_t len = static_cast<socklen_t>(local.capacity());
+    getsockname(fd, local.data(), &len);
+    local.resize(len);
+    const std::string ip = local.address().to_string();
     Stream s{fd, nullptr};
     if (kind == 'b') {  // speaks first, then echoes
-      if (!s.Write(std::string("banner ") + ip + "\n")) return;
+      if (!s.Write("banner " + ip + "\n")) return;
       char buf[4096];
       for (ssize_t n; (n = s.Read(buf, sizeof buf)) > 0;)
         if (!s.Write(std::string_view(buf, static_cast<size_t>(n)))) return;
@@ -360,7 +369,7 @@ class ProxyTest : public ::testing::Test {
     if (!topo_.ok) GTEST_SKIP() << "cannot make network namespaces and veths here";
     ASSERT_TRUE(certs_.ok);
     upstream_ = std::make_unique<Upstream>(topo_.up, certs_);
-    ASSERT_EQ(upstream_->listening(), 6);
+    ASSERT_EQ(upstream_->listening(), 9);
     lookup_.names = {{"pypi.test", {A("198.18.0.10")}},
                      {"evil.test", {A("198.18.0.11")}},
                      {"a.files.test", {A("10.99.0.1"), A("198.18.0.11")}},
@@ -375,10 +384,10 @@ class ProxyTest : public ::testing::Test {
   }
 
   void Put(std::vector<const char*> allow, Mode mode = Mode::kAllowlist, int max_connections = 64,
-           int64_t rate = 0) {
+           int64_t rate = 0, const char* box_ip = "10.213.0.2") {
     auto b = std::make_shared<BoxNet>();
     b->id = "box1";
-    b->box_ip = A("10.213.0.2");
+    b->box_ip = A(box_ip);
     b->host_ip = A("10.213.0.1");
     b->policy.mode = mode;
     for (const char* a : allow) b->policy.allow.push_back(*ParseRule(a));
@@ -387,8 +396,9 @@ class ProxyTest : public ::testing::Test {
     boxes_.Put(b);
   }
 
-  void StartProxy(int64_t peek_timeout_ms = 200) {
+  void StartProxy(int64_t peek_timeout_ms = 200, Interceptor* interceptor = nullptr) {
     ProxyConfig config;
+    config.interceptor = interceptor;
     config.on_event = [this](NetEvent e) { events_.Add(std::move(e)); };
     config.lookup = &lookup_;
     config.peek_timeout_ms = peek_timeout_ms;
@@ -398,7 +408,7 @@ class ProxyTest : public ::testing::Test {
       UniqueFd fd(open(("/run/netns/" + topo_.host).c_str(), O_RDONLY | O_CLOEXEC));
       if (!fd || setns(fd.get(), CLONE_NEWNET) != 0) std::abort();
       started.set_value(EgressProxy::Start(ioc_.get_executor(),
-                                           net::ip::tcp::endpoint(net::ip::address_v4::any(), 0),
+                                           net::ip::tcp::endpoint(net::ip::address_v6::any(), 0),
                                            boxes_, config));
       ioc_.run();
     });
@@ -416,15 +426,12 @@ class ProxyTest : public ::testing::Test {
   // A connected socket from inside the box.
   UniqueFd Connect(const char* ip, uint16_t port) {
     return InNs(topo_.box, [&] {
-      UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      boost::asio::ip::tcp::endpoint e(A(ip), port);
+      UniqueFd fd(::socket(e.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
       timeval tv{20, 0};
       setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(port);
-      inet_pton(AF_INET, ip, &a.sin_addr);
-      if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fd.reset();
+      if (::connect(fd.get(), e.data(), static_cast<socklen_t>(e.size())) != 0) fd.reset();
       return fd;
     });
   }
@@ -607,7 +614,7 @@ TEST_F(ProxyTest, AllowedNamesResolvingIntoDeniedRangesAreRefused) {
   r = Http("198.18.0.10", Get("meta.test"));
   EXPECT_NE(Body(r).find("resolves into 169.254.0.0/16"), std::string::npos) << r;
   r = Http("198.18.0.10", Get("host.test"));
-  EXPECT_NE(Body(r).find("resolves to the host's own address"), std::string::npos) << r;
+  EXPECT_NE(Body(r).find("resolves to the host's own address or a box's"), std::string::npos) << r;
   r = Http("198.18.0.10", Get("nowhere.test"));
   EXPECT_NE(Body(r).find("cannot resolve nowhere.test"), std::string::npos) << r;
   std::optional<NetEvent> e = events_.Wait("net.connect_denied");
@@ -629,6 +636,15 @@ TEST_F(ProxyTest, TheHostsOwnAddressIsRefusedWhateverThePolicy) {
   std::optional<NetEvent> e = events_.Wait("net.connect_denied", 1);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->detail["dst"], "10.213.0.1:" + std::to_string(proxy_->port()));
+  EXPECT_EQ(e->detail["reason"], "the host's own address");
+  // Another box's address, whatever the policy (here a box registered at an address the policy
+  // allows; real ones are in private ranges, which --allow-range may open).
+  auto other = std::make_shared<BoxNet>();
+  other->id = "box2";
+  other->box_ip = A("198.18.0.11");
+  boxes_.Put(other);
+  r = Http("198.18.0.11", Get("198.18.0.11"));
+  EXPECT_NE(Body(r).find("another box's address"), std::string::npos) << r;
 }
 
 TEST_F(ProxyTest, AnUnknownSourceIsClosedWithoutAudit) {
@@ -661,6 +677,61 @@ TEST_F(ProxyTest, ConnectionCapPerBox) {
   ASSERT_EQ(proxy_->OpenConnections("box1"), 1);
   UniqueFd again = Connect("198.18.0.11", 7000);
   EXPECT_GT(::recv(again.get(), buf, sizeof buf, 0), 0);
+}
+
+TEST_F(ProxyTest, Ipv6ConnectionsAreRedirectedAndDecidedTheSameWay) {
+  lookup_.names["v6.test"] = {A("2001:db8::10")};
+  lookup_.names["ula.test"] = {A("fd00:1::1")};
+  Put({"v6.test", "[2001:db8::10]:7000", "ula.test"}, Mode::kAllowlist, 64, 0, "fd00:213::2");
+  StartProxy();
+  UniqueFd fd = Connect("2001:db8::10", 7000);
+  ASSERT_TRUE(fd);
+  Stream s{fd.get(), nullptr};
+  char buf[64];
+  ssize_t n = s.Read(buf, sizeof buf);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(std::max<ssize_t>(n, 0))),
+            "banner 2001:db8::10\n");
+  fd.reset();
+  std::optional<NetEvent> e = events_.Wait("net.connect");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->detail["dst"], "[2001:db8::10]:7000");
+  std::string r = Http("2001:db8::10", Get("v6.test"));
+  EXPECT_EQ(Body(r), "server 2001:db8::10 host v6.test") << r;
+  r = Http("2001:db8::10", Get("ula.test"));
+  EXPECT_NE(Body(r).find("resolves into fc00::/7"), std::string::npos) << r;
+  r = Http("2001:db8::10", Get("pypi.test"));
+  EXPECT_NE(Body(r).find("not in the allowlist"), std::string::npos) << r;
+  // The box's IPv4 address is no box now: closed without a word.
+  EXPECT_EQ(Http("198.18.0.10", Get("v6.test")), "");
+}
+
+// Takes the connections of names it wants, as the secrets' TLS termination will.
+class TestInterceptor : public Interceptor {
+ public:
+  bool Wants(const BoxNet&, std::string_view name) const override { return name == "pypi.test"; }
+  void Serve(net::ip::tcp::socket client, std::string peeked, net::ip::tcp::socket upstream,
+             std::string name, bool tls, std::shared_ptr<const BoxNet> box) override {
+    boost::system::error_code ec;
+    std::string upstream_at = upstream.remote_endpoint(ec).address().to_string();
+    std::string line = "intercepted " + name + (tls ? " tls " : " http ") + box->id + " " +
+                       upstream_at + " " + std::to_string(peeked.size()) + "\n";
+    net::write(client, net::buffer(line), ec);
+    ++served;
+  }
+  std::atomic<int> served{0};
+};
+
+TEST_F(ProxyTest, AnInterceptorGetsTheConnectionsItWants) {
+  TestInterceptor interceptor;
+  StartProxy(200, &interceptor);
+  std::string request = Get("pypi.test");
+  // Forged: asked for .11, the interceptor's upstream is pypi.test's .10.
+  EXPECT_EQ(Http("198.18.0.11", request),
+            "intercepted pypi.test http box1 198.18.0.10 " + std::to_string(request.size()) + "\n");
+  EXPECT_EQ(interceptor.served, 1);
+  // Names it does not want are relayed as usual.
+  EXPECT_EQ(Body(Http("198.18.0.11", Get("a.files.test"))), "server 198.18.0.11 host a.files.test");
+  EXPECT_EQ(interceptor.served, 1);
 }
 
 TEST(TokenBucket, GrantsAtMostBurstPlusRateTimesTime) {
