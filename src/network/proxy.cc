@@ -464,7 +464,10 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     c->timer.cancel();
     if (c->closed) co_return;
     if (c->expired) {
-      sniffed = {Sniffed::Kind::kOther, std::nullopt, {}};
+      // The deadline passed (perhaps just after bytes came in): what is there decides.
+      sniffed = Sniff(peeked);
+      if (sniffed.kind == Sniffed::Kind::kNeedMore)
+        sniffed = {Sniffed::Kind::kOther, std::nullopt, {}};
       break;
     }
     if (ec) co_return;  // gone before saying anything we could decide on
