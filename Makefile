@@ -9,6 +9,8 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   e2fsprogs util-linux iproute2 python3 python3-pip openssl git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
+# The egress proxy's tests: nft (a redirect rule in a test namespace) and openssl (a test CA).
+DEB_PACKAGES += nftables openssl
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
@@ -80,7 +82,7 @@ tidy: $(BUILD)/build.ninja
 # classes are annotated; gcc ignores the annotations. clang 14 sees Boost.Asio's coroutine
 # support only when told it is there (the two BOOST_ASIO_HAS_* defines). seccomp_default.cc needs
 # the build's generated BPF and holds no lock. About 45 s of CPU: part of `make test`.
-TS_DIRS  := src/common src/runtime src/storage src/store src/sandbox src/api/http src/api/mcp src/agent
+TS_DIRS  := src/common src/runtime src/storage src/store src/sandbox src/api/http src/api/mcp src/agent src/network
 TS_FLAGS := -std=c++20 -fsyntax-only -Wthread-safety -Werror -Isrc \
   -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -DFMT_SHARED \
   -DBOOST_ASIO_NO_DEPRECATED -DBOOST_ASIO_HAS_CO_AWAIT -DBOOST_ASIO_HAS_STD_COROUTINE

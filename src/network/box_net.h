@@ -55,17 +55,18 @@ class BoxRegistry {
   std::vector<std::shared_ptr<const BoxNet>> All() const;
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const BoxNet>> by_id_ GUARDED_BY(mu_);
   std::map<address, std::shared_ptr<const BoxNet>> by_address_ GUARDED_BY(mu_);
 };
 
 // Something the network did that goes into the audit trail. Types:
-//   net.dns_denied     {"names": {"x.evil.test": 3, ...}, "dropped": N} aggregated per box per period
-//   net.connect_denied {"dst": "1.2.3.4:443", "name": "sni-or-host", "reason": "..."}
+//   net.dns_denied     {"names": {"x.evil.test": 3, ...}, "dropped": N} aggregated per box per
+//   period net.connect_denied {"dst": "1.2.3.4:443", "name": "sni-or-host", "reason": "..."}
 //   net.connect        {"dst": ..., "name": ..., "sent": N, "received": N, "ms": N} on close
 //   secret.use         {"secret": "openai", "host": "api.openai.com"}
-//   secret.leak        {"secret": "openai", "host": "evil.test"}  placeholder sent elsewhere, unreplaced
+//   secret.leak        {"secret": "openai", "host": "evil.test"}  placeholder sent elsewhere,
+//   unreplaced
 struct NetEvent {
   std::string type;
   std::string box_id;

@@ -30,8 +30,8 @@ namespace sbx::network {
 using boost::asio::ip::address;
 
 enum class Mode { kNone, kAllowlist, kOpen };
-const char* ModeName(Mode mode);                    // "none", "allowlist", "open"
-Result<Mode> ParseMode(std::string_view text);      // EINVAL naming the text
+const char* ModeName(Mode mode);                // "none", "allowlist", "open"
+Result<Mode> ParseMode(std::string_view text);  // EINVAL naming the text
 
 enum class Proto { kTcp, kUdp };
 
@@ -47,9 +47,9 @@ Result<Cidr> ParseCidr(std::string_view text);
 
 struct Rule {
   enum class Kind { kName, kWildcard, kAnyName, kCidr } kind = Kind::kName;
-  std::string name;  // kName: "pypi.org"; kWildcard: the suffix "pythonhosted.org"; lowercase
-  Cidr cidr;         // kCidr
-  uint16_t port = 0; // 0: any port (never 0 for UDP)
+  std::string name;   // kName: "pypi.org"; kWildcard: the suffix "pythonhosted.org"; lowercase
+  Cidr cidr;          // kCidr
+  uint16_t port = 0;  // 0: any port (never 0 for UDP)
   Proto proto = Proto::kTcp;
   std::string text;  // as written (normalised), for messages and for the record
 };

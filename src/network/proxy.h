@@ -1,0 +1,109 @@
+// EgressProxy: every TCP connection a box makes ends here (issue 12, item 4; docs/network.md,
+// "Egress proxy"). nftables redirects the box's TCP to the proxy's port; the proxy finds the box
+// by the connection's source address, the destination the box asked for by SO_ORIGINAL_DST, and
+// the name it meant by peeking at its first bytes (TLS SNI or HTTP Host, sni.h). A name the
+// policy allows is resolved again on the host and the connection goes to one of those addresses,
+// never to the box's own choice of address just because it asked (no DNS rebinding, no forged
+// Host or SNI); without an allowed name the destination address must be allowed by itself. The
+// host's own addresses and the always-denied ranges are refused whatever the policy says.
+// Refusals close the connection at once (a plain-HTTP client first gets a 403 naming the
+// policy) and are audited; allowed connections are relayed with splice(2) and audited on close.
+//
+// Threading: every socket, timer and per-box count lives on one strand of the executor given to
+// Start. Sockets are created on the executor's threads, so those threads must be in the network
+// namespace the proxy serves (the host's).
+#pragma once
+
+#include <atomic>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "network/box_net.h"
+#include "network/intercept.h"
+#include "network/policy.h"
+
+namespace sbx::network {
+
+struct ProxyConfig {
+  std::vector<Cidr> opened_ranges;     // --allow-range: parts of the always-denied ranges opened
+  EventSink on_event;                  // audit (net.connect, net.connect_denied); may be empty
+  HostLookup* lookup = nullptr;        // re-resolution of names; must outlive the proxy
+  Interceptor* interceptor = nullptr;  // secrets (intercept.h); null: plain relay only
+  int64_t peek_timeout_ms = 1000;      // how long to wait for a client that speaks first
+  int64_t connect_timeout_ms = 10000;  // resolving and connecting upstream, together
+  int64_t host_addresses_refresh_ms = 10000;  // how stale the host's own address list may be
+};
+
+// A token bucket for one box's bandwidth in one direction. `rate` bytes per second, at most
+// `burst` (a quarter of a second's worth, at least 16 KiB) saved up. Not thread-safe: the proxy
+// uses it on its strand. Over any interval of length T it grants at most burst + rate * T bytes.
+class TokenBucket {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  TokenBucket(int64_t rate, Time now);
+  // Up to `want` bytes that may be sent now (0 when empty); they are taken.
+  int64_t Take(int64_t want, Time now);
+  // Returns what a Take granted and was not used.
+  void Give(int64_t unused);
+  // How long until at least one chunk (min(want, burst)) can be taken.
+  std::chrono::nanoseconds Wait(int64_t want, Time now) const;
+  // A new rate (a registry change); keeps what is saved up, capped at the new burst.
+  void SetRate(int64_t rate);
+  int64_t rate() const { return rate_; }
+  int64_t burst() const { return burst_; }
+  uint64_t granted() const { return granted_; }  // all bytes taken and not given back
+
+ private:
+  void Refill(Time now);
+  int64_t rate_;
+  int64_t burst_;
+  double tokens_;
+  Time last_;
+  uint64_t granted_ = 0;
+};
+
+class EgressProxy {
+ public:
+  // Listens on `listen` (port 0: any free port; a v6 "any" address also takes IPv4) and serves
+  // until Stop. `boxes` must outlive the proxy.
+  static Result<std::unique_ptr<EgressProxy>> Start(boost::asio::any_io_executor ex,
+                                                    boost::asio::ip::tcp::endpoint listen,
+                                                    BoxRegistry& boxes, ProxyConfig config);
+  // Stops (see Stop).
+  ~EgressProxy();
+  EgressProxy(const EgressProxy&) = delete;
+  EgressProxy& operator=(const EgressProxy&) = delete;
+
+  uint16_t port() const { return port_; }
+  // Closes the listener and every connection it relays (connections handed to the interceptor
+  // are the interceptor's). Waits for that to be done on the strand, so call it while the
+  // executor still runs (from any thread, its own included). Idempotent.
+  void Stop();
+
+  // For tests and metrics (they block on the strand like Stop; before Stop only): connections the
+  // proxy holds for `box_id` right now, and the bytes its bandwidth limiter granted that box, both
+  // directions.
+  int OpenConnections(const std::string& box_id);
+  uint64_t LimitedBytes(const std::string& box_id);
+
+  struct State;  // shared with the connections' coroutines, which may outlive this object
+
+ private:
+  EgressProxy(std::shared_ptr<State> state, uint16_t port)
+      : state_(std::move(state)), port_(port) {}
+  std::shared_ptr<State> state_;
+  uint16_t port_;
+  std::atomic<bool> stopped_{false};  // Stop ran: the executor may be gone, never wait on it again
+};
+
+// The 403 a plain-HTTP client gets for a refused connection: its body names the policy and the
+// reason, so that curl and pip users see why.
+std::string RefusalResponse(const Policy& policy, const std::string& reason);
+
+}  // namespace sbx::network
