@@ -101,7 +101,7 @@ CaresChannel::~CaresChannel() { Stop(); }
 
 bool CaresChannel::Post(std::function<void(ares_channel)> work) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return false;
     queue_.push_back(std::move(work));
   }
@@ -113,7 +113,7 @@ bool CaresChannel::Post(std::function<void(ares_channel)> work) {
 
 void CaresChannel::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
@@ -127,7 +127,7 @@ void CaresChannel::Loop() {
     std::vector<std::function<void(ares_channel)>> work;
     bool stop;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       work.swap(queue_);
       stop = stopping_;
     }

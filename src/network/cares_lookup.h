@@ -62,7 +62,7 @@ class CaresChannel {
 
   ares_channel channel_ = nullptr;  // only the thread touches it after Start
   UniqueFd wake_;                   // eventfd: work queued or Stop
-  std::mutex mu_;
+  Mutex mu_;
   std::vector<std::function<void(ares_channel)>> queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
