@@ -28,7 +28,7 @@ using Bytes = std::vector<uint8_t>;
 using Reply = std::function<void(Bytes)>;
 
 // Answers a TCP connection may owe at once before sbx stops reading from it.
-constexpr int kMaxPendingPerConnection = 16;
+constexpr size_t kMaxPendingPerConnection = 16;
 // The longest name an audit event quotes (an escaped, invalid name can be ~4x its wire size).
 constexpr size_t kMaxAuditedName = 255;
 
@@ -106,7 +106,7 @@ struct Resolver::Impl {
 
 // One TCP client: 2-byte length-prefixed messages (RFC 1035 4.2.2, RFC 7766), several per
 // connection and pipelined, answered in the order answers come; closed after tcp_idle_ms without
-// a query, or at once past kMaxPendingPerConnection unanswered ones (reading pauses instead).
+// a query. Past kMaxPendingPerConnection answers owed or unwritten, reading pauses.
 class Resolver::Impl::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Impl& impl, tcp::socket socket, address peer, std::string box_id)
@@ -145,7 +145,9 @@ class Resolver::Impl::Session : public std::enable_shared_from_this<Session> {
   }
 
   void MaybeRead() {
-    if (closed_ || reading_ || pending_ >= kMaxPendingPerConnection) return;
+    // Answers not yet made and answers not yet written both count: a client that never reads
+    // its answers stops being read from, and its memory stays bounded.
+    if (closed_ || reading_ || pending_ + out_.size() >= kMaxPendingPerConnection) return;
     reading_ = true;
     asio::async_read(socket_, asio::buffer(length_),
                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
@@ -191,6 +193,7 @@ class Resolver::Impl::Session : public std::enable_shared_from_this<Session> {
                         if (ec || self->closed_) return self->Close();
                         self->out_.pop_front();
                         self->Write();
+                        self->MaybeRead();
                       });
   }
 
@@ -205,7 +208,7 @@ class Resolver::Impl::Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false;
   bool writing_ = false;
   bool closed_ = false;
-  int pending_ = 0;
+  size_t pending_ = 0;
 };
 
 Status Resolver::Impl::Bind(const address& listen, uint16_t want) {

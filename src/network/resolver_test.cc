@@ -303,6 +303,23 @@ TEST_F(ResolverTest, TcpCarriesSeveralQueriesPerConnection) {
   EXPECT_EQ(upstream_.queries(), 2);
 }
 
+TEST_F(ResolverTest, PipelinedTcpQueriesPastTheReadPauseAreAllAnswered) {
+  StartResolver();
+  TcpClient box(kBoxIp, resolver_->port());
+  // 45 at once: more than a connection may owe (16), so reading pauses and resumes.
+  for (int i = 0; i < 45; i++) {
+    box.Send(MakeQuery(static_cast<uint16_t>(100 + i), i % 9 ? "no.test" : "allowed.test", 1));
+  }
+  std::set<uint16_t> ids;
+  for (int i = 0; i < 45; i++) {
+    Bytes m = box.Receive();
+    ASSERT_FALSE(m.empty()) << i;
+    ids.insert(Id(m));
+  }
+  EXPECT_EQ(ids.size(), 45u);
+  EXPECT_EQ(upstream_.queries(), 5);
+}
+
 TEST_F(ResolverTest, MalformedQueriesGetFormerrOrNothing) {
   StartResolver();
   UdpClient box(kBoxIp, resolver_->port());
