@@ -282,6 +282,24 @@ TEST_F(ResolverTest, AaaaWithIpv6OffIsNodata) {
   EXPECT_EQ(upstream_.queries(), 0);
 }
 
+TEST_F(ResolverTest, AaaaWithIpv6OnIsForwarded) {
+  upstream_.Set("v6.allowed.test", {.aaaa = {"2001:db8::7"}});
+  ResolverConfig config;
+  config.ipv6 = true;
+  StartResolver(config);
+  UdpClient box(kBoxIp, resolver_->port());
+  Bytes a = box.Ask(MakeQuery(13, "v6.allowed.test", dns::kTypeAaaa));
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(Rcode(a), 0);
+  EXPECT_EQ(AnswerCount(a), 1);
+  // An allowed name upstream does not know: upstream's own NXDOMAIN, relayed.
+  Bytes n = box.Ask(MakeQuery(14, "unknown.wild.test", dns::kTypeA));
+  ASSERT_FALSE(n.empty());
+  EXPECT_EQ(Id(n), 14);
+  EXPECT_EQ(Rcode(n), 3);
+  EXPECT_EQ(upstream_.queries(), 2);
+}
+
 TEST_F(ResolverTest, TcpCarriesSeveralQueriesPerConnection) {
   StartResolver();
   TcpClient box(kBoxIp, resolver_->port());
