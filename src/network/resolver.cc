@@ -306,12 +306,14 @@ bool Resolver::Impl::TakeToken(BoxState& st) {
   return true;
 }
 
-void Resolver::Impl::CountDenied(BoxState& st, const std::string& name) {
+void Resolver::Impl::CountDenied(BoxState& st, const std::string& full) {
+  // ASCII whatever the box sent (ReadName escapes odd bytes), so the event's JSON is valid.
+  std::string name = full.substr(0, kMaxAuditedName);
   auto it = st.denied.find(name);
   if (it != st.denied.end()) {
     it->second++;
   } else if (st.denied.size() < config.max_names_per_event) {
-    st.denied.emplace(name.substr(0, kMaxAuditedName), 1);
+    st.denied.emplace(std::move(name), 1);
   } else {
     st.dropped++;
   }

@@ -435,6 +435,22 @@ TEST_F(ResolverTest, DeniedQueriesAreAuditedOncePerPeriod) {
   EXPECT_EQ(all[1].detail["dropped"], 0);
 }
 
+TEST_F(ResolverTest, OddBytesInADeniedNameAreAuditedEscaped) {
+  StartResolver();
+  UdpClient box(kBoxIp, resolver_->port());
+  Bytes q = MakeQuery(65, "ab.allowed.test", dns::kTypeA);
+  q[13] =
+      0xff;  // one label "\255\046": not a DNS name, so never forwarded even under *.allowed.test
+  q[14] = '.';
+  EXPECT_EQ(Rcode(box.Ask(q)), 3);
+  resolver_->Stop();
+  auto all = events_.Get();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].detail["names"], nlohmann::json({{"\\255\\046.allowed.test", 1}}));
+  EXPECT_NO_THROW((void)all[0].detail.dump());
+  EXPECT_EQ(upstream_.queries(), 0);
+}
+
 TEST_F(ResolverTest, RateAndInflightCapsRefuse) {
   ResolverConfig config;
   config.burst = 3;
