@@ -7,7 +7,7 @@ SBX_WERROR ?= OFF
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libseccomp-dev libarchive-dev libzstd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
   libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev libnftables-dev nftables \
   e2fsprogs util-linux iproute2 python3 git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
