@@ -508,6 +508,9 @@ TEST_F(FirewallTest, ABoxCannotReachAnotherBox) {
   EXPECT_FALSE(PingWithin(topo_.a(), "10.213.0.6", kDropMs));
   // Nor from the upstream (the LAN) toward a box.
   EXPECT_FALSE(ConnectWithin(topo_.up(), "10.213.0.6", 7000, kDropMs));
+  // The host itself still reaches a box's ports (the ingress relay does).
+  EXPECT_TRUE(ConnectWithin(topo_.host(), "10.213.0.6", 7000, kArriveMs));
+  EXPECT_TRUE(AcceptWithin(b_tcp_.get(), kArriveMs));
 }
 
 TEST_F(FirewallTest, PingReachesTheGatewayOnly) {
@@ -546,6 +549,79 @@ TEST_F(FirewallTest, IPv6IsRefused) {
   std::string chain = topo_.Nft("list chain inet sbx prerouting");
   EXPECT_EQ(chain.find("meta nfproto ipv6 counter packets 0 "), std::string::npos)
       << "nothing was dropped as IPv6: " << chain;
+}
+
+// With --ipv6 the same rules hold in inet form: neighbour discovery works, TCP goes to the proxy,
+// port 53 to the resolver, a spoofed source is dropped and nothing is forwarded.
+TEST_F(FirewallTest, WithIPv6EnabledTheSameRulesHold) {
+  ASSERT_EQ(Sh("ip -n " + topo_.a() + " -6 route add default via fd00:5b::1"), 0);
+  FirewallConfig c = Config();
+  c.ipv6 = true;
+  auto fw = Open(c);
+  ASSERT_TRUE(fw);
+  Status add = InNetns(topo_.host(), [&] {
+    return fw->AddBox("alpha", "hA", {Ip("10.213.0.2"), Ip("fd00:5b::2")}, UdpPolicy({}));
+  });
+  ASSERT_TRUE(add.ok()) << add.message();
+  auto listen6 = [&](int type, uint16_t port) {
+    return InNetns(topo_.host(), [&] {
+      UniqueFd fd(socket(AF_INET6, type | SOCK_CLOEXEC, 0));
+      int one = 1;
+      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+      sockaddr_in6 sa{};
+      sa.sin6_family = AF_INET6;
+      sa.sin6_port = htons(port);
+      if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+          (type == SOCK_STREAM && listen(fd.get(), 4) != 0))
+        fd.reset();
+      return fd;
+    });
+  };
+  UniqueFd proxy6 = listen6(SOCK_STREAM, kProxyPort), dns6 = listen6(SOCK_DGRAM, kDnsPort);
+  ASSERT_TRUE(proxy6 && dns6);
+  auto to6 = [](const char* ip, uint16_t port) {
+    sockaddr_in6 sa{};
+    sa.sin6_family = AF_INET6;
+    sa.sin6_port = htons(port);
+    inet_pton(AF_INET6, ip, &sa.sin6_addr);
+    return sa;
+  };
+
+  UniqueFd tcp =
+      InNetns(topo_.a(), [] { return UniqueFd(socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0)); });
+  fcntl(tcp.get(), F_SETFL, O_NONBLOCK);
+  sockaddr_in6 web = to6("2001:db8::10", 80);
+  (void)connect(tcp.get(), reinterpret_cast<sockaddr*>(&web), sizeof web);
+  ASSERT_TRUE(Readable(proxy6.get(), kArriveMs)) << "IPv6 TCP did not reach the proxy";
+  UniqueFd conn(accept4(proxy6.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  sockaddr_in6 orig{};
+  socklen_t len = sizeof orig;
+  ASSERT_EQ(getsockopt(conn.get(), SOL_IPV6, kSoOriginalDst, &orig, &len), 0);
+  char buf[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, &orig.sin6_addr, buf, sizeof buf);
+  EXPECT_EQ(std::string(buf) + " " + std::to_string(ntohs(orig.sin6_port)), "2001:db8::10 80");
+
+  UniqueFd udp =
+      InNetns(topo_.a(), [] { return UniqueFd(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  sockaddr_in6 dns = to6("2001:db8::53", 53);
+  ASSERT_EQ(sendto(udp.get(), "q", 1, 0, reinterpret_cast<sockaddr*>(&dns), sizeof dns), 1);
+  EXPECT_TRUE(Readable(dns6.get(), kArriveMs)) << "IPv6 DNS did not reach the resolver";
+  char drain[64];
+  (void)recv(dns6.get(), drain, sizeof drain, 0);
+
+  UniqueFd spoof = InNetns(topo_.a(), [] {
+    UniqueFd s(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    setsockopt(s.get(), SOL_IPV6, IPV6_TRANSPARENT, &one, sizeof one);
+    sockaddr_in6 me{};
+    me.sin6_family = AF_INET6;
+    inet_pton(AF_INET6, "fd00:5b::99", &me.sin6_addr);
+    if (bind(s.get(), reinterpret_cast<sockaddr*>(&me), sizeof me) != 0) s.reset();
+    return s;
+  });
+  ASSERT_TRUE(spoof);
+  ASSERT_EQ(sendto(spoof.get(), "q", 1, 0, reinterpret_cast<sockaddr*>(&dns), sizeof dns), 1);
+  EXPECT_FALSE(Readable(dns6.get(), kDropMs)) << "a spoofed IPv6 query reached the resolver";
 }
 
 TEST_F(FirewallTest, BroadcastFromABoxIsDropped) {
