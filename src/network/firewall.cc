@@ -150,30 +150,54 @@ Result<TableState> ParseState(const std::string& json_text) {
 
 }  // namespace
 
-std::vector<std::string> DeniedRanges(bool v6, const std::vector<Cidr>& opened) {
+namespace {
+
+// `denied` minus `open`, both merged.
+std::vector<Range> Subtract(const std::vector<Range>& denied, const std::vector<Range>& open) {
+  std::vector<Range> left;
+  for (Range d : denied) {
+    bool consumed = false;
+    for (const Range& o : open) {
+      if (o.hi < d.lo || o.lo > d.hi) continue;
+      if (o.lo > d.lo) left.push_back({d.lo, o.lo - 1});
+      if (o.hi >= d.hi) {
+        consumed = true;
+        break;
+      }
+      d.lo = o.hi + 1;
+    }
+    if (!consumed) left.push_back(d);
+  }
+  return left;
+}
+
+std::vector<Range> Denied(bool v6, const std::vector<Cidr>& opened) {
   std::vector<Range> denied, open;
   for (const Cidr& c : AlwaysDenied())
     if (c.base.is_v6() == v6) denied.push_back(ToRange(c));
   for (const Cidr& c : opened)
     if (c.base.is_v6() == v6) open.push_back(ToRange(c));
-  denied = Merge(std::move(denied));
-  open = Merge(std::move(open));
-  std::vector<Range> left;
-  for (Range d : denied) {
-    for (const Range& o : open) {
-      if (o.hi < d.lo || o.lo > d.hi) continue;
-      if (o.lo > d.lo) left.push_back({d.lo, o.lo - 1});
-      if (o.hi >= d.hi) {
-        d.lo = 1;  // consumed: mark empty
-        d.hi = 0;
-        break;
-      }
-      d.lo = o.hi + 1;
+  std::vector<Range> left = Subtract(Merge(std::move(denied)), Merge(std::move(open)));
+  if (v6) {
+    // The IPv4 ranges again in the IPv6 spellings that carry an IPv4 address (the policy judges
+    // those as the address inside): v4-mapped, NAT64 64:ff9b::/96 and 6to4 2002:AABB:CCDD::/48.
+    const U128 mapped = U128{0xffff} << 32, nat64 = U128{0x0064ff9b} << 96;
+    const U128 six_to_four = U128{0x2002} << 112, low80 = (U128{1} << 80) - 1;
+    for (const Range& r : Denied(false, opened)) {
+      left.push_back({mapped | r.lo, mapped | r.hi});
+      left.push_back({nat64 | r.lo, nat64 | r.hi});
+      left.push_back({six_to_four | (r.lo << 80), six_to_four | (r.hi << 80) | low80});
     }
-    if (d.lo <= d.hi) left.push_back(d);
+    left = Merge(std::move(left));
   }
+  return left;
+}
+
+}  // namespace
+
+std::vector<std::string> DeniedRanges(bool v6, const std::vector<Cidr>& opened) {
   std::vector<std::string> out;
-  for (const Range& r : left)
+  for (const Range& r : Denied(v6, opened))
     out.push_back(r.lo == r.hi ? FromInt(r.lo, v6) : FromInt(r.lo, v6) + "-" + FromInt(r.hi, v6));
   return out;
 }

@@ -370,6 +370,13 @@ TEST(DeniedRangesTest, OpenedRangesAreCutOut) {
   auto v6 = DeniedRanges(true, {});
   EXPECT_FALSE(v6.empty());
   for (const auto& r : v6) EXPECT_NE(r.find(':'), std::string::npos) << r;
+  // IPv4 ranges in their IPv6 spellings (NAT64, 6to4, v4-mapped) are denied too.
+  for (const char* r : {"64:ff9b::a00:0-64:ff9b::aff:ffff", "::ffff:10.0.0.0-::ffff:10.255.255.255",
+                        "2002:a00::-2002:aff:ffff:ffff:ffff:ffff:ffff:ffff"})
+    EXPECT_NE(std::find(v6.begin(), v6.end(), r), v6.end()) << r;
+  auto v6_cut = DeniedRanges(true, {*ParseCidr("10.0.0.0/8")});
+  EXPECT_EQ(std::find(v6_cut.begin(), v6_cut.end(), "64:ff9b::a00:0-64:ff9b::aff:ffff"),
+            v6_cut.end());
 }
 
 TEST_F(FirewallTest, TcpGoesToTheProxyWithItsOriginalDestination) {
