@@ -114,7 +114,7 @@ struct TableState {
   std::set<std::string> addrs4, addrs6;
 };
 
-Result<TableState> ParseState(const std::string& json_text) {
+Result<TableState> ParseState(const std::string& json_text) try {
   auto doc = nlohmann::json::parse(json_text, nullptr, false);
   if (doc.is_discarded() || !doc.contains("nftables") || !doc["nftables"].is_array())
     return Status::Error("firewall: unreadable listing of the table", EIO);
@@ -146,6 +146,8 @@ Result<TableState> ParseState(const std::string& json_text) {
     }
   }
   return st;
+} catch (const nlohmann::json::exception& e) {  // a field of an unexpected type
+  return Status::Error(std::string("firewall: unreadable listing of the table: ") + e.what(), EIO);
 }
 
 }  // namespace
@@ -205,6 +207,11 @@ std::vector<std::string> DeniedRanges(bool v6, const std::vector<Cidr>& opened) 
 Result<std::unique_ptr<Firewall>> Firewall::Open(FirewallConfig config) {
   if (!ValidTable(config.table))
     return Status::Error("firewall: bad table name '" + config.table + "'", EINVAL);
+  if (!config.box_ifname_prefix.empty() &&
+      (config.box_ifname_prefix.size() > 12 || !ValidName(config.box_ifname_prefix, 12, false) ||
+       config.box_ifname_prefix.find('-') != std::string::npos))
+    return Status::Error("firewall: bad interface prefix '" + config.box_ifname_prefix + "'",
+                         EINVAL);
   if (config.dns_port == 0 || config.proxy_port == 0 || config.dns_port == config.proxy_port)
     return Status::Error("firewall: the resolver's and the proxy's ports must be two ports",
                          EINVAL);
@@ -249,6 +256,10 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(FirewallConfig config) {
     add("flush chain " + t + " " + chain);
 
   const std::string pre = "add rule " + t + " prerouting ";
+  const std::string unknown_box =
+      c.box_ifname_prefix.empty() ? "" : Quote(c.box_ifname_prefix + "*");
+  if (!unknown_box.empty())
+    add(pre + "iifname " + unknown_box + " iifname != @ifaces counter drop");
   add(pre + "iifname != @ifaces return");
   if (c.ipv6) {
     // Neighbour discovery (from link-local or unspecified sources, so before the address check);
@@ -288,6 +299,7 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(FirewallConfig config) {
   const std::string fwd = "add rule " + t + " forward ";
   add(fwd + "oifname @ifaces ct state established,related accept");
   add(fwd + "oifname @ifaces counter drop");
+  if (!unknown_box.empty()) add(fwd + "oifname " + unknown_box + " counter drop");
   add(fwd + "iifname vmap @box_chains");
   add(fwd + "iifname @ifaces counter drop");
 

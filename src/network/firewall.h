@@ -45,6 +45,10 @@ struct FirewallConfig {
   uint16_t proxy_port = 0;          // sbx's egress proxy: where every other TCP is redirected
   bool ipv6 = false;                // --ipv6; off: every IPv6 packet from a box is dropped
   std::vector<Cidr> opened_ranges;  // --allow-range: cut out of the always-denied ranges
+  // How the host ends of boxes' veths are named ("sbx" for sbx0, sbx1...; [a-z0-9], up to 12).
+  // Set: an interface so named that has no box (before AddBox, after RemoveBox) passes nothing,
+  // so the order of veth and firewall steps opens no window. Empty: no such rule.
+  std::string box_ifname_prefix;
 };
 
 class Firewall {

@@ -631,6 +631,26 @@ TEST_F(FirewallTest, WithIPv6EnabledTheSameRulesHold) {
   EXPECT_FALSE(Readable(dns6.get(), kDropMs)) << "a spoofed IPv6 query reached the resolver";
 }
 
+// With box_ifname_prefix, an interface that looks like a box's but has no box passes nothing:
+// no window between a veth's creation and AddBox, or between RemoveBox and the veth's removal.
+TEST_F(FirewallTest, AnInterfaceWithoutABoxPassesNothing) {
+  // Without a firewall this namespace forwards box A's UDP (so the drop below is the firewall's).
+  ASSERT_TRUE(UdpFrom(topo_.a(), up_udp_.get(), "198.18.0.10", 5000, kArriveMs));
+  FirewallConfig c = Config();
+  c.box_ifname_prefix = "h";  // hA, hB (hU, the upstream's, is not a box's in real life)
+  ASSERT_EQ(Sh("ip -n " + topo_.host() + " link set hU name uU"), 0);
+  auto fw = Open(c);
+  ASSERT_TRUE(fw);
+  Status b = AddBox(*fw, "beta", "hB", "10.213.0.6", UdpPolicy({"198.18.0.0/15:5000/udp"}));
+  ASSERT_TRUE(b.ok()) << b.message();
+  EXPECT_FALSE(UdpFrom(topo_.a(), up_udp_.get(), "198.18.0.10", 5000, kDropMs));
+  EXPECT_FALSE(ConnectWithin(topo_.a(), "198.18.0.10", 80, kDropMs));
+  EXPECT_FALSE(AcceptWithin(proxy_.get(), 0));
+  EXPECT_FALSE(ConnectWithin(topo_.up(), "10.213.0.2", 22, kDropMs));
+  // The box that is known works.
+  EXPECT_TRUE(UdpFrom(topo_.b(), up_udp_.get(), "198.18.0.10", 5000, kArriveMs));
+}
+
 TEST_F(FirewallTest, BroadcastFromABoxIsDropped) {
   auto fw = OpenWithBoxes();
   ASSERT_TRUE(fw);
@@ -715,6 +735,9 @@ TEST_F(FirewallTest, BadInputIsRefused) {
   EXPECT_EQ(other.err(), EXDEV);
   FirewallConfig bad = Config();
   bad.table = "x y";
+  EXPECT_FALSE(InNetns(topo_.host(), [&] { return Firewall::Open(bad); }).ok());
+  bad = Config();
+  bad.box_ifname_prefix = "sbx\" accept";
   EXPECT_FALSE(InNetns(topo_.host(), [&] { return Firewall::Open(bad); }).ok());
 }
 
