@@ -150,6 +150,37 @@ Result<TableState> ParseState(const std::string& json_text) try {
   return Status::Error(std::string("firewall: unreadable listing of the table: ") + e.what(), EIO);
 }
 
+// The commands that take interfaces `gone` out of every set, from what `st` says they hold. An
+// address stays in addrs4/addrs6 while an interface not in `gone` still holds it.
+std::string RemoveInterfaces(const TableState& st, const std::set<std::string>& gone,
+                             const std::string& t) {
+  std::string b;
+  for (bool six : {false, true}) {
+    std::set<std::string> kept, dropped;
+    for (const auto& [i, a] : six ? st.src6 : st.src4) {
+      boost::system::error_code ec;
+      auto parsed = boost::asio::ip::make_address(a, ec);
+      if (ec || !ValidIfname(i)) continue;  // not ours to name in a command
+      std::string ad = parsed.to_string();
+      if (!gone.count(i)) {
+        kept.insert(ad);
+        continue;
+      }
+      b += "delete element " + t + (six ? " src6" : " src4") + " { " + Quote(i) + " . " + ad +
+           " }\n";
+      dropped.insert(ad);
+    }
+    for (const auto& ad : dropped)
+      if (!kept.count(ad) && (six ? st.addrs6 : st.addrs4).count(ad))
+        b += "delete element " + t + (six ? " addrs6" : " addrs4") + " { " + ad + " }\n";
+  }
+  for (const std::string& i : gone) {
+    if (!ValidIfname(i)) continue;
+    if (st.iface_chain.count(i)) b += "delete element " + t + " box_chains { " + Quote(i) + " }\n";
+    if (st.ifaces.count(i)) b += "delete element " + t + " ifaces { " + Quote(i) + " }\n";
+  }
+  return b;
+}
 }  // namespace
 
 namespace {
@@ -397,24 +428,7 @@ Status Firewall::AddBox(const std::string& box_id, const std::string& ifname,
   std::set<std::string> old_ifaces{ifname};
   for (const auto& [i, target] : st->iface_chain)
     if (target == chain) old_ifaces.insert(i);
-  for (const std::string& i : old_ifaces) {
-    if (!ValidIfname(i)) continue;  // not ours to name in a command
-    if (st->iface_chain.count(i)) add("delete element " + t + " box_chains { " + Quote(i) + " }");
-    if (st->ifaces.count(i)) add("delete element " + t + " ifaces { " + Quote(i) + " }");
-    for (bool six : {false, true}) {
-      for (const auto& [si, a] : six ? st->src6 : st->src4) {
-        if (si != i) continue;
-        boost::system::error_code ec;
-        auto parsed = boost::asio::ip::make_address(a, ec);
-        if (ec) continue;
-        std::string ad = parsed.to_string();
-        add("delete element " + t + (six ? " src6" : " src4") + " { " + Quote(i) + " . " + ad +
-            " }");
-        if ((six ? st->addrs6 : st->addrs4).count(ad))
-          add("delete element " + t + (six ? " addrs6" : " addrs4") + " { " + ad + " }");
-      }
-    }
-  }
+  b += RemoveInterfaces(*st, old_ifaces, t);
   add("add chain " + t + " " + chain);
   add("flush chain " + t + " " + chain);
   std::vector<std::string> udp = UdpRules(policy, config_.ipv6);
@@ -470,23 +484,10 @@ Status Firewall::RemoveBox(const std::string& box_id) {
   const std::string t = Family(), chain = kBoxChainPrefix + box_id;
   std::string b;
   auto add = [&b](const std::string& line) { b += line + "\n"; };
-  for (const auto& [i, target] : st->iface_chain) {
-    if (target != chain || !ValidIfname(i)) continue;
-    add("delete element " + t + " box_chains { " + Quote(i) + " }");
-    if (st->ifaces.count(i)) add("delete element " + t + " ifaces { " + Quote(i) + " }");
-    for (bool six : {false, true}) {
-      for (const auto& [si, a] : six ? st->src6 : st->src4) {
-        boost::system::error_code ec;
-        auto parsed = boost::asio::ip::make_address(a, ec);
-        if (si != i || ec) continue;
-        std::string ad = parsed.to_string();
-        add("delete element " + t + (six ? " src6" : " src4") + " { " + Quote(i) + " . " + ad +
-            " }");
-        if ((six ? st->addrs6 : st->addrs4).count(ad))
-          add("delete element " + t + (six ? " addrs6" : " addrs4") + " { " + ad + " }");
-      }
-    }
-  }
+  std::set<std::string> gone;
+  for (const auto& [i, target] : st->iface_chain)
+    if (target == chain) gone.insert(i);
+  b += RemoveInterfaces(*st, gone, t);
   if (st->chains.count(chain)) add("delete chain " + t + " " + chain);
   if (b.empty()) return Status();
   auto run = Run(b);

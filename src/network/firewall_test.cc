@@ -718,6 +718,27 @@ TEST_F(FirewallTest, OpenIsIdempotentAndAdoptsTheBoxes) {
   std::printf("%s", third->c_str());  // the ruleset, for the docs
 }
 
+// A slot reused while a stale box's chain is still there: the new box takes the interface over,
+// and removing the stale box later leaves the new one whole.
+TEST_F(FirewallTest, ANewBoxTakesOverAStaleBoxsInterface) {
+  auto fw = OpenWithBoxes();
+  ASSERT_TRUE(fw);
+  Status g = AddBox(*fw, "gamma", "hA", "10.213.0.2", UdpPolicy({"198.18.0.0/15:5000/udp"}));
+  ASSERT_TRUE(g.ok()) << g.message();
+  auto boxes = InNetns(topo_.host(), [&] { return fw->Boxes(); });
+  ASSERT_TRUE(boxes.ok());
+  EXPECT_EQ(*boxes, (std::vector<std::string>{"alpha", "beta", "gamma"}));
+  Status rm = InNetns(topo_.host(), [&] { return fw->RemoveBox("alpha"); });
+  ASSERT_TRUE(rm.ok()) << rm.message();
+  std::string table = topo_.Nft("list table inet sbx");
+  EXPECT_NE(table.find("\"hA\" : jump box-gamma"), std::string::npos) << table;
+  EXPECT_NE(table.find("\"hA\" . 10.213.0.2"), std::string::npos) << table;
+  // gamma's policy is the one in force on hA, masquerade included.
+  auto got = UdpFrom(topo_.a(), up_udp_.get(), "198.18.0.10", 5000, kArriveMs);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->peer.substr(0, got->peer.find(':')), "198.19.0.1");
+}
+
 TEST_F(FirewallTest, BadInputIsRefused) {
   auto fw = Open(Config());
   ASSERT_TRUE(fw);
