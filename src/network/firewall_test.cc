@@ -467,7 +467,7 @@ TEST_F(FirewallTest, SpoofedSourceIsDropped) {
   EXPECT_FALSE(RecvWithin(dns_udp_.get(), kDropMs)) << "a spoofed query reached the resolver";
   // It was the anti-spoofing rule that dropped it.
   std::string chain = topo_.Nft("list chain inet sbx prerouting");
-  EXPECT_NE(chain.find("iifname . ip saddr != @src4 counter packets 1 "), std::string::npos)
+  EXPECT_TRUE(std::regex_search(chain, std::regex("ip saddr != @src4 counter packets [1-9]")))
       << chain;
 }
 
