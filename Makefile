@@ -7,9 +7,9 @@ SBX_WERROR ?= OFF
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libseccomp-dev libarchive-dev libzstd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
   libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev libc-ares-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev libc-ares-dev libnftables-dev libmnl-dev \
   e2fsprogs util-linux iproute2 python3 python3-pip openssl git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
-# The egress proxy's tests: nft (a redirect rule in a test namespace) and openssl (a test CA).
+# The network tests: nft (rules in test namespaces) and openssl (test CAs).
 DEB_PACKAGES += nftables openssl
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench

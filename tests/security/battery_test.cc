@@ -319,8 +319,9 @@ struct CgroupHierarchy {
 
 struct Leaks {
   int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0;
+  int chains = 0;  // per-box chains ("box-<id>") in sbx's nftables table (firewall.h)
   std::vector<std::string> what;
-  int total() const { return mounts + loops + cgroups + userns_procs + netns + run_files; }
+  int total() const { return mounts + loops + cgroups + userns_procs + netns + run_files + chains; }
 };
 
 class Host {
@@ -339,6 +340,7 @@ class Host {
     // outside our boxes' cgroups are never counted anyway (see Check).
     host_userns_ = InodeOf("/proc/self/ns/user");
     host_netns_ = InodeOf("/proc/self/ns/net");
+    chains_at_start_ = BoxChains();  // another sbx's, in this namespace: listed, not counted
   }
 
   ~Host() { Cleanup(); }
@@ -420,6 +422,11 @@ class Host {
     l.netns = static_cast<int>(new_netns.size());
     for (ino_t n : new_netns) l.what.push_back("net ns " + std::to_string(n));
     CountFiles(data_dir_ + "/run", &l.run_files, &l.what);
+    for (const auto& c : BoxChains()) {
+      if (chains_at_start_.count(c)) continue;
+      ++l.chains;
+      l.what.push_back("nftables chain inet sbx " + c);
+    }
     return l;
   }
 
@@ -435,6 +442,20 @@ class Host {
   }
 
  private:
+  // The boxes' chains in the table sbx makes in the namespace it runs in (read only: `nft list`).
+  static std::set<std::string> BoxChains() {
+    std::set<std::string> out;
+    if (FILE* f = popen("nft list chains inet sbx 2>/dev/null", "r")) {
+      char line[512];
+      while (fgets(line, sizeof line, f)) {
+        std::string l = line;
+        auto at = l.find("chain box-");
+        if (at != std::string::npos) out.insert(l.substr(at + 6, l.find(' ', at + 6) - at - 6));
+      }
+      pclose(f);
+    }
+    return out;
+  }
   static bool IsDir(const std::string& p) {
     struct stat st;
     return lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -495,6 +516,7 @@ class Host {
   std::string parent_, root_, data_dir_;
   std::vector<CgroupHierarchy> cgroups_;
   ino_t host_userns_ = 0, host_netns_ = 0;
+  std::set<std::string> chains_at_start_;
   std::set<std::string> foreign_;
 };
 
@@ -562,7 +584,8 @@ class Battery {
                       " cgroups=" + std::to_string(l.cgroups) +
                       " userns-procs=" + std::to_string(l.userns_procs) +
                       " netns=" + std::to_string(l.netns) +
-                      " run-files=" + std::to_string(l.run_files) + ": " + o.leak_detail;
+                      " run-files=" + std::to_string(l.run_files) +
+                      " chains=" + std::to_string(l.chains) + ": " + o.leak_detail;
     }
     leaks_ += l.total();
     fprintf(stderr, "[battery] %-26s %s %s%s\n", id.c_str(), word.c_str(), detail.c_str(),
