@@ -6,7 +6,7 @@ SBX_WERROR ?= OFF
 # Exactly the Debian 12 packages sbx needs to build, test and run.
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   libseccomp-dev libarchive-dev libzstd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
-  libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev \
+  libcli11-dev libsqlite3-dev libssl-dev libboost-dev libboost-system-dev libmnl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   e2fsprogs util-linux iproute2 python3 git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
 
