@@ -318,10 +318,26 @@ struct CgroupHierarchy {
 };
 
 struct Leaks {
-  int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0;
+  int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0, links = 0;
   std::vector<std::string> what;
-  int total() const { return mounts + loops + cgroups + userns_procs + netns + run_files; }
+  int total() const { return mounts + loops + cgroups + userns_procs + netns + run_files + links; }
 };
+
+// The links of our own network namespace named as sbx names a box's host end: "sbx" and digits
+// (docs/network.md, "Links and addresses"). /proc/self/net shows the reading task's namespace.
+std::set<std::string> BoxLinks() {
+  std::set<std::string> out;
+  for (const auto& line : Split(ReadFile("/proc/self/net/dev"), '\n')) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name.size() > 3 && StartsWith(name, "sbx") &&
+        name.find_first_not_of("0123456789", 3) == std::string::npos)
+      out.insert(name);
+  }
+  return out;
+}
 
 class Host {
  public:
@@ -339,6 +355,9 @@ class Host {
     // outside our boxes' cgroups are never counted anyway (see Check).
     host_userns_ = InodeOf("/proc/self/ns/user");
     host_netns_ = InodeOf("/proc/self/ns/net");
+    // Links that were there before us are another sbx's on this machine: listed, not counted.
+    links_before_ = BoxLinks();
+    for (const auto& n : links_before_) foreign_.insert("link " + n);
   }
 
   ~Host() { Cleanup(); }
@@ -420,6 +439,11 @@ class Host {
     l.netns = static_cast<int>(new_netns.size());
     for (ino_t n : new_netns) l.what.push_back("net ns " + std::to_string(n));
     CountFiles(data_dir_ + "/run", &l.run_files, &l.what);
+    for (const auto& n : BoxLinks()) {
+      if (links_before_.count(n)) continue;
+      ++l.links;
+      l.what.push_back("link " + n);
+    }
     return l;
   }
 
@@ -495,6 +519,7 @@ class Host {
   std::string parent_, root_, data_dir_;
   std::vector<CgroupHierarchy> cgroups_;
   ino_t host_userns_ = 0, host_netns_ = 0;
+  std::set<std::string> links_before_;
   std::set<std::string> foreign_;
 };
 
@@ -562,7 +587,8 @@ class Battery {
                       " cgroups=" + std::to_string(l.cgroups) +
                       " userns-procs=" + std::to_string(l.userns_procs) +
                       " netns=" + std::to_string(l.netns) +
-                      " run-files=" + std::to_string(l.run_files) + ": " + o.leak_detail;
+                      " run-files=" + std::to_string(l.run_files) +
+                      " links=" + std::to_string(l.links) + ": " + o.leak_detail;
     }
     leaks_ += l.total();
     fprintf(stderr, "[battery] %-26s %s %s%s\n", id.c_str(), word.c_str(), detail.c_str(),
