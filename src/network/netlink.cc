@@ -34,6 +34,11 @@ class NlSocket {
     if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0)
       return Status::Errno(what + ": bind rtnetlink socket");
     s.portid_ = mnl_socket_get_portid(nl);
+    // The kernel's own words on a refused request ("veth: ..."), for the error message; a kernel
+    // without extended ACKs just gives errno.
+    int one = 1;
+    (void)mnl_socket_setsockopt(nl, NETLINK_EXT_ACK, &one, sizeof one);
+    (void)mnl_socket_setsockopt(nl, NETLINK_CAP_ACK, &one, sizeof one);
     return s;
   }
   NlSocket(NlSocket&& o) noexcept
@@ -66,15 +71,57 @@ class NlSocket {
         return Status::Errno(what);
       }
       errno = 0;
-      int ret = mnl_cb_run(rx.data(), static_cast<size_t>(n), nlh->nlmsg_seq, portid_, cb, data);
-      if (ret < 0) return Status::Error(what, errno != 0 ? errno : EPROTO);
+      RunCtx ctx{cb, data, {}};
+      mnl_cb_t ctl[NLMSG_ERROR + 1] = {nullptr, nullptr, OnError};
+      int ret = mnl_cb_run2(rx.data(), static_cast<size_t>(n), nlh->nlmsg_seq, portid_, OnData,
+                            &ctx, ctl, NLMSG_ERROR + 1);
+      if (ret < 0) {
+        int err = errno != 0 ? errno : EPROTO;
+        return Status::Error(ctx.kernel_says.empty() ? what : what + " (" + ctx.kernel_says + ")",
+                             err);
+      }
       if (ret == MNL_CB_STOP) return Status();
     }
   }
 
-  char* buffer() { return buf_.data(); }
-
  private:
+  struct RunCtx {
+    mnl_cb_t cb;
+    void* data;
+    std::string kernel_says;
+  };
+  static int OnData(const nlmsghdr* nlh, void* data) {
+    auto* ctx = static_cast<RunCtx*>(data);
+    return ctx->cb != nullptr ? ctx->cb(nlh, ctx->data) : MNL_CB_OK;
+  }
+  // NLMSG_ERROR: an ACK (error 0) ends the answer; an error sets errno and keeps the extended
+  // ACK's message, if any (bounded: an attribute of one netlink message).
+  static int OnError(const nlmsghdr* nlh, void* data) {
+    if (nlh->nlmsg_len < mnl_nlmsg_size(sizeof(nlmsgerr))) {
+      errno = EBADMSG;
+      return MNL_CB_ERROR;
+    }
+    const auto* err = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(nlh));
+    if (err->error == 0) return MNL_CB_STOP;
+    if ((nlh->nlmsg_flags & NLM_F_ACK_TLVS) != 0) {
+      size_t offset = sizeof(nlmsgerr);
+      if ((nlh->nlmsg_flags & NLM_F_CAPPED) == 0 && err->msg.nlmsg_len >= sizeof(nlmsghdr))
+        offset += err->msg.nlmsg_len - sizeof(nlmsghdr);
+      if (offset > mnl_nlmsg_get_payload_len(nlh)) offset = mnl_nlmsg_get_payload_len(nlh);
+      const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(nlh));
+      const auto* attr = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(nlh, offset));
+      while (reinterpret_cast<const char*>(attr) < tail &&
+             mnl_attr_ok(attr, static_cast<int>(tail - reinterpret_cast<const char*>(attr)))) {
+        if (mnl_attr_get_type(attr) == NLMSGERR_ATTR_MSG &&
+            mnl_attr_validate(attr, MNL_TYPE_NUL_STRING) >= 0)
+          static_cast<RunCtx*>(data)->kernel_says = mnl_attr_get_str(attr);
+        attr = mnl_attr_next(attr);
+      }
+    }
+    errno = -err->error;
+    return MNL_CB_ERROR;
+  }
+
   explicit NlSocket(mnl_socket* nl) : nl_(nl) {}
   mnl_socket* nl_;
   unsigned portid_ = 0;
