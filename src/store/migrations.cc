@@ -160,6 +160,16 @@ constexpr char kV8[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN defaults TEXT;
 )sql";
 
+// Version 11: the box address pool (issue 12): slot s is the /30 at box subnet + 4s and the host
+// link sbx<s>, shared by every sbx process on the data directory as id_ranges is.
+constexpr char kV11[] = R"sql(
+CREATE TABLE net_slots (
+  slot          INTEGER PRIMARY KEY,
+  box_id        TEXT UNIQUE NOT NULL,
+  allocated_at  INTEGER
+);
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -172,6 +182,7 @@ const std::vector<Migration>& Migrations() {
       {6, "audit_by_key index", kV6},
       {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
       {8, "sandboxes.defaults: the template's env, user and workdir", kV8},
+      {11, "net_slots: the box address pool", kV11},
   };
   return kAll;
 }

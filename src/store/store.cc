@@ -1222,4 +1222,64 @@ Result<std::vector<IdSlot>> Store::ListIdSlots() {
   }
 }
 
+// ---- net slots ----
+
+Result<int64_t> Store::AcquireNetSlot(const std::string& box_id, int64_t slots) {
+  std::string what = "acquire network slot for " + box_id;
+  if (box_id.empty()) return Invalid(what + ": empty box id");
+  if (slots <= 0) return Invalid(what + ": the pool has no slots");
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  // Idempotent: a box keeps its slot (and so its addresses) until it releases it.
+  Result<Statement> held = db_->Prepare("SELECT slot FROM net_slots WHERE box_id = ?1");
+  if (!held.ok()) return held.status().Wrap(what);
+  held->BindText(1, box_id);
+  Result<bool> row = held->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (*row) return held->ColumnInt(0);
+  Result<Statement> free = db_->Prepare(
+      "SELECT min(s) FROM (SELECT 0 AS s WHERE NOT EXISTS (SELECT 1 FROM net_slots WHERE slot = 0)"
+      " UNION ALL SELECT a.slot + 1 FROM net_slots a"
+      " WHERE NOT EXISTS (SELECT 1 FROM net_slots b WHERE b.slot = a.slot + 1))");
+  if (!free.ok()) return free.status().Wrap(what);
+  row = free->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  int64_t slot = *row && !free->ColumnIsNull(0) ? free->ColumnInt(0) : 0;
+  if (slot >= slots) {
+    return Status::Error(
+        what + ": all " + std::to_string(slots) + " network slots of the box subnet are in use",
+        ENOSPC);
+  }
+  Result<Statement> put =
+      db_->Prepare("INSERT INTO net_slots (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
+  if (!put.ok()) return put.status().Wrap(what);
+  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, clock_->NowMs());
+  SBX_RETURN_IF_ERROR(put->Run().Wrap(what));
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  return slot;
+}
+
+Status Store::ReleaseNetSlot(const std::string& box_id) {
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM net_slots WHERE box_id = ?1");
+  if (!st.ok()) return st.status().Wrap("release network slot of " + box_id);
+  st->BindText(1, box_id);
+  return st->Run().Wrap("release network slot of " + box_id);
+}
+
+Result<std::vector<IdSlot>> Store::ListNetSlots() {
+  MutexLock lock(mu_);
+  Result<Statement> st =
+      db_->Prepare("SELECT slot, box_id, allocated_at FROM net_slots ORDER BY slot");
+  if (!st.ok()) return st.status().Wrap("list network slots");
+  std::vector<IdSlot> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list network slots");
+    if (!*row) return out;
+    out.push_back({st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
+  }
+}
+
 }  // namespace sbx::store

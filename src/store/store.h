@@ -350,6 +350,13 @@ class Store {
   Status ReleaseIdSlot(const std::string& box_id);
   Result<std::vector<IdSlot>> ListIdSlots();  // by slot
 
+  // ---- net slots (the box address pool, shared by sbx serve and sbx run; version 11) ----
+  // As the id slots above, in their own table: the slot `box_id` holds, or the lowest free one
+  // below `slots` taken for it, in one transaction; ENOSPC when all are taken.
+  Result<int64_t> AcquireNetSlot(const std::string& box_id, int64_t slots);
+  Status ReleaseNetSlot(const std::string& box_id);  // a box id holding none is fine
+  Result<std::vector<IdSlot>> ListNetSlots();        // by slot
+
  private:
   Store(std::unique_ptr<Db> db, std::string path, int version, Clock& clock);
 

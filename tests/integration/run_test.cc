@@ -29,6 +29,7 @@ class RunTest : public ::testing::Test {
     data_dir_ = tmpl;
     ASSERT_EQ(::chmod(tmpl, 0711), 0);  // the boxes' root must be able to reach its layers
     cgroup_parent_ = "sbx-run-test-" + std::to_string(::getpid());
+    links_before_ = BoxLinks();
   }
   static void TearDownTestSuite() {
     (void)RemoveTree(
@@ -59,6 +60,9 @@ class RunTest : public ::testing::Test {
         ::closedir(d);
       }
     }
+    // Host ends of boxes' veths.
+    for (const auto& link : BoxLinks())
+      EXPECT_TRUE(links_before_.count(link)) << "leaked link " << link;
   }
 
   ProcessResult Sbx(std::vector<std::string> args, ProcessOptions opts = {}) {
@@ -70,10 +74,12 @@ class RunTest : public ::testing::Test {
 
   static std::string data_dir_;
   static std::string cgroup_parent_;
+  static std::set<std::string> links_before_;
 };
 
 std::string RunTest::data_dir_;
 std::string RunTest::cgroup_parent_;
+std::set<std::string> RunTest::links_before_;
 
 TEST_F(RunTest, RootInsideIsUidZero) {
   auto r = Sbx({"--", "id", "-u"});

@@ -131,4 +131,21 @@ void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
   }
 }
 
+std::set<std::string> BoxLinks() {
+  // /proc/self/net shows the reading task's namespace; no netlink needed for a read.
+  std::set<std::string> out;
+  std::ifstream in("/proc/self/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name.size() > 3 && name.rfind("sbx", 0) == 0 &&
+        name.find_first_not_of("0123456789", 3) == std::string::npos)
+      out.insert(name);
+  }
+  return out;
+}
+
 }  // namespace sbx::test

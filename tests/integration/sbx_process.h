@@ -2,6 +2,7 @@
 // stderr and the exit status; optionally sends a signal after a delay.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,9 @@ std::vector<std::string> CgroupParentDirs(const std::string& parent);
 // Fails the current test for every box cgroup left under `parent`, then removes the (empty)
 // parent directories.
 void ExpectNoCgroupsAndRemoveParent(const std::string& parent);
+
+// The links of this process's network namespace named as a box's host end ("sbx" and digits,
+// docs/network.md "Links and addresses"): after a case, one that was not there before is a leak.
+std::set<std::string> BoxLinks();
 
 }  // namespace sbx::test

@@ -318,11 +318,29 @@ struct CgroupHierarchy {
 };
 
 struct Leaks {
-  int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0;
+  int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0, links = 0;
   int chains = 0;  // per-box chains ("box-<id>") in sbx's nftables table (firewall.h)
   std::vector<std::string> what;
-  int total() const { return mounts + loops + cgroups + userns_procs + netns + run_files + chains; }
+  int total() const {
+    return mounts + loops + cgroups + userns_procs + netns + run_files + links + chains;
+  }
 };
+
+// The links of our own network namespace named as sbx names a box's host end: "sbx" and digits
+// (docs/network.md, "Links and addresses"). /proc/self/net shows the reading task's namespace.
+std::set<std::string> BoxLinks() {
+  std::set<std::string> out;
+  for (const auto& line : Split(ReadFile("/proc/self/net/dev"), '\n')) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name.size() > 3 && StartsWith(name, "sbx") &&
+        name.find_first_not_of("0123456789", 3) == std::string::npos)
+      out.insert(name);
+  }
+  return out;
+}
 
 class Host {
  public:
@@ -341,6 +359,9 @@ class Host {
     host_userns_ = InodeOf("/proc/self/ns/user");
     host_netns_ = InodeOf("/proc/self/ns/net");
     chains_at_start_ = BoxChains();  // another sbx's, in this namespace: listed, not counted
+    // Links that were there before us are another sbx's on this machine: listed, not counted.
+    links_before_ = BoxLinks();
+    for (const auto& n : links_before_) foreign_.insert("link " + n);
   }
 
   ~Host() { Cleanup(); }
@@ -426,6 +447,11 @@ class Host {
       if (chains_at_start_.count(c)) continue;
       ++l.chains;
       l.what.push_back("nftables chain inet sbx " + c);
+    }
+    for (const auto& n : BoxLinks()) {
+      if (links_before_.count(n)) continue;
+      ++l.links;
+      l.what.push_back("link " + n);
     }
     return l;
   }
@@ -517,6 +543,7 @@ class Host {
   std::vector<CgroupHierarchy> cgroups_;
   ino_t host_userns_ = 0, host_netns_ = 0;
   std::set<std::string> chains_at_start_;
+  std::set<std::string> links_before_;
   std::set<std::string> foreign_;
 };
 
@@ -585,6 +612,7 @@ class Battery {
                       " userns-procs=" + std::to_string(l.userns_procs) +
                       " netns=" + std::to_string(l.netns) +
                       " run-files=" + std::to_string(l.run_files) +
+                      " links=" + std::to_string(l.links) +
                       " chains=" + std::to_string(l.chains) + ": " + o.leak_detail;
     }
     leaks_ += l.total();

@@ -86,6 +86,7 @@ class Tenants : public ::testing::Test {
     dir_ = tmpl;
     parent_ = "sbx-tenant-test-" + std::to_string(::getpid());
     ::setenv("SBX_CGROUP_PARENT", parent_.c_str(), 1);
+    links_before_ = BoxLinks();
     d_ = std::make_unique<DaemonProcess>(dir_);
     d_->Start();
     // The daemon's first key is an operator's: it reads the audit log; A and B are tenants.
@@ -153,6 +154,8 @@ class Tenants : public ::testing::Test {
       if (::system(("test -z \"$(find " + d + " -mindepth 1 -type d 2>/dev/null)\"").c_str()) != 0)
         what += "cgroups under " + d + "; ";
     }
+    for (const auto& link : BoxLinks())
+      if (!links_before_.count(link)) what += "link " + link + "; ";
     return what;
   }
   void Record(const std::string& id, const std::string& row, const std::string& word,
@@ -207,6 +210,7 @@ class Tenants : public ::testing::Test {
   void Row45();
 
   std::string dir_, parent_, operator_key_, a_key_, b_key_;
+  std::set<std::string> links_before_;  // another sbx's on this machine: not ours to count
   std::unique_ptr<DaemonProcess> d_;
   std::vector<Outcome> outcomes_;
 };
