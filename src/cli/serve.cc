@@ -133,6 +133,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   mc.default_timeout_ms = o.default_timeout_s * 1000;
   mc.ranges = o.ranges;
   mc.data_dir = global.data_dir;
+  mc.install_secret = &*secret;  // seals secret values (sandbox/secrets.h)
   if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {
     char* end = nullptr;
     std::string num = o.disk_reserve.substr(0, o.disk_reserve.size() - 1);

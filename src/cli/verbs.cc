@@ -688,6 +688,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterPs(app, global, *this);
   RegisterAudit(app, global, *this);
   RegisterKey(app, global, *this);
+  RegisterSecretVerbs(app, global, *this);
 }
 
 std::optional<int> ClientVerbs::Run() const {

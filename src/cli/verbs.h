@@ -52,5 +52,7 @@ Result<std::vector<std::pair<std::string, std::string>>> ParsePairs(
 void RegisterExecVerbs(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
 void RegisterCpVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
 void RegisterMcpVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);  // mcp.cc
+void RegisterSecretVerbs(CLI::App& app, const GlobalOptions& global,
+                         ClientVerbs& verbs);  // secret.cc
 
 }  // namespace sbx::cli

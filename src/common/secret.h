@@ -33,6 +33,19 @@ class InstallSecret {
   // purpose tag at the front of `message` so that tokens for different uses never collide.
   std::string HmacHex(std::string_view message) const;
 
+  // Authenticated encryption of a value kept at rest (secret values in the store; issue 12):
+  // AES-256-GCM under a key derived from the install secret and `purpose` (HMAC-SHA256 of
+  // "sbx-seal:" + purpose, so that values sealed for one use never open for another), with a
+  // fresh random 96-bit nonce per value. `context` is authenticated but not stored (the owner and
+  // name of a secret: a sealed value copied onto another row does not open). The result is
+  // binary: version byte 1, nonce (12), ciphertext, tag (16).
+  Result<std::string> Seal(std::string_view purpose, std::string_view plaintext,
+                           std::string_view context) const;
+  // The plaintext of a Seal() result; EBADMSG when it was changed, made under another install
+  // secret, purpose or context, or is not a sealed value at all (the message never holds it).
+  Result<std::string> Unseal(std::string_view purpose, std::string_view sealed,
+                             std::string_view context) const;
+
  private:
   explicit InstallSecret(std::string key) : key_(std::move(key)) {}
   std::string key_;

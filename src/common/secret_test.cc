@@ -90,5 +90,44 @@ TEST(ConstantTimeEquals, ComparesLengthThenBytes) {
   EXPECT_FALSE(ConstantTimeEquals("", "a"));
 }
 
+TEST(Seal, RoundTripsWithAFreshNoncePerValue) {
+  InstallSecret k = *InstallSecret::FromBytes(std::string(32, 'k'));
+  auto a = k.Seal("secret", "sk-live-123", "owner\0name");
+  auto b = k.Seal("secret", "sk-live-123", "owner\0name");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);  // random nonce: the same value never seals to the same bytes
+  EXPECT_EQ(a->find("sk-live-123"), std::string::npos);
+  auto opened = k.Unseal("secret", *a, "owner\0name");
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  EXPECT_EQ(*opened, "sk-live-123");
+  auto empty = k.Seal("secret", "", "");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*k.Unseal("secret", *empty, ""), "");
+}
+
+TEST(Seal, DetectsEveryChangedByte) {
+  InstallSecret k = *InstallSecret::FromBytes(std::string(32, 'k'));
+  std::string sealed = *k.Seal("secret", "hunter2", "ctx");
+  for (size_t i = 0; i < sealed.size(); ++i) {
+    std::string t = sealed;
+    t[i] ^= 1;
+    auto r = k.Unseal("secret", t, "ctx");
+    ASSERT_FALSE(r.ok()) << "byte " << i;
+    EXPECT_EQ(r.status().err(), EBADMSG);
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos);
+  }
+  EXPECT_FALSE(k.Unseal("secret", sealed.substr(0, sealed.size() - 1), "ctx").ok());
+  EXPECT_FALSE(k.Unseal("secret", "", "ctx").ok());
+}
+
+TEST(Seal, WrongKeyPurposeOrContextDoNotOpen) {
+  InstallSecret k = *InstallSecret::FromBytes(std::string(32, 'k'));
+  InstallSecret other = *InstallSecret::FromBytes(std::string(32, 'o'));
+  std::string sealed = *k.Seal("secret", "value", "ctx");
+  EXPECT_EQ(other.Unseal("secret", sealed, "ctx").status().err(), EBADMSG);
+  EXPECT_EQ(k.Unseal("token", sealed, "ctx").status().err(), EBADMSG);
+  EXPECT_EQ(k.Unseal("secret", sealed, "ctx2").status().err(), EBADMSG);
+}
+
 }  // namespace
 }  // namespace sbx

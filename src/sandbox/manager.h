@@ -41,8 +41,10 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/secret.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "network/box_net.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
@@ -72,6 +74,7 @@ using store::NowMs;
 using store::SandboxFilter;
 using store::SandboxPage;
 using store::SandboxRecord;
+using store::SecretRecord;
 using store::Sha256Hex;
 using store::WriteHealth;
 
@@ -100,6 +103,21 @@ struct ManagerConfig {
   // For tests: called by Create for sandbox `id` after the early quota count and before the
   // insert that decides (see Create).
   std::function<void(const std::string& id)> on_create_insert;
+  // Seals and opens secret values (sandbox/secrets.cc). Null: the secret calls fail with ENOTSUP.
+  // Must outlive the manager.
+  const InstallSecret* install_secret = nullptr;
+};
+
+// A secret as a facade gives it (sandbox/secrets.cc). `value` is write-only: no answer of the
+// manager ever holds it (a SecretRecord it returns has `sealed` cleared).
+struct SecretInput {
+  std::string name;                // [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
+  std::string value;               // 1..16384 bytes, no CR, LF or NUL (it goes into HTTP headers)
+  std::vector<std::string> hosts;  // "api.example.com", "*.example.com"; at most 64
+  std::string header;              // an HTTP header name, or "" for none
+  std::string format = "{}";       // the header's value; must hold "{}" when header is set
+  std::map<std::string, std::string> metadata;
+  bool replace = false;  // replace a secret of that name instead of EEXIST
 };
 
 // What Manager::Connect did.
@@ -219,6 +237,20 @@ class Manager {
     store::ApiKeyRecord owner;
   };
   Result<std::optional<OwnedSandbox>> OwnedBy(const std::string& id);
+
+  // ---- Secrets (issue 12, item 6; sandbox/secrets.cc). A key names only its own. ----
+  // EINVAL naming the field, EEXIST for a taken name (unless in.replace). Audited secret.put.
+  Result<store::SecretRecord> AddSecret(const store::ApiKeyRecord& key, const SecretInput& in);
+  Result<std::vector<store::SecretRecord>> ListSecrets(const store::ApiKeyRecord& key);
+  // By name or id; ENOENT when the key has none such.
+  Result<store::SecretRecord> GetSecret(const store::ApiKeyRecord& key,
+                                        const std::string& name_or_id);
+  Status DeleteSecret(const store::ApiKeyRecord& key, const std::string& name_or_id);
+  // The bindings of a create's "secrets" (env var -> secret name) for network::BoxNetRequest:
+  // values opened, a fresh random placeholder ("sbx_secret_" + 32 hex) per variable. EINVAL
+  // naming every unknown name (or bad variable name) at once.
+  Result<std::vector<network::SecretBinding>> BindSecrets(
+      const store::ApiKeyRecord& key, const std::map<std::string, std::string>& env_to_name);
 
   // ---- Health of the store, for /healthz and /metrics ----
   // A trivial read of the store.

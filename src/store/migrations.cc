@@ -170,6 +170,25 @@ CREATE TABLE net_slots (
 );
 )sql";
 
+// Secrets (issue 12): values sealed under the install secret, never stored in the clear.
+constexpr char kV9[] = R"sql(
+CREATE TABLE secrets (
+  id           TEXT PRIMARY KEY,
+  owner_key_id TEXT NOT NULL,
+  name         TEXT NOT NULL,
+  sealed       TEXT NOT NULL,
+  hosts        TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(hosts) AND json_type(hosts) = 'array'),
+  header       TEXT NOT NULL DEFAULT '',
+  format       TEXT NOT NULL DEFAULT '{}',
+  metadata     TEXT NOT NULL DEFAULT '{}'
+               CHECK (json_valid(metadata) AND json_type(metadata) = 'object'),
+  version      INTEGER NOT NULL DEFAULT 1,
+  created_at   INTEGER NOT NULL,
+  updated_at   INTEGER NOT NULL,
+  UNIQUE (owner_key_id, name)
+);
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -182,6 +201,7 @@ const std::vector<Migration>& Migrations() {
       {6, "audit_by_key index", kV6},
       {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
       {8, "sandboxes.defaults: the template's env, user and workdir", kV8},
+      {9, "secrets: sealed values with their hosts, header and format", kV9},
       {11, "net_slots: the box address pool", kV11},
   };
   return kAll;

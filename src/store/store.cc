@@ -1282,4 +1282,142 @@ Result<std::vector<IdSlot>> Store::ListNetSlots() {
   }
 }
 
+// ---- secrets ----
+
+namespace {
+
+constexpr char kSecretColumns[] =
+    "id, owner_key_id, name, sealed, hosts, header, format, metadata, version, created_at, "
+    "updated_at";
+
+Result<SecretRecord> ReadSecret(const Statement& st) {
+  SecretRecord r;
+  r.id = st.ColumnText(0);
+  r.owner_key_id = st.ColumnText(1);
+  r.name = st.ColumnText(2);
+  r.sealed = st.ColumnText(3);
+  std::string what = "read secret " + r.name;
+  Result<json> hosts = Parse(st.ColumnText(4), what + ": hosts");
+  if (!hosts.ok()) return hosts.status();
+  if (!hosts->is_array()) return Status::Error(what + ": hosts is not an array", EUCLEAN);
+  for (const json& h : *hosts) {
+    if (!h.is_string()) return Status::Error(what + ": a host is not a string", EUCLEAN);
+    r.hosts.push_back(h.get<std::string>());
+  }
+  r.header = st.ColumnText(5);
+  r.format = st.ColumnText(6);
+  Result<std::map<std::string, std::string>> metadata =
+      ParseStringMap(st.ColumnText(7), what + ": metadata");
+  if (!metadata.ok()) return metadata.status();
+  r.metadata = std::move(*metadata);
+  r.version = st.ColumnInt(8);
+  r.created_at = st.ColumnInt(9);
+  r.updated_at = st.ColumnInt(10);
+  return r;
+}
+
+Result<std::optional<SecretRecord>> GetSecretIn(Db& db, const std::string& owner,
+                                                const std::string& name_or_id) {
+  std::string what = "get secret " + name_or_id;
+  Result<Statement> st = db.Prepare(std::string("SELECT ") + kSecretColumns +
+                                    " FROM secrets WHERE owner_key_id = ?1 AND (name = ?2 OR id = "
+                                    "?2) ORDER BY name = ?2 DESC LIMIT 1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, owner).BindText(2, name_or_id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (!*row) return std::optional<SecretRecord>();
+  Result<SecretRecord> r = ReadSecret(*st);
+  if (!r.ok()) return r.status();
+  return std::optional<SecretRecord>(std::move(*r));
+}
+
+}  // namespace
+
+Result<SecretRecord> Store::PutSecret(const SecretRecord& r, bool replace) {
+  std::string what = "put secret " + r.name;
+  if (r.id.empty() || r.owner_key_id.empty() || r.name.empty() || r.sealed.empty())
+    return Invalid(what + ": empty id, owner, name or value");
+  Result<std::string> hosts = Dump(json(r.hosts), what + ": hosts");
+  if (!hosts.ok()) return hosts.status();
+  Result<std::string> metadata = Dump(json(r.metadata), what + ": metadata");
+  if (!metadata.ok()) return metadata.status();
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<Statement> old = db_->Prepare(
+      "SELECT id, created_at, version FROM secrets WHERE owner_key_id = ?1 AND name = ?2");
+  if (!old.ok()) return old.status().Wrap(what);
+  old->BindText(1, r.owner_key_id).BindText(2, r.name);
+  Result<bool> row = old->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  SecretRecord out = r;
+  int64_t now = clock_->NowMs();
+  out.created_at = now;
+  out.updated_at = now;
+  out.version = 1;
+  if (*row) {
+    if (!replace) return Status::Error(what + ": a secret of that name exists", EEXIST);
+    out.id = old->ColumnText(0);
+    out.created_at = old->ColumnInt(1);
+    out.version = old->ColumnInt(2) + 1;
+  }
+  Result<Statement> st =
+      db_->Prepare(std::string("INSERT OR REPLACE INTO secrets (") + kSecretColumns +
+                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, out.id)
+      .BindText(2, out.owner_key_id)
+      .BindText(3, out.name)
+      .BindText(4, out.sealed)
+      .BindText(5, *hosts)
+      .BindText(6, out.header)
+      .BindText(7, out.format)
+      .BindText(8, *metadata)
+      .BindInt(9, out.version)
+      .BindInt(10, out.created_at)
+      .BindInt(11, out.updated_at);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  return out;
+}
+
+Result<std::optional<SecretRecord>> Store::GetSecret(const std::string& owner_key_id,
+                                                     const std::string& name_or_id) {
+  MutexLock lock(mu_);
+  return GetSecretIn(*db_, owner_key_id, name_or_id);
+}
+
+Result<std::vector<SecretRecord>> Store::ListSecrets(const std::string& owner_key_id) {
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare(std::string("SELECT ") + kSecretColumns +
+                                      " FROM secrets WHERE owner_key_id = ?1 ORDER BY name");
+  if (!st.ok()) return st.status().Wrap("list secrets");
+  st->BindText(1, owner_key_id);
+  std::vector<SecretRecord> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list secrets");
+    if (!*row) return out;
+    Result<SecretRecord> r = ReadSecret(*st);
+    if (!r.ok()) return r.status();
+    out.push_back(std::move(*r));
+  }
+}
+
+Status Store::DeleteSecret(const std::string& owner_key_id, const std::string& name_or_id) {
+  std::string what = "delete secret " + name_or_id;
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<SecretRecord>> r = GetSecretIn(*db_, owner_key_id, name_or_id);
+  if (!r.ok()) return r.status();
+  if (!*r) return Status::Error(what + ": no such secret", ENOENT);
+  Result<Statement> st = db_->Prepare("DELETE FROM secrets WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, (*r)->id);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  return tx->Commit().Wrap(what);
+}
+
 }  // namespace sbx::store

@@ -209,6 +209,23 @@ struct IdSlot {
   int64_t allocated_at = 0;
 };
 
+// A secret of one key (issue 12, item 6): its value only ever sealed (InstallSecret::Seal under
+// purpose "secret" with context owner_key_id + '\0' + name), base64 in `sealed`; the store never
+// sees the clear value. Names are checked by the sandbox layer; the store refuses empty ones.
+struct SecretRecord {
+  std::string id;  // "sec_" + random, given by the caller
+  std::string owner_key_id;
+  std::string name;    // unique per owner
+  std::string sealed;  // base64 of the sealed value
+  std::vector<std::string> hosts;
+  std::string header;
+  std::string format = "{}";
+  std::map<std::string, std::string> metadata;  // E2B's
+  int64_t version = 1;                          // bumped by every replace
+  int64_t created_at = 0;                       // set by PutSecret
+  int64_t updated_at = 0;
+};
+
 // How long an idempotency key is remembered.
 inline constexpr int64_t kIdempotencyTtlMs = int64_t{24} * 60 * 60 * 1000;
 
@@ -341,6 +358,18 @@ class Store {
   // Forgets pins of sandboxes that have no record: creates that died before recording their
   // sandbox. Only correct while no create is in flight (the daemon calls it before serving).
   Result<int64_t> DropOrphanPins();
+
+  // ---- secrets (one owner's each; another owner's do not exist) ----
+  // Inserts `r`; with `replace`, a secret of the same owner and name is replaced instead (its id
+  // and created_at kept, version + 1). EEXIST for a taken name without `replace`. Returns the
+  // record as stored.
+  Result<SecretRecord> PutSecret(const SecretRecord& r, bool replace);
+  // The owner's secret whose name or id is `name_or_id`.
+  Result<std::optional<SecretRecord>> GetSecret(const std::string& owner_key_id,
+                                                const std::string& name_or_id);
+  Result<std::vector<SecretRecord>> ListSecrets(const std::string& owner_key_id);  // by name
+  // ENOENT when the owner has no such secret.
+  Status DeleteSecret(const std::string& owner_key_id, const std::string& name_or_id);
 
   // ---- id ranges (the box id pool, shared by sbx serve and sbx run) ----
   // The slot `box_id` holds, or else the lowest free slot below `slots`, taken for it; in one

@@ -217,6 +217,51 @@ TEST_F(StoreTest, RefusesNewerSchema) {
 
 // ---- sandboxes ----
 
+TEST_F(StoreTest, SecretsBelongToOneOwner) {
+  auto store = OpenStore();
+  SecretRecord r;
+  r.id = "sec_a";
+  r.owner_key_id = "key_a";
+  r.name = "openai";
+  r.sealed = "c2VhbGVk";
+  r.hosts = {"api.openai.com", "*.openai.com"};
+  r.header = "Authorization";
+  r.format = "Bearer {}";
+  r.metadata = {{"team", "ml"}};
+  auto put = store->PutSecret(r, false);
+  ASSERT_TRUE(put.ok()) << put.status().message();
+  EXPECT_EQ(put->version, 1);
+  EXPECT_GT(put->created_at, 0);
+  EXPECT_EQ(store->PutSecret(r, false).status().err(), EEXIST);
+  // Another owner may use the same name; neither sees the other's.
+  SecretRecord b = r;
+  b.id = "sec_b";
+  b.owner_key_id = "key_b";
+  ASSERT_TRUE(store->PutSecret(b, false).ok());
+  auto got = store->GetSecret("key_a", "openai");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->id, "sec_a");
+  EXPECT_EQ((*got)->hosts, r.hosts);
+  EXPECT_EQ((*got)->format, "Bearer {}");
+  EXPECT_EQ((*got)->metadata, r.metadata);
+  EXPECT_TRUE(store->GetSecret("key_a", "sec_a")->has_value());  // by id too
+  EXPECT_FALSE(store->GetSecret("key_a", "sec_b")->has_value());
+  EXPECT_FALSE(store->GetSecret("key_c", "openai")->has_value());
+  // Replacing keeps the id and creation time and bumps the version.
+  r.id = "sec_new";
+  r.sealed = "b3RoZXI=";
+  auto replaced = store->PutSecret(r, true);
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_EQ(replaced->id, "sec_a");
+  EXPECT_EQ(replaced->version, 2);
+  EXPECT_EQ((*store->GetSecret("key_a", "openai"))->sealed, "b3RoZXI=");
+  ASSERT_EQ(store->ListSecrets("key_a")->size(), 1u);
+  EXPECT_EQ(store->DeleteSecret("key_b", "sec_a").err(), ENOENT);
+  EXPECT_TRUE(store->DeleteSecret("key_a", "openai").ok());
+  EXPECT_TRUE(store->ListSecrets("key_a")->empty());
+  EXPECT_EQ(store->ListSecrets("key_b")->size(), 1u);
+}
+
 TEST_F(StoreTest, SandboxRoundTrip) {
   auto store = OpenStore();
   ASSERT_TRUE(store);

@@ -87,7 +87,7 @@ TEST_F(CliTest, Help) {
   auto r = Sbx({"--help"});
   EXPECT_EQ(r.exit_code, 0);
   for (const char* verb : {"create", "ls", "inspect", "exec", "cp", "kill", "pause", "resume",
-                           "timeout", "logs", "ps", "audit", "key"})
+                           "timeout", "logs", "ps", "audit", "key", "secret"})
     EXPECT_NE(r.out.find(verb), std::string::npos) << verb;
   r = Sbx({"exec", "--help"});
   EXPECT_EQ(r.exit_code, 0);
@@ -269,6 +269,71 @@ TEST_F(CliTest, Audit) {
   EXPECT_EQ(j["events"][0]["sandbox_id"], id);
   r = Sbx({"audit", "--since", "2999-01-01T00:00:00Z"});
   EXPECT_EQ(r.out.find("sandbox.create"), std::string::npos);
+}
+
+// Secrets through the daemon: the value from stdin or a file (never argv), never in any answer
+// of the CLI or the API, a key's secrets invisible to another key.
+TEST_F(CliTest, SecretsRoundTripWithoutTheirValues) {
+  const std::string value = "sk-cli-REAL-value-4242424242";
+  ProcessOptions in;
+  in.stdin_data = value + "\n";
+  auto r = Sbx({"secret", "add", "openai", "--host", "api.openai.com", "--host", "*.openai.com",
+                "--header", "Authorization", "--format", "Bearer {}"},
+               in);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "openai\n");
+  ASSERT_TRUE(WriteFile(dir_ + "/value", value + "2\n", 0600).ok());
+  r = Sbx({"secret", "add", "other", "--host", "example.com", "--value-file", dir_ + "/value",
+           "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string answers = r.out + r.err;
+  r = Sbx({"secret", "add", "openai", "--host", "api.openai.com"}, in);
+  EXPECT_NE(r.exit_code, 0);  // taken: --replace replaces
+  answers += r.out + r.err;
+  r = Sbx({"secret", "add", "openai", "--host", "api.openai.com", "--host", "*.openai.com",
+           "--header", "Authorization", "--format", "Bearer {}", "--replace", "--json"},
+          in);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["version"], 2);
+  answers += r.out + r.err;
+  auto ls = Sbx({"secret", "ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("openai"), std::string::npos);
+  EXPECT_NE(ls.out.find("*.openai.com"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("Authorization: Bearer {}"), std::string::npos) << ls.out;
+  answers += ls.out;
+  ls = Sbx({"secret", "ls", "--json"});
+  json j = json::parse(ls.out);
+  ASSERT_EQ(j["secrets"].size(), 2u);
+  answers += ls.out;
+  for (const char* target : {"/v1/secrets", "/v1/secrets/openai"})
+    answers += Api("GET", target).dump();
+  // Another key sees none of them.
+  auto k = Sbx({"key", "create", "--name", "tenant"});
+  ASSERT_EQ(k.exit_code, 0) << k.err;
+  std::string other = k.out.substr(0, k.out.find('\n'));
+  ls = Sbx({"secret", "ls", "--json", "--api-key", other});
+  EXPECT_TRUE(json::parse(ls.out)["secrets"].empty()) << ls.out;
+  r = Sbx({"secret", "rm", "openai", "--api-key", other});
+  EXPECT_NE(r.exit_code, 0);
+  answers += r.out + r.err;
+  // Bad input is refused without echoing the value.
+  ProcessOptions bad;
+  bad.stdin_data = "a\r\nb-" + value;
+  r = Sbx({"secret", "add", "bad", "--host", "x.test"}, bad);
+  EXPECT_NE(r.exit_code, 0);
+  answers += r.out + r.err;
+  EXPECT_NE(Sbx({"secret", "add", "nohost"}, in).exit_code, 0);
+  EXPECT_EQ(answers.find(value), std::string::npos) << answers;
+  r = Sbx({"secret", "rm", "openai"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ls = Sbx({"secret", "ls", "--json"});
+  EXPECT_EQ(json::parse(ls.out)["secrets"].size(), 1u);
+  // The audit trail names the secrets, never their values.
+  std::string audit = Sbx({"audit", "--json", "--type", "secret.put"}).out;
+  EXPECT_NE(audit.find("openai"), std::string::npos) << audit;
+  EXPECT_EQ(audit.find(value), std::string::npos);
+  EXPECT_EQ(d_->log().find(value), std::string::npos);
 }
 
 TEST_F(CliTest, KeysAndConnectionErrors) {

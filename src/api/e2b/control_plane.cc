@@ -337,7 +337,139 @@ Result<json> LogEntries(ApiContext& ctx, const sandbox::ApiKeyRecord& key, const
 
 }  // namespace
 
+namespace {
+
+// ---- Secrets (spec section 6): values write-only, used through ${e2b.secrets.NAME} ----
+
+json SecretInfoJson(const sandbox::SecretRecord& r) {
+  return {{"secretID", r.id},
+          {"name", r.name},
+          {"currentVersion", r.version},
+          {"metadata", r.metadata},
+          {"createdAt", Rfc3339(r.created_at)},
+          {"updatedAt", Rfc3339(r.updated_at)}};
+}
+
+// E2B's bounds on a secret's metadata: 32 entries, keys <= 128 bytes, values <= 1024, 8192 total.
+Result<std::map<std::string, std::string>> SecretMetadata(const json& j) {
+  auto md = StringMap(j, "metadata");
+  if (!md.ok()) return md.status();
+  size_t total = 0;
+  for (const auto& [k, v] : *md) {
+    if (k.empty() || k.size() > 128 || v.size() > 1024)
+      return Status::Error("metadata: keys of 1 to 128 bytes, values of at most 1024", EINVAL);
+    total += k.size() + v.size();
+  }
+  if (md->size() > 32 || total > 8192)
+    return Status::Error("metadata: at most 32 entries and 8192 bytes", EINVAL);
+  return md;
+}
+
+Result<std::string> SecretValue(const json& j) {
+  auto it = j.find("value");
+  if (it == j.end() || !it->is_string()) return Status::Error("value: a string, required", EINVAL);
+  return it->get<std::string>();
+}
+
+awaitable<void> ListSecrets(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
+  int64_t limit = 100;
+  if (auto l = ex.query().Get("limit")) {
+    char* end = nullptr;
+    limit = std::strtoll(l->c_str(), &end, 10);
+    if (l->empty() || *end != '\0' || limit < 1 || limit > 100)
+      co_return co_await Error(ex, 400, "limit: an integer from 1 to 100");
+  }
+  std::string after;
+  if (auto t = ex.query().Get("nextToken"); t && !t->empty()) {
+    auto name = Base64Decode(*t);
+    if (!name.ok()) co_return co_await Error(ex, 400, "nextToken: not a token this API gave");
+    after = *name;
+  }
+  auto all = ctx.manager.ListSecrets(key);  // by name
+  if (!all.ok()) co_return co_await Fail(ex, all.status());
+  json items = json::array();
+  http::Headers h;
+  for (const auto& rec : *all) {
+    if (!after.empty() && rec.name <= after) continue;
+    if (static_cast<int64_t>(items.size()) == limit) {
+      h.emplace_back("X-Next-Token", Base64Encode(items.back()["name"].get<std::string>()));
+      break;
+    }
+    items.push_back(SecretInfoJson(rec));
+  }
+  co_await ex.RespondJson(200, items, h);
+}
+
+void RegisterSecrets(http::Router& r, ApiContext& ctx) {
+  r.Get("/secrets", Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
+          return ListSecrets(ctx, ex, key);
+        }));
+  r.Post(
+      "/secrets",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        sandbox::SecretInput in;
+        if (!j->contains("name") || !(*j)["name"].is_string())
+          co_return co_await Error(ex, 400, "name: a string, required");
+        in.name = (*j)["name"].get<std::string>();
+        auto value = SecretValue(*j);
+        if (!value.ok()) co_return co_await Fail(ex, value.status());
+        in.value = std::move(*value);
+        auto md = SecretMetadata(*j);
+        if (!md.ok()) co_return co_await Fail(ex, md.status());
+        in.metadata = std::move(*md);
+        // No hosts: E2B reaches a value only through ${e2b.secrets.NAME} in network.rules,
+        // whose domains say where it goes.
+        auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.AddSecret(key, in); });
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        co_await ex.RespondJson(201, SecretInfoJson(*rec));
+      }));
+  r.Get(
+      "/secrets/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto rec = ctx.manager.GetSecret(key, ex.Param("id"));
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        co_await ex.RespondJson(200, SecretInfoJson(*rec));
+      }));
+  // A new version: the value replaced, the name, hosts and header kept; metadata replaced when
+  // given.
+  r.Post(
+      "/secrets/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        auto value = SecretValue(*j);
+        if (!value.ok()) co_return co_await Fail(ex, value.status());
+        auto md = SecretMetadata(*j);
+        if (!md.ok()) co_return co_await Fail(ex, md.status());
+        auto old = ctx.manager.GetSecret(key, ex.Param("id"));
+        if (!old.ok()) co_return co_await Fail(ex, old.status());
+        sandbox::SecretInput in;
+        in.name = old->name;
+        in.value = std::move(*value);
+        in.hosts = old->hosts;
+        in.header = old->header;
+        in.format = old->format;
+        in.metadata = j->contains("metadata") ? std::move(*md) : old->metadata;
+        in.replace = true;
+        auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.AddSecret(key, in); });
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        co_await ex.RespondJson(200, SecretInfoJson(*rec));
+      }));
+  r.Delete(
+      "/secrets/{id}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        Status s = ctx.manager.DeleteSecret(key, ex.Param("id"));
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+}
+
+}  // namespace
+
 void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
+  RegisterSecrets(r, ctx);
   // The port is shared: sbx's own paths (/v1 and below, /healthz, /metrics) keep the native API's
   // error body; every other path, including one nothing serves, is an E2B client's (control
   // plane or envd), which gets E2B's {"code": <status>, "message": ...} (docs/api.md, "Errors").

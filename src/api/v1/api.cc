@@ -82,6 +82,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Files(router, ctx);
   Archives(router, ctx);
   Audit(router, ctx);
+  Secrets(router, ctx);
   RegisterPortRoutes(router, ctx);  // api/ingress.h
 }
 

@@ -55,5 +55,6 @@ void Files(http::Router& r, ApiContext& ctx);      // files.cc
 void Archives(http::Router& r, ApiContext& ctx);   // archives.cc
 void Audit(http::Router& r, ApiContext& ctx);      // audit.cc: /v1/audit
 void Health(http::Router& r, ApiContext& ctx);     // health.cc: /healthz, /metrics
+void Secrets(http::Router& r, ApiContext& ctx);    // secrets.cc: /v1/secrets
 
 }  // namespace sbx::api::v1
