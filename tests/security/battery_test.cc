@@ -471,7 +471,7 @@ class Host {
   // The boxes' chains in the table sbx makes in the namespace it runs in (read only: `nft list`).
   static std::set<std::string> BoxChains() {
     std::set<std::string> out;
-    if (FILE* f = popen("nft list chains inet sbx 2>/dev/null", "r")) {
+    if (FILE* f = popen("nft list table inet sbx 2>/dev/null", "r")) {
       char line[512];
       while (fgets(line, sizeof line, f)) {
         std::string l = line;
