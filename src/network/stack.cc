@@ -17,8 +17,10 @@
 #include "common/fs.h"
 #include "common/thread_annotations.h"
 #include "network/box_files.h"
+#include "network/ca.h"
 #include "network/cares_lookup.h"
 #include "network/firewall.h"
+#include "network/mitm.h"
 #include "network/netlink.h"
 #include "network/proxy.h"
 #include "network/resolver.h"
@@ -28,6 +30,9 @@ namespace sbx::network {
 namespace {
 
 namespace asio = boost::asio;
+
+// Where a box finds the CA bundle (read-only, bound from the host).
+constexpr char kBoxCaBundle[] = "/etc/sbx/ca-certificates.crt";
 
 class StackImpl final : public Stack {
  public:
@@ -52,10 +57,25 @@ class StackImpl final : public Stack {
     auto resolver = Resolver::Start(address(boost::asio::ip::address_v4::any()), 0, boxes_, rc);
     if (!resolver.ok()) return resolver.status().Wrap("network: DNS resolver");
     resolver_ = std::move(*resolver);
+    // The CA boxes with secrets trust (their HTTPS ends at the interceptor), and the bundle every
+    // box with a network gets: the roots sbx trusts upstream (--upstream-ca, or the host's) and
+    // that CA.
+    auto ca = Ca::LoadOrCreate(config_.state_dir);
+    if (!ca.ok()) return ca.status().Wrap("network: the CA");
+    ca_ = std::shared_ptr<Ca>(std::move(*ca));
+    auto bundle = config_.upstream_ca.empty() ? ca_->WriteBundle() : ca_->WriteBundle(config_.upstream_ca);
+    if (!bundle.ok()) return bundle.status().Wrap("network: the CA bundle");
+    bundle_ = *bundle;
+    MitmConfig mc;
+    mc.upstream_ca = config_.upstream_ca;
+    auto mitm = Mitm::Make(mc, ca_, config_.on_event);
+    if (!mitm.ok()) return mitm.status().Wrap("network: the interceptor");
+    mitm_ = std::move(*mitm);
     ProxyConfig pc;
     pc.opened_ranges = config_.opened_ranges;
     pc.on_event = config_.on_event;
     pc.lookup = lookup_.get();
+    pc.interceptor = mitm_.get();
     auto proxy = EgressProxy::Start(io_.get_executor(),
                                     asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0),
                                     boxes_, pc);
@@ -66,6 +86,7 @@ class StackImpl final : public Stack {
     fc.proxy_port = proxy_->port();
     fc.ipv6 = config_.ipv6;
     fc.opened_ranges = config_.opened_ranges;
+    fc.box_ifname_prefix = "sbx";
     auto fw = Firewall::Open(fc);
     if (!fw.ok()) return fw.status().Wrap("network: nftables");
     firewall_ = std::move(*fw);
@@ -94,6 +115,13 @@ class StackImpl final : public Stack {
     if (!files.ok()) return Fail(box_id, files.status());
     BoxNetPlan plan;
     plan.files = std::move(*files);
+    // Every TLS client in the box trusts the bundle: OpenSSL's tools (SSL_CERT_FILE, curl's
+    // CURL_CA_BUNDLE), Python's requests and pip (REQUESTS_CA_BUNDLE), Node (NODE_EXTRA_CA_CERTS).
+    plan.files.emplace_back(bundle_, kBoxCaBundle);
+    for (const char* var : {"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"})
+      plan.env[var] = kBoxCaBundle;
+    for (auto& secret : net->secrets)
+      if (!secret.env.empty()) plan.env[secret.env] = secret.placeholder;
     plan.net = net;
     {
       MutexLock g(mu_);
@@ -251,6 +279,9 @@ class StackImpl final : public Stack {
   BoxRegistry boxes_;
   std::unique_ptr<CaresLookup> lookup_;
   std::unique_ptr<Resolver> resolver_;
+  std::shared_ptr<Ca> ca_;
+  std::string bundle_;  // host path of the CA bundle every networked box gets
+  std::shared_ptr<Mitm> mitm_;
   std::unique_ptr<EgressProxy> proxy_;
   std::unique_ptr<Firewall> firewall_;
   Mutex mu_;
