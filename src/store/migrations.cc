@@ -160,6 +160,18 @@ constexpr char kV8[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN defaults TEXT;
 )sql";
 
+// Version 9 is the secret store's (issue 12, branch i12-secrets): a no-op here so that this
+// branch's version 10 has its place. LEAD: at merge, keep i12-secrets' version 9 and drop this.
+constexpr char kV9[] = "SELECT 1;";
+
+// Version 10: a sandbox's network policy and its E2B egress extras (issue 12). Rows made before
+// have no network: mode none, as they were created.
+constexpr char kV10[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none"}';
+ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sandboxes ADD COLUMN mask_request_host TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -172,6 +184,8 @@ const std::vector<Migration>& Migrations() {
       {6, "audit_by_key index", kV6},
       {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
       {8, "sandboxes.defaults: the template's env, user and workdir", kV8},
+      {9, "reserved for the secret store (i12-secrets)", kV9},
+      {10, "sandboxes.network, egress_rules, mask_request_host", kV10},
   };
   return kAll;
 }
