@@ -55,7 +55,7 @@ class BoxRegistry {
   std::vector<std::shared_ptr<const BoxNet>> All() const;
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const BoxNet>> by_id_ GUARDED_BY(mu_);
   std::map<address, std::shared_ptr<const BoxNet>> by_address_ GUARDED_BY(mu_);
 };
