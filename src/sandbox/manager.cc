@@ -383,6 +383,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   if (req.egress_rules.empty()) req.egress_rules = "{}";
   if (req.mask_request_host.size() > kMaxKeyBytes)
     return Status::Error("maskRequestHost: at most 256 bytes", EINVAL);
+  for (char c : req.mask_request_host)  // it becomes a header the box receives
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      return Status::Error("maskRequestHost: a host, with no spaces or control characters", EINVAL);
   std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
 
   // Idempotency before anything that depends on the host's state now: a retried request gets

@@ -63,6 +63,7 @@ using store::AuditEvent;
 using store::AuditQuery;
 using store::AuditQueueCounters;
 using store::IsLiveState;
+using store::kNoNetwork;
 using store::kOnTimeoutKill;
 using store::kOnTimeoutPause;
 using store::kStateCreating;
