@@ -637,8 +637,8 @@ TEST_F(CliTest, ServeNetworkFlagsAreChecked) {
                                          {"--allow-range", "8.8.8.0/24"},
                                          {"--network", "maybe"}}) {
     // Its own data directory: the test's daemon holds the test's.
-    std::vector<std::string> args = {SBX_BIN, "--data-dir", dir_ + "/other", "serve", "--listen",
-                                      "127.0.0.1:0"};
+    std::vector<std::string> args = {SBX_BIN, "--data-dir", dir_ + "/other",
+                                     "serve", "--listen",   "127.0.0.1:0"};
     args.insert(args.end(), flags.begin(), flags.end());
     ProcessOptions o;
     o.timeout_ms = 60000;

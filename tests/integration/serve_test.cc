@@ -1424,27 +1424,37 @@ TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
 
 // ---- The network (issue 12) on a daemon without networking ----
 
-// A server in the box on port 8000 that answers "<Host it got>|<target it got>".
-void StartEchoServer(Daemon& d, const std::string& id) {
-  ASSERT_EQ(d.Exec(id, {{"command", "mkfifo /tmp/up"}}).exit_code, 0);
-  d.Json("POST", "/v1/sandboxes/" + id + "/commands",
-         {{"argv",
-           {"python3", "-c",
-            "import http.server\n"
-            "class H(http.server.BaseHTTPRequestHandler):\n"
-            "  def do_GET(self):\n"
-            "    b = (self.headers.get('Host', '') + '|' + self.path).encode()\n"
-            "    self.send_response(200)\n"
-            "    self.send_header('Content-Length', str(len(b)))\n"
-            "    self.end_headers()\n"
-            "    self.wfile.write(b)\n"
-            "  def log_message(self, *a): pass\n"
-            "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), H)\n"
-            "open('/tmp/up', 'w').close()\n"
-            "s.serve_forever()\n"}},
-          {"background", true}},
-         201);
-  ASSERT_EQ(d.Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);  // returns once it listens
+// A server in the box on port 8000 that answers "<Host it got>|<target it got>"; started with
+// the key `secret` (the daemon's operator key when empty).
+void StartEchoServer(Daemon& d, const std::string& id, const std::string& secret = "") {
+  http::ClientHeaders h = {{"Authorization", "Bearer " + (secret.empty() ? d.key() : secret)},
+                           {"Content-Type", "application/json"}};
+  const std::string commands = "/v1/sandboxes/" + id + "/commands";
+  auto fifo = d.Call("POST", commands, json{{"command", "mkfifo /tmp/up"}}.dump(), h);
+  ASSERT_EQ(fifo.status, 200) << fifo.body;
+  auto bg = d.Call("POST", commands,
+                   json{{"argv",
+                         {"python3", "-c",
+                          "import http.server\n"
+                          "class H(http.server.BaseHTTPRequestHandler):\n"
+                          "  def do_GET(self):\n"
+                          "    b = (self.headers.get('Host', '') + '|' + self.path).encode()\n"
+                          "    self.send_response(200)\n"
+                          "    self.send_header('Content-Length', str(len(b)))\n"
+                          "    self.end_headers()\n"
+                          "    self.wfile.write(b)\n"
+                          "  def log_message(self, *a): pass\n"
+                          "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), H)\n"
+                          "open('/tmp/up', 'w').close()\n"
+                          "s.serve_forever()\n"}},
+                        {"background", true}}
+                       .dump(),
+                   h);
+  ASSERT_EQ(bg.status, 201) << bg.body;
+  // Returns once the server listens.
+  auto up = d.Call("POST", commands, json{{"command", "cat /tmp/up"}}.dump(), h);
+  ASSERT_EQ(up.status, 200) << up.body;
+  ASSERT_NE(up.body.find("\"exit_code\":0"), std::string::npos) << up.body;
 }
 
 http::Response Anonymous(Daemon& d, const std::string& target) {
@@ -1549,7 +1559,7 @@ TEST_F(ServeTest, ASignedPortUrlOpensOnePortUntilItExpires) {
   auto made = d_->Call("POST", "/v1/sandboxes", "{}", Bearer(owner.secret));
   ASSERT_EQ(made.status, 201);
   std::string id = json::parse(made.body)["id"];
-  StartEchoServer(*d_, id);
+  StartEchoServer(*d_, id, owner.secret);
   auto signed_url = [&](int port, const std::string& body) {
     auto r = d_->Call("POST", "/v1/sandboxes/" + id + "/ports/" + std::to_string(port) + "/url",
                       body, Bearer(owner.secret));
