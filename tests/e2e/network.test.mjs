@@ -36,3 +36,14 @@ for (const [name, sdk] of SDKS) {
     )
   })
 }
+
+// SDKs send allow_internet_access: true on every create (E2B's default): on a daemon without
+// networking that is a box without a network, as before.
+for (const [name, sdk] of SDKS) {
+  test(`${name}: allowInternetAccess true (the default) works without networking`, async () => {
+    await withSandbox(sdk, { allowInternetAccess: true }, async (sbx) => {
+      const r = await sbx.commands.run('echo ok')
+      assert.equal(r.stdout, 'ok\n')
+    })
+  })
+}

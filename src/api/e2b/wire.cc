@@ -655,7 +655,9 @@ Result<Egress> ParseEgress(const json& net, std::optional<bool> allow_internet_a
   auto deny_out = StringList(j, "denyOut");
   if (!deny_out.ok()) return deny_out.status();
   Egress out;
-  out.given = allow_internet_access.has_value() || allow_out->has_value() || deny_out->has_value();
+  // allow_internet_access: true alone is E2B's default (SDKs send it on every create), not a
+  // request for a network this daemon may not have.
+  out.given = allow_internet_access == false || allow_out->has_value() || deny_out->has_value();
   std::vector<std::string> allow = allow_out->value_or(std::vector<std::string>{});
   std::vector<std::string> deny = deny_out->value_or(std::vector<std::string>{});
   if (allow_internet_access == false && std::find(deny.begin(), deny.end(), kAllIpv4) == deny.end())

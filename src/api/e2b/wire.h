@@ -73,8 +73,9 @@ std::string Rfc3339(int64_t ms);
 struct Egress {
   network::Policy policy;
   nlohmann::json rules = nlohmann::json::object();
-  // Whether the request said anything about egress (allow_internet_access, allowOut, denyOut):
-  // a create that says nothing gets the daemon's default (open with networking, else none).
+  // Whether the request said anything about egress (allow_internet_access: false, allowOut,
+  // denyOut): a create that says nothing (or only allow_internet_access: true, E2B's default,
+  // which SDKs send on every create) gets the daemon's default: open with networking, else none.
   bool given = false;
 };
 inline constexpr size_t kMaxRuleDomains = 10;

@@ -260,6 +260,10 @@ TEST(E2bNetwork, NothingSaidIsNotGivenAndNoInternetIsAnEmptyAllowlist) {
   auto e = ParseEgress(nlohmann::json(), std::nullopt);
   ASSERT_TRUE(e.ok());
   EXPECT_FALSE(e->given);
+  // true is E2B's default, which SDKs send on every create.
+  e = ParseEgress(nlohmann::json(), true);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(e->given);
   e = ParseEgress(J(R"({"allowPublicTraffic": false, "maskRequestHost": "x:${PORT}"})"),
                   std::nullopt);
   ASSERT_TRUE(e.ok());
