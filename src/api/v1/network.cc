@@ -44,11 +44,14 @@ void Network(http::Router& r, ApiContext& ctx) {
   r.Put(
       "/v1/sandboxes/{id}/network",
       Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        std::string id = ex.Param("id");
+        // Another key's sandbox is unknown (and audited) whatever the body says.
+        if (auto rec = ctx.manager.Get(key, id); !rec.ok())
+          co_return co_await Fail(ex, rec.status());
         auto j = co_await ex.ReadJson();
         if (!j.ok()) co_return co_await Fail(ex, j.status());
         auto policy = ParseNetwork(*j);
         if (!policy.ok()) co_return co_await Fail(ex, policy.status());
-        std::string id = ex.Param("id");
         // A live change reaches the network stack (nftables, the registry): off the I/O thread.
         auto rec =
             co_await OnPool(ctx.blocking, [&] { return ctx.manager.SetNetwork(key, id, *policy); });
@@ -60,6 +63,12 @@ void Network(http::Router& r, ApiContext& ctx) {
       "/v1/sandboxes/{id}/ports/{port}/url",
       Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         std::string id = ex.Param("id");
+        // The owner's only (an operator key does not open another key's ports), and live;
+        // another key's sandbox is unknown (and audited) whatever the rest of the request says.
+        auto rec = ctx.manager.Get(key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        if (rec->owner_key_id != key.id)
+          co_return co_await ex.RespondError(404, "not_found", "no sandbox '" + id + "'");
         int port = network::ParsePort(ex.Param("port"));
         if (!network::ValidPort(port))
           co_return co_await ex.RespondError(400, "invalid_argument",
@@ -77,11 +86,6 @@ void Network(http::Router& r, ApiContext& ctx) {
         auto ttl = SecondsField(j, "ttl_s", 1, static_cast<double>(network::kMaxPortUrlTtlS));
         if (!ttl.ok()) co_return co_await Fail(ex, ttl.status());
         int64_t ttl_s = *ttl > 0 ? *ttl / 1000 : 600;
-        // The owner's only (an operator key does not open another key's ports), and live.
-        auto rec = ctx.manager.Get(key, id);
-        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-        if (rec->owner_key_id != key.id)
-          co_return co_await ex.RespondError(404, "not_found", "no sandbox '" + id + "'");
         if (!sandbox::IsLiveState(rec->state))
           co_return co_await Fail(
               ex, Status::Error("sandbox " + id + " is " + rec->state + "; its ports are closed",
