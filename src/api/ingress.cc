@@ -1,6 +1,9 @@
 #include "api/ingress.h"
 
+#include <strings.h>
+
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
 
 #include "api/auth.h"
 #include "api/context.h"
@@ -29,6 +32,31 @@ std::string TargetAfter(std::string_view target, int segments) {
   std::string_view rest = target.substr(pos);
   if (rest.empty() || rest[0] == '?') return "/" + std::string(rest);
   return std::string(rest);
+}
+
+// `target` without the signed URL's own parameters: they are for sbx, not for the box.
+std::string WithoutSignature(const std::string& target) {
+  size_t q = target.find('?');
+  if (q == std::string::npos) return target;
+  std::string out = target.substr(0, q), sep = "?";
+  std::string_view rest = std::string_view(target).substr(q + 1);
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view param = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    std::string_view name = param.substr(0, param.find('='));
+    if (name == network::kPortUrlExpires || name == network::kPortUrlSignature) continue;
+    out += sep;
+    out += param;
+    sep = "&";
+  }
+  return out;
+}
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
@@ -68,6 +96,25 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
         co_return co_await ex.RespondError(404, "not_found", why);
       }
     }
+  } else if (auto signature = ex.query().Get(network::kPortUrlSignature);
+             signature && (!target || !target->rec.public_ports)) {
+    // A signed URL (POST .../ports/{port}/url): it opens this port of this sandbox until it
+    // expires. Expired and forged get different answers: only the first is worth a new URL.
+    if (!target)
+      co_return co_await ex.RespondError(403, "permission_denied",
+                                         "the signed URL is not for a running sandbox " + id);
+    auto check = network::VerifyPortUrl(ctx.secret, target->owner.id, id, port,
+                                        ex.query().Get(network::kPortUrlExpires).value_or(""),
+                                        *signature, UnixNow());
+    if (check == network::PortUrlCheck::kExpired)
+      co_return co_await ex.RespondError(
+          403, "permission_denied",
+          "the signed URL has expired; ask for a new one (sbx port-url " + id + " " +
+              std::to_string(port) + ")");
+    if (check != network::PortUrlCheck::kValid)
+      co_return co_await ex.RespondError(403, "permission_denied",
+                                         "the signed URL's signature is not valid for port " +
+                                             std::to_string(port) + " of sandbox " + id);
   } else if (!target || !target->rec.public_ports) {
     // Without a key nothing tells whether the sandbox exists: no proof is 401, a token that is not
     // a running sandbox's is 403.
@@ -86,7 +133,7 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
   // the application's own and goes through.
   std::string head = key_in_authorization ? ex.ForwardHead({"X-API-Key", "Authorization"})
                                           : ex.ForwardHead({"X-API-Key"});
-  head = WithTarget(head, TargetAfter(ex.target(), 5));
+  head = WithTarget(head, WithoutSignature(TargetAfter(ex.target(), 5)));
   Status s = co_await RelayToPort(ctx, ex, *target, port, std::move(head));
   if (!s.ok() && !ex.responded())
     co_await ex.RespondError(
@@ -111,6 +158,13 @@ awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex, const PortTar
   auto socket = co_await http::OnPool(
       ctx.blocking, [&] { return ctx.manager.TcpSocket(target.owner, target.rec.id); });
   if (!socket.ok()) co_return socket.status();
+  // E2B's maskRequestHost: the box sees this Host (with ${PORT} replaced), not the client's.
+  if (!target.rec.mask_request_host.empty()) {
+    std::string host = target.rec.mask_request_host;
+    for (size_t at; (at = host.find("${PORT}")) != std::string::npos;)
+      host.replace(at, 7, std::to_string(port));
+    head = WithHost(head, host);
+  }
   co_return co_await ex.Relay(std::move(*socket), network::BoxLoopback(port), std::move(head));
 }
 
@@ -119,6 +173,29 @@ std::string WithTarget(const std::string& head, std::string_view target) {
   size_t version = head.find(" HTTP/1.1\r\n");
   if (space == std::string::npos || version == std::string::npos || version < space) return head;
   return head.substr(0, space + 1) + std::string(target) + head.substr(version);
+}
+
+std::string WithHost(const std::string& head, std::string_view host) {
+  // Every Host field goes (a client may send two); one with `host` follows the request line.
+  size_t line_end = head.find("\r\n");
+  if (line_end == std::string::npos) return head;
+  std::string out = head.substr(0, line_end + 2);
+  out += "Host: ";
+  out += host;
+  out += "\r\n";
+  size_t pos = line_end + 2;
+  while (pos < head.size()) {
+    size_t end = head.find("\r\n", pos);
+    if (end == std::string::npos) end = head.size();
+    std::string_view field = std::string_view(head).substr(pos, end - pos);
+    bool is_host = field.size() >= 5 && strncasecmp(field.data(), "host:", 5) == 0;
+    if (!is_host) {
+      out += field;
+      if (end < head.size()) out += "\r\n";
+    }
+    pos = end + 2;
+  }
+  return out;
 }
 
 void RegisterPortRoutes(http::Router& router, ApiContext& ctx) {

@@ -44,10 +44,15 @@ boost::asio::awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex,
 // `head` (a request line and fields) with its request-target replaced by `target`.
 std::string WithTarget(const std::string& head, std::string_view target);
 
+// `head` with its Host field(s) replaced by one `Host: host` (E2B's maskRequestHost). `host`
+// comes from the record, checked at create to be a header value.
+std::string WithHost(const std::string& head, std::string_view host);
+
 // `/v1/sandboxes/{id}/ports/{port}/{path...}` for every method: the request reaches `port` with
 // target `/{path...}?{query}`, authenticated by the owner's API key (Authorization: Bearer or
 // X-API-Key, never passed on) or the sandbox's traffic token (E2B-Traffic-Access-Token); a
-// sandbox with public ports needs neither. docs/api.md, "Ports".
+// sandbox with public ports needs neither, and a signed URL (network::SignPortUrl: its
+// sbx_expires and sbx_signature parameters, not passed on) stands for both. docs/api.md, "Ports".
 void RegisterPortRoutes(http::Router& router, ApiContext& ctx);
 
 }  // namespace sbx::api

@@ -80,6 +80,22 @@ int main(int argc, char** argv) {
                  "Open HTTP connections per remote address (0: no cap; loopback is exempt)")
       ->capture_default_str();
 
+  sv->add_option("--network", serve.network,
+                 "Give sandboxes networking when they ask for it (policies: allowlist, open): "
+                 "auto (when the host can), on (fail to start if it cannot), off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  sv->add_option("--box-subnet", serve.box_subnet,
+                 "IPv4 pool of the boxes' addresses, a /30 each (default 10.213.0.0/16)");
+  sv->add_option("--upstream-dns", serve.upstream_dns,
+                 "Resolver for the names policies allow, ADDR:PORT (repeatable; default: the "
+                 "host's /etc/resolv.conf)");
+  sv->add_option("--upstream-ca", serve.upstream_ca,
+                 "CA bundle to verify upstream HTTPS with (default: the host's CA store)");
+  sv->add_option("--allow-range", serve.allow_ranges,
+                 "Open this CIDR inside an always-denied range, e.g. 192.168.5.0/24 (repeatable)");
+  sv->add_flag("--ipv6", serve.ipv6, "Give boxes IPv6 too (default: IPv4 only)");
+
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);
   sbx::cli::RegisterTemplateVerbs(app, global, client_verbs);

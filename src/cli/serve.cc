@@ -8,7 +8,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <boost/asio/ip/address.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +24,12 @@
 #include "cli/units.h"
 #include "common/fs.h"
 #include "common/secret.h"
+#include "network/ingress.h"
+#include "network/policy.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
 #include "sandbox/manager.h"
+#include "sandbox/net_slot_pool.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -67,11 +72,64 @@ Status EnsureApiKey(store::Store& store, const std::string& data_dir) {
 
 }  // namespace
 
+Result<network::StackConfig> NetworkConfig(const ServeOptions& o) {
+  network::StackConfig c;
+  if (!o.box_subnet.empty()) {
+    auto cidr = network::ParseCidr(o.box_subnet);
+    if (!cidr.ok() || !cidr->base.is_v4() || cidr->prefix < 8 || cidr->prefix > 30)
+      return Status::Error(
+          "--box-subnet: an IPv4 network from /8 to /30, e.g. 10.213.0.0/16 (got '" + o.box_subnet +
+              "')",
+          EINVAL);
+    c.box_subnet = cidr->ToString();
+  }
+  for (const auto& addr : o.upstream_dns) {
+    // ADDR:PORT, [v6]:PORT.
+    size_t colon = addr.rfind(':');
+    std::string host = colon == std::string::npos ? "" : addr.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    boost::system::error_code ec;
+    (void)boost::asio::ip::make_address(host, ec);
+    int port = colon == std::string::npos ? 0 : network::ParsePort(addr.substr(colon + 1));
+    if (ec || port == 0)
+      return Status::Error(
+          "--upstream-dns: ADDR:PORT, e.g. 198.18.0.53:53 or [::1]:53 (got '" + addr + "')",
+          EINVAL);
+    c.upstream_dns.push_back(addr);
+  }
+  if (!o.upstream_ca.empty()) {
+    if (::access(o.upstream_ca.c_str(), R_OK) != 0)
+      return Status::Error(
+          "--upstream-ca: cannot read '" + o.upstream_ca + "': " + std::strerror(errno), EINVAL);
+    c.upstream_ca = o.upstream_ca;
+  }
+  for (const auto& r : o.allow_ranges) {
+    auto cidr = network::ParseCidr(r);
+    if (!cidr.ok())
+      return Status::Error("--allow-range: a CIDR, e.g. 192.168.5.0/24 (got '" + r + "')", EINVAL);
+    if (!network::AlwaysDeniedRange(cidr->base))
+      return Status::Error(
+          "--allow-range: " + r + " is not in an always-denied range; policies already reach it",
+          EINVAL);
+    c.opened_ranges.push_back(*cidr);
+  }
+  c.ipv6 = o.ipv6;
+  return c;
+}
+
 int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (::geteuid() != 0) {
     std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
     return kExitSbxError;
   }
+  // The network flags, checked before anything is opened.
+  auto net_config = NetworkConfig(o);
+  if (!net_config.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", net_config.status().message().c_str());
+    return kExitSbxError;
+  }
+  net_config->state_dir = global.data_dir + "/network";
   auto colon = o.listen.rfind(':');
   if (colon == std::string::npos) {
     std::fprintf(stderr, "sbx: --listen: expected HOST:PORT, got '%s'\n", o.listen.c_str());
@@ -193,7 +251,46 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: template cache: %s\n", s.message().c_str());
     return kExitSbxError;
   }
+  // The network stack: it must outlive the manager, which calls it on every create and destroy.
+  // Its audit events go to the manager once there is one (AuditNetwork), never after it.
+  std::unique_ptr<network::Stack> stack;
+  std::unique_ptr<sandbox::StoreNetSlotPool> slots;
+  std::atomic<sandbox::Manager*> audit_to{nullptr};
+  if (o.network != "off") {
+    Status started_ok;
+    auto cidr = network::ParseCidr(net_config->box_subnet);
+    auto pool = cidr.ok() ? sandbox::StoreNetSlotPool::Make(**st, *cidr)
+                          : Result<std::unique_ptr<sandbox::StoreNetSlotPool>>(cidr.status());
+    if (pool.ok()) {
+      slots = std::move(*pool);
+      net_config->slots = slots.get();
+      net_config->on_event = [&audit_to](network::NetEvent e) {
+        if (sandbox::Manager* m = audit_to.load()) m->AuditNetwork(e);
+      };
+      auto started = network::Stack::Start(*net_config, *secret);
+      if (started.ok())
+        stack = std::move(*started);
+      else
+        started_ok = started.status();
+    } else {
+      started_ok = pool.status();
+    }
+    if (!started_ok.ok() && o.network == "on") {
+      std::fprintf(stderr, "sbx: --network on: %s\n", started_ok.message().c_str());
+      return kExitSbxError;
+    }
+    if (!started_ok.ok())
+      spdlog::warn("networking is off: {} (sandboxes get loopback only; --network on makes this "
+                   "fatal)",
+                   started_ok.message());
+  }
+  mc.network = stack.get();
   sandbox::Manager manager(mc, **rt, templates, **st);
+  audit_to = &manager;
+  struct AuditOff {
+    std::atomic<sandbox::Manager*>& to;
+    ~AuditOff() { to = nullptr; }
+  } audit_off{audit_to};
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

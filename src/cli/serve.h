@@ -5,8 +5,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cli/run.h"
+#include "network/network.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -27,7 +29,19 @@ struct ServeOptions {
   size_t max_connections_per_address = 64;  // loopback clients are exempt
   // --min-memory/--max-memory ... (range_flags.h): the daemon-wide bounds; 0: the host's.
   store::LimitRanges ranges;
+  // Networking (issue 12): --network on|off, and the stack's settings as the flags gave them.
+  std::string network = "auto";
+  std::string box_subnet;                 // --box-subnet CIDR
+  std::vector<std::string> upstream_dns;  // --upstream-dns ADDR:PORT (repeatable)
+  std::string upstream_ca;                // --upstream-ca FILE
+  std::vector<std::string> allow_ranges;  // --allow-range CIDR (repeatable)
+  bool ipv6 = false;                      // --ipv6
 };
+
+// The --network flags of `o` as the stack's config (state_dir and daemon_ports are filled in by
+// serve); EINVAL naming the flag and the value. Checks shapes only: whether the host can give
+// networking is Stack::Start's to say.
+Result<network::StackConfig> NetworkConfig(const ServeOptions& o);
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);
 

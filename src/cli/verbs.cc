@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "cli/net.h"
 #include "cli/range_flags.h"
 #include "cli/units.h"
 #include "common/clock.h"
@@ -116,7 +117,7 @@ const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kSta
 struct CreateFlags {
   ConnectionFlags conn;
   std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key;
-  std::vector<std::string> env, metadata;
+  std::vector<std::string> env, metadata, net;
 };
 
 Result<json> CreateBody(const CreateFlags& f) {
@@ -161,6 +162,11 @@ Result<json> CreateBody(const CreateFlags& f) {
   auto md = ParsePairs(f.metadata, "--metadata");
   if (!md.ok()) return md.status();
   for (const auto& [k, v] : *md) body["metadata"][k] = v;
+  if (!f.net.empty()) {
+    auto net = ParseNetFlags(f.net);
+    if (!net.ok()) return net.status();
+    body["network"] = *net;
+  }
   return body;
 }
 
@@ -180,6 +186,9 @@ void RegisterCreate(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   v->add_option("--metadata", f->metadata, "Label K=V, for ls filters (repeatable)");
   v->add_option("--idempotency-key", f->idempotency_key,
                 "Retrying with the same key returns the same sandbox");
+  v->add_option("--net", f->net,
+                "Network: none (default), open, allow=pypi.org,*.npmjs.org, deny=CIDR "
+                "(repeatable; deny= with open)");
   AddConnectionFlags(v, &f->conn);
   verbs.Add(v, [f, &g] {
     auto body = CreateBody(*f);
@@ -252,7 +261,8 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
     // An operator key lists every key's sandboxes: then say whose each one is.
     std::set<std::string> owners;
     for (const auto& s : all) owners.insert(Str(s, "owner_key_id"));
-    std::vector<std::string> header = {"ID", "STATE", "TEMPLATE", "CREATED", "EXPIRES", "METADATA"};
+    std::vector<std::string> header = {"ID",      "STATE",   "TEMPLATE", "CREATED",
+                                       "EXPIRES", "NETWORK", "METADATA"};
     if (owners.size() > 1) header.push_back("KEY");
     Table t(header);
     for (const auto& s : all) {
@@ -261,6 +271,7 @@ void RegisterLs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
                                       Str(s, "template"),
                                       Relative(s["created_at"]),
                                       Relative(s["expires_at"]),
+                                      s.contains("network") ? Str(s["network"], "mode") : "none",
                                       Pairs(s["metadata"])};
       if (owners.size() > 1) row.push_back(Str(s, "owner_key_id"));
       t.Row(row);
@@ -689,6 +700,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterAudit(app, global, *this);
   RegisterKey(app, global, *this);
   RegisterSecretVerbs(app, global, *this);
+  RegisterNetVerbs(app, global, *this);  // net.cc
 }
 
 std::optional<int> ClientVerbs::Run() const {

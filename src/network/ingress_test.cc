@@ -28,6 +28,33 @@ TEST(Ingress, TrafficTokenIsAnHmacPerInstallKeyAndSandbox) {
   EXPECT_FALSE(IsTrafficToken(a, "key_other", id, t));
 }
 
+// The query of a signed URL: "sbx_expires=E&sbx_signature=S" -> {E, S}.
+std::pair<std::string, std::string> Split(const std::string& q) {
+  size_t amp = q.find('&');
+  return {q.substr(q.find('=') + 1, amp - q.find('=') - 1), q.substr(q.rfind('=') + 1)};
+}
+
+TEST(Ingress, ASignedPortUrlIsBoundToKeySandboxPortAndExpiry) {
+  InstallSecret a = Secret('a');
+  const std::string key = "key_abcdefghijkl", id = "sbx0123456789abcdefgh";
+  std::string q = SignPortUrl(a, key, id, 8080, 1000);
+  EXPECT_TRUE(std::regex_match(q, std::regex("sbx_expires=1000&sbx_signature=[0-9a-f]{64}"))) << q;
+  auto [exp, sig] = Split(q);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, exp, sig, 999), PortUrlCheck::kValid);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, exp, sig, 1000), PortUrlCheck::kExpired);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8081, exp, sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, "sbxother", 8080, exp, sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, "key_other", id, 8080, exp, sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(Secret('b'), key, id, 8080, exp, sig, 999), PortUrlCheck::kBadSignature);
+  // A later expiry with the old signature, another spelling of the same expiry, junk.
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, "2000", sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, "01000", sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, "-1", sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, "", sig, 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, exp, "", 999), PortUrlCheck::kBadSignature);
+  EXPECT_EQ(VerifyPortUrl(a, key, id, 8080, exp, sig.substr(1), 999), PortUrlCheck::kBadSignature);
+}
+
 TEST(Ingress, PortsAreDecimal1To65535) {
   EXPECT_EQ(ParsePort("8000"), 8000);
   EXPECT_EQ(ParsePort("1"), 1);

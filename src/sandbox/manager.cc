@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 
@@ -54,6 +55,42 @@ Status ValidateMap(const std::map<std::string, std::string>& m, const char* what
       return Status::Error(std::string(what) + ": invalid variable name '" + k + "'", EINVAL);
   }
   return {};
+}
+
+// The secrets a create names: env var -> secret name. Their values are bound by the secret
+// store (not here); only the shape is checked.
+Status ValidateSecrets(const std::map<std::string, std::string>& secrets,
+                       const std::map<std::string, std::string>& env) {
+  if (secrets.size() > kMaxSecrets)
+    return Status::Error("secrets: at most " + std::to_string(kMaxSecrets) + " entries", EINVAL);
+  for (const auto& [var, name] : secrets) {
+    bool ok = !var.empty() && var.size() <= kMaxKeyBytes &&
+              (std::isalpha(static_cast<unsigned char>(var[0])) || var[0] == '_');
+    for (char c : var) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (!ok)
+      return Status::Error(
+          "secrets: '" + var + "' is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+          EINVAL);
+    if (name.empty() || name.size() > kMaxKeyBytes)
+      return Status::Error(
+          "secrets." + var + ": a secret name of 1.." + std::to_string(kMaxKeyBytes) + " bytes",
+          EINVAL);
+    for (char c : name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        return Status::Error("secrets." + var + ": the secret name has a control character",
+                             EINVAL);
+    if (env.count(var))
+      return Status::Error("secrets." + var + ": also set in env; a variable is one or the other",
+                           EINVAL);
+  }
+  return {};
+}
+
+// Whether a policy lets nothing out: `none`, or an allowlist with nothing in it (E2B's
+// allow_internet_access: false). Without networking such a policy is `none`: loopback only is
+// what it asks.
+bool AllowsNothing(const network::Policy& p) {
+  return p.mode == network::Mode::kNone || (p.mode == network::Mode::kAllowlist && p.allow.empty());
 }
 
 constexpr int64_t kMaxCpuWeight = 10000;
@@ -228,6 +265,16 @@ Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
 
 Manager::~Manager() { Stop(); }
 
+void Manager::AuditNetwork(const network::NetEvent& e) {
+  std::string owner;
+  {
+    MutexLock g(mu_);
+    auto it = networked_.find(e.box_id);
+    if (it != networked_.end()) owner = it->second;
+  }
+  Audit(e.type, e.box_id, owner, e.detail);
+}
+
 void Manager::Audit(const std::string& type, const std::string& sandbox_id,
                     const std::string& key_id, nlohmann::json detail) {
   store::AuditEvent e;
@@ -245,6 +292,7 @@ Status Manager::Reconcile() {
   auto live = store_.ListLiveSandboxes();
   if (!live.ok()) return live.status().Wrap("reconcile");
   std::set<std::string> kept;
+  std::vector<SandboxRecord> adopted;
   for (auto& rec : *live) {
     std::string why;
     if (rec.state == store::kStateCreating) {
@@ -253,6 +301,7 @@ Status Manager::Reconcile() {
       MutexLock g(mu_);
       boxes_[rec.id] = *box;
       kept.insert(rec.id);
+      adopted.push_back(rec);
       spdlog::info("reconcile: sandbox {} ({}) kept running across the restart", rec.id, rec.state);
       continue;
     } else if (box.status().err() == EBUSY) {
@@ -266,6 +315,7 @@ Status Manager::Reconcile() {
     }
     Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
     if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
+    // Its network, if it had one, is no live box's: the stack's Reconcile below removes it.
     rec.state = store::kStateFailed;
     rec.error = why;
     rec.ended_at = clock_.NowMs();
@@ -273,6 +323,25 @@ Status Manager::Reconcile() {
     SBX_RETURN_IF_ERROR(store_.PutSandbox(rec));
     Audit("sandbox.lost", rec.id, rec.owner_key_id, {{"reason", why}});
     spdlog::warn("reconcile: sandbox {} marked failed: {}", rec.id, why);
+  }
+  // The network: what belongs to no adopted box goes (a crash mid-create, a box lost while the
+  // daemon was down); each adopted box gets its recorded policy back, so a restart changes
+  // nothing of what it may reach.
+  if (config_.network) {
+    if (Status s = config_.network->Reconcile(kept); !s.ok())
+      return s.Wrap("reconcile the network");
+    for (const auto& rec : adopted) {
+      network::BoxNetRequest want;
+      want.policy = PolicyOf(rec);
+      // LEAD: the secret store re-binds the sandbox's secrets here as at create.
+      if (Status s = config_.network->Update(rec.id, want); s.ok()) {
+        MutexLock g(mu_);
+        networked_[rec.id] = rec.owner_key_id;
+      } else if (want.policy.mode != network::Mode::kNone) {
+        spdlog::error("reconcile: sandbox {}: its network policy could not be restored: {}", rec.id,
+                      s.message());
+      }
+    }
   }
   // Boxes on the host that no live record owns and no live process holds (a crash between
   // creating a box and recording it, a record deleted by hand, a killed `sbx run`) are removed.
@@ -324,6 +393,20 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
   if (req.idempotency_key.size() > 256)
     return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
+  SBX_RETURN_IF_ERROR(ValidateSecrets(req.secrets, req.env));
+  if (!config_.network) {
+    if (!req.secrets.empty())
+      return Status::Error(std::string("secrets: ") + kNetworkingOff, EINVAL);
+    if (!AllowsNothing(req.network))
+      return Status::Error(std::string("network: ") + kNetworkingOff, EINVAL);
+    req.network = network::Policy{};
+  }
+  if (req.egress_rules.empty()) req.egress_rules = "{}";
+  if (req.mask_request_host.size() > kMaxKeyBytes)
+    return Status::Error("maskRequestHost: at most 256 bytes", EINVAL);
+  for (char c : req.mask_request_host)  // it becomes a header the box receives
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      return Status::Error("maskRequestHost: a host, with no spaces or control characters", EINVAL);
   std::string tmpl_name = req.template_name.empty() ? config_.default_template : req.template_name;
 
   // Idempotency before anything that depends on the host's state now: a retried request gets
@@ -416,6 +499,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
   rec.public_ports = req.public_ports;
+  rec.network = req.network.ToJson();
+  rec.egress_rules = req.egress_rules;
+  rec.mask_request_host = req.mask_request_host;
   // What a command gets when it says nothing, fixed now: the template may change later.
   rec.defaults.env = tmpl->env;
   rec.defaults.user = tmpl->user == "root" ? "" : tmpl->user;
@@ -436,19 +522,13 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return Status::Error(over_quota, EAGAIN);
   }
 
-  runtime::BoxSpec spec;
-  spec.id = rec.id;
-  spec.layers = tmpl->layers;
-  spec.binds = tmpl->binds;
-  spec.limits = ToRuntime(rec.limits);
-  spec.owner = "serve";
-  auto box = runtime_.Create(spec);
-  int64_t now = clock_.NowMs();
-  if (!box.ok()) {
-    Status failed = ForClients(rec.id, "create", box.status());
+  // A create that fails from here on leaves its record failed and frees the box's network.
+  bool networked = config_.network && req.network.mode != network::Mode::kNone;
+  auto failed = [&](const Status& why, std::string error) {
+    if (networked) ReleaseNetwork(rec.id);
     rec.state = store::kStateFailed;
-    rec.error = failed.message();
-    rec.ended_at = now;
+    rec.error = std::move(error);
+    rec.ended_at = clock_.NowMs();
     rec.updated_at = 0;
     WriteEnded(rec);
     {
@@ -456,7 +536,49 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
       ++counters_.creation_failures;
     }
     Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
-    return failed;
+    return why;
+  };
+
+  runtime::BoxSpec spec;
+  spec.id = rec.id;
+  spec.layers = tmpl->layers;
+  spec.binds = tmpl->binds;
+  spec.limits = ToRuntime(rec.limits);
+  spec.owner = "serve";
+  if (networked) {
+    // The box's network is planned before the box exists (its files are bound into it) and
+    // attached at the runtime's sync point, before anything of the box's own runs.
+    network::BoxNetRequest want;
+    want.policy = req.network;
+    if (!req.secrets.empty()) {
+      // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
+      auto bound = BindSecrets(key, req.secrets);
+      if (!bound.ok()) return failed(bound.status(), bound.status().message());
+      want.secrets = std::move(*bound);
+    }
+    auto plan = config_.network->Prepare(rec.id, want);
+    if (!plan.ok()) {
+      Status why = plan.status().Wrap("network of sandbox " + rec.id);
+      return failed(why, why.message());
+    }
+    {
+      MutexLock g(mu_);
+      networked_[rec.id] = key.id;
+    }
+    for (const auto& [host, inside] : plan->files)
+      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
+    // The network's variables (CA bundle paths, secret placeholders) win over the client's.
+    for (const auto& [k, v] : plan->env) rec.env[k] = v;
+    network::Stack* stack = config_.network;
+    spec.at_sync_point = [stack, id = rec.id](pid_t init_pid) {
+      return stack->Attach(id, init_pid);
+    };
+  }
+  auto box = runtime_.Create(spec);
+  int64_t now = clock_.NowMs();
+  if (!box.ok()) {
+    Status why = ForClients(rec.id, "create", box.status());
+    return failed(why, why.message());
   }
   SandboxRecord made = rec;
   made.state = store::kStateRunning;
@@ -479,18 +601,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
       MutexLock g(mu_);
       boxes_.erase(made.id);
     }
-    rec.state = store::kStateFailed;
-    rec.error = "its box was made but could not be recorded: " + put.message();
-    if (!destroyed.ok()) rec.error += "; " + destroyed.message();
-    rec.ended_at = clock_.NowMs();
-    rec.updated_at = 0;
-    WriteEnded(rec);
-    {
-      MutexLock g(mu_);
-      ++counters_.creation_failures;
-    }
-    Audit("sandbox.create_failed", rec.id, key.id, {{"error", rec.error}});
-    return put;
+    std::string error = "its box was made but could not be recorded: " + put.message();
+    if (!destroyed.ok()) error += "; " + ForClients(rec.id, "destroy", destroyed).message();
+    return failed(put, error);
   }
   {
     MutexLock g(mu_);
@@ -510,7 +623,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
          {"timeout_ms", made.timeout_ms},
          {"memory_bytes", made.limits.memory_bytes},
          {"cpus", made.limits.cpus},
-         {"pids", made.limits.pids}});
+         {"pids", made.limits.pids},
+         {"network", network::ModeName(req.network.mode)}});
   return made;
 }
 
@@ -567,6 +681,24 @@ Result<runtime::Box> Manager::BoxOf(const std::string& id) {
   return it->second;
 }
 
+void Manager::ReleaseNetwork(const std::string& id) {
+  {
+    MutexLock g(mu_);
+    if (!networked_.erase(id)) return;
+  }
+  if (!config_.network) return;
+  if (Status s = config_.network->Release(id); !s.ok())
+    spdlog::error("sandbox {}: releasing its network: {}", id, s.message());
+}
+
+network::Policy Manager::PolicyOf(const store::SandboxRecord& rec) {
+  auto p = network::Policy::FromJson(rec.network.empty() ? store::kNoNetwork : rec.network);
+  if (p.ok()) return *p;
+  spdlog::error("sandbox {}: its recorded network policy does not parse ({}); taken as none",
+                rec.id, p.status().message());
+  return {};
+}
+
 Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohmann::json detail,
                            const char* end_state) {
   runtime::Box box{rec.id};
@@ -586,6 +718,7 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
     MutexLock g(mu_);
     boxes_.erase(rec.id);
   }
+  ReleaseNetwork(rec.id);
   rec.state = end_state;
   rec.ended_at = clock_.NowMs();
   rec.expires_at = 0;
@@ -698,6 +831,57 @@ Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const 
   SBX_RETURN_IF_ERROR(store_.PutSandbox(*rec));
   Audit("sandbox.timeout_set", id, key.id, {{"timeout_ms", timeout_ms}});
   return *rec;
+}
+
+Result<SandboxRecord> Manager::SetNetwork(const store::ApiKeyRecord& key, const std::string& id,
+                                          const network::Policy& asked,
+                                          const std::string* egress_rules) {
+  network::Policy policy = asked;
+  if (!config_.network) {
+    if (!AllowsNothing(policy))
+      return Status::Error(std::string("network: ") + kNetworkingOff, EINVAL);
+    policy = network::Policy{};
+  }
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "network");
+  auto rec = LiveRecord(id);
+  if (!rec.ok()) return rec.status();
+  bool has_net;
+  {
+    MutexLock g(mu_);
+    has_net = networked_.count(id) > 0;
+  }
+  if (!has_net && policy.mode != network::Mode::kNone)
+    return Status::Error("sandbox " + id +
+                             " was created without a network (mode none), so its network "
+                             "namespace has no interface to open; create it with the policy",
+                         EBUSY);
+  network::Policy before = PolicyOf(*rec);
+  SandboxRecord next = *rec;
+  next.network = policy.ToJson();
+  if (egress_rules) next.egress_rules = egress_rules->empty() ? "{}" : *egress_rules;
+  next.updated_at = 0;
+  // The box first, then the record; a record that cannot be written puts the old policy back,
+  // so the two never disagree for longer than this call.
+  if (has_net) {
+    network::BoxNetRequest want;
+    want.policy = policy;
+    // LEAD: the secret store's bindings of this sandbox go here as at create.
+    SBX_RETURN_IF_ERROR(config_.network->Update(id, want).Wrap("network of sandbox " + id));
+  }
+  if (Status put = store_.PutSandbox(next); !put.ok()) {
+    if (has_net) {
+      network::BoxNetRequest old;
+      old.policy = before;
+      if (Status undo = config_.network->Update(id, old); !undo.ok())
+        spdlog::error("sandbox {}: the policy change was not recorded and not undone: {}", id,
+                      undo.message());
+    }
+    return put.Wrap("network of sandbox " + id + ": not recorded, so not changed");
+  }
+  Audit("sandbox.network_set", id, key.id, {{"network", policy.Describe()}});
+  return next;
 }
 
 Result<Connected> Manager::Connect(const store::ApiKeyRecord& key, const std::string& id,

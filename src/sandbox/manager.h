@@ -45,6 +45,8 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "network/box_net.h"
+#include "network/network.h"
+#include "network/policy.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/limits.h"
@@ -63,6 +65,7 @@ using store::AuditEvent;
 using store::AuditQuery;
 using store::AuditQueueCounters;
 using store::IsLiveState;
+using store::kNoNetwork;
 using store::kOnTimeoutKill;
 using store::kOnTimeoutPause;
 using store::kStateCreating;
@@ -103,6 +106,10 @@ struct ManagerConfig {
   // For tests: called by Create for sandbox `id` after the early quota count and before the
   // insert that decides (see Create).
   std::function<void(const std::string& id)> on_create_insert;
+  // The daemon's network stack (network/network.h; sbx serve --network on), which must outlive
+  // the manager. Null: networking is off, and a create or a policy change asking for any network
+  // is refused (EINVAL kNetworkingOff); a policy that allows nothing is then taken as `none`.
+  network::Stack* network = nullptr;
   // Seals and opens secret values (sandbox/secrets.cc). Null: the secret calls fail with ENOTSUP.
   // Must outlive the manager.
   const InstallSecret* install_secret = nullptr;
@@ -120,6 +127,10 @@ struct SecretInput {
   bool replace = false;  // replace a secret of that name instead of EEXIST
 };
 
+// What a create or a policy change asking for a network gets from a daemon without networking.
+inline constexpr char kNetworkingOff[] =
+    "networking is not enabled on this daemon (sbx serve --network on)";
+
 // What Manager::Connect did.
 struct Connected {
   store::SandboxRecord record;  // as it is now
@@ -136,7 +147,15 @@ struct CreateRequest {
   bool public_ports = false;    // serve its ports without the traffic token
   std::string idempotency_key;  // optional
   std::string request_hash;     // of the request, to tell a retry from a different request
+  network::Policy network;      // mode none by default: loopback only
+  // Secrets the box may use without seeing them: env var -> secret name (issue 12). Names
+  // [A-Za-z_][A-Za-z0-9_]*, at most kMaxSecrets; they need networking.
+  std::map<std::string, std::string> secrets;
+  // E2B's extras (store::SandboxRecord): `rules` as a JSON object, and maskRequestHost.
+  std::string egress_rules = "{}";
+  std::string mask_request_host;
 };
+inline constexpr size_t kMaxSecrets = 64;
 
 // Why a call failed, for the facades to map onto their protocol: the Status errno says which
 // (ENOENT: no such sandbox for this key; EINVAL: bad input; EBUSY: wrong state; EAGAIN: over
@@ -191,6 +210,21 @@ class Manager {
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
   Status Pause(const store::ApiKeyRecord& key, const std::string& id);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);
+  // Replaces the network policy of a live sandbox of `key` (use access) and, when given, its E2B
+  // egress rules, in one transition: a running or paused box's new connections see it at once
+  // (network::Stack::Update), and the record says it, so it survives pause, resume and restarts.
+  // EINVAL for a policy the daemon cannot give (no networking: kNetworkingOff); EBUSY for a
+  // policy with a network on a sandbox created without one (its namespace has no interface).
+  Result<store::SandboxRecord> SetNetwork(const store::ApiKeyRecord& key, const std::string& id,
+                                          const network::Policy& policy,
+                                          const std::string* egress_rules = nullptr);
+  // An event of the network stack (a refused connection, denied DNS names, a secret's use) as an
+  // audit event of its sandbox, with the sandbox's owner key. Cheap (no store read): the stack's
+  // threads call it.
+  void AuditNetwork(const network::NetEvent& e);
+  // Whether this daemon has networking (a stack): the E2B facade's default depends on it.
+  bool networking_enabled() const { return config_.network != nullptr; }
+
   // Sets the timeout to `timeout_ms` from now (resets the TTL); EINVAL outside the key's range.
   // With `extend_only`, a running sandbox's expiry only ever moves later (E2B's refresh), read
   // and written in one transition.
@@ -355,6 +389,10 @@ class Manager {
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
+  // Frees the network of box `id` (network::Stack::Release) if it has one; logs a failure.
+  void ReleaseNetwork(const std::string& id);
+  // The policy a record holds (a record's JSON that does not parse: none, logged).
+  static network::Policy PolicyOf(const store::SandboxRecord& rec);
 
   ManagerConfig config_;  // clock filled in by the constructor
   Clock& clock_;
@@ -378,6 +416,8 @@ class Manager {
   };
   std::map<std::string, Bucket> buckets_ GUARDED_BY(mu_);
   std::set<std::string> creating_keys_ GUARDED_BY(mu_);  // idempotency keys in flight
+  // Boxes with a network of the stack's (prepared at create, or found at reconcile).
+  std::map<std::string, std::string> networked_ GUARDED_BY(mu_);  // box id -> owner key id
   std::mutex disk_mu_;  // held from a create's free-space check until its disk is promised
   // Disk limits of creates between the space check and the box existing (its image then shows
   // in statvfs).

@@ -94,13 +94,19 @@ class FakeRuntime : public runtime::Runtime {
   std::shared_ptr<Gate> create_gate, freeze_gate, destroy_gate;
   // Called on every Create before the box exists (after create_gate).
   std::function<void(const std::string&)> on_create;
-  Status fail_thaw, fail_create, fail_destroy;
+  Status fail_thaw, fail_destroy;
+  Status fail_create;      // what Create fails with, when set
+  bool adoptable = false;  // Adopt finds the boxes this fake made (a daemon restart)
+  runtime::BoxSpec last_spec;
 
   Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
     if (auto g = Take(create_gate)) g->Pass(spec.id);
     if (on_create) on_create(spec.id);
     if (!fail_create.ok()) return fail_create;
+    // As the real runtime: the hook runs with the box's pid, and its failure fails the create.
+    if (spec.at_sync_point) SBX_RETURN_IF_ERROR(spec.at_sync_point(4242));
     std::lock_guard<std::mutex> l(mu_);
+    last_spec = spec;
     boxes_[spec.id] = FakeBox{};
     runtime::Box b;
     b.id = spec.id;
@@ -149,6 +155,10 @@ class FakeRuntime : public runtime::Runtime {
   }
   Result<int> ReapOrphans(const std::string&) override { return 0; }
   Result<runtime::Box> Adopt(const std::string& id) override {
+    if (adoptable) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (boxes_.count(id)) return runtime::Box{id, 4242, agent_socket, "/fake/" + id};
+    }
     return Status::Error("adopt " + id + ": not in the fake", ESRCH);
   }
   Result<std::vector<std::string>> ListBoxes() override {
@@ -167,6 +177,10 @@ class FakeRuntime : public runtime::Runtime {
   size_t size() {
     std::lock_guard<std::mutex> l(mu_);
     return boxes_.size();
+  }
+  void SetExited(const std::string& id, std::string how) {
+    std::lock_guard<std::mutex> l(mu_);
+    boxes_[id].exited = std::move(how);
   }
 
  private:
@@ -734,6 +748,314 @@ TEST_F(FullDiskTest, ACreateThatCannotBeRecordedMakesNothing) {
   auto r = M().Create(key_, CreateRequest{});
   EXPECT_EQ(r.status().err(), ENOSPC) << r.status().message();
   EXPECT_EQ(rt_.size(), 1u);
+}
+
+// ---- The network (issue 12): the manager's calls into network::Stack ----
+
+// A Stack that records the calls the manager makes: the real one needs the host's netlink and
+// nftables and is the lead's to assemble; these tests are about the manager's half of the
+// contract (which call, when, and that every failure after Prepare releases).
+class RecordingStack : public network::Stack {
+ public:
+  Status fail_prepare, fail_attach, fail_update;
+  std::vector<std::string> calls;  // "prepare ID MODE", "attach ID PID", "update ID MODE", ...
+  std::map<std::string, network::Policy> live;
+
+  Result<network::BoxNetPlan> Prepare(const std::string& id,
+                                      const network::BoxNetRequest& r) override {
+    Note("prepare " + id + " " + network::ModeName(r.policy.mode));
+    if (!fail_prepare.ok()) return fail_prepare;
+    std::lock_guard<std::mutex> l(mu_);
+    live[id] = r.policy;
+    network::BoxNetPlan plan;
+    plan.files.push_back({"/state/" + id + "/resolv.conf", "/etc/resolv.conf"});
+    plan.env["SSL_CERT_FILE"] = "/etc/sbx/ca.pem";
+    return plan;
+  }
+  Status Attach(const std::string& id, pid_t pid) override {
+    Note("attach " + id + " " + std::to_string(pid));
+    return fail_attach;
+  }
+  Status Update(const std::string& id, const network::BoxNetRequest& r) override {
+    Note("update " + id + " " + network::ModeName(r.policy.mode));
+    if (!fail_update.ok()) return fail_update;
+    std::lock_guard<std::mutex> l(mu_);
+    live[id] = r.policy;
+    return {};
+  }
+  Status Release(const std::string& id) override {
+    Note("release " + id);
+    std::lock_guard<std::mutex> l(mu_);
+    live.erase(id);
+    return {};
+  }
+  Status Reconcile(const std::set<std::string>& ids) override {
+    std::string all;
+    for (const auto& id : ids) all += " " + id;
+    Note("reconcile" + all);
+    return {};
+  }
+  std::vector<std::string> HostObjects() override { return {}; }
+
+  std::vector<std::string> Calls() {
+    std::lock_guard<std::mutex> l(mu_);
+    return calls;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> l(mu_);
+    calls.clear();
+  }
+
+ private:
+  void Note(std::string c) {
+    std::lock_guard<std::mutex> l(mu_);
+    calls.push_back(std::move(c));
+  }
+  std::mutex mu_;
+};
+
+network::Policy Allow(std::initializer_list<const char*> entries) {
+  network::Policy p;
+  p.mode = network::Mode::kAllowlist;
+  for (const char* e : entries) {
+    auto r = network::ParseRule(e);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (r.ok()) p.allow.push_back(*r);
+  }
+  return p;
+}
+
+class NetworkManagerTest : public ManagerTest {
+ protected:
+  // A manager with the recording stack (or none: networking off).
+  Manager& WithStack(bool on) {
+    ManagerConfig c;
+    c.clock = &clock_;
+    c.network = on ? &stack_ : nullptr;
+    storage::TemplateStore ts;
+    ts.dir = dir_ + "/templates";
+    manager_ = std::make_unique<Manager>(c, rt_, ts, *store_);
+    return *manager_;
+  }
+  size_t LiveRows() {
+    auto live = store_->ListLiveSandboxes();
+    EXPECT_TRUE(live.ok());
+    return live.ok() ? live->size() : 0;
+  }
+  size_t AllRows() {
+    auto page = store_->ListSandboxes({});
+    EXPECT_TRUE(page.ok());
+    return page.ok() ? page->items.size() : 0;
+  }
+  RecordingStack stack_;
+};
+
+TEST_F(NetworkManagerTest, WithoutAStackANetworkIsRefusedAndNothingIsMade) {
+  Manager& m = WithStack(false);
+  EXPECT_FALSE(m.networking_enabled());
+  CreateRequest r;
+  r.network = Allow({"pypi.org"});
+  auto rec = m.Create(key_, r);
+  ASSERT_FALSE(rec.ok());
+  EXPECT_EQ(rec.status().err(), EINVAL);
+  EXPECT_NE(rec.status().message().find("networking is not enabled on this daemon"),
+            std::string::npos)
+      << rec.status().message();
+  r.network = network::Policy{};
+  r.network.mode = network::Mode::kOpen;
+  EXPECT_EQ(m.Create(key_, r).status().err(), EINVAL);
+  r = CreateRequest{};
+  r.secrets["OPENAI_API_KEY"] = "openai";
+  EXPECT_EQ(m.Create(key_, r).status().err(), EINVAL);
+  EXPECT_EQ(AllRows(), 0u);
+  EXPECT_EQ(rt_.size(), 0u);
+
+  // A policy that lets nothing out is what a box without networking is: `none`.
+  r = CreateRequest{};
+  r.network.mode = network::Mode::kAllowlist;
+  auto ok = m.Create(key_, r);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(network::Policy::FromJson(ok->network)->mode, network::Mode::kNone);
+  EXPECT_FALSE(rt_.last_spec.at_sync_point);
+}
+
+TEST_F(NetworkManagerTest, SecretsAreCheckedForShape) {
+  Manager& m = WithStack(true);
+  CreateRequest r;
+  r.network.mode = network::Mode::kOpen;
+  for (const char* bad : {"1ABC", "A-B", "", "A B", "ÄB"}) {
+    r.secrets = {{bad, "openai"}};
+    auto rec = m.Create(key_, r);
+    EXPECT_EQ(rec.status().err(), EINVAL) << bad;
+    if (*bad) {
+      EXPECT_NE(rec.status().message().find(bad), std::string::npos) << rec.status().message();
+    }
+  }
+  r.secrets = {{"OK_1", ""}};
+  EXPECT_EQ(m.Create(key_, r).status().err(), EINVAL);
+  r.secrets = {{"DUP", "x"}};
+  r.env = {{"DUP", "y"}};
+  EXPECT_EQ(m.Create(key_, r).status().err(), EINVAL);
+  r.env.clear();
+  r.secrets.clear();
+  for (int i = 0; i <= static_cast<int>(kMaxSecrets); ++i) r.secrets["V" + std::to_string(i)] = "s";
+  EXPECT_EQ(m.Create(key_, r).status().err(), EINVAL);
+  EXPECT_EQ(AllRows(), 0u);
+  EXPECT_TRUE(stack_.Calls().empty());
+  r.secrets.erase("V0");
+  EXPECT_TRUE(m.Create(key_, r).ok());
+}
+
+TEST_F(NetworkManagerTest, CreatePreparesAttachesAtTheSyncPointAndKillReleases) {
+  Manager& m = WithStack(true);
+  CreateRequest r;
+  r.network = Allow({"pypi.org", "*.pythonhosted.org"});
+  r.env["A"] = "1";
+  auto rec = m.Create(key_, r);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  std::string id = rec->id;
+  EXPECT_EQ(stack_.Calls(),
+            (std::vector<std::string>{"prepare " + id + " allowlist", "attach " + id + " 4242"}));
+  // The plan's files are bound read-only, its env joins the sandbox's.
+  ASSERT_FALSE(rt_.last_spec.binds.empty());
+  EXPECT_EQ(rt_.last_spec.binds.back().target, "/etc/resolv.conf");
+  EXPECT_TRUE(rt_.last_spec.binds.back().read_only);
+  EXPECT_EQ(Stored(id).env.at("SSL_CERT_FILE"), "/etc/sbx/ca.pem");
+  EXPECT_EQ(Stored(id).env.at("A"), "1");
+  auto p = network::Policy::FromJson(Stored(id).network);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->Describe(), Allow({"pypi.org", "*.pythonhosted.org"}).Describe());
+
+  stack_.Clear();
+  ASSERT_TRUE(m.Kill(key_, id).ok());
+  EXPECT_EQ(stack_.Calls(), (std::vector<std::string>{"release " + id}));
+
+  // A sandbox with no network never reaches the stack.
+  stack_.Clear();
+  auto plain = m.Create(key_, CreateRequest{});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(m.Kill(key_, plain->id).ok());
+  EXPECT_TRUE(stack_.Calls().empty());
+}
+
+TEST_F(NetworkManagerTest, EveryFailureAfterPrepareReleases) {
+  Manager& m = WithStack(true);
+  CreateRequest r;
+  r.network.mode = network::Mode::kOpen;
+  // The runtime fails.
+  rt_.fail_create = Status::Error("clone: no", EAGAIN);
+  auto rec = m.Create(key_, r);
+  ASSERT_FALSE(rec.ok());
+  auto calls = stack_.Calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].rfind("prepare ", 0), 0u);
+  EXPECT_EQ(calls[1].rfind("release ", 0), 0u);
+  rt_.fail_create = {};
+  // Attach fails at the sync point: the create fails, released.
+  stack_.Clear();
+  stack_.fail_attach = Status::Error("veth: no", EPERM);
+  rec = m.Create(key_, r);
+  ASSERT_FALSE(rec.ok());
+  calls = stack_.Calls();
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[2].rfind("release ", 0), 0u);
+  stack_.fail_attach = {};
+  // Prepare fails: nothing to release, nothing made, the record says why.
+  stack_.Clear();
+  stack_.fail_prepare = Status::Error("no free slot", ENOSPC);
+  rec = m.Create(key_, r);
+  ASSERT_FALSE(rec.ok());
+  EXPECT_EQ(rec.status().err(), ENOSPC);
+  EXPECT_EQ(stack_.Calls().size(), 1u);
+  EXPECT_EQ(rt_.size(), 0u);
+  EXPECT_EQ(LiveRows(), 0u);
+  EXPECT_TRUE(stack_.live.empty());
+}
+
+TEST_F(NetworkManagerTest, TtlKillAndADeadAgentRelease) {
+  Manager& m = WithStack(true);
+  CreateRequest r;
+  r.network.mode = network::Mode::kOpen;
+  r.timeout_ms = 1000;
+  auto a = m.Create(key_, r);
+  r.timeout_ms = 600000;
+  auto b = m.Create(key_, r);
+  ASSERT_TRUE(a.ok() && b.ok());
+  clock_.Advance(2s);
+  m.ExpireDue();
+  EXPECT_EQ(stack_.live.count(a->id), 0u);
+  EXPECT_EQ(stack_.live.count(b->id), 1u);
+  rt_.SetExited(b->id, "killed by signal 9");
+  m.ExpireDue();
+  EXPECT_TRUE(stack_.live.empty());
+}
+
+TEST_F(NetworkManagerTest, SetNetworkValidatesPersistsAndSurvivesARestart) {
+  rt_.adoptable = true;
+  Manager& m = WithStack(true);
+  CreateRequest r;
+  r.network = Allow({"pypi.org"});
+  auto rec = m.Create(key_, r);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  std::string id = rec->id;
+
+  // Another key's sandbox does not exist for it.
+  auto other = store_->CreateApiKey("other", 0, 0);
+  ASSERT_TRUE(other.ok());
+  network::Policy open;
+  open.mode = network::Mode::kOpen;
+  EXPECT_EQ(m.SetNetwork(other->record, id, open).status().err(), ENOENT);
+
+  stack_.Clear();
+  std::string rules = R"({"api.x.com":[]})";
+  auto set = m.SetNetwork(key_, id, open, &rules);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(stack_.Calls(), (std::vector<std::string>{"update " + id + " open"}));
+  EXPECT_EQ(network::Policy::FromJson(Stored(id).network)->mode, network::Mode::kOpen);
+  EXPECT_EQ(Stored(id).egress_rules, rules);
+  EXPECT_EQ(network::Policy::FromJson(m.Get(key_, id)->network)->mode, network::Mode::kOpen);
+
+  // Paused: still changed live, and kept through resume.
+  ASSERT_TRUE(m.Pause(key_, id).ok());
+  ASSERT_TRUE(m.SetNetwork(key_, id, Allow({"x.org"})).ok());
+  ASSERT_TRUE(m.Resume(key_, id).ok());
+  EXPECT_EQ(Stored(id).network, Allow({"x.org"}).ToJson());
+  EXPECT_EQ(Stored(id).egress_rules, rules);  // not given: kept
+
+  // A change the stack refuses changes nothing.
+  stack_.fail_update = Status::Error("nft: no", EIO);
+  EXPECT_FALSE(m.SetNetwork(key_, id, open).ok());
+  EXPECT_EQ(Stored(id).network, Allow({"x.org"}).ToJson());
+  stack_.fail_update = {};
+
+  // A restart on the same store: the box is adopted and gets its recorded policy back.
+  stack_.Clear();
+  Manager& again = WithStack(true);
+  ASSERT_TRUE(again.Reconcile().ok());
+  EXPECT_EQ(stack_.Calls(),
+            (std::vector<std::string>{"reconcile " + id, "update " + id + " allowlist"}));
+  EXPECT_EQ(stack_.live.at(id).ToJson(), Allow({"x.org"}).ToJson());
+  EXPECT_EQ(again.Get(key_, id)->network, Allow({"x.org"}).ToJson());
+
+  // No network on a sandbox created without one; none is always allowed.
+  auto plain = again.Create(key_, CreateRequest{});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(again.SetNetwork(key_, plain->id, open).status().err(), EBUSY);
+  EXPECT_TRUE(again.SetNetwork(key_, plain->id, network::Policy{}).ok());
+  ASSERT_TRUE(again.Kill(key_, id).ok());
+  EXPECT_EQ(again.SetNetwork(key_, id, open).status().err(), ENOENT);
+}
+
+TEST_F(NetworkManagerTest, SetNetworkWithoutAStackTakesOnlyNone) {
+  Manager& m = WithStack(false);
+  auto rec = m.Create(key_, CreateRequest{});
+  ASSERT_TRUE(rec.ok());
+  network::Policy open;
+  open.mode = network::Mode::kOpen;
+  auto set = m.SetNetwork(key_, rec->id, open);
+  EXPECT_EQ(set.status().err(), EINVAL);
+  EXPECT_NE(set.status().message().find("networking is not enabled"), std::string::npos);
+  EXPECT_TRUE(m.SetNetwork(key_, rec->id, network::Policy{}).ok());
 }
 
 }  // namespace

@@ -189,6 +189,14 @@ CREATE TABLE secrets (
 );
 )sql";
 
+// Version 10: a sandbox's network policy and its E2B egress extras (issue 12). Rows made before
+// have no network: mode none, as they were created.
+constexpr char kV10[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"mode":"none"}';
+ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sandboxes ADD COLUMN mask_request_host TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -202,6 +210,7 @@ const std::vector<Migration>& Migrations() {
       {7, "api_keys: per-key min/max of memory, cpus, pids, disk, timeout", kV7},
       {8, "sandboxes.defaults: the template's env, user and workdir", kV8},
       {9, "secrets: sealed values with their hosts, header and format", kV9},
+      {10, "sandboxes.network, egress_rules, mask_request_host", kV10},
       {11, "net_slots: the box address pool", kV11},
   };
   return kAll;

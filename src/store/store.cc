@@ -24,7 +24,7 @@ namespace {
 constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
-    "public_ports, id_base, idmapped, defaults";
+    "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
@@ -182,6 +182,11 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
     if (auto w = defaults->find("workdir"); w != defaults->end() && w->is_string())
       r.defaults.workdir = w->get<std::string>();
   }
+  // Version 10: the network policy and E2B's extras, kept as JSON text (the store does not know
+  // network::Policy; the manager parses it).
+  r.network = st.ColumnText(21);
+  r.egress_rules = st.ColumnText(22);
+  r.mask_request_host = st.ColumnText(23);
   return r;
 }
 
@@ -397,7 +402,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20, ?21)"
+      "?19, ?20, ?21, ?22, ?23, ?24)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -406,7 +411,9 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " ended_at = excluded.ended_at, init_pid = excluded.init_pid,"
       " agent_socket = excluded.agent_socket, box_dir = excluded.box_dir, error = excluded.error,"
       " public_ports = excluded.public_ports, id_base = excluded.id_base,"
-      " idmapped = excluded.idmapped, defaults = excluded.defaults");
+      " idmapped = excluded.idmapped, defaults = excluded.defaults,"
+      " network = excluded.network, egress_rules = excluded.egress_rules,"
+      " mask_request_host = excluded.mask_request_host");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -428,7 +435,10 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindInt(18, r.public_ports ? 1 : 0)
       .BindInt(19, r.id_base)
       .BindInt(20, r.idmapped ? 1 : 0)
-      .BindText(21, *defaults);
+      .BindText(21, *defaults)
+      .BindText(22, r.network.empty() ? kNoNetwork : r.network)
+      .BindText(23, r.egress_rules.empty() ? "{}" : r.egress_rules)
+      .BindText(24, r.mask_request_host);
   return st->Run().Wrap(what);
 }
 

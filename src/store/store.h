@@ -66,6 +66,9 @@ struct TemplateDefaults {
   std::string workdir;           // "" = the user's home
 };
 
+// The network column of a sandbox without networking.
+inline constexpr char kNoNetwork[] = R"({"mode":"none"})";
+
 struct SandboxRecord {
   std::string id;
   std::string template_name;  // column `template`
@@ -88,6 +91,12 @@ struct SandboxRecord {
   int64_t id_base = 0;        // host id of root inside its box (0: not created yet)
   bool idmapped = false;      // its shared layers are idmapped (false: the runtime's fallback)
   TemplateDefaults defaults;  // the template's env, user and workdir at create
+  // Its network (version 10): the policy as network::Policy::ToJson writes it (empty: none), and
+  // E2B's extras: `rules` (domain -> header transforms, a JSON object, for the secrets' proxy)
+  // and maskRequestHost (the Host the ingress relay sends into the box; "" = the client's).
+  std::string network = kNoNetwork;
+  std::string egress_rules = "{}";
+  std::string mask_request_host;
 };
 
 struct SandboxFilter {

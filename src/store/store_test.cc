@@ -199,6 +199,43 @@ TEST_F(StoreTest, AVersionOneFileIsMigratedAndKeepsItsRows) {
   EXPECT_TRUE((*store->GetSandbox("pub"))->public_ports);
 }
 
+TEST_F(StoreTest, AVersionNineFileGetsNoNetworkAndKeepsAPolicyWritten) {
+  {
+    // A file migrated up to version 9, with a sandbox made then.
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    for (int v = 1; v <= 9; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 9").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
+                           "('old', 'running', 1, 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto old = store->GetSandbox("old");
+  ASSERT_TRUE(old.ok() && old->has_value());
+  EXPECT_EQ((*old)->network, R"({"mode":"none"})");
+  EXPECT_EQ((*old)->egress_rules, "{}");
+  EXPECT_EQ((*old)->mask_request_host, "");
+
+  SandboxRecord r = Sandbox("net");
+  r.network = R"({"mode":"allowlist","allow":["pypi.org"],"deny":[]})";
+  r.egress_rules = R"({"api.x.com":[{"transform":{"headers":{"A":"b"}}}]})";
+  r.mask_request_host = "localhost:${PORT}";
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  auto got = store->GetSandbox("net");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->network, r.network);
+  EXPECT_EQ((*got)->egress_rules, r.egress_rules);
+  EXPECT_EQ((*got)->mask_request_host, r.mask_request_host);
+  // An empty policy is written as none, never as an unparseable "".
+  r.network.clear();
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  EXPECT_EQ((*store->GetSandbox("net"))->network, R"({"mode":"none"})");
+}
+
 TEST_F(StoreTest, RefusesNewerSchema) {
   { ASSERT_TRUE(OpenStore()); }
   {

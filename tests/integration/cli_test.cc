@@ -655,5 +655,73 @@ TEST_F(CliTest, RunVolumesAreBindMounts) {
   }
 }
 
+// The network verbs on a daemon without networking (issue 12): the policy is shown in ls, inspect
+// and `sbx net`; a policy with a network is refused saying how to turn it on.
+TEST_F(CliTest, NetAndPortUrl) {
+  std::string id = Create({"--net", "none"});
+  auto ls = Sbx({"ls"});
+  EXPECT_NE(ls.out.find("NETWORK"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("none"), std::string::npos) << ls.out;
+  auto inspect = Sbx({"inspect", id});
+  EXPECT_EQ(json::parse(inspect.out)["network"]["mode"], "none");
+  auto show = Sbx({"net", id});
+  EXPECT_EQ(show.exit_code, 0) << show.err;
+  EXPECT_EQ(show.out, "none\n");
+  auto off = Sbx({"create", "--net", "allow=pypi.org,*.npmjs.org"});
+  EXPECT_NE(off.exit_code, 0);
+  EXPECT_NE(off.err.find("networking is not enabled on this daemon"), std::string::npos) << off.err;
+  auto put = Sbx({"net", id, "open"});
+  EXPECT_NE(put.exit_code, 0);
+  EXPECT_NE(put.err.find("networking is not enabled"), std::string::npos) << put.err;
+  auto bad = Sbx({"net", id, "allow=bad name!"});
+  EXPECT_NE(bad.err.find("bad name!"), std::string::npos) << bad.err;
+  // Flag shapes are checked before anything is sent.
+  for (std::vector<std::string> args : {std::vector<std::string>{"--net", "none", "--net", "open"},
+                                        {"--net", "deny=1.2.3.4"},
+                                        {"--net", "none", "--net", "allow=x.org"},
+                                        {"--net", "sideways"}}) {
+    args.insert(args.begin(), "create");
+    auto r = Sbx(args);
+    EXPECT_NE(r.exit_code, 0) << args[2];
+    EXPECT_NE(r.err.find("--net"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(Sbx({"net", id, "none"}).out, "none\n");
+  auto json_out = Sbx({"net", id, "--json"});
+  EXPECT_EQ(json::parse(json_out.out)["mode"], "none");
+
+  // port-url: a URL to the port route that works without a key.
+  auto url = Sbx({"port-url", id, "8000", "--ttl", "10m"});
+  ASSERT_EQ(url.exit_code, 0) << url.err;
+  std::string u = url.out.substr(0, url.out.find('\n'));
+  std::string prefix = "http://127.0.0.1:" + std::to_string(d_->port()) + "/v1/sandboxes/" + id +
+                       "/ports/8000/?sbx_expires=";
+  EXPECT_EQ(u.rfind(prefix, 0), 0u) << u;
+  auto r = http::Request("127.0.0.1", d_->port(), "GET", u.substr(u.find("/v1/")), {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 502) << r->body;  // let in; nothing listens on 8000
+  EXPECT_NE(Sbx({"port-url", id, "8000", "--ttl", "soon"}).exit_code, 0);
+  EXPECT_NE(Sbx({"port-url", id, "70000"}).exit_code, 0);
+}
+
+TEST_F(CliTest, ServeNetworkFlagsAreChecked) {
+  for (std::vector<std::string> flags : {std::vector<std::string>{"--box-subnet", "10.213.0.0/33"},
+                                         {"--box-subnet", "fd00::/64"},
+                                         {"--upstream-dns", "198.18.0.53"},
+                                         {"--upstream-dns", "nameserver:53"},
+                                         {"--upstream-ca", dir_ + "/no-such-ca.pem"},
+                                         {"--allow-range", "8.8.8.0/24"},
+                                         {"--network", "maybe"}}) {
+    // Its own data directory: the test's daemon holds the test's.
+    std::vector<std::string> args = {SBX_BIN, "--data-dir", dir_ + "/other",
+                                     "serve", "--listen",   "127.0.0.1:0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    ProcessOptions o;
+    o.timeout_ms = 60000;
+    auto r = RunProcess(args, o);
+    EXPECT_NE(r.exit_code, 0) << flags[0] << " " << flags[1];
+    EXPECT_NE(r.err.find(flags[0]), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace sbx::test

@@ -33,7 +33,9 @@
 #include "api/http/client.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "common/secret.h"
 #include "daemon_process.h"
+#include "network/ingress.h"
 #include "sbx_process.h"
 #include "store/store.h"
 
@@ -1418,6 +1420,206 @@ TEST_F(ServeTest, AClientGoneMidUploadIsLoggedAsSuch) {
   EXPECT_NE(log.find("\"PUT /v1/sandboxes/" + id + "/files\" 499"), std::string::npos) << log;
   EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
   EXPECT_EQ(log.find("\" 500 "), std::string::npos) << log;
+}
+
+// ---- The network (issue 12) on a daemon without networking ----
+
+// A server in the box on port 8000 that answers "<Host it got>|<target it got>"; started with
+// the key `secret` (the daemon's operator key when empty).
+void StartEchoServer(Daemon& d, const std::string& id, const std::string& secret = "") {
+  http::ClientHeaders h = {{"Authorization", "Bearer " + (secret.empty() ? d.key() : secret)},
+                           {"Content-Type", "application/json"}};
+  const std::string commands = "/v1/sandboxes/" + id + "/commands";
+  auto fifo = d.Call("POST", commands, json{{"command", "mkfifo /tmp/up"}}.dump(), h);
+  ASSERT_EQ(fifo.status, 200) << fifo.body;
+  auto bg = d.Call("POST", commands,
+                   json{{"argv",
+                         {"python3", "-c",
+                          "import http.server\n"
+                          "class H(http.server.BaseHTTPRequestHandler):\n"
+                          "  def do_GET(self):\n"
+                          "    b = (self.headers.get('Host', '') + '|' + self.path).encode()\n"
+                          "    self.send_response(200)\n"
+                          "    self.send_header('Content-Length', str(len(b)))\n"
+                          "    self.end_headers()\n"
+                          "    self.wfile.write(b)\n"
+                          "  def log_message(self, *a): pass\n"
+                          "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), H)\n"
+                          "open('/tmp/up', 'w').close()\n"
+                          "s.serve_forever()\n"}},
+                        {"background", true}}
+                       .dump(),
+                   h);
+  ASSERT_EQ(bg.status, 201) << bg.body;
+  // Returns once the server listens.
+  auto up = d.Call("POST", commands, json{{"command", "cat /tmp/up"}}.dump(), h);
+  ASSERT_EQ(up.status, 200) << up.body;
+  ASSERT_NE(up.body.find("\"exit_code\":0"), std::string::npos) << up.body;
+}
+
+http::Response Anonymous(Daemon& d, const std::string& target) {
+  auto r = http::Request("127.0.0.1", d.port(), "GET", target, {});
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? *r : http::Response{};
+}
+
+TEST_F(ServeTest, NetworkPolicyIsPartOfTheRecordAndNeedsNetworkingOn) {
+  // No network asked: as before, and the record says none.
+  json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
+  std::string id = s["id"];
+  EXPECT_EQ(s["network"]["mode"], "none");
+  EXPECT_EQ(d_->Exec(id, {{"command", "echo ok"}}).out, "ok\n");
+  json none = d_->Json("POST", "/v1/sandboxes", {{"network", {{"mode", "none"}}}}, 201);
+  EXPECT_EQ(none["network"]["mode"], "none");
+  // A bad entry is named, whether or not the daemon has networking.
+  json bad =
+      d_->Json("POST", "/v1/sandboxes",
+               {{"network", {{"mode", "allowlist"}, {"allow", {"pypi.org", "bad name!"}}}}}, 400);
+  EXPECT_NE(bad.dump().find("bad name!"), std::string::npos) << bad;
+  bad = d_->Json("POST", "/v1/sandboxes", {{"network", {{"mode", "sideways"}}}}, 400);
+  EXPECT_NE(bad.dump().find("sideways"), std::string::npos) << bad;
+  // A network on a daemon without one: refused, saying how to turn it on; nothing made.
+  size_t before = d_->Json("GET", "/v1/sandboxes?state=running")["sandboxes"].size();
+  json off = d_->Json("POST", "/v1/sandboxes",
+                      {{"network", {{"mode", "allowlist"}, {"allow", {"pypi.org"}}}}}, 400);
+  EXPECT_NE(off.dump().find("networking is not enabled on this daemon"), std::string::npos) << off;
+  d_->Json("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}}, 400);
+  d_->Json("POST", "/v1/sandboxes", {{"secrets", {{"OPENAI_API_KEY", "openai"}}}}, 400);
+  json badvar = d_->Json("POST", "/v1/sandboxes", {{"secrets", {{"1X", "openai"}}}}, 400);
+  EXPECT_NE(badvar.dump().find("1X"), std::string::npos) << badvar;
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes?state=running")["sandboxes"].size(), before);
+
+  // GET and PUT: the whole policy, checked the same way.
+  const std::string net = "/v1/sandboxes/" + id + "/network";
+  EXPECT_EQ(d_->Json("GET", net), json::parse(R"({"mode":"none","allow":[],"deny":[]})"));
+  json put_bad = d_->Json("PUT", net, {{"mode", "open"}, {"deny", {"1.2.3.0/33"}}}, 400);
+  EXPECT_NE(put_bad.dump().find("1.2.3.0/33"), std::string::npos) << put_bad;
+  json put_off = d_->Json("PUT", net, {{"mode", "open"}}, 400);
+  EXPECT_NE(put_off.dump().find("networking is not enabled"), std::string::npos) << put_off;
+  EXPECT_EQ(d_->Json("PUT", net, {{"mode", "none"}})["mode"], "none");
+  // Another key's sandbox does not exist for it.
+  store::NewApiKey other = MakeKey(dir_, "other");
+  EXPECT_EQ(d_->Call("GET", net, "", Bearer(other.secret)).status, 404);
+  EXPECT_EQ(d_->Call("PUT", net, R"({"mode":"none"})", Bearer(other.secret)).status, 404);
+
+  // E2B: allowInternetAccess false is what a box without networking is; its rules and
+  // maskRequestHost are kept in the record, across a restart and through updateNetwork.
+  http::ClientHeaders e2b = {{"X-API-Key", d_->key()}, {"Content-Type", "application/json"}};
+  json rules = {{"api.x.com", {{{"transform", {{"headers", {{"X-A", "${e2b.secrets.a}"}}}}}}}}};
+  auto made =
+      d_->Call("POST", "/sandboxes",
+               json{{"templateID", "base"},
+                    {"allow_internet_access", false},
+                    {"network", {{"rules", rules}, {"maskRequestHost", "masked.test:${PORT}"}}}}
+                   .dump(),
+               e2b);
+  ASSERT_EQ(made.status, 201) << made.body;
+  std::string eid = json::parse(made.body)["sandboxID"];
+  // A domain in allowOut without denyOut 0.0.0.0/0 is E2B's 400; a domain allowed, a network.
+  auto needs = d_->Call("POST", "/sandboxes",
+                        R"({"templateID":"base","allow_internet_access":false,
+                            "network":{"allowOut":["x.com"]}})",
+                        e2b);
+  EXPECT_EQ(needs.status, 400) << needs.body;
+  EXPECT_NE(needs.body.find("networking is not enabled"), std::string::npos) << needs.body;
+  auto refused = d_->Call("POST", "/sandboxes",
+                          R"({"templateID":"base","network":{"allowOut":["x.com"]}})", e2b);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("0.0.0.0/0"), std::string::npos) << refused.body;
+
+  d_->Stop(SIGTERM);
+  d_->Start();
+  e2b[0].second = d_->key();
+  auto got = d_->Call("GET", "/sandboxes/" + eid, "", e2b);
+  ASSERT_EQ(got.status, 200) << got.body;
+  json info = json::parse(got.body);
+  EXPECT_EQ(info["allowInternetAccess"], false);
+  EXPECT_EQ(info["network"]["denyOut"], json::array({"0.0.0.0/0"}));
+  EXPECT_EQ(info["network"]["rules"], rules);
+  EXPECT_EQ(info["network"]["maskRequestHost"], "masked.test:${PORT}");
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id + "/network")["mode"], "none");
+  auto upd = d_->Call("PUT", "/sandboxes/" + eid + "/network",
+                      R"({"allow_internet_access": false, "rules": {}})", e2b);
+  EXPECT_EQ(upd.status, 204) << upd.body;
+  info = json::parse(d_->Call("GET", "/sandboxes/" + eid, "", e2b).body);
+  EXPECT_FALSE(info["network"].contains("rules")) << info;
+  EXPECT_EQ(
+      d_->Call("PUT", "/sandboxes/" + eid + "/network", R"({"denyOut": ["x.com"]})", e2b).status,
+      400);
+  EXPECT_EQ(d_->Call("PUT", "/sandboxes/" + eid + "/network", "{}", e2b).status, 400);  // open
+
+  // maskRequestHost: the box sees that Host, whoever asks.
+  StartEchoServer(*d_, eid);
+  auto masked = d_->Call("GET", "/v1/sandboxes/" + eid + "/ports/8000/p?q=1");
+  EXPECT_EQ(masked.body, "masked.test:8000|/p?q=1");
+}
+
+TEST_F(ServeTest, ASignedPortUrlOpensOnePortUntilItExpires) {
+  store::NewApiKey owner = MakeKey(dir_, "owner");
+  auto made = d_->Call("POST", "/v1/sandboxes", "{}", Bearer(owner.secret));
+  ASSERT_EQ(made.status, 201);
+  std::string id = json::parse(made.body)["id"];
+  StartEchoServer(*d_, id, owner.secret);
+  auto signed_url = [&](int port, const std::string& body) {
+    auto r = d_->Call("POST", "/v1/sandboxes/" + id + "/ports/" + std::to_string(port) + "/url",
+                      body, Bearer(owner.secret));
+    EXPECT_EQ(r.status, 201) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  json u = signed_url(8000, R"({"ttl_s": 600})");
+  std::string path = u["path"];
+  EXPECT_EQ(u["url"], "http://127.0.0.1:" + std::to_string(d_->port()) + path);
+  // No key, no token: the URL is enough, and its own parameters do not reach the box.
+  auto ok = Anonymous(*d_, path);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.body.substr(ok.body.find('|')), "|/");
+  std::string query = path.substr(path.find('?'));
+  EXPECT_EQ(Anonymous(*d_, "/v1/sandboxes/" + id + "/ports/8000/sub" + query + "&x=1")
+                .body.substr(ok.body.find('|')),
+            "|/sub?x=1");
+  // Another port, another sandbox, a changed signature or expiry: not valid.
+  auto other_port = Anonymous(*d_, "/v1/sandboxes/" + id + "/ports/8001/" + query);
+  EXPECT_EQ(other_port.status, 403);
+  EXPECT_NE(other_port.body.find("signature is not valid"), std::string::npos) << other_port.body;
+  std::string forged = path;
+  forged[forged.size() - 1] = forged.back() == '0' ? '1' : '0';
+  auto bad = Anonymous(*d_, forged);
+  EXPECT_EQ(bad.status, 403);
+  EXPECT_NE(bad.body.find("signature is not valid"), std::string::npos) << bad.body;
+  // Expired (signed here, under the install secret, an hour ago): its own message.
+  auto secret = InstallSecret::LoadOrCreate(dir_);
+  ASSERT_TRUE(secret.ok());
+  int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  auto expired =
+      Anonymous(*d_, "/v1/sandboxes/" + id + "/ports/8000/?" +
+                         network::SignPortUrl(*secret, owner.record.id, id, 8000, now - 3600));
+  EXPECT_EQ(expired.status, 403);
+  EXPECT_NE(expired.body.find("expired"), std::string::npos) << expired.body;
+  // Bad requests for a URL; another key cannot sign for this sandbox.
+  EXPECT_EQ(
+      d_->Call("POST", "/v1/sandboxes/" + id + "/ports/0/url", "{}", Bearer(owner.secret)).status,
+      400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/ports/8000/url", R"({"ttl_s": 0})",
+                     Bearer(owner.secret))
+                .status,
+            400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + id + "/ports/8000/url", "{}").status,
+            404);  // the operator key: not its sandbox to open
+  // The owner key revoked: the sandbox is killed and the URL opens nothing.
+  {
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok());
+    ASSERT_TRUE((*st)->RevokeApiKey(owner.record.id).ok());
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  http::Response after;
+  do {
+    after = Anonymous(*d_, path);
+    if (after.status == 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (after.status == 200 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(after.status, 403) << after.body;
 }
 
 }  // namespace

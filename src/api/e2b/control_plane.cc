@@ -87,7 +87,14 @@ json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   j["envdAccessToken"] = EnvdTokenJson(ctx, key, r);
   j["domain"] = nullptr;
   j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
-  j["network"] = {{"allowPublicTraffic", r.public_ports}};
+  auto policy = network::Policy::FromJson(r.network.empty() ? sandbox::kNoNetwork : r.network);
+  network::Policy p = policy.ok() ? *policy : network::Policy{};
+  json rules = json::parse(r.egress_rules.empty() ? "{}" : r.egress_rules, nullptr, false);
+  json net = EgressJson(p, rules.is_discarded() ? json::object() : rules);
+  net["allowPublicTraffic"] = r.public_ports;
+  if (!r.mask_request_host.empty()) net["maskRequestHost"] = r.mask_request_host;
+  j["network"] = net;
+  j["allowInternetAccess"] = AllowsInternet(p);
   return j;
 }
 
@@ -159,6 +166,44 @@ Result<sandbox::SandboxRecord> LiveSandbox(ApiContext& ctx, const sandbox::ApiKe
   return rec;
 }
 
+// `allow_internet_access` of a body: nullopt when absent or null, EINVAL when not a boolean.
+Result<std::optional<bool>> InternetField(const json& j) {
+  auto it = j.find("allow_internet_access");
+  if (it == j.end() || it->is_null()) return std::optional<bool>();
+  if (!it->is_boolean())
+    return Status::Error("allow_internet_access: must be true or false", EINVAL);
+  return std::optional<bool>(it->get<bool>());
+}
+
+// The network of a create (spec 6) into `req`: the policy, the rules, maskRequestHost. A create
+// that says nothing of egress gets what E2B gives (the internet) when this daemon has
+// networking, and loopback only, as before networking existed, when it has none.
+Status CreateEgress(const ApiContext& ctx, const json& j, sandbox::CreateRequest* req) {
+  auto internet = InternetField(j);
+  if (!internet.ok()) return internet.status();
+  static const json kNone;
+  const json& net = j.contains("network") ? j["network"] : kNone;
+  auto egress = ParseEgress(net, *internet);
+  if (!egress.ok()) return egress.status();
+  if (egress->given) {
+    req->network = egress->policy;
+  } else if (ctx.manager.networking_enabled()) {
+    req->network.mode = network::Mode::kOpen;
+  }
+  req->egress_rules = egress->rules.dump();
+  if (net.is_object()) {
+    if (auto p = net.find("allowPublicTraffic");
+        p != net.end() && !p->is_null() && !p->is_boolean())
+      return Status::Error("network.allowPublicTraffic: must be true or false", EINVAL);
+    if (auto m = net.find("maskRequestHost"); m != net.end() && !m->is_null()) {
+      if (!m->is_string())
+        return Status::Error("network.maskRequestHost: must be a string", EINVAL);
+      req->mask_request_host = m->get<std::string>();
+    }
+  }
+  return {};
+}
+
 awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKeyRecord& key,
                        bool v2) {
   auto j = co_await BodyObject(ex);
@@ -181,6 +226,8 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKe
   // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
   if (j->contains("network") && (*j)["network"].is_object())
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
+  auto egress = CreateEgress(ctx, *j, &req);
+  if (!egress.ok()) co_return co_await Fail(ex, egress);
   sandbox::QuotaExceeded quota;
   auto rec = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Create(key, req, &quota); });
   if (storage::IsTemplateNotFound(rec.status()))
@@ -511,6 +558,26 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         if (!rec.ok()) co_return co_await Fail(ex, rec.status());
         Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Kill(key, id); });
         if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+
+  // updateNetwork: replaces the whole egress configuration (omitted fields are cleared), 204.
+  r.Put(
+      "/sandboxes/{id}/network",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        auto internet = InternetField(*j);
+        if (!internet.ok()) co_return co_await Fail(ex, internet.status());
+        auto egress = ParseEgress(*j, *internet);
+        if (!egress.ok()) co_return co_await Fail(ex, egress.status());
+        std::string rules = egress->rules.dump();
+        auto set = co_await OnPool(
+            ctx.blocking, [&] { return ctx.manager.SetNetwork(key, id, egress->policy, &rules); });
+        if (!set.ok()) co_return co_await Fail(ex, set.status());
         co_await ex.Respond(204, "");
       }));
 

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cerrno>
 #include <ctime>
+#include <set>
 
 #include "api/errors.h"
 #include "api/http/json.h"
@@ -548,6 +549,167 @@ Status GzipInflater::Feed(std::string_view in, std::string* out) {
 Status GzipInflater::Finish() const {
   if (!impl_->ended) return Status::Error("gzip: truncated body", EINVAL);
   return {};
+}
+
+// ---- network (spec 6) ----
+
+namespace {
+
+constexpr char kAllIpv4[] = "0.0.0.0/0";
+
+// `field` of `j` as an array of strings (absent or null: nullopt).
+Result<std::optional<std::vector<std::string>>> StringList(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return std::optional<std::vector<std::string>>();
+  if (!it->is_array()) return Status::Error(std::string(field) + ": must be an array", EINVAL);
+  if (it->size() > network::kMaxRules)
+    return Status::Error(
+        std::string(field) + ": at most " + std::to_string(network::kMaxRules) + " entries",
+        EINVAL);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_string())
+      return Status::Error(std::string(field) + "[" + std::to_string(i) + "]: must be a string",
+                           EINVAL);
+    out.push_back((*it)[i].get<std::string>());
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+bool IsName(const network::Rule& r) { return r.kind != network::Rule::Kind::kCidr; }
+
+Status CheckRules(const json& rules) {
+  if (!rules.is_object())
+    return Status::Error("rules: an object of domain -> [{transform: {headers: {...}}}]", EINVAL);
+  if (rules.size() > kMaxRuleDomains)
+    return Status::Error("rules: at most " + std::to_string(kMaxRuleDomains) + " domains", EINVAL);
+  for (const auto& [domain, list] : rules.items()) {
+    std::string where = "rules[\"" + domain.substr(0, 128) + "\"]";
+    if (domain.empty() || domain.size() > 128)
+      return Status::Error(
+          "rules: a domain of 1 to 128 characters (got \"" + domain.substr(0, 128) + "\")", EINVAL);
+    if (auto r = network::ParseRule(domain); !r.ok() || !IsName(*r))
+      return Status::Error(where + ": not a domain name", EINVAL);
+    if (!list.is_array()) return Status::Error(where + ": must be an array", EINVAL);
+    if (list.size() > 1) return Status::Error(where + ": at most 1 transform", EINVAL);
+    for (const auto& rule : list) {
+      if (!rule.is_object()) return Status::Error(where + ": a rule is an object", EINVAL);
+      for (const auto& [k, v] : rule.items())
+        if (k != "transform") return Status::Error(where + ": unknown field '" + k + "'", EINVAL);
+      auto t = rule.find("transform");
+      if (t == rule.end() || t->is_null()) continue;
+      if (!t->is_object()) return Status::Error(where + ".transform: must be an object", EINVAL);
+      for (const auto& [k, v] : t->items())
+        if (k != "headers")
+          return Status::Error(where + ".transform: unknown field '" + k + "'", EINVAL);
+      auto h = t->find("headers");
+      if (h == t->end() || h->is_null()) continue;
+      if (!h->is_object())
+        return Status::Error(where + ".transform.headers: must be an object", EINVAL);
+      if (h->size() > kMaxRuleHeaders)
+        return Status::Error(
+            where + ".transform.headers: at most " + std::to_string(kMaxRuleHeaders) + " headers",
+            EINVAL);
+      for (const auto& [name, value] : h->items()) {
+        bool token = !name.empty() && name.size() <= 64;
+        for (char c : name)
+          token = token && (std::isalnum(static_cast<unsigned char>(c)) ||
+                            std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos);
+        if (!token)
+          return Status::Error(where +
+                                   ".transform.headers: a header name of 1 to 64 token "
+                                   "characters (got \"" +
+                                   name.substr(0, 64) + "\")",
+                               EINVAL);
+        if (!value.is_string() || value.get<std::string>().size() > 2048)
+          return Status::Error(
+              where + ".transform.headers." + name + ": a string of at most 2048 characters",
+              EINVAL);
+        for (char c : value.get<std::string>())
+          if (c == '\r' || c == '\n' || c == '\0')
+            return Status::Error(
+                where + ".transform.headers." + name + ": no line breaks or NUL in a header value",
+                EINVAL);
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<Egress> ParseEgress(const json& net, std::optional<bool> allow_internet_access) {
+  static const json kEmpty = json::object();
+  const json& j = net.is_null() ? kEmpty : net;
+  if (!j.is_object()) return Status::Error("network: must be an object", EINVAL);
+  for (const auto& [k, v] : j.items()) {
+    if (k == "egressProxy" && !v.is_null())
+      return Status::Error("network.egressProxy: not supported by sbx", EINVAL);
+    static const std::set<std::string> kKnown = {
+        "allowOut",           "denyOut",         "rules",      "egressProxy",
+        "allowPublicTraffic", "maskRequestHost", "httpsPorts", "allow_internet_access"};
+    if (!kKnown.count(k)) return Status::Error("network: unknown field '" + k + "'", EINVAL);
+  }
+  auto allow_out = StringList(j, "allowOut");
+  if (!allow_out.ok()) return allow_out.status();
+  auto deny_out = StringList(j, "denyOut");
+  if (!deny_out.ok()) return deny_out.status();
+  Egress out;
+  // allow_internet_access: true alone is E2B's default (SDKs send it on every create), not a
+  // request for a network this daemon may not have.
+  out.given = allow_internet_access == false || allow_out->has_value() || deny_out->has_value();
+  std::vector<std::string> allow = allow_out->value_or(std::vector<std::string>{});
+  std::vector<std::string> deny = deny_out->value_or(std::vector<std::string>{});
+  if (allow_internet_access == false && std::find(deny.begin(), deny.end(), kAllIpv4) == deny.end())
+    deny.push_back(kAllIpv4);
+
+  bool deny_all = false;
+  std::vector<network::Rule> deny_rules;
+  for (const auto& d : deny) {
+    auto cidr = network::ParseCidr(d);
+    if (!cidr.ok())
+      return Status::Error("denyOut: '" + d.substr(0, 256) +
+                               "' is not an IP address or CIDR (denyOut takes no domains)",
+                           EINVAL);
+    if (cidr->prefix == 0 && cidr->base.is_v4()) {
+      deny_all = true;
+      continue;
+    }
+    auto rule = network::ParseRule(d);
+    if (!rule.ok()) return Status::Error("denyOut: " + rule.status().message(), EINVAL);
+    deny_rules.push_back(*rule);
+  }
+  std::vector<network::Rule> allow_rules;
+  for (const auto& a : allow) {
+    auto rule = network::ParseRule(a);
+    if (!rule.ok()) return Status::Error("allowOut: " + rule.status().message(), EINVAL);
+    if (IsName(*rule) && !deny_all)
+      return Status::Error("allowOut: the domain '" + a.substr(0, 256) +
+                               "' needs denyOut to contain 0.0.0.0/0 (a domain can only be "
+                               "allowed when all other traffic is denied)",
+                           EINVAL);
+    allow_rules.push_back(*rule);
+  }
+  if (auto r = j.find("rules"); r != j.end() && !r->is_null()) {
+    SBX_RETURN_IF_ERROR(CheckRules(*r));
+    out.rules = *r;
+  }
+  out.policy.mode = deny_all ? network::Mode::kAllowlist : network::Mode::kOpen;
+  out.policy.allow = std::move(allow_rules);
+  out.policy.deny = std::move(deny_rules);
+  return out;
+}
+
+bool AllowsInternet(const network::Policy& policy) { return policy.mode == network::Mode::kOpen; }
+
+json EgressJson(const network::Policy& policy, const json& rules) {
+  json allow = json::array(), deny = json::array();
+  for (const auto& r : policy.allow) allow.push_back(r.text);
+  if (!AllowsInternet(policy)) deny.push_back(kAllIpv4);
+  for (const auto& r : policy.deny) deny.push_back(r.text);
+  json j = {{"allowOut", allow}, {"denyOut", deny}};
+  if (rules.is_object() && !rules.empty()) j["rules"] = rules;
+  return j;
 }
 
 }  // namespace sbx::api::e2b

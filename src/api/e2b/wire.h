@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "network/policy.h"
 
 namespace sbx::sandbox {
 struct FileEntry;
@@ -65,6 +66,35 @@ Result<std::vector<std::pair<std::string, std::string>>> DecodeMetadataFilter(
     std::string_view value);
 // RFC 3339 UTC with milliseconds; "" for 0.
 std::string Rfc3339(int64_t ms);
+
+// ---- network (spec 6) ----
+// E2B's egress settings as sbx keeps them: the policy every enforcer decides with, and E2B's
+// `rules` (header transforms, for the secrets' proxy) as given.
+struct Egress {
+  network::Policy policy;
+  nlohmann::json rules = nlohmann::json::object();
+  // Whether the request said anything about egress (allow_internet_access: false, allowOut,
+  // denyOut): a create that says nothing (or only allow_internet_access: true, E2B's default,
+  // which SDKs send on every create) gets the daemon's default: open with networking, else none.
+  bool given = false;
+};
+inline constexpr size_t kMaxRuleDomains = 10;
+inline constexpr size_t kMaxRuleHeaders = 20;
+// Validates E2B's egress fields of `network` (create's `network` object, or the whole body of
+// PUT /sandboxes/{id}/network; allowPublicTraffic and maskRequestHost are not read here) and
+// `allow_internet_access` (nullopt: absent) as E2B does, and maps them onto a policy:
+// allow_internet_access false adds 0.0.0.0/0 to denyOut; allowOut holds CIDRs, IPs or names
+// ("*", "*.x.com"), denyOut CIDRs and IPs only; a name in allowOut needs 0.0.0.0/0 in denyOut;
+// rules: at most 10 domains of at most 128 characters, one transform each, 20 headers of names
+// up to 64 and values up to 2048 characters. denyOut holding 0.0.0.0/0 is an allowlist of
+// allowOut (the rest of denyOut kept as its deny list, which only GET shows); otherwise open,
+// minus denyOut, with allowOut winning. EINVAL naming the field and entry (E2B's 400).
+Result<Egress> ParseEgress(const nlohmann::json& network,
+                           std::optional<bool> allow_internet_access);
+// The reverse, for GET /sandboxes/{id}: {allowOut, denyOut, rules}, and allowInternetAccess
+// (false for a policy that keeps 0.0.0.0/0 out: none and allowlist).
+nlohmann::json EgressJson(const network::Policy& policy, const nlohmann::json& rules);
+bool AllowsInternet(const network::Policy& policy);
 
 // ---- envd ----
 // `message` with every host path of an agent socket ("/var/lib/sbx/boxes/x/agent.sock", which

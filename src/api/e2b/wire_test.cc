@@ -245,5 +245,152 @@ TEST(E2bWire, EntryInfoOfAnEntry) {
   EXPECT_FALSE(j.contains("metadata"));
 }
 
+// ---- network (spec 6): E2B's egress fields onto a policy ----
+
+nlohmann::json J(const char* text) { return nlohmann::json::parse(text); }
+
+std::string EgressError(const char* net, std::optional<bool> internet = std::nullopt) {
+  auto e = ParseEgress(J(net), internet);
+  EXPECT_FALSE(e.ok()) << net;
+  EXPECT_EQ(e.status().err(), EINVAL) << net;
+  return e.ok() ? "" : e.status().message();
+}
+
+TEST(E2bNetwork, NothingSaidIsNotGivenAndNoInternetIsAnEmptyAllowlist) {
+  auto e = ParseEgress(nlohmann::json(), std::nullopt);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(e->given);
+  // true is E2B's default, which SDKs send on every create.
+  e = ParseEgress(nlohmann::json(), true);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(e->given);
+  e = ParseEgress(J(R"({"allowPublicTraffic": false, "maskRequestHost": "x:${PORT}"})"),
+                  std::nullopt);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(e->given);
+  // allow_internet_access: false => denyOut [0.0.0.0/0]: nothing out.
+  e = ParseEgress(nlohmann::json(), false);
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->given);
+  EXPECT_EQ(e->policy.mode, network::Mode::kAllowlist);
+  EXPECT_TRUE(e->policy.allow.empty());
+  EXPECT_FALSE(AllowsInternet(e->policy));
+  EXPECT_EQ(EgressJson(e->policy, e->rules), J(R"({"allowOut": [], "denyOut": ["0.0.0.0/0"]})"));
+  // true, and updateNetwork({}): open, everything cleared.
+  for (auto internet : {std::optional<bool>(true), std::optional<bool>()}) {
+    e = ParseEgress(J(R"({"allowOut": []})"), internet);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->policy.mode, network::Mode::kOpen);
+    EXPECT_TRUE(AllowsInternet(e->policy));
+  }
+}
+
+TEST(E2bNetwork, DenyAllMakesAnAllowlistOfAllowOut) {
+  auto e = ParseEgress(J(R"({"allowOut": ["pypi.org", "*.npmjs.org", "140.82.112.0/20"],
+            "denyOut": ["0.0.0.0/0", "198.18.0.0/15"]})"),
+                       std::nullopt);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ(e->policy.mode, network::Mode::kAllowlist);
+  ASSERT_EQ(e->policy.allow.size(), 3u);
+  EXPECT_EQ(e->policy.allow[1].text, "*.npmjs.org");
+  ASSERT_EQ(e->policy.deny.size(), 1u);
+  EXPECT_EQ(EgressJson(e->policy, e->rules),
+            J(R"({"allowOut": ["pypi.org", "*.npmjs.org", "140.82.112.0/20"],
+                  "denyOut": ["0.0.0.0/0", "198.18.0.0/15"]})"));
+  // allow_internet_access: false with a domain in allowOut is the same.
+  e = ParseEgress(J(R"({"allowOut": ["pypi.org"]})"), false);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ(e->policy.mode, network::Mode::kAllowlist);
+}
+
+TEST(E2bNetwork, OtherwiseOpenMinusDenyOutWithAllowOutWinning) {
+  auto e = ParseEgress(J(R"({"allowOut": ["8.8.4.4"], "denyOut": ["8.8.0.0/16"]})"), true);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ(e->policy.mode, network::Mode::kOpen);
+  ASSERT_EQ(e->policy.allow.size(), 1u);
+  ASSERT_EQ(e->policy.deny.size(), 1u);
+  EXPECT_EQ(EgressJson(e->policy, e->rules),
+            J(R"({"allowOut": ["8.8.4.4"], "denyOut": ["8.8.0.0/16"]})"));
+  // The round trip through the record's JSON.
+  auto back = network::Policy::FromJson(e->policy.ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(EgressJson(*back, e->rules), EgressJson(e->policy, e->rules));
+}
+
+TEST(E2bNetwork, ADomainInAllowOutNeedsDenyAll) {
+  std::string m = EgressError(R"({"allowOut": ["x.com"]})");
+  EXPECT_NE(m.find("x.com"), std::string::npos) << m;
+  EXPECT_NE(m.find("0.0.0.0/0"), std::string::npos) << m;
+  EgressError(R"({"allowOut": ["*"], "denyOut": ["10.0.0.0/8"]})");
+  EgressError(R"({"allowOut": ["*.x.com"]})", true);
+}
+
+TEST(E2bNetwork, DenyOutTakesAddressesOnly) {
+  std::string m = EgressError(R"({"denyOut": ["evil.com"]})");
+  EXPECT_NE(m.find("evil.com"), std::string::npos) << m;
+  EgressError(R"({"denyOut": ["*.evil.com"]})");
+  EgressError(R"({"denyOut": ["1.2.3.4:443"]})");
+  EgressError(R"({"denyOut": ["1.2.3.4/33"]})");
+  EgressError(R"({"denyOut": "1.2.3.4"})");
+  EgressError(R"({"denyOut": [1234]})");
+}
+
+TEST(E2bNetwork, BadEntriesAndFieldsAreNamed) {
+  std::string m = EgressError(R"({"allowOut": ["bad name!"], "denyOut": ["0.0.0.0/0"]})");
+  EXPECT_NE(m.find("allowOut"), std::string::npos) << m;
+  EXPECT_NE(m.find("bad name!"), std::string::npos) << m;
+  EgressError(R"({"allowOut": {"x": 1}})");
+  EgressError(R"({"egressProxy": {"address": "p:1080"}})");
+  EgressError(R"({"allowOutt": []})");
+  EgressError(R"([])");
+  std::string many = R"({"denyOut": [)";
+  for (size_t i = 0; i <= network::kMaxRules; ++i)
+    many += (i ? ",\"" : "\"") + std::string("1.2.3.4\"");
+  many += "]}";
+  EgressError(many.c_str());
+}
+
+TEST(E2bNetwork, RulesFollowE2bsLimits) {
+  auto ok = ParseEgress(J(R"({"allowOut": ["api.x.com"], "denyOut": ["0.0.0.0/0"],
+      "rules": {"api.x.com": [{"transform": {"headers":
+        {"Authorization": "Bearer ${e2b.secrets.openai}"}}}], "b.x.com": [{}]}})"),
+                        std::nullopt);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->rules["api.x.com"][0]["transform"]["headers"]["Authorization"],
+            "Bearer ${e2b.secrets.openai}");
+  EXPECT_EQ(EgressJson(ok->policy, ok->rules)["rules"], ok->rules);
+
+  // 11 domains.
+  std::string many = R"({"rules": {)";
+  for (int i = 0; i <= static_cast<int>(kMaxRuleDomains); ++i)
+    many += (i ? "," : "") + std::string("\"d") + std::to_string(i) + ".x.com\": []";
+  many += "}}";
+  EXPECT_NE(EgressError(many.c_str()).find("10 domains"), std::string::npos);
+  // A domain over 128 characters, not a domain.
+  std::string longd = R"({"rules": {")" + std::string(125, 'a') + R"(.com": []}})";
+  EgressError(longd.c_str());
+  EgressError(R"({"rules": {"1.2.3.0/24": []}})");
+  // Two transforms for one domain.
+  EgressError(R"({"rules": {"x.com": [{}, {}]}})");
+  // 21 headers.
+  std::string hs = R"({"rules": {"x.com": [{"transform": {"headers": {)";
+  for (int i = 0; i <= static_cast<int>(kMaxRuleHeaders); ++i)
+    hs += (i ? "," : "") + std::string("\"H") + std::to_string(i) + "\": \"v\"";
+  hs += "}}}]}}";
+  EXPECT_NE(EgressError(hs.c_str()).find("20 headers"), std::string::npos);
+  // A header name over 64, not a token; a value over 2048, with a line break, not a string.
+  std::string longname = R"({"rules": {"x.com": [{"transform": {"headers": {")" +
+                         std::string(65, 'h') + R"(": "v"}}}]}})";
+  EgressError(longname.c_str());
+  EgressError(R"({"rules": {"x.com": [{"transform": {"headers": {"A B": "v"}}}]}})");
+  std::string longvalue = R"({"rules": {"x.com": [{"transform": {"headers": {"A": ")" +
+                          std::string(2049, 'v') + R"("}}}]}})";
+  EgressError(longvalue.c_str());
+  EgressError(R"({"rules": {"x.com": [{"transform": {"headers": {"A": "a\r\nB: c"}}}]}})");
+  EgressError(R"({"rules": {"x.com": [{"transform": {"headers": {"A": 1}}}]}})");
+  EgressError(R"({"rules": {"x.com": [{"transform": {"body": {}}}]}})");
+  EgressError(R"({"rules": ["x.com"]})");
+}
+
 }  // namespace
 }  // namespace sbx::api::e2b

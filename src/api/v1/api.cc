@@ -1,6 +1,6 @@
 // RegisterV1 and what the route files of the native API share (internal.h): the error answer,
 // API key authentication and the session of the sandbox a request names. The routes are in
-// sandboxes.cc, commands.cc, files.cc, archives.cc, audit.cc and health.cc.
+// sandboxes.cc, network.cc, commands.cc, files.cc, archives.cc, audit.cc and health.cc.
 #include "api/v1/api.h"
 
 #include <spdlog/spdlog.h>
@@ -78,6 +78,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   using namespace v1;
   Health(router, ctx);
   Sandboxes(router, ctx);
+  Network(router, ctx);
   Commands(router, ctx);
   Files(router, ctx);
   Archives(router, ctx);

@@ -21,6 +21,7 @@
 #include "api/request.h"
 #include "api/v1/api.h"
 #include "common/status.h"
+#include "network/policy.h"
 #include "sandbox/session.h"
 
 namespace sbx::api::v1 {
@@ -56,5 +57,10 @@ void Archives(http::Router& r, ApiContext& ctx);   // archives.cc
 void Audit(http::Router& r, ApiContext& ctx);      // audit.cc: /v1/audit
 void Health(http::Router& r, ApiContext& ctx);     // health.cc: /healthz, /metrics
 void Secrets(http::Router& r, ApiContext& ctx);    // secrets.cc: /v1/secrets
+void Network(http::Router& r, ApiContext& ctx);    // network.cc: policies and signed port URLs
+// network.cc: a record's policy as the API shows it, and the create field / PUT body parsed
+// (EINVAL naming the bad entry).
+json NetworkJson(const sandbox::SandboxRecord& r);
+Result<network::Policy> ParseNetwork(const json& j);
 
 }  // namespace sbx::api::v1

@@ -1,5 +1,5 @@
 // The native API's sandbox lifecycle routes: create, list, get, kill, timeout, pause, resume
-// (docs/api.md, "Sandboxes").
+// (docs/api.md, "Sandboxes"). A sandbox's network routes are network.cc's.
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
@@ -40,6 +40,7 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
             {"public_ports", r.public_ports},
+            {"network", NetworkJson(r)},
             {"owner_key_id", r.owner_key_id},
             {"id_base", r.id_base},
             {"idmapped", r.idmapped},
@@ -54,8 +55,9 @@ constexpr double kMinSandboxTimeoutS = 1;
 
 Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
-  static const std::set<std::string> kKnown = {"template", "env",        "metadata",    "limits",
-                                               "timeout",  "on_timeout", "public_ports"};
+  static const std::set<std::string> kKnown = {"template",     "env",     "metadata",
+                                               "limits",       "timeout", "on_timeout",
+                                               "public_ports", "network", "secrets"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
   sandbox::CreateRequest r;
@@ -106,6 +108,14 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
       return Status::Error("public_ports: must be true or false", EINVAL);
     r.public_ports = j["public_ports"].get<bool>();
   }
+  if (j.contains("network") && !j["network"].is_null()) {
+    auto policy = ParseNetwork(j["network"]);
+    if (!policy.ok()) return policy.status();
+    r.network = *policy;
+  }
+  auto secrets = StringMap(j, "secrets");
+  if (!secrets.ok()) return secrets.status();
+  r.secrets = *secrets;
   return r;
 }
 
