@@ -8,9 +8,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +24,7 @@
 #include "cli/units.h"
 #include "common/fs.h"
 #include "common/secret.h"
+#include "network/box_files.h"
 #include "network/ingress.h"
 #include "network/policy.h"
 #include "runtime/native/native_runtime.h"
@@ -259,10 +260,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (o.network != "off") {
     Status started_ok;
     auto cidr = network::ParseCidr(net_config->box_subnet);
-    auto pool = cidr.ok() ? sandbox::StoreNetSlotPool::Make(**st, *cidr)
-                          : Result<std::unique_ptr<sandbox::StoreNetSlotPool>>(cidr.status());
-    if (pool.ok()) {
-      slots = std::move(*pool);
+    auto net_pool = cidr.ok() ? sandbox::StoreNetSlotPool::Make(**st, *cidr)
+                              : Result<std::unique_ptr<sandbox::StoreNetSlotPool>>(cidr.status());
+    if (net_pool.ok()) {
+      slots = std::move(*net_pool);
       net_config->slots = slots.get();
       net_config->on_event = [&audit_to](network::NetEvent e) {
         if (sandbox::Manager* m = audit_to.load()) m->AuditNetwork(e);
@@ -273,18 +274,24 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
       else
         started_ok = started.status();
     } else {
-      started_ok = pool.status();
+      started_ok = net_pool.status();
     }
     if (!started_ok.ok() && o.network == "on") {
       std::fprintf(stderr, "sbx: --network on: %s\n", started_ok.message().c_str());
       return kExitSbxError;
     }
     if (!started_ok.ok())
-      spdlog::warn("networking is off: {} (sandboxes get loopback only; --network on makes this "
-                   "fatal)",
-                   started_ok.message());
+      spdlog::warn(
+          "networking is off: {} (sandboxes get loopback only; --network on makes this "
+          "fatal)",
+          started_ok.message());
   }
   mc.network = stack.get();
+  // What a box without a network sees of it: a resolv.conf saying so.
+  if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
+    mc.no_network_files = std::move(*none);
+  else
+    spdlog::warn("network: {}", none.status().message());
   sandbox::Manager manager(mc, **rt, templates, **st);
   audit_to = &manager;
   struct AuditOff {

@@ -3,8 +3,6 @@
 // point (the veth into the box, its chain, the registry entry the resolver and the proxy decide
 // with) -> Update (live policy) -> Release (everything, idempotent). Reconcile after a restart
 // removes what no live box holds.
-#include "network/network.h"
-
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -22,6 +20,7 @@
 #include "network/firewall.h"
 #include "network/mitm.h"
 #include "network/netlink.h"
+#include "network/network.h"
 #include "network/proxy.h"
 #include "network/resolver.h"
 #include "network/slots.h"
@@ -63,7 +62,8 @@ class StackImpl final : public Stack {
     auto ca = Ca::LoadOrCreate(config_.state_dir);
     if (!ca.ok()) return ca.status().Wrap("network: the CA");
     ca_ = std::shared_ptr<Ca>(std::move(*ca));
-    auto bundle = config_.upstream_ca.empty() ? ca_->WriteBundle() : ca_->WriteBundle(config_.upstream_ca);
+    auto bundle =
+        config_.upstream_ca.empty() ? ca_->WriteBundle() : ca_->WriteBundle(config_.upstream_ca);
     if (!bundle.ok()) return bundle.status().Wrap("network: the CA bundle");
     bundle_ = *bundle;
     MitmConfig mc;
@@ -76,9 +76,8 @@ class StackImpl final : public Stack {
     pc.on_event = config_.on_event;
     pc.lookup = lookup_.get();
     pc.interceptor = mitm_.get();
-    auto proxy = EgressProxy::Start(io_.get_executor(),
-                                    asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0),
-                                    boxes_, pc);
+    auto proxy = EgressProxy::Start(
+        io_.get_executor(), asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0), boxes_, pc);
     if (!proxy.ok()) return proxy.status().Wrap("network: egress proxy");
     proxy_ = std::move(*proxy);
     FirewallConfig fc;
@@ -91,8 +90,8 @@ class StackImpl final : public Stack {
     if (!fw.ok()) return fw.status().Wrap("network: nftables");
     firewall_ = std::move(*fw);
     spdlog::info("network: boxes get {} ({} slots), DNS on port {}, egress proxy on port {}",
-                 subnet_.ToString(), SlotCount(subnet_).ok() ? *SlotCount(subnet_) : 0, resolver_->port(),
-                 proxy_->port());
+                 subnet_.ToString(), SlotCount(subnet_).ok() ? *SlotCount(subnet_) : 0,
+                 resolver_->port(), proxy_->port());
     return {};
   }
 
@@ -118,7 +117,8 @@ class StackImpl final : public Stack {
     // Every TLS client in the box trusts the bundle: OpenSSL's tools (SSL_CERT_FILE, curl's
     // CURL_CA_BUNDLE), Python's requests and pip (REQUESTS_CA_BUNDLE), Node (NODE_EXTRA_CA_CERTS).
     plan.files.emplace_back(bundle_, kBoxCaBundle);
-    for (const char* var : {"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"})
+    for (const char* var :
+         {"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"})
       plan.env[var] = kBoxCaBundle;
     for (auto& secret : net->secrets)
       if (!secret.env.empty()) plan.env[secret.env] = secret.placeholder;
@@ -140,8 +140,8 @@ class StackImpl final : public Stack {
       e = it->second;
     }
     SBX_RETURN_IF_ERROR(CreateBoxLink(e.link, init_pid).Wrap("network: link of " + box_id));
-    SBX_RETURN_IF_ERROR(firewall_->AddBox(box_id, e.link.host_ifname, {e.net->box_ip},
-                                          e.net->policy));
+    SBX_RETURN_IF_ERROR(
+        firewall_->AddBox(box_id, e.link.host_ifname, {e.net->box_ip}, e.net->policy));
     boxes_.Put(e.net);
     return {};
   }
@@ -157,6 +157,8 @@ class StackImpl final : public Stack {
         known = true;
       }
     }
+    if (!known && req.policy.mode == Mode::kNone)
+      return Status::Error("network: " + box_id + " has no network", ENOENT);
     if (!known) {
       // A box adopted after a restart: its link lives on in its namespace; its slot is the one
       // the pool still holds for it.
@@ -171,7 +173,8 @@ class StackImpl final : public Stack {
     net->box_ip = e.link.box_ip;
     net->host_ip = e.link.host_ip;
     net->policy = req.policy;
-    net->secrets = req.secrets;
+    // A policy change keeps the secrets the box was made with (its env holds their placeholders).
+    if (!req.secrets.empty() || !e.net) net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
     Status fw = known ? firewall_->UpdateBox(box_id, net->policy)
                       : firewall_->AddBox(box_id, e.link.host_ifname, {net->box_ip}, net->policy);

