@@ -509,6 +509,19 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.created_at = clock_.NowMs();
   rec.updated_at = rec.created_at;
 
+  // Secrets bound before anything is recorded: a name the key has no secret of is the client's
+  // error, and leaves nothing behind.
+  std::vector<network::SecretBinding> bound_secrets;
+  if (!req.secrets.empty()) {
+    auto bound = BindSecrets(key, req.secrets);
+    if (!bound.ok()) {
+      if (Status unpin = store_.UnpinLayers(rec.id); !unpin.ok())
+        spdlog::warn("create: {}", unpin.message());
+      return bound.status();
+    }
+    bound_secrets = std::move(*bound);
+  }
+
   // The whole creation is one transition: a kill (or anything else) arriving while the box is
   // being made waits for it, then acts on the sandbox as creation left it.
   Transition transition(*this, rec.id, "create");
@@ -554,12 +567,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     // attached at the runtime's sync point, before anything of the box's own runs.
     network::BoxNetRequest want;
     want.policy = req.network;
-    if (!req.secrets.empty()) {
-      // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
-      auto bound = BindSecrets(key, req.secrets);
-      if (!bound.ok()) return failed(bound.status(), bound.status().message());
-      want.secrets = std::move(*bound);
-    }
+    // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
+    want.secrets = std::move(bound_secrets);
     auto plan = config_.network->Prepare(rec.id, want);
     if (!plan.ok()) {
       Status why = plan.status().Wrap("network of sandbox " + rec.id);

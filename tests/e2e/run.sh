@@ -25,7 +25,8 @@ cp "$HERE"/*.test.mjs "$HERE"/helpers.mjs "$WORK/"
 
 DATA=$(mktemp -d /tmp/sbx-e2e.XXXXXX)
 chmod 711 "$DATA"  # the boxes' root must be able to traverse it
-"$SBX" --data-dir "$DATA" serve --listen 127.0.0.1:0 >"$DATA/serve.log" 2>&1 &
+# --network off: the host's own network namespace is never changed by a test (tests/network).
+"$SBX" --data-dir "$DATA" serve --listen 127.0.0.1:0 --network off >"$DATA/serve.log" 2>&1 &
 DAEMON=$!
 stop() {
   kill -TERM "$DAEMON" 2>/dev/null || true

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -32,6 +33,11 @@ void DaemonProcess::Start() {
     ::unlink(unix_socket().c_str());
     args.insert(args.end(), {"--unix-socket", unix_socket()});
   }
+  // Networking only inside a namespace the test made: a daemon in the host's own namespace would
+  // add its nftables table and box links there.
+  if (prefix_.empty() &&
+      std::find(serve_flags_.begin(), serve_flags_.end(), "--network") == serve_flags_.end())
+    args.insert(args.end(), {"--network", "off"});
   args.insert(args.end(), serve_flags_.begin(), serve_flags_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
