@@ -194,7 +194,9 @@ class OpenApiServeTest : public ::testing::Test {
 // "/v1/sandboxes/{id}/commands/{pid}/output" -> a concrete path that matches it.
 std::string Concrete(std::string path) {
   static const std::map<std::string, std::string> kValues = {
-      {"{id}", "openapi-test-no-such-sandbox"}, {"{pid}", "1"}, {"{name}", "no-such-secret"},
+      {"{id}", "openapi-test-no-such-sandbox"},
+      {"{pid}", "1"},
+      {"{name}", "no-such-secret"},
       {"{port}", "8000"}};
   for (const auto& [param, value] : kValues)
     for (size_t at; (at = path.find(param)) != std::string::npos;)
