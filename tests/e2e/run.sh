@@ -4,7 +4,11 @@
 # 127.0.0.1:0 with a temporary data directory, exports E2B_API_URL / E2B_SANDBOX_URL /
 # E2B_API_KEY (spec 3.5), runs `node --test`, then checks that no sandbox is left and stops it.
 #
-# usage: run.sh SBX_BINARY WORK_DIR
+# With FAKENET=path/to/fakenet.sh the daemon and the tests run in the daemon namespace of a fake
+# internet (tests/network/fakenet.sh: nothing can leave the machine), the daemon with networking
+# and the fake internet's DNS and CA, and the tests are the *.live.mjs files.
+#
+# usage: [FAKENET=...] run.sh SBX_BINARY WORK_DIR
 set -eu
 command -v node >/dev/null && command -v npm >/dev/null || {
   echo "e2e: node and npm are needed (Node 20+)" >&2
@@ -20,17 +24,28 @@ if ! cmp -s "$HERE/package-lock.json" "$WORK/package-lock.json" || [ ! -d "$WORK
   cp "$HERE/package.json" "$HERE/package-lock.json" "$WORK/"
   (cd "$WORK" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-rm -f "$WORK"/*.test.mjs "$WORK"/helpers.mjs
-cp "$HERE"/*.test.mjs "$HERE"/helpers.mjs "$WORK/"
+rm -f "$WORK"/*.test.mjs "$WORK"/*.live.mjs "$WORK"/helpers.mjs
+cp "$HERE"/*.test.mjs "$HERE"/*.live.mjs "$HERE"/helpers.mjs "$WORK/"
 
 DATA=$(mktemp -d /tmp/sbx-e2e.XXXXXX)
 chmod 711 "$DATA"  # the boxes' root must be able to traverse it
-# --network off: the host's own network namespace is never changed by a test (tests/network).
-"$SBX" --data-dir "$DATA" serve --listen 127.0.0.1:0 --network off >"$DATA/serve.log" 2>&1 &
+IN_NS=""
+NET_FLAGS="--network off"  # the host's own network namespace is never changed by a test
+FILES=${E2E_FILTER:-*.test.mjs}
+if [ -n "${FAKENET:-}" ]; then
+  TAG=e2e$$
+  "$FAKENET" up "$TAG" "$DATA/net"
+  IN_NS="nsenter --net=/run/netns/sbxt-$TAG-d"
+  NET_FLAGS="--network on --upstream-dns 198.18.0.53:53 --upstream-ca $DATA/net/ca.pem"
+  FILES=${E2E_FILTER:-*.live.mjs}
+fi
+# shellcheck disable=SC2086 # the flags are words
+$IN_NS "$SBX" --data-dir "$DATA" serve --listen 127.0.0.1:0 $NET_FLAGS >"$DATA/serve.log" 2>&1 &
 DAEMON=$!
 stop() {
   kill -TERM "$DAEMON" 2>/dev/null || true
   wait "$DAEMON" 2>/dev/null || true
+  if [ -n "${FAKENET:-}" ]; then "$FAKENET" down "$TAG" "$DATA/net"; fi
 }
 trap 'stop' EXIT INT TERM
 for _ in $(seq 1 100); do
@@ -44,10 +59,11 @@ export E2B_SANDBOX_URL="http://127.0.0.1:$PORT"
 export SBX_DAEMON_PID="$DAEMON"  # for tests that watch the daemon's memory
 
 rc=0
-(cd "$WORK" && node --test --test-concurrency=2 ${E2E_FILTER:-*.test.mjs}) || rc=$?
+# shellcheck disable=SC2086
+(cd "$WORK" && $IN_NS node --test --test-concurrency=2 $FILES) || rc=$?
 
 # No sandbox may be left: every test kills what it creates. Leftovers fail the run and are killed.
-left=$(node -e '
+left=$($IN_NS node -e '
   const h = { "X-API-KEY": process.env.E2B_API_KEY }
   const base = process.env.E2B_API_URL
   const r = await fetch(base + "/v2/sandboxes?state=running,paused", { headers: h })
