@@ -3,7 +3,6 @@
 // commands reach, checked inside (the command's outcome) and outside (what the fake internet's
 // servers logged, the audit trail, what is left on the host). Threat rows 32-37 and 39.
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "api/http/client.h"
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
 #include "daemon_process.h"
@@ -22,17 +22,10 @@ namespace {
 
 using nlohmann::json;
 
-std::string Unbase64(const std::string& in) {
-  std::string out(in.size(), '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  if (n < 0) return "";
-  size_t pad = 0;
-  if (!in.empty() && in.back() == '=') ++pad;
-  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
+// Command output arrives base64-encoded in the NDJSON stream.
+std::string Decoded(const json& data) {
+  auto bytes = Base64Decode(data.get<std::string>());
+  return bytes.ok() ? *bytes : "";
 }
 
 struct CommandRun {
@@ -124,8 +117,8 @@ class NetworkTest : public ::testing::Test {
       json e = json::parse(line, nullptr, false);
       if (e.is_discarded()) continue;
       std::string t = e.value("type", "");
-      if (t == "stdout") run.out += Unbase64(e["data"]);
-      if (t == "stderr") run.err += Unbase64(e["data"]);
+      if (t == "stdout") run.out += Decoded(e["data"]);
+      if (t == "stderr") run.err += Decoded(e["data"]);
       if (t == "exit") run.exit_code = e.value("exit_code", -1);
     }
     return run;
