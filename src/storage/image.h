@@ -1,0 +1,105 @@
+// Images as templates (issue 13): the content-addressed layer store, OCI image import and the
+// image config's defaults. This header is the contract between the layer store (image.cc), the
+// registry client (registry.h: it fetches into an OCI image layout, then calls ImportImage) and
+// builds (build.h: each RUN step's writable layer becomes a layer through AddLayerFromDir).
+//
+// A layer is a directory of the template cache, <templates dir>/layers/<id>, already in
+// overlayfs' form (whiteouts are 0/0 character devices, opaque directories carry the
+// trusted.overlay.opaque xattr), with its files' real ownership (root's files are uid 0: the
+// runtime idmaps layers into each box's range). Layers made from an archive are named by the
+// digest of their uncompressed content ("sha256-<64 hex>", the OCI diff_id), so an image's layer
+// is unpacked once and shared by every template that uses it. Layers are reference-counted by
+// the templates that list them and the pins of live sandboxes and running builds; unreferenced
+// ones go by LRU eviction under the cache bound and `sbx template gc`. docs/storage.md has the
+// layout.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "storage/template.h"
+#include "store/store.h"
+
+namespace sbx::storage {
+
+// The defaults an image config gives (OCI image config `config`), kept with the template and
+// applied to every command on every API (env merged under the command's, user, workdir) and to
+// the start command (entrypoint + cmd).
+struct ImageConfig {
+  std::vector<std::string> env;  // "K=V"
+  std::string user;              // "" = root; "name", "uid", "uid:gid" as in the image
+  std::string workdir;           // "" = the user's home
+  std::vector<std::string> entrypoint;
+  std::vector<std::string> cmd;
+  std::vector<std::string> exposed_ports;  // "8080/tcp"
+  std::map<std::string, std::string> labels;
+};
+
+// Progress of a long operation, for the CLI's progress line and the API's build log.
+struct Progress {
+  std::string what;     // e.g. the layer's short digest, or "unpacking"
+  int64_t done = 0;     // bytes so far
+  int64_t total = -1;   // -1 unknown
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+// "sha256-<hex>" for the diff_id "sha256:<hex>"; EINVAL for anything but sha256 and 64
+// lowercase hex digits.
+Result<std::string> LayerIdForDiffId(const std::string& diff_id);
+
+// Unpacks the layer blob at `blob_path` (a tar, gzip or zstd compressed or not) into the cache as
+// layer LayerIdForDiffId(diff_id), unless that layer is already there. While streaming it
+// verifies the blob's sha256 against `blob_digest` ("sha256:<hex>"; empty: not checked) and the
+// uncompressed stream's against `diff_id`; a mismatch is EBADMSG and leaves nothing. The
+// archive is untrusted (threat row 25): no ".." or absolute names, no device nodes but
+// whiteouts, no writes through symlinks, hard links only inside the layer, set-id bits kept
+// (the layer is 0700 to host users) and OCI whiteouts (.wh.NAME, .wh..wh..opq) converted to
+// overlayfs' form. ENOSPC past the cache bound after evicting unused layers. The layer is pinned
+// for `pin_for` (a build or pull id) until UnpinLayers(pin_for) or until a template lists it.
+Result<store::LayerRecord> AddLayerFromBlob(const TemplateStore& ts, store::Store& st,
+                                            const std::string& blob_path,
+                                            const std::string& blob_digest,
+                                            const std::string& diff_id,
+                                            const std::string& pin_for,
+                                            const ProgressFn& progress = {});
+
+// Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the
+// cache's filesystem) into the cache as a new layer named `id` (a build's cache key,
+// "build-<hex>"), shifting its files' owners down by `id_shift` (the box's host id base: a box
+// writes as host ids id_base..id_base+65535; anything outside that range becomes 65534).
+// Pinned for `pin_for` as above. `dir` is consumed on success and left on error.
+Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
+                                           const std::string& dir, const std::string& id,
+                                           uint32_t id_shift, const std::string& pin_for);
+
+// A fresh empty directory on the cache's filesystem for AddLayerFromDir's `dir` (removed by the
+// next cache sweep if its maker dies).
+Result<std::string> MakeStagingDir(const TemplateStore& ts);
+
+// Registers (or with `replace`, replaces) template `name` of kind `kind` (store::kTemplateOci,
+// kTemplateBuild) made of the recorded `layers` (topmost first) with `config`. EINVAL for an
+// invalid name, EEXIST for a taken one without `replace`, ENOENT for an unrecorded layer.
+Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::Store& st,
+                                               const std::string& name, const std::string& kind,
+                                               const std::string& source,
+                                               const std::vector<std::string>& layers,
+                                               const ImageConfig& config, bool replace);
+
+// The config recorded with template `name` (aliases resolved); empty for templates without one.
+Result<ImageConfig> GetImageConfig(store::Store& st, const std::string& name);
+
+// Imports an OCI image layout directory (index.json; `ref` picks the manifest whose
+// org.opencontainers.image.ref.name annotation matches, empty: the only one) or a docker-archive
+// tarball (`docker save`: manifest.json; `ref` picks the RepoTags entry) as template `name`.
+// Image indexes resolve to linux/amd64. Every blob is digest-checked; the config's Env, User,
+// WorkingDir, Entrypoint, Cmd, ExposedPorts and Labels become the template's ImageConfig.
+Result<store::TemplateRecord> ImportImage(const TemplateStore& ts, store::Store& st,
+                                          const std::string& name, const std::string& path,
+                                          const std::string& ref, bool replace,
+                                          const ProgressFn& progress = {});
+
+}  // namespace sbx::storage
