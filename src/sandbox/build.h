@@ -1,0 +1,72 @@
+// Template builds (issue 13, item 3 and 5): a base (a registered template, "scratch", or after a
+// pull an image) plus steps. Each RUN runs in a box made of the layers so far, with the build's
+// network policy, and its writable layer becomes the next layer (storage::AddLayerFromDir); ENV,
+// WORKDIR, USER, CMD, ENTRYPOINT, LABEL and EXPOSE change the image config; COPY copies files of
+// the build context into a new layer. Every step is cached by the hash of its parent layer, the
+// instruction and the copied files' contents: an unchanged step reuses its layer. The result is
+// a template (kind "build") any create can name.
+//
+// Builds run in the background: Start answers at once with a build id; Get reports the state
+// and the log lines so far (E2B's logsOffset pagination maps onto `offset`).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "storage/dockerfile.h"
+#include "storage/image.h"
+
+namespace sbx::sandbox {
+
+struct BuildSpec {
+  std::string name;                    // the template to make (replaced when it exists)
+  std::string owner_key_id;            // who asked (audited; operator builds: "")
+  std::vector<storage::BuildStep> steps;  // the first is kFrom
+  std::string context_dir;             // host directory COPY sources are read from (only below it)
+  std::vector<std::string> net_allow;  // the network policy of RUN steps (empty: no network)
+  bool net_open = false;
+  int64_t memory_bytes = 0;            // per RUN step (0: the daemon's default)
+  double cpus = 0;
+  bool no_cache = false;
+  std::string start_cmd;               // E2B startCmd / readyCmd, kept with the template
+  std::string ready_cmd;
+};
+
+enum class BuildState { kBuilding, kReady, kError };
+
+struct BuildLogLine {
+  int64_t at_ms = 0;
+  std::string level;  // "info", "error"
+  std::string text;   // one line: "Step 2/5 : RUN pip install x", a RUN's output line, ...
+};
+
+struct BuildStatus {
+  std::string id;        // "bld_" + random
+  std::string name;      // the template
+  BuildState state = BuildState::kBuilding;
+  std::string error;     // kError: what failed (no host path)
+  std::vector<BuildLogLine> logs;  // from `offset` on
+  int64_t size_bytes = 0;          // kReady: the template's layers
+};
+
+class Builder {
+ public:
+  virtual ~Builder() = default;
+  // Starts a build; EINVAL for a bad spec (no FROM, an unknown base template, a COPY source
+  // outside the context), nothing started then.
+  virtual Result<std::string> Start(BuildSpec spec) = 0;
+  // A build's state and its log lines from index `offset` on; ENOENT for an unknown id.
+  virtual Result<BuildStatus> Get(const std::string& id, int64_t offset) = 0;
+  // Runs a build to its end on the calling thread, `log` called with each line as it comes
+  // (`sbx build`).
+  virtual Result<store::TemplateRecord> Run(BuildSpec spec,
+                                            const std::function<void(const BuildLogLine&)>& log) = 0;
+};
+
+}  // namespace sbx::sandbox

@@ -1,0 +1,38 @@
+// The Dockerfile subset sbx builds (issue 13, item 3), parsed into steps that builds run and
+// that E2B's template API (steps of `POST /v2/templates/{id}/builds/{buildID}`) maps onto too.
+// The parser only reads text: it never touches the filesystem or the network.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace sbx::storage {
+
+struct BuildStep {
+  enum class Kind { kFrom, kRun, kCopy, kEnv, kArg, kWorkdir, kUser, kLabel, kExpose, kCmd, kEntrypoint };
+  Kind kind = Kind::kRun;
+  int line = 0;          // 1-based line of the instruction in the Dockerfile (0: not from one)
+  std::string text;      // the instruction as written (continuations joined), for the build log
+  // kFrom: {image or template} ; kRun/kCmd/kEntrypoint: argv when exec_form, else {shell line};
+  // kCopy: sources..., destination (sources relative to the build context); kEnv/kLabel/kArg:
+  // alternating key, value (kArg: value "" when it has no default); kWorkdir/kUser: {value};
+  // kExpose: {"8080/tcp", ...}.
+  std::vector<std::string> args;
+  bool exec_form = false;  // JSON array form of RUN/CMD/ENTRYPOINT
+  std::string chown;       // COPY --chown=
+};
+
+// Parses `text`. `build_args` are --build-arg values (ARG defaults otherwise). Variables
+// ($NAME, ${NAME}, ${NAME:-default}) of ENV and ARG are substituted where Docker does. Any
+// instruction outside the subset (ONBUILD, HEALTHCHECK, VOLUME, SHELL, STOPSIGNAL, COPY --from,
+// ADD of a URL, a heredoc, a second FROM) is EINVAL with a message naming its line:
+// "Dockerfile line 7: HEALTHCHECK is not supported by sbx build". The first instruction (after
+// ARGs) must be FROM.
+Result<std::vector<BuildStep>> ParseDockerfile(std::string_view text,
+                                               const std::map<std::string, std::string>& build_args);
+
+}  // namespace sbx::storage
