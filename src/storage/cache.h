@@ -6,6 +6,7 @@
 
 #include <archive.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -85,6 +86,8 @@ struct ExtractOptions {
   // An OCI layer: ".wh.NAME" becomes a 0/0 character device NAME and ".wh..wh..opq" the
   // trusted.overlay.opaque=y xattr of its directory (overlayfs' form).
   bool oci_whiteouts = false;
+  // The errno of an unreadable archive (a corrupt or truncated stream).
+  int read_errno = EINVAL;
 };
 
 // Writes every entry `in` yields below the existing directory `dest`, refusing names that leave

@@ -246,11 +246,10 @@ Result<Unpacked> UnpackBlob(const std::string& blob_path, const std::string& des
   o.what = what;
   o.limit = limit;
   o.oci_whiteouts = true;
+  o.read_errno = EBADMSG;  // a truncated or corrupt stream: the blob is bad
   auto n = internal::Extract(tar.get(), dest, o);
   if (!n.ok()) {
-    // A truncated or corrupt stream shows as an unreadable archive: the blob is bad.
-    if (n.status().err() == EINVAL || n.status().err() == EIO)
-      return Status::Error(n.status().message(), s.read_errno != 0 ? s.read_errno : EBADMSG);
+    if (s.read_errno != 0) return Status::Error(what + ": read the blob", s.read_errno);
     return n.status();
   }
   // The digests cover the whole file and the whole stream (the tar's padding after its end).

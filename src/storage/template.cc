@@ -305,6 +305,14 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
   if (!root) return Status::Errno("open " + dest);
   const bool disk = !o.strip_prefix.empty();
   int64_t bytes = 0, reported = 0;
+  // libarchive's messages name the file written; the layer's place on the host is no one's
+  // business (errors reach API clients through builds), so names are shown relative to it.
+  auto write_error = [&](int fallback) {
+    std::string m = ArchiveError(out.get());
+    for (size_t at; (at = m.find(dest + "/")) != std::string::npos;) m.erase(at, dest.size() + 1);
+    int e = archive_errno(out.get());
+    return Status::Error(o.what + ": " + m, e > 0 && e != EINVAL ? e : fallback);
+  };
   std::vector<std::string> opaque_dirs;  // set once everything is written (dirs may come later)
   auto too_big = [&] {
     return Status::Error(o.what + ": unpacked size exceeds the template cache's free room (" +
@@ -318,7 +326,7 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
     int r = archive_read_next_header(in, &entry);
     if (r == ARCHIVE_EOF) break;
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-      return Status::Error(o.what + ": " + ArchiveError(in), EINVAL);
+      return Status::Error(o.what + ": " + ArchiveError(in), o.read_errno);
     if (disk) archive_read_disk_descend(in);
     const char* raw_name = archive_entry_pathname(entry);
     std::string name = raw_name != nullptr ? raw_name : "";
@@ -386,8 +394,8 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
     archive_entry_set_gname(write, nullptr);
     bytes += kEntryOverheadBytes;
     if (bytes > o.limit) return too_big();
-    if (archive_write_header(out.get(), write) != ARCHIVE_OK)
-      return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
+    // Refused by libarchive (a write through a symlink): the archive's fault.
+    if (archive_write_header(out.get(), write) != ARCHIVE_OK) return write_error(EINVAL);
     const void* buf;
     size_t size;
     la_int64_t offset;
@@ -397,18 +405,18 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
       bytes += static_cast<int64_t>(size);
       if (bytes > o.limit) return too_big();
       if (archive_write_data_block(out.get(), buf, size, offset) != ARCHIVE_OK)
-        return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
+        return write_error(EIO);
       if (o.progress && bytes - reported >= (int64_t{64} << 20)) {
         reported = bytes;
         o.progress(bytes);
       }
     }
-    if (r != ARCHIVE_EOF) return Status::Error(o.what + ": " + ArchiveError(in), EIO);
-    if (archive_write_finish_entry(out.get()) != ARCHIVE_OK)
-      return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
+    if (r != ARCHIVE_EOF)
+      return Status::Error(o.what + ": " + ArchiveError(in),
+                           o.read_errno == EINVAL ? EIO : o.read_errno);
+    if (archive_write_finish_entry(out.get()) != ARCHIVE_OK) return write_error(EIO);
   }
-  if (archive_write_close(out.get()) != ARCHIVE_OK)
-    return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
+  if (archive_write_close(out.get()) != ARCHIVE_OK) return write_error(EIO);
   for (const auto& d : opaque_dirs) {
     // A directory that only its marker names is made (as the layer's content says it exists).
     UniqueFd dir = OpenBeneath(root.get(), d, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
