@@ -457,7 +457,14 @@ class Registry {
         if (!auth.empty()) h.emplace_back("Authorization", auth);
       }
       auto r = std::make_unique<HttpResponse>(tls_ctx_, url.tls, o_.timeout);
-      SBX_RETURN_IF_ERROR(r->Send(url, h));
+      if (Status sent = r->Send(url, h); !sent.ok()) {
+        if (url.tls && on_registry && sent.what().rfind("TLS", 0) == 0)
+          return Status::Error(sent.what() +
+                                   " (a registry that speaks plain HTTP must be named with "
+                                   "--insecure-registry)",
+                               sent.err());
+        return sent;
+      }
       int status = r->status();
       if (status == 401 && on_registry && !retried_auth) {
         retried_auth = true;
