@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
+#include <string_view>
 
 #include "agent/log.h"
 #include "agent/loop.h"
@@ -52,6 +54,14 @@ bool HasEnv(const std::vector<std::string>& env, std::string_view key) {
 bool IsDir(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The gid a group part of a user ("1000:50", "app:staff") names: a number, or a group of the box's
+// /etc/group; nullopt for neither.
+std::optional<gid_t> GroupOf(const UserDb& users, std::string_view g) {
+  if (auto n = ParseId(g); n && *n <= 0xfffffffeUL) return static_cast<gid_t>(*n);
+  if (const GroupEntry* e = g.empty() ? nullptr : users.FindGroup(g)) return e->gid;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -196,8 +206,16 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
   users_.Reload();
   const PasswdEntry* pw = nullptr;
   int64_t uid = 0, gid = -1;
+  // An image's User may name a group too ("uid:gid", "name:group", as docker takes it).
+  std::optional<gid_t> group;
   if (r.Has(Tag::kUser) && !r.Str(Tag::kUser).empty()) {
     std::string_view user = r.Str(Tag::kUser);
+    if (size_t colon = user.find(':'); colon != std::string_view::npos) {
+      auto g = GroupOf(users_, user.substr(colon + 1));
+      if (!g) return SendError(c, id, EINVAL, what + ": unknown group in user " + std::string(user));
+      group = *g;
+      user = user.substr(0, colon);
+    }
     if (auto n = ParseId(user)) {
       uid = static_cast<int64_t>(*n);
       pw = users_.FindUid(static_cast<uid_t>(uid));
@@ -216,7 +234,7 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
     gid = r.Int(Tag::kGid, -1);
     if (gid < 0 || gid > 0xfffffffeLL) return SendError(c, id, EINVAL, what + ": bad gid");
   } else {
-    gid = pw ? pw->gid : uid;
+    gid = group ? *group : pw ? pw->gid : uid;
   }
   plan.uid = static_cast<uid_t>(uid);
   plan.gid = static_cast<gid_t>(gid);
@@ -408,6 +426,12 @@ void Agent::LookupUser(Connection& c, uint32_t id, const Reader& r) {
   if (name.empty() || name.find('\0') != std::string::npos)
     return SendError(c, id, EINVAL, "lookup user: a name or a number is required");
   users_.Reload();
+  std::optional<gid_t> group;
+  if (size_t colon = name.find(':'); colon != std::string::npos) {
+    group = GroupOf(users_, std::string_view(name).substr(colon + 1));
+    if (!group) return SendError(c, id, EINVAL, "lookup user " + name + ": unknown group");
+    name.resize(colon);
+  }
   const PasswdEntry* pw = nullptr;
   auto number = ParseId(name);
   if (number && *number <= 0xfffffffeUL)
@@ -418,12 +442,15 @@ void Agent::LookupUser(Connection& c, uint32_t id, const Reader& r) {
   if (pw) {
     w.Str(Tag::kName, pw->name)
         .Int(Tag::kUid, pw->uid)
-        .Int(Tag::kGid, pw->gid)
+        .Int(Tag::kGid, group ? *group : pw->gid)
         .Str(Tag::kPath, pw->home.empty() ? "/" : pw->home);
   } else if (number && *number <= 0xfffffffeUL) {
     // A uid without an entry is still a user to run as (as SPAWN treats it): its own group.
     auto n = static_cast<int64_t>(*number);
-    w.Str(Tag::kName, name).Int(Tag::kUid, n).Int(Tag::kGid, n).Str(Tag::kPath, "/");
+    w.Str(Tag::kName, name)
+        .Int(Tag::kUid, n)
+        .Int(Tag::kGid, group ? static_cast<int64_t>(*group) : n)
+        .Str(Tag::kPath, "/");
   } else if (name == "root") {
     // A rootfs without /etc/passwd still has root.
     w.Str(Tag::kName, "root").Int(Tag::kUid, 0).Int(Tag::kGid, 0).Str(Tag::kPath, "/root");

@@ -143,6 +143,12 @@ const GroupEntry* UserDb::FindGid(gid_t gid) const {
   return nullptr;
 }
 
+const GroupEntry* UserDb::FindGroup(std::string_view name) const {
+  for (const auto& g : groups_)
+    if (g.name == name) return &g;
+  return nullptr;
+}
+
 std::string UserDb::UserName(uid_t uid) const {
   const PasswdEntry* u = FindUid(uid);
   return u ? u->name : std::to_string(uid);

@@ -44,6 +44,7 @@ class UserDb {
   const PasswdEntry* FindUser(std::string_view name) const;
   const PasswdEntry* FindUid(uid_t uid) const;
   const GroupEntry* FindGid(gid_t gid) const;
+  const GroupEntry* FindGroup(std::string_view name) const;
   // The user's name, or the number when unknown.
   std::string UserName(uid_t uid) const;
   std::string GroupName(gid_t gid) const;
