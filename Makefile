@@ -11,6 +11,8 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   e2fsprogs util-linux iproute2 python3 python3-pip openssl git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
 # The network tests: nft (rules in test namespaces) and openssl (test CAs).
 DEB_PACKAGES += nftables openssl
+# The registry tests: Debian's distribution registry and skopeo to push images into it.
+DEB_PACKAGES += docker-registry skopeo
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
