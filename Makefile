@@ -11,8 +11,9 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config \
   e2fsprogs util-linux iproute2 python3 python3-pip openssl git curl busybox-static clang libclang-rt-14-dev clang-format clang-tidy
 # The network tests: nft (rules in test namespaces) and openssl (test CAs).
 DEB_PACKAGES += nftables openssl
-# Image import tests: skopeo makes an OCI layout from a docker-archive the test writes.
-DEB_PACKAGES += skopeo
+# Image import and registry tests: Debian's distribution registry and skopeo (OCI layouts from
+# docker-archives the tests write, pushes into the registry).
+DEB_PACKAGES += docker-registry skopeo
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
