@@ -363,9 +363,9 @@ class NetBench:
             x, y = res["kinds"][a]["ttfb_ms"], res["kinds"][b]["ttfb_ms"]
             res["comparisons"][name] = {
                 "a": a, "b": b,
-                "ratio": {q: ratio(x[q], y[q]) for q in ("p50", "p95")},
+                "ratio": {q: ratio(x[q], y[q]) for q in ("p50", "p95", "min")},
                 "added_ms": {q: (x[q] - y[q]) if x[q] is not None and y[q] is not None else None
-                             for q in ("p50", "p95")}}
+                             for q in ("p50", "p95", "min")}}
         return res
 
     def check_paths(self, box, mitm_box):
