@@ -496,7 +496,9 @@ def _net_section(results, w):
       "and HTTPS servers and `sbx-bench-zeroserve` (bench/zeroserve.c: streams zeros, so the "
       "server is never the bottleneck). The peer, the **direct** path, is a plain network "
       "namespace with one veth straight to the upstream namespace (no sbx, no nftables, no "
-      "proxy), running the same curl against the same servers and the same DNS server. A box's "
+      "proxy), running the same curl against the same servers and the same DNS server, in a cpu "
+      "cgroup beside the boxes' (every box is a cpu cgroup of its own; left in the harness's "
+      "cgroup, the direct path would get a smaller CPU share on a busy machine). A box's "
       "path is its veth to the daemon's namespace, the nftables redirect, the egress proxy "
       "(which re-resolves the name upstream and connects) and the daemon namespace's veth to "
       "the upstream namespace. Both boxes have the policy `allowlist: allowed.test`.\n")
@@ -588,9 +590,9 @@ def _net_section(results, w):
           "verified against the test CA. Before timing, the harness checks that only the second "
           "box's requests arrive with the secret's header. Milliseconds; on a loaded machine "
           "the minimum is the figure least disturbed by other work.\n")
-        w("| path | runs ok | TTFB P50 | TTFB P95 | TTFB min | TCP connect P50 | "
-          "TLS handshake P50 | DNS lookup P50 |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|")
+        w("| path | runs ok | TTFB P50 | TTFB P95 | TTFB min | runs ≥ 40 ms above min | "
+          "TCP connect P50 | TLS handshake P50 | DNS lookup P50 |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         labels = {"http_direct": "HTTP, direct (peer namespace)",
                   "http_proxy": "HTTP, box through the proxy",
                   "https_direct": "HTTPS, direct (peer namespace)",
@@ -602,6 +604,7 @@ def _net_section(results, w):
                 continue
             w(f"| {label} | {d['ok']}/{d['attempts']} | {_ms(d['ttfb_ms']['p50'], 2)} | "
               f"{_ms(d['ttfb_ms']['p95'], 2)} | {_ms(d['ttfb_ms']['min'], 2)} | "
+              f"{_pct(d.get('slow_share'))} | "
               f"{_ms(d['connect_ms']['p50'], 2)} | "
               f"{_ms(d['tls_ms']['p50'], 2)} | {_ms(d['dns_ms']['p50'], 2)} |")
         w("")
@@ -613,12 +616,27 @@ def _net_section(results, w):
             w(f"| {name} | {_ratio(r['p50'])} | {_diff2(d['p50'])} | {_ratio(r['p95'])} | "
               f"{_diff2(d['p95'])} | {_ratio(r.get('min'))} | {_diff2(d.get('min'))} |")
         w("")
+        slow = {k: d.get("slow_share") for k, d in tt["kinds"].items()}
+        direct = max((slow.get(k) or 0) for k in ("http_direct", "https_direct"))
+        boxed = [k for k in ("http_proxy", "https_spliced", "https_mitm")
+                 if slow.get(k) is not None and slow[k] - direct > 0.1]
+        if boxed:
+            w("Runs 40 ms or more above their path's best are far more frequent through sbx ("
+              + ", ".join(f"{labels[k]}: {_pct(slow[k])}" for k in boxed)
+              + f") than on the direct paths (at most {_pct(direct)}): load spreads a "
+              "distribution, but a separate cluster about 40 ms up is the signature of a "
+              "delayed-ACK stall, a small write held back by Nagle's algorithm until the peer's "
+              "delayed ACK (as in ³ for the API), somewhere on the relayed path.\n")
         errs = [(k, e) for k, d in tt["kinds"].items() for e in d.get("errors", [])]
         if errs:
             w("Failures:\n")
             for k, e in errs:
                 w(f"- {k}: `{_one_line(e)}`")
             w("")
+
+
+def _pct(v):
+    return "–" if v is None else f"{100 * v:.0f}%"
 
 
 def _diff2(v):
