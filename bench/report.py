@@ -485,9 +485,10 @@ def _net_section(results, w):
     except ValueError:
         busy = False
     if busy:
-        when += (f" **Taken on a loaded machine** (1-minute load above its {cores} cores: other work "
-          "was running): absolute figures are slower and noisier than on a quiet machine; "
-          "compare the ratios, whose two sides were measured in alternating blocks.")
+        when += (f" **Taken on a loaded machine** (1-minute load above its {cores} cores: "
+                 "other work was running): absolute figures are slower and noisier than on a "
+                 "quiet machine; compare the ratios, whose two sides were measured in "
+                 "alternating blocks.")
     w(when + "\n")
     w("Against the fake internet of the network tests (tests/network/fakenet.sh), so nothing "
       "leaves the machine: `sbx serve --network on --upstream-dns 198.18.0.53:53 --upstream-ca "
