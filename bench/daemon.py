@@ -9,13 +9,14 @@ measured through it with bench/api.cc (sbx-bench-api).
   - the daemon's own view: its access log's per-request durations.
 """
 
+import http.client
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
-import urllib.request
 
 import peers as peers_mod
 from stats import summarize
@@ -26,13 +27,40 @@ CREATE_BODY = json.dumps({"limits": {"memory_bytes": peers_mod.MEMORY_BYTES,
 ACCESS_RE = re.compile(r'http \S+ "(\w+) (\S+)" (\d+) (\d+)us')
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's unix socket: how the harness reaches a daemon that runs in another
+    network namespace (its 127.0.0.1 is not ours)."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.unix_path)
+        self.sock = s
+
+
 class Daemon:
-    def __init__(self, build_dir, tmp, pid):
+    """One `sbx serve` for the run. `prefix` runs it under another command (nsenter into a
+    network namespace: then the harness talks to it over `--unix-socket` and runs its clients
+    under the same prefix); `flags` are more serve flags. Networking is off unless `flags` turn
+    it on: a daemon with networking runs only inside a namespace with no route off the machine
+    (bench/net.py), never in the host's own."""
+
+    def __init__(self, build_dir, tmp, pid, name="sbx-serve", prefix=(), flags=(),
+                 cgroup_parent=None, unix_socket=False):
         self.exe = os.path.join(build_dir, "sbx")
         self.client = os.path.join(build_dir, "bench", "sbx-bench-api")
-        self.data = os.path.join(tmp, "sbx-serve-data")
-        self.log_path = os.path.join(tmp, "sbx-serve.log")
-        self.cgroup_parent = f"sbx-bench-{pid}"
+        self.data = os.path.join(tmp, f"{name}-data")
+        self.log_path = os.path.join(tmp, f"{name}.log")
+        self.cgroup_parent = cgroup_parent or f"sbx-bench-{pid}"
+        self.prefix = list(prefix)
+        self.flags = list(flags) if flags else ["--network", "off"]
+        self.unix_socket = os.path.join(self.data, "api.sock") if unix_socket else None
+        if self.unix_socket:
+            self.flags += ["--unix-socket", self.unix_socket]
         self.proc = None
         self.port = None
         self.key_file = os.path.join(self.data, "api-key")
@@ -54,7 +82,8 @@ class Daemon:
         self.log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [self.exe, "--data-dir", self.data, "serve", "--listen", "127.0.0.1:0"],
+                [*self.prefix, self.exe, "--data-dir", self.data, "serve", "--listen",
+                 "127.0.0.1:0", *self.flags],
                 stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
                 start_new_session=True)
         except OSError as e:
@@ -68,7 +97,8 @@ class Daemon:
             try:
                 with open(port_file) as f:
                     txt = f.read().strip()
-                if txt and os.path.exists(self.key_file):
+                if txt and os.path.exists(self.key_file) and (
+                        not self.unix_socket or os.path.exists(self.unix_socket)):
                     self.port = int(txt)
                     return
             except (OSError, ValueError):
@@ -113,9 +143,9 @@ class Daemon:
             out.append((route, status, us / 1000.0))
         return out
 
-    def client_argv(self, *args):
-        return [self.client, "--port", str(self.port), "--key-file", self.key_file,
-                "--body", CREATE_BODY, *args]
+    def client_argv(self, *args, body=CREATE_BODY):
+        return [*self.prefix, self.client, "--port", str(self.port), "--key-file",
+                self.key_file, "--body", body, *args]
 
     def status_kb(self, field):
         try:
@@ -127,14 +157,31 @@ class Daemon:
             pass
         return None
 
-    def _call(self, method, path):
+    def request(self, method, path, body=None, timeout=60):
+        """(status, body bytes) of one API request; over the unix socket when there is one."""
         with open(self.key_file) as f:
             key = f.read().strip()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     headers={"Authorization": f"Bearer {key}"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            body = r.read()
-        return json.loads(body) if body else None
+        headers = {"Authorization": f"Bearer {key}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.unix_socket:
+            conn = UnixHTTPConnection(self.unix_socket, timeout)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def _call(self, method, path, body=None):
+        status, text = self.request(method, path, body)
+        if status >= 400:
+            raise OSError(f"{method} {path}: HTTP {status}: {text[:300]!r}")
+        return json.loads(text) if text else None
 
     def stop(self):
         """Deletes what is left (the daemon keeps boxes running across a stop), then SIGTERM.

@@ -244,7 +244,6 @@ int main(int argc, char** argv) {
   } else {
     sbx::storage::TemplateStore ts;
     ts.dir = dir + "/templates";
-    ts.shifted_copy_base = cfg.id_base;
     auto registry = sbx::store::Store::Open(dir + "/sbx.db");
     auto tmpl = registry.ok() ? sbx::storage::ResolveTemplate(ts, **registry, "host", "")
                               : sbx::Result<sbx::storage::Template>(registry.status());
@@ -263,7 +262,7 @@ int main(int argc, char** argv) {
     for (const auto& [controller, parent] : (*rt)->cgroup_host().v1_dirs) ::rmdir(parent.c_str());
     if (!(*rt)->cgroup_host().v2_dir.empty()) ::rmdir((*rt)->cgroup_host().v2_dir.c_str());
   }
-  sbx::RemoveTree(dir);
+  (void)sbx::RemoveTree(dir);  // a temporary directory; nothing to report if it stays
   std::printf("%s\n", out.dump().c_str());
   return rc;
 }

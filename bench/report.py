@@ -23,7 +23,12 @@ The harness: `bench/run.py` (orchestration), `bench/peers.py` (how each contende
 gives a contender a fresh memory+pids cgroup per run), `bench/density.cc` (idle boxes through
 `runtime::NativeRuntime`), `bench/daemon.py` (the `sbx serve` started for the API rows, and
 those rows), `bench/api.cc` (the API client, `sbx-bench-api`: plain sockets, keep-alive, no
-interpreter in the timed path), `bench/report.py` (this page and the SVG).
+interpreter in the timed path), `bench/net.py` (the network rows of section 6, against the fake
+internet of `tests/network/fakenet.sh`: the daemon with networking runs only inside its
+namespace, which has no route off the machine; everything is removed at the end, also on
+failure), `bench/zeroserve.c` (`sbx-bench-zeroserve`, the upstream that streams zeros for the
+throughput row), `bench/report.py` (this page and the SVG). `python3 bench/run.py --only net`
+runs only section 6 and merges it into `bench/results/latest.json`.
 """
 
 PHASE_DOC = {
@@ -271,6 +276,7 @@ def markdown(results, svg_rel, json_rel):
         w("")
 
     _api_ratio_section(results, w)
+    _net_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -454,6 +460,188 @@ def _api_ratio_section(results, w):
               f"{_ratio(d['ratio']['p99'])} | {_ratio(d['ratio_inner']['p50'])} | "
               f"{_diff(d['diff_inner_ms']['p50'])} |")
     w("")
+
+
+def _net_section(results, w):
+    """Section 6: the network rows of bench/net.py (issue 12, item 10)."""
+    net = results.get("net")
+    w("## 6. Networking (issue 12)\n")
+    if not net:
+        w("Not measured in this run (`--only` without `net`).\n")
+        return
+    when = (f"Measured {net.get('started', '?')} to {net.get('finished', '?')} "
+            f"({net.get('duration_s', '?')} s; load average {net.get('load_at_start', '?')} at the "
+            f"start, {net.get('load_at_end', '?')} at the end)")
+    if net.get("json"):
+        when += (f", by `bench/run.py --only net`, separately from the sections above; its raw "
+                 f"results: `{net['json']}`")
+    when += "."
+    if net.get("quick"):
+        when += " **Quick mode: fewer runs than the published configuration.**"
+    cores = (net.get("machine") or results.get("machine") or {}).get("cores") or 1
+    try:
+        busy = max(float(str(net.get(k, "0")).split()[0])
+                   for k in ("load_at_start", "load_at_end")) > cores
+    except ValueError:
+        busy = False
+    if busy:
+        when += (f" **Taken on a loaded machine** (1-minute load above its {cores} cores: "
+                 "other work was running): absolute figures are slower and noisier than on a "
+                 "quiet machine; compare the ratios, whose two sides were measured in "
+                 "alternating blocks.")
+    w(when + "\n")
+    w("Against the fake internet of the network tests (tests/network/fakenet.sh), so nothing "
+      "leaves the machine: `sbx serve --network on --upstream-dns 198.18.0.53:53 --upstream-ca "
+      "<test CA>` runs inside the fake internet's daemon namespace (loopback and a route to "
+      "198.18.0.0/16 only), beside the \"upstream\" namespace holding fakenet.mjs's DNS, HTTP "
+      "and HTTPS servers and `sbx-bench-zeroserve` (bench/zeroserve.c: streams zeros, so the "
+      "server is never the bottleneck). The peer, the **direct** path, is a plain network "
+      "namespace with one veth straight to the upstream namespace (no sbx, no nftables, no "
+      "proxy), running the same curl against the same servers and the same DNS server, in a cpu "
+      "cgroup beside the boxes' (every box is a cpu cgroup of its own; left in the harness's "
+      "cgroup, the direct path would get a smaller CPU share on a busy machine). A box's "
+      "path is its veth to the daemon's namespace, the nftables redirect, the egress proxy "
+      "(which re-resolves the name upstream and connects) and the daemon namespace's veth to "
+      "the upstream namespace. Both boxes have the policy `allowlist: allowed.test`.\n")
+    if net.get("error"):
+        w(f"**Failed**: `{_one_line(net['error'])}`\n")
+    for n in net.get("cleanup_notes", []):
+        w(f"- cleanup: `{_one_line(n)}`")
+    if net.get("cleanup_notes"):
+        w("")
+
+    cr = net.get("create")
+    if cr:
+        w("### Create to first command: `allowlist` versus `none`\n")
+        w("Through the REST API, timed by `sbx-bench-api` (run inside the daemon's namespace) as "
+          "in section 1: `POST /v1/sandboxes` sent until the `exit` event of `true`; the `DELETE` "
+          "is timed on its own. The same daemon, the same limits; `allowlist` adds "
+          "`\"network\": {\"mode\": \"allowlist\", \"allow\": [\"allowed.test\"]}` (a "
+          "slot of the box subnet, the box's resolv.conf, hosts and CA bundle, its veth pair, "
+          "its nftables chain and registry entry; all removed again by the DELETE). Blocks of "
+          "the two alternate. Milliseconds.\n")
+        w("| policy | level | runs | success | P50 | P95 | P99 | create request P50 | "
+          "commands → exit P50 | DELETE P50 (untimed) |")
+        w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for level in sorted(cr.get("levels", {}), key=int):
+            lv = cr["levels"][level]
+            for kind in ("none", "allowlist"):
+                d = lv.get(kind)
+                if not d:
+                    continue
+                s, ph = d["summary_ms"], d["phases_ms"]
+                w(f"| `{kind}` | {_level_name(level)} | {d['attempts']} | "
+                  f"{d['success_rate'] * 100:.0f}% | {_ms(s['p50'])} | {_ms(s['p95'])} | "
+                  f"{_ms(s['p99'])} | {_ms(ph['create']['p50'])} | {_ms(ph['exec']['p50'])} | "
+                  f"{_ms(ph['delete']['p50'])} |")
+        w("")
+        w("| level | allowlist / none P50 | P95 | P99 | allowlist − none P50 (ms) | P95 (ms) |")
+        w("|---|---:|---:|---:|---:|---:|")
+        for level in sorted(cr.get("levels", {}), key=int):
+            lv = cr["levels"][level]
+            r, d = lv.get("ratio", {}), lv.get("diff_ms", {})
+            w(f"| {_level_name(level)} | {_ratio(r.get('p50'))} | {_ratio(r.get('p95'))} | "
+              f"{_ratio(r.get('p99'))} | {_diff(d.get('p50'))} | {_diff(d.get('p95'))} |")
+        w("")
+        errs = [(k, e) for lv in cr.get("levels", {}).values() for k in ("none", "allowlist")
+                for e in (lv.get(k) or {}).get("errors", [])]
+        if errs:
+            w("Failures:\n")
+            for k, e in errs:
+                w(f"- `{k}`: `{_one_line(e)}`")
+            w("")
+
+    st = net.get("stream")
+    if st:
+        w("### Throughput: through the egress proxy versus a direct veth\n")
+        w(f"`{_one_line(st['command'])}` ({st['bytes']} bytes of plain HTTP from "
+          "`sbx-bench-zeroserve`), in the allowlist box (through the proxy: splice(2) both "
+          "ways, no bandwidth limit set) and in the peer namespace, rounds alternating. MB/s "
+          "are 10^6 bytes per second of curl's `time_total`; every round must receive exactly "
+          "the body's size.\n")
+        w("| path | rounds ok | MB/s (median) | min | max |")
+        w("|---|---:|---:|---:|---:|")
+        for kind, label in (("proxy", "box → egress proxy → upstream"),
+                            ("direct", "peer namespace → veth → upstream (no sbx)")):
+            s = st.get(kind) or {}
+            w(f"| {label} | {s.get('n', 0)} | {_ms(s.get('p50'), 0)} | {_ms(s.get('min'), 0)} | "
+              f"{_ms(s.get('max'), 0)} |")
+        w(f"\nProxy / direct (median MB/s): **{_ratio(st.get('ratio_p50'))}**.\n")
+        bad = [r for r in st.get("rounds", []) if r.get("error")]
+        for r in bad:
+            w(f"- {r['kind']}: `{_one_line(r['error'])}`")
+        if bad:
+            w("")
+
+    tt = net.get("ttfb")
+    if tt:
+        w("### Time to first byte: the latency the proxy adds\n")
+        w(f"A small request (`GET /headers` on fakenet.mjs's servers, a few hundred bytes back) "
+          f"by a fresh curl over a fresh connection, {tt['runs']} times per path in blocks of "
+          f"{tt['block']} rotated across the paths. **TTFB** is curl's `time_starttransfer` "
+          "minus `time_namelookup`: TCP connect, TLS handshake (HTTPS), request and the first "
+          "byte of the answer, without the DNS lookup (given on its own: in a box that is sbx's "
+          "resolver, which asks the same upstream DNS server). Through the proxy the TCP "
+          "connect ends at the proxy (local); the proxy's own work (peek the Host or SNI, "
+          "decide, re-resolve the name upstream, connect) is inside the TTFB. **Spliced**: the "
+          "allowlist box without secrets, the TLS session is the box's own with the server. "
+          "**Interceptor**: a second box created with a secret bound to `allowed.test` "
+          "(`\"secrets\": {\"API_KEY\": ...}`); its TLS ends in sbx (a leaf for the SNI under "
+          "sbx's CA), the placeholder is replaced and sbx's own TLS session to the server is "
+          "verified against the test CA. Before timing, the harness checks that only the second "
+          "box's requests arrive with the secret's header. Milliseconds; on a loaded machine "
+          "the minimum is the figure least disturbed by other work.\n")
+        w("| path | runs ok | TTFB P50 | TTFB P95 | TTFB min | runs ≥ 40 ms above min | "
+          "TCP connect P50 | TLS handshake P50 | DNS lookup P50 |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        labels = {"http_direct": "HTTP, direct (peer namespace)",
+                  "http_proxy": "HTTP, box through the proxy",
+                  "https_direct": "HTTPS, direct (peer namespace)",
+                  "https_spliced": "HTTPS, box, spliced (no secret)",
+                  "https_mitm": "HTTPS, box, through the interceptor (secret-bound host)"}
+        for k, label in labels.items():
+            d = tt["kinds"].get(k)
+            if not d:
+                continue
+            w(f"| {label} | {d['ok']}/{d['attempts']} | {_ms(d['ttfb_ms']['p50'], 2)} | "
+              f"{_ms(d['ttfb_ms']['p95'], 2)} | {_ms(d['ttfb_ms']['min'], 2)} | "
+              f"{_pct(d.get('slow_share'))} | "
+              f"{_ms(d['connect_ms']['p50'], 2)} | "
+              f"{_ms(d['tls_ms']['p50'], 2)} | {_ms(d['dns_ms']['p50'], 2)} |")
+        w("")
+        w("| comparison (TTFB) | P50 ratio | P50 added (ms) | P95 ratio | P95 added (ms) | "
+          "min ratio | min added (ms) |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for name, c in tt.get("comparisons", {}).items():
+            r, d = c["ratio"], c["added_ms"]
+            w(f"| {name} | {_ratio(r['p50'])} | {_diff2(d['p50'])} | {_ratio(r['p95'])} | "
+              f"{_diff2(d['p95'])} | {_ratio(r.get('min'))} | {_diff2(d.get('min'))} |")
+        w("")
+        slow = {k: d.get("slow_share") for k, d in tt["kinds"].items()}
+        direct = max((slow.get(k) or 0) for k in ("http_direct", "https_direct"))
+        boxed = [k for k in ("http_proxy", "https_spliced", "https_mitm")
+                 if slow.get(k) is not None and slow[k] - direct > 0.1]
+        if boxed:
+            w("Runs 40 ms or more above their path's best are far more frequent through sbx ("
+              + ", ".join(f"{labels[k]}: {_pct(slow[k])}" for k in boxed)
+              + f") than on the direct paths (at most {_pct(direct)}): load spreads a "
+              "distribution, but a separate cluster about 40 ms up is the signature of a "
+              "delayed-ACK stall, a small write held back by Nagle's algorithm until the peer's "
+              "delayed ACK (as in ³ for the API), somewhere on the relayed path.\n")
+        errs = [(k, e) for k, d in tt["kinds"].items() for e in d.get("errors", [])]
+        if errs:
+            w("Failures:\n")
+            for k, e in errs:
+                w(f"- {k}: `{_one_line(e)}`")
+            w("")
+
+
+def _pct(v):
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def _diff2(v):
+    return "–" if v is None else f"{v:+.2f}"
 
 
 def _div(a, b):

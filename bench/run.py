@@ -12,12 +12,18 @@ Measures, in one run on one machine:
      fork+exec, stdout throughput of a 1 GiB stream with the daemon's peak RSS;
   4. density: host memory per idle box at 100 and 1000 boxes, time to create and destroy them
      (bench/density.cc, sbx-bench-density);
-  5. every figure as a ratio to the peers of the same run.
+  5. every figure as a ratio to the peers of the same run;
+  6. networking (bench/net.py, issue 12): create to first command with an `allowlist` policy
+     versus `none`, download throughput through the egress proxy versus a direct veth, and the
+     time to first byte the proxy adds (HTTP, HTTPS spliced, HTTPS through the interceptor),
+     all against the fake internet of tests/network (nothing leaves the machine).
 Writes bench/results/<timestamp>.json, bench/results/latest.json, bench/results/latency.svg and
 docs/benchmarks.md (keeping its hand-written intro). The E2B SDK row is listed as not measured,
 with the reason (the facade does not exist yet).
 
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
+  --only takes contender keys and `net` (the network rows). `--only net` runs only those and
+  merges them into bench/results/latest.json, keeping the other sections of the run there.
 """
 
 import argparse
@@ -34,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon as daemon_mod  # noqa: E402
+import net as net_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
 import report  # noqa: E402
 from stats import ratio, summarize  # noqa: E402
@@ -64,7 +71,8 @@ def log(msg):
 
 def build_helpers(build_dir):
     """Builds sbx, sbx-agent and the bench helpers; returns an error string or None."""
-    targets = ["sbx", "sbx-agent", "sbx-bench-launch", "sbx-bench-density", "sbx-bench-api"]
+    targets = ["sbx", "sbx-agent", "sbx-bench-launch", "sbx-bench-density", "sbx-bench-api",
+               "sbx-bench-zeroserve"]
     if not os.path.exists(os.path.join(build_dir, "build.ninja")):
         r = subprocess.run(["cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja"],
                            capture_output=True, text=True)
@@ -631,7 +639,7 @@ def run_e2b(daemon, build_dir, cfg):
 def cleanup_cgroups(pid):
     """Removes the per-run cgroup trees this harness (and sbx under it) made. Processes still in
     them (boxes left by a daemon that died) are killed first; returns how many."""
-    names = [f"sbx-bench-bwrap-{pid}", f"sbx-bench-{pid}"]
+    names = [f"sbx-bench-bwrap-{pid}", f"sbx-bench-{pid}", f"sbx-bench-{pid}-net"]
     killed = set()
     for rnd in range(2):
         for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", ""):
@@ -678,6 +686,7 @@ def main():
         sys.exit("bench: needs root (sbx, bwrap in cgroups, runc)")
     build = os.path.abspath(args.build)
     cfg = dict(QUICK if args.quick else FULL)
+    keep = set(args.only.split(",")) if args.only else None
     t_start = time.time()
     started = datetime.datetime.now(datetime.timezone.utc)
     log(f"building helpers in {build}")
@@ -686,6 +695,9 @@ def main():
         sys.exit(f"bench: {err}")
     log("helpers built")
     launcher = os.path.join(build, "bench", "sbx-bench-launch")
+    if keep is not None and keep <= {"net"}:
+        run_net_only(build, args)
+        return
     install_peers()
 
     tmp = tempfile.mkdtemp(prefix="sbx-bench-")
@@ -726,6 +738,8 @@ def main():
         results["daemon_stop"] = DAEMON.stop()
         results["daemon_vmhwm_kb"] = results["stream"].get("daemon_vmhwm_lifetime_kb_at_end")
         results["load_after_api"] = loadavg()
+        if keep is None or "net" in keep:
+            results["net"] = net_mod.run_net(build, tmp, pid, log, args.quick)
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -753,6 +767,53 @@ def main():
     results["duration_s"] = round(time.time() - t_start, 1)
 
     write_outputs(results, args, started.strftime("%Y%m%dT%H%M%SZ"))
+
+
+def run_net_only(build, args):
+    """`--only net`: the network rows alone, merged into the previous results
+    (bench/results/latest.json) so that docs/benchmarks.md keeps the other sections of that run.
+    The rows' own results go to bench/results/<timestamp>-net.json."""
+    started = datetime.datetime.now(datetime.timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    tmp = tempfile.mkdtemp(prefix="sbx-bench-")
+    os.chmod(tmp, 0o711)
+    pid = os.getpid()
+    try:
+        net = net_mod.run_net(build, tmp, pid, log, args.quick)
+    finally:
+        killed = cleanup_cgroups(pid)
+        if killed:
+            log(f"cleanup: killed {killed} processes left in the benchmark's cgroups")
+        shutil.rmtree(tmp, ignore_errors=True)
+    net["quick"] = args.quick
+    net["machine"] = machine_info()
+    net["sbx"] = peers_mod._git_describe()
+    own = os.path.join(args.results, f"{stamp}-net.json")
+    os.makedirs(args.results, exist_ok=True)
+    with open(own, "w") as f:
+        json.dump(net, f, indent=1)
+        f.write("\n")
+    net["json"] = f"bench/results/{stamp}-net.json"
+    latest = os.path.join(args.results, "latest.json")
+    try:
+        with open(latest) as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        results = {"schema": 1, "started": started.isoformat(timespec="seconds"),
+                   "machine": net["machine"], "config": dict(QUICK if args.quick else FULL),
+                   "quick": args.quick, "latency": {}, "density": {"error": "not run"},
+                   "load_at_start": loadavg(), "load_at_end": loadavg(),
+                   "not_measured": NOT_MEASURED}
+    results["net"] = net
+    with open(latest, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    base = datetime.datetime.fromisoformat(results["started"]).strftime("%Y%m%dT%H%M%SZ")
+    svg_path = os.path.join(args.results, "latency.svg")
+    report.write_markdown(results, args.doc, os.path.relpath(svg_path, os.path.dirname(args.doc)),
+                          f"bench/results/{base}.json")
+    log(f"wrote {args.doc}, {own} and the merged bench/results/latest.json "
+        f"({net.get('duration_s', 0):.0f} s of benchmarking)")
 
 
 def write_outputs(results, args, stamp):
