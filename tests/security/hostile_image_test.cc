@@ -291,6 +291,27 @@ TEST_F(HostileImageTest, TwoHundredLayersAndTheMostOneOverlayStacks) {
   EXPECT_EQ(over.status().err(), E2BIG) << over.status().message();
 }
 
+// The same stack without lowerdir+ (kernels before 6.8): the layers as one option string, named
+// relative to lower/, still fit the page mount(2) takes at overlayfs' most.
+TEST_F(HostileImageTest, TheMostLayersFitTheOptionStringWithoutLowerdirPlus) {
+  NativeConfig cfg = rt_->config();
+  cfg.overlay_lowerdir_plus = false;
+  auto legacy = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(legacy.ok()) << legacy.status().message();
+  std::vector<std::string> layers;
+  for (size_t i = 0; i + host_.layers.size() < kMaxLayers; ++i) {
+    std::string l = Layer("l" + std::to_string(i));
+    ASSERT_TRUE(WriteFile(l + "/hl-" + std::to_string(i), "x", 0644).ok());
+    layers.push_back(l);
+  }
+  auto box = (*legacy)->Create(Spec(layers));
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  boxes_.push_back(*box);
+  Ran r = Sh(*box, "ls / | grep -c '^hl-'");
+  EXPECT_EQ(r.out, std::to_string(layers.size()) + "\n");
+  ExpectRuntimeMounts(*box);
+}
+
 // A 10 GB sparse file in a layer: the create copies nothing (the box's writable layer stays
 // small), the file reads back with its size and its last bytes.
 TEST_F(HostileImageTest, ATenGigabyteSparseFileCostsNothing) {

@@ -286,6 +286,10 @@ int ParentInRoot(int root, const char* path, const char** leaf) {
       }
       fd = OpenAt2(cur, buf + start, O_PATH | O_DIRECTORY | O_NOFOLLOW,
                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+      struct stat st;
+      if (fd < 0 && errno == ENOTDIR && fstatat(cur, buf + start, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))
+        errno = ELOOP;  // say what it is: a symlink that leads nowhere inside the root
     }
     if (fd < 0) {
       int err = errno;
@@ -645,11 +649,6 @@ void RunChild(const ChildPlan& plan) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) Fail(p, kStepSetIds, errno);
   if (ParentGone(p.setup_fd)) _exit(127);
   if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
-  // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
-  // per user namespace: the host's values are not touched). After our own namespaces exist.
-  for (size_t i = 0; i < p.sysctl_count; ++i) {
-    if (int err = WriteText(p.sysctls[i].path, p.sysctls[i].value)) Fail(p, kStepUserLimits, err);
-  }
   // Every path of the plan is relative to the box directory.
   if (fchdir(received.fds[0]) != 0) Fail(p, kStepBoxDir, errno);
   close(received.fds[0]);
@@ -662,6 +661,13 @@ void RunChild(const ChildPlan& plan) {
     Fail(p, static_cast<int32_t>(i), err);
   }
   if (ctx.root >= 0) close(ctx.root);
+  // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
+  // per user namespace: the host's values are not touched; the path is the host's /proc, ours
+  // until pivot_root). After our own namespaces exist, and after the mounts: fsmount() (the
+  // root's overlay) makes an anonymous mount namespace, which max_mnt_namespaces 0 refuses.
+  for (size_t i = 0; i < p.sysctl_count; ++i) {
+    if (int err = WriteText(p.sysctls[i].path, p.sysctls[i].value)) Fail(p, kStepUserLimits, err);
+  }
 
   for (size_t i = 1; i < received.count; ++i) close(received.fds[i]);
   if (chdir(p.root) != 0) Fail(p, kStepPivot, errno);

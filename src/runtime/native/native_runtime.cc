@@ -398,7 +398,7 @@ Status NativeRuntime::Clone(Creation& c) {
   plan.status_fd = status_w.get();
   plan.setup_fd = setup_child.get();
   plan.mount_count = spec.layers.size() + spec.binds.size();
-  plan.lowerdir_plus = OverlayHasLowerdirPlus();
+  plan.lowerdir_plus = config_.overlay_lowerdir_plus && OverlayHasLowerdirPlus();
   plan.agent_fd = agent_image_.get();
 
   constexpr unsigned long kFlags =
