@@ -1,6 +1,7 @@
 #include "runtime/native/child.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
@@ -68,7 +69,7 @@ ChildPlan ChildPlanStorage::Build(const std::vector<MountOp>& ops, const std::st
   auto c = [](const std::string& s) -> const char* { return s.empty() ? nullptr : s.c_str(); };
   for (const auto& op : ops_) {
     cops_.push_back({op.kind, c(op.source), op.target.c_str(), c(op.fstype), op.flags, c(op.data),
-                     op.optional, op.fd_index});
+                     op.optional, op.fd_index, op.in_root, op.source_in_root});
   }
   argv_strings_ = argv;
   argv_.clear();
@@ -84,6 +85,19 @@ ChildPlan ChildPlanStorage::Build(const std::vector<MountOp>& ops, const std::st
   plan.argv = argv_.data();
   plan.envp = envp_.data();
   return plan;
+}
+
+bool OverlayHasLowerdirPlus() {
+  // An unknown parameter is EINVAL at fsconfig time; a known one only records the path. Nothing is
+  // mounted: the context is closed unused.
+  static const bool has = [] {
+    int fs = static_cast<int>(::syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC));
+    if (fs < 0) return false;
+    bool ok = ::syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir+", "/", 0) == 0;
+    ::close(fs);
+    return ok;
+  }();
+  return has;
 }
 
 namespace {
@@ -110,31 +124,44 @@ struct Received {
   size_t count;
 };
 
-// Takes the parent's go-ahead byte and the descriptors that come with it. 0 or an errno.
+// Takes the parent's go-ahead and the descriptors that come with it, in messages of at most
+// kMaxFdsPerMessage ('m' while more follow, 'g' for the last). 0 or an errno.
 int ReceiveSetup(int sock, Received& r, size_t want) {
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int) * kMaxSetupFds)];
-  msghdr msg;
-  memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = buf;
-  msg.msg_controllen = sizeof buf;
-  ssize_t n;
-  do {
-    n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return errno;
-  if (n != 1 || byte != 'g') return EPIPE;
   r.count = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k && r.count < kMaxSetupFds; ++i)
-      memcpy(&r.fds[r.count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  for (;;) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+    msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buf;
+    msg.msg_controllen = sizeof buf;
+    ssize_t n;
+    do {
+      n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return errno;
+    if (n != 1 || (byte != 'g' && byte != 'm')) return EPIPE;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (r.count < kMaxSetupFds) {
+          r.fds[r.count++] = fd;
+        } else {
+          close(fd);
+          return EPROTO;
+        }
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) return EPROTO;
+    if (byte == 'g') break;
   }
-  if ((msg.msg_flags & MSG_CTRUNC) || r.count != want) return EPROTO;
+  if (r.count != want) return EPROTO;
   return 0;
 }
 
@@ -153,34 +180,351 @@ int WriteText(const char* path, const char* value) {
   return err;
 }
 
-int RunOp(const ChildPlan::Op& op, const Received& mounts) {
+// --- paths inside the new root ---
+//
+// The layers made the root, so any of its names may be a symlink meant to redirect a mount to
+// the host (a layer's /proc -> /, /etc -> /host/dir). Every such path is resolved below an O_PATH
+// descriptor of the root with RESOLVE_IN_ROOT (a symlink, absolute or "..", stays in the root, as
+// it would once the box runs) and RESOLVE_NO_MAGICLINKS (no /proc/<pid>/fd trick through the
+// box's own /proc). Mounts then go onto the resolved descriptor: mount(2) through /proc/self/fd/N
+// of the host's /proc (still ours before pivot_root), or move_mount() onto the descriptor.
+
+constexpr uint64_t kInRoot = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+
+int OpenAt2(int dirfd, const char* path, uint64_t flags, uint64_t resolve) {
+  open_how how;
+  memset(&how, 0, sizeof how);
+  how.flags = flags | O_CLOEXEC;
+  how.resolve = resolve;
+  int fd = -1;
+  // EAGAIN: a rename elsewhere on the filesystem raced the lookup (RESOLVE_IN_ROOT's check).
+  for (int tries = 0; tries < 16; ++tries) {
+    fd = static_cast<int>(syscall(SYS_openat2, dirfd, path, &how, sizeof how));
+    if (fd >= 0 || errno != EAGAIN) break;
+  }
+  return fd;
+}
+
+// "/proc/self/fd/<fd>" into `buf` (at least 32 bytes).
+const char* FdPath(char* buf, int fd) {
+  const char prefix[] = "/proc/self/fd/";
+  memcpy(buf, prefix, sizeof prefix - 1);
+  char digits[12];
+  size_t n = 0;
+  unsigned v = static_cast<unsigned>(fd);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  size_t at = sizeof prefix - 1;
+  while (n > 0) buf[at++] = digits[--n];
+  buf[at] = '\0';
+  return buf;
+}
+
+// The existing object at `path` in the root, never a symlink (ELOOP: one there is not followed
+// as the last component). A descriptor or -errno.
+int OpenInRoot(int root, const char* path, bool want_dir) {
+  int fd = OpenAt2(root, path, O_PATH | O_NOFOLLOW | (want_dir ? O_DIRECTORY : 0), kInRoot);
+  if (fd < 0) return -errno;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+  if (S_ISLNK(st.st_mode)) {
+    close(fd);
+    return -ELOOP;
+  }
+  return fd;
+}
+
+// The directory that holds the last component of `path` (absolute, inside the root), with every
+// missing directory on the way made in the box's writable layer, one component at a time below
+// descriptors of the root (mkdirat; never a path walked by string). Each prefix is resolved from
+// the root as the box will see it. Sets *leaf to the last component (inside a static buffer).
+// A descriptor or -errno: EINVAL for "", "/", "." or ".." components; ELOOP for a symlink that
+// leads nowhere inside the root.
+int ParentInRoot(int root, const char* path, const char** leaf) {
+  static char buf[4096];
+  size_t len = Len(path);
+  if (len == 0 || len >= sizeof buf) return -ENAMETOOLONG;
+  memcpy(buf, path, len + 1);
+  // The components: [start, end) ranges between slashes.
+  size_t i = 0;
+  while (buf[i] == '/') ++i;
+  if (buf[i] == '\0') return -EINVAL;
+  int cur = fcntl(root, F_DUPFD_CLOEXEC, 0);
+  if (cur < 0) return -errno;
+  for (;;) {
+    size_t start = i;
+    while (buf[i] != '\0' && buf[i] != '/') ++i;
+    size_t end = i;
+    while (buf[i] == '/') ++i;
+    size_t n = end - start;
+    if ((n == 1 && buf[start] == '.') || (n == 2 && buf[start] == '.' && buf[start + 1] == '.')) {
+      close(cur);
+      return -EINVAL;
+    }
+    if (buf[i] == '\0') {  // the last component
+      buf[end] = '\0';
+      *leaf = buf + start;
+      return cur;
+    }
+    char saved = buf[end];
+    buf[end] = '\0';
+    int fd = OpenAt2(root, buf, O_PATH | O_DIRECTORY, kInRoot);
+    if (fd < 0 && errno == ENOENT) {
+      // Missing in the directory the prefix so far resolved to: make it there, then open what
+      // was made (a dangling symlink in its place makes mkdirat fail with EEXIST and the open
+      // with ELOOP).
+      if (mkdirat(cur, buf + start, 0755) != 0 && errno != EEXIST) {
+        int err = errno;
+        close(cur);
+        return -err;
+      }
+      fd = OpenAt2(cur, buf + start, O_PATH | O_DIRECTORY | O_NOFOLLOW,
+                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+      struct stat st;
+      if (fd < 0 && errno == ENOTDIR && fstatat(cur, buf + start, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))
+        errno = ELOOP;  // say what it is: a symlink that leads nowhere inside the root
+    }
+    if (fd < 0) {
+      int err = errno;
+      close(cur);
+      return -err;
+    }
+    buf[end] = saved;
+    close(cur);
+    cur = fd;
+  }
+}
+
+// Makes `path` inside the root a directory (or an empty regular file), with its parents. What a
+// layer left there instead (a symlink, an object of the other kind) is taken out of the box's
+// view first: the unlink is recorded in the writable layer, the layer is not touched.
+int MakeInRoot(int root, const char* path, bool dir) {
+  const char* leaf = nullptr;
+  int parent = ParentInRoot(root, path, &leaf);
+  if (parent < 0) return -parent;
+  int err = 0;
+  struct stat st;
+  if (fstatat(parent, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    bool fits = dir ? S_ISDIR(st.st_mode) : !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode);
+    if (fits) {
+      close(parent);
+      return 0;
+    }
+    if (unlinkat(parent, leaf, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0) err = errno;
+  } else if (errno != ENOENT) {
+    err = errno;
+  }
+  if (err == 0) {
+    if (dir) {
+      if (mkdirat(parent, leaf, 0755) != 0) err = errno;
+    } else {
+      int fd = openat(parent, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        err = errno;
+      } else {
+        close(fd);
+      }
+    }
+  }
+  close(parent);
+  return err;
+}
+
+int SymlinkInRoot(int root, const char* value, const char* path) {
+  const char* leaf = nullptr;
+  int parent = ParentInRoot(root, path, &leaf);
+  if (parent < 0) return -parent;
+  int err = symlinkat(value, parent, leaf) == 0 || errno == EEXIST ? 0 : errno;
+  close(parent);
+  return err;
+}
+
+// Appends `s` to buf[*at..cap); false when it does not fit (with its terminating NUL).
+bool Append(char* buf, size_t cap, size_t* at, const char* s) {
+  size_t n = Len(s);
+  if (*at + n + 1 > cap) return false;
+  memcpy(buf + *at, s, n + 1);
+  *at += n;
+  return true;
+}
+
+bool AppendNumber(char* buf, size_t cap, size_t* at, unsigned v) {
+  char digits[12];
+  size_t n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  char out[12];
+  for (size_t k = 0; k < n; ++k) out[k] = digits[n - 1 - k];
+  out[n] = '\0';
+  return Append(buf, cap, at, out);
+}
+
+// The root's overlay (MountOp::kOverlay). With lowerdir+ each layer is its own fsconfig
+// parameter, so the count is bounded only by overlayfs' stack (kMaxLayers), not by the page the
+// lowerdir option string must fit in. Without it, the string names the layers relative to lower/
+// ("0:1:2", under 5 bytes a layer: 500 layers fit a page) while the mount runs from there.
+int MountOverlay(const ChildPlan& plan, const ChildPlan::Op& op) {
+  unsigned layers = static_cast<unsigned>(op.fd_index);
+  if (plan.lowerdir_plus) {
+    int fs = static_cast<int>(syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC));
+    if (fs < 0) return errno;
+    int err = 0;
+    for (unsigned i = 0; i < layers && err == 0; ++i) {
+      char name[32];
+      size_t at = 0;
+      Append(name, sizeof name, &at, "lower/");
+      AppendNumber(name, sizeof name, &at, i);
+      if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir+", name, 0) != 0) err = errno;
+    }
+    if (err == 0 &&
+        (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", op.source, 0) != 0 ||
+         syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", op.data, 0) != 0 ||
+         syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) != 0 ||
+         syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0))
+      err = errno;
+    int mnt = -1;
+    if (err == 0) {
+      mnt = static_cast<int>(
+          syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+      if (mnt < 0) err = errno;
+    }
+    close(fs);
+    if (err == 0) {
+      err = MoveMount(mnt, op.target);
+      close(mnt);
+    }
+    return err;
+  }
+  static char data[4096];  // the page mount(2) copies of its options
+  static char target[4096];
+  size_t at = 0, tat = 0;
+  bool fits = Append(data, sizeof data, &at, "lowerdir=");
+  for (unsigned i = 0; fits && i < layers; ++i) {
+    if (i > 0) fits = Append(data, sizeof data, &at, ":");
+    fits = fits && AppendNumber(data, sizeof data, &at, i);
+  }
+  fits =
+      fits && Append(data, sizeof data, &at, ",upperdir=../") &&
+      Append(data, sizeof data, &at, op.source) && Append(data, sizeof data, &at, ",workdir=../") &&
+      Append(data, sizeof data, &at, op.data) && Append(data, sizeof data, &at, ",userxattr") &&
+      Append(target, sizeof target, &tat, "../") && Append(target, sizeof target, &tat, op.target);
+  if (!fits) return E2BIG;
+  if (chdir("lower") != 0) return errno;
+  int err = mount("overlay", target, "overlay", op.flags, data) == 0 ? 0 : errno;
+  if (chdir("..") != 0 && err == 0) err = errno;
+  return err;
+}
+
+// A read-only overlay of the topmost layer's `op.source` over the root's `op.target`
+// (MountOp::kOverlaySub). The layer's path is resolved inside the layer as if it were the root.
+int MountOverlaySub(int root, const ChildPlan::Op& op) {
+  int layer = open("lower/0", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (layer < 0) return errno;
+  int src = OpenInRoot(layer, op.source, true);
+  close(layer);
+  if (src < 0) return -src;
+  int dst = OpenInRoot(root, op.target, true);
+  if (dst < 0) {
+    close(src);
+    return -dst;
+  }
+  static char data[128];
+  char a[32], b[32];
+  size_t at = 0;
+  Append(data, sizeof data, &at, "lowerdir=");
+  Append(data, sizeof data, &at, FdPath(a, src));
+  Append(data, sizeof data, &at, ":");
+  Append(data, sizeof data, &at, FdPath(b, dst));
+  Append(data, sizeof data, &at, ",userxattr");
+  int err = mount("overlay", b, "overlay", op.flags, data) == 0 ? 0 : errno;
+  close(src);
+  close(dst);
+  return err;
+}
+
+struct OpContext {
+  const ChildPlan& plan;
+  const Received& mounts;
+  int root = -1;  // the new root, opened once its overlay is mounted
+};
+
+int RunOp(const ChildPlan::Op& op, OpContext& ctx) {
+  if (op.in_root && ctx.root < 0) {
+    ctx.root = open(ctx.plan.root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (ctx.root < 0) return errno;
+  }
+  const int root = ctx.root;
   switch (op.kind) {
-    case MountOp::Kind::kAttach:
-      if (op.fd_index < 0 || static_cast<size_t>(op.fd_index) + 1 >= mounts.count) return EBADF;
-      return MoveMount(mounts.fds[op.fd_index + 1], op.target);
+    case MountOp::Kind::kAttach: {
+      if (op.fd_index < 0 || static_cast<size_t>(op.fd_index) + 1 >= ctx.mounts.count) return EBADF;
+      int from = ctx.mounts.fds[op.fd_index + 1];
+      if (!op.in_root) return MoveMount(from, op.target);
+      int to = OpenInRoot(root, op.target, false);
+      if (to < 0) return -to;
+      int err = syscall(SYS_move_mount, from, "", to, "",
+                        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) == 0
+                    ? 0
+                    : errno;
+      close(to);
+      return err;
+    }
     case MountOp::Kind::kMkdir:
+      if (op.in_root) return MakeInRoot(root, op.target, true);
       if (mkdir(op.target, 0755) != 0 && errno != EEXIST) return errno;
       return 0;
     case MountOp::Kind::kTouch: {
+      if (op.in_root) return MakeInRoot(root, op.target, false);
       int fd = open(op.target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
       if (fd < 0) return errno;
       close(fd);
       return 0;
     }
     case MountOp::Kind::kSymlink:
+      if (op.in_root) return SymlinkInRoot(root, op.source, op.target);
       if (symlink(op.source, op.target) != 0 && errno != EEXIST) return errno;
       return 0;
+    case MountOp::Kind::kOverlay:
+      return MountOverlay(ctx.plan, op);
+    case MountOp::Kind::kOverlaySub:
+      return MountOverlaySub(root, op);
     case MountOp::Kind::kMount:
       break;
   }
-  if (mount(op.source, op.target, op.fstype, op.flags, op.data) == 0) return 0;
-  int err = errno;
+  char target_buf[32], source_buf[32];
+  const char* target = op.target;
+  const char* source = op.source;
+  int target_fd = -1, source_fd = -1;
+  if (op.in_root) {
+    target_fd = OpenInRoot(root, op.target, false);
+    if (target_fd < 0) return -target_fd;
+    target = FdPath(target_buf, target_fd);
+  }
+  if (op.source_in_root) {
+    source_fd = OpenInRoot(root, op.source, false);
+    if (source_fd < 0) {
+      if (target_fd >= 0) close(target_fd);
+      return -source_fd;
+    }
+    source = FdPath(source_buf, source_fd);
+  }
+  int err = mount(source, target, op.fstype, op.flags, op.data) == 0 ? 0 : errno;
   // A read-only remount must keep the flags the kernel locked on the source mount (nosuid,
   // nodev, noexec as the host had them); retry with them added.
   if (err == EPERM && (op.flags & MS_REMOUNT)) {
     unsigned long extra = MS_NOSUID | MS_NODEV | MS_NOEXEC;
-    if (mount(op.source, op.target, op.fstype, op.flags | extra, op.data) == 0) return 0;
+    if (mount(source, target, op.fstype, op.flags | extra, op.data) == 0) err = 0;
   }
+  if (target_fd >= 0) close(target_fd);
+  if (source_fd >= 0) close(source_fd);
   return err;
 }
 
@@ -305,20 +649,24 @@ void RunChild(const ChildPlan& plan) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) Fail(p, kStepSetIds, errno);
   if (ParentGone(p.setup_fd)) _exit(127);
   if (unshare(CLONE_NEWCGROUP) != 0) Fail(p, kStepCgroupNs, errno);
-  // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
-  // per user namespace: the host's values are not touched). After our own namespaces exist.
-  for (size_t i = 0; i < p.sysctl_count; ++i) {
-    if (int err = WriteText(p.sysctls[i].path, p.sysctls[i].value)) Fail(p, kStepUserLimits, err);
-  }
   // Every path of the plan is relative to the box directory.
   if (fchdir(received.fds[0]) != 0) Fail(p, kStepBoxDir, errno);
   close(received.fds[0]);
   if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Fail(p, kStepPrivate, errno);
 
+  OpContext ctx{p, received};
   for (size_t i = 0; i < p.op_count; ++i) {
-    int err = RunOp(p.ops[i], received);
+    int err = RunOp(p.ops[i], ctx);
     if (err == 0 || (err == ENOENT && p.ops[i].optional)) continue;
     Fail(p, static_cast<int32_t>(i), err);
+  }
+  if (ctx.root >= 0) close(ctx.root);
+  // The user namespace's own limits, while we still hold CAP_SYS_RESOURCE in it (these files are
+  // per user namespace: the host's values are not touched; the path is the host's /proc, ours
+  // until pivot_root). After our own namespaces exist, and after the mounts: fsmount() (the
+  // root's overlay) makes an anonymous mount namespace, which max_mnt_namespaces 0 refuses.
+  for (size_t i = 0; i < p.sysctl_count; ++i) {
+    if (int err = WriteText(p.sysctls[i].path, p.sysctls[i].value)) Fail(p, kStepUserLimits, err);
   }
 
   for (size_t i = 1; i < received.count; ++i) close(received.fds[i]);

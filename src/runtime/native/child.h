@@ -44,8 +44,11 @@ enum ChildStep : int32_t {
 };
 
 // At most this many descriptors reach the child with its go-ahead: its box directory and one
-// detached mount per lower layer and bind.
-inline constexpr size_t kMaxSetupFds = 64;
+// detached mount per lower layer (kMaxLayers) and bind (kMaxBinds). They come in messages of at
+// most kMaxFdsPerMessage (the kernel takes at most 253 per SCM_RIGHTS message).
+inline constexpr size_t kMaxBinds = 64;
+inline constexpr size_t kMaxSetupFds = 1 + kMaxLayers + kMaxBinds;
+inline constexpr size_t kMaxFdsPerMessage = 250;
 
 const char* ChildStepName(int32_t step);
 
@@ -60,11 +63,16 @@ struct ChildPlan {
     unsigned long flags;
     const char* data;
     bool optional;
-    int fd_index;  // kAttach: which received mount (0 = the first layer)
+    int fd_index;  // kAttach: which received mount (0 = the first layer); kOverlay: layer count
+    bool in_root;  // target inside the new root (MountOp::in_root)
+    bool source_in_root;
   };
   const Op* ops = nullptr;
   size_t op_count = 0;
   const char* root = nullptr;  // new root, relative to the box directory
+  // The root's overlay takes its layers one fsconfig(lowerdir+) each (OverlayHasLowerdirPlus),
+  // else one option string (shortened: the layers' names relative to lower/).
+  bool lowerdir_plus = false;
   const char* hostname = nullptr;
   struct Rlimit {
     int resource;
@@ -88,10 +96,11 @@ struct ChildPlan {
   int log_fd = -1;
   int listen_fd = -1;
   int status_fd = -1;  // write end of the status pipe
-  // The child's end of a unix socket on which the parent sends its go-ahead (one byte, once the
-  // id maps are written) with 1 + mount_count descriptors: an O_PATH descriptor of the box's
-  // directory as seen in the child's own mount namespace (the child cannot walk host paths to
-  // it), then the detached mounts the ops attach.
+  // The child's end of a unix socket on which the parent sends its go-ahead (once the id maps are
+  // written) with 1 + mount_count descriptors: an O_PATH descriptor of the box's directory as
+  // seen in the child's own mount namespace (the child cannot walk host paths to it), then the
+  // detached mounts the ops attach. Messages of at most kMaxFdsPerMessage descriptors, each with
+  // one byte: 'm' (more follow) or 'g' (the last).
   int setup_fd = -1;
   size_t mount_count = 0;
   int agent_fd = -1;  // sealed memfd holding sbx-agent
@@ -115,6 +124,11 @@ class ChildPlanStorage {
   std::vector<char*> argv_;
   std::vector<char*> envp_;
 };
+
+// Whether this kernel's overlayfs takes lower layers one at a time with
+// fsconfig(FSCONFIG_SET_STRING, "lowerdir+") (Linux 6.8+), free of the one-page limit of the
+// lowerdir option. Probed once.
+bool OverlayHasLowerdirPlus();
 
 // Runs in the child after clone(); never returns: execs sbx-agent or _exit(127)s.
 [[noreturn]] void RunChild(const ChildPlan& plan);

@@ -39,29 +39,47 @@ MountOp Mount(std::string source, std::string target, std::string fstype, unsign
   return op;
 }
 
-MountOp Attach(int fd_index, std::string source, std::string target) {
+// A mount on a path inside the box's root.
+MountOp MountIn(std::string source, std::string target, std::string fstype, unsigned long flags,
+                std::string data = "", bool optional = false) {
+  MountOp op = Mount(std::move(source), std::move(target), std::move(fstype), flags,
+                     std::move(data), optional);
+  op.in_root = true;
+  return op;
+}
+
+MountOp Attach(int fd_index, std::string source, std::string target, bool in_root) {
   MountOp op;
   op.kind = MountOp::Kind::kAttach;
   op.fd_index = fd_index;
   op.source = std::move(source);
   op.target = std::move(target);
+  op.in_root = in_root;
   return op;
 }
 
-MountOp Simple(MountOp::Kind kind, std::string target, std::string source = "") {
+MountOp Simple(MountOp::Kind kind, std::string target, std::string source = "",
+               bool in_root = false) {
   MountOp op;
   op.kind = kind;
   op.target = std::move(target);
   op.source = std::move(source);
+  op.in_root = in_root;
   return op;
 }
 
-// A bind of `src` onto `dst` followed by the remount that makes it read-only (a bind mount
-// ignores MS_RDONLY on its first call).
-void BindReadOnly(std::vector<MountOp>& ops, const std::string& src, const std::string& dst,
-                  unsigned long extra, bool optional) {
-  ops.push_back(Mount(src, dst, "", MS_BIND | MS_REC, "", optional));
-  ops.push_back(Mount("", dst, "", MS_BIND | MS_REMOUNT | MS_RDONLY | extra, "", optional));
+MountOp In(MountOp::Kind kind, std::string target, std::string source = "") {
+  return Simple(kind, std::move(target), std::move(source), true);
+}
+
+// A bind of the root's `path` onto itself followed by the remount that makes it read-only (a
+// bind mount ignores MS_RDONLY on its first call).
+void BindReadOnly(std::vector<MountOp>& ops, const std::string& path, unsigned long extra,
+                  bool optional) {
+  MountOp bind = MountIn(path, path, "", MS_BIND | MS_REC, "", optional);
+  bind.source_in_root = true;
+  ops.push_back(bind);
+  ops.push_back(MountIn("", path, "", MS_BIND | MS_REMOUNT | MS_RDONLY | extra, "", optional));
 }
 
 }  // namespace
@@ -77,6 +95,7 @@ std::string OverlayEscape(const std::string& path) {
 
 std::string MountOp::Describe(const std::string& root) const {
   auto strip = [&](const std::string& p) {
+    if (in_root) return p;
     if (!root.empty() && p.rfind(root, 0) == 0)
       return p.size() == root.size() ? std::string("/") : p.substr(root.size());
     return p;
@@ -90,6 +109,10 @@ std::string MountOp::Describe(const std::string& root) const {
       return "symlink " + strip(target) + " -> " + source;
     case Kind::kAttach:
       return "attach " + source + " on " + strip(target);
+    case Kind::kOverlay:
+      return "mount the overlay of " + std::to_string(fd_index) + " layers on " + strip(target);
+    case Kind::kOverlaySub:
+      return "overlay the top layer's " + source + " on " + strip(target);
     case Kind::kMount:
       break;
   }
@@ -103,82 +126,83 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
   const std::string& r = in.root;
 
   // Root: the template's layers under the box's own writable layer. Each layer is a detached
-  // (idmapped) mount made by the parent, attached here on lower/<i>. userxattr: overlay is
-  // mounted from inside the user namespace, where trusted.* xattrs are not available.
-  std::string lower;
+  // (idmapped) mount made by the parent, attached here on lower/<i> (in the box directory, which
+  // only the host writes). userxattr: overlay is mounted from inside the user namespace, where
+  // trusted.* xattrs are not available.
   ops.push_back(Simple(MountOp::Kind::kMkdir, "lower"));
   for (size_t i = 0; i < in.layers.size(); ++i) {
     std::string at = "lower/" + std::to_string(i);
     ops.push_back(Simple(MountOp::Kind::kMkdir, at));
-    ops.push_back(Attach(static_cast<int>(i), in.layers[i], at));
-    if (!lower.empty()) lower += ':';
-    lower += at;
+    ops.push_back(Attach(static_cast<int>(i), in.layers[i], at, false));
   }
-  ops.push_back(Mount("overlay", r, "overlay", MS_NOSUID | MS_NODEV,
-                      "lowerdir=" + lower + ",upperdir=" + OverlayEscape(in.upper) +
-                          ",workdir=" + OverlayEscape(in.work) + ",userxattr"));
+  MountOp overlay;
+  overlay.kind = MountOp::Kind::kOverlay;
+  overlay.target = r;
+  overlay.source = in.upper;
+  overlay.data = in.work;
+  overlay.fd_index = static_cast<int>(in.layers.size());
+  overlay.flags = MS_NOSUID | MS_NODEV;
+  ops.push_back(overlay);
 
-  // Binds arrive with their flags set (read-only ones: ro, nosuid, nodev, idmapped). Their
-  // mount points are made with every missing parent (`sbx run --volume H:/a/new/dir`), in the
-  // box's writable layer: a directory, or for a regular file (the network's resolv.conf) a file,
-  // never followed if it is a symlink (the bind then fails: nothing is mounted outside the box).
+  // From here on every target is a path inside the root, which the layers made: the child
+  // resolves it there (child.cc). Binds arrive with their flags set (read-only ones: ro, nosuid,
+  // nodev, idmapped). Their mount point is made with every missing parent (`sbx run --volume
+  // H:/a/new/dir`), in the box's writable layer: a directory, or for a regular file (the
+  // network's resolv.conf) a file. Whatever a layer has there instead (a symlink, a file where a
+  // directory goes) is replaced in the box's view, never followed.
   for (size_t i = 0; i < in.binds.size(); ++i) {
     const auto& b = in.binds[i];
-    for (size_t slash = b.target.find('/', 1); slash != std::string::npos;
-         slash = b.target.find('/', slash + 1))
-      ops.push_back(Simple(MountOp::Kind::kMkdir, r + b.target.substr(0, slash)));
     struct stat st {};
     bool file = ::stat(b.source.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    ops.push_back(Simple(file ? MountOp::Kind::kTouch : MountOp::Kind::kMkdir, r + b.target));
-    ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, r + b.target));
+    ops.push_back(In(file ? MountOp::Kind::kTouch : MountOp::Kind::kMkdir, b.target));
+    ops.push_back(Attach(static_cast<int>(in.layers.size() + i), b.source, b.target, true));
     // A read-only overlay without an upper layer: the topmost layer's directory (attached on
     // lower/0) over the bound one. Optional: a host without the directory keeps its bind alone.
     for (const auto& sub : b.overlaid) {
       if (in.layers.empty()) break;
-      std::string at = r + b.target + "/" + sub;
-      ops.push_back(Mount("overlay", at, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
-                          "lowerdir=" + OverlayEscape("lower/0" + b.target + "/" + sub) + ":" +
-                              OverlayEscape(at) + ",userxattr",
-                          true));
+      MountOp o = In(MountOp::Kind::kOverlaySub, b.target + "/" + sub, b.target + "/" + sub);
+      o.flags = MS_RDONLY | MS_NOSUID | MS_NODEV;
+      o.fd_index = 0;
+      o.optional = true;
+      ops.push_back(o);
     }
   }
 
   // /proc of the box's own pid namespace, with the host-revealing parts masked or read-only.
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/proc"));
-  ops.push_back(Mount("proc", r + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/proc"));
+  ops.push_back(MountIn("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
   for (const char* p : kReadOnlyProcPaths)
-    BindReadOnly(ops, r + p, r + p, MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
+    BindReadOnly(ops, p, MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
   for (const char* p : kMaskedProcFiles)
-    ops.push_back(Mount("/dev/null", r + p, "", MS_BIND, "", true));
+    ops.push_back(MountIn("/dev/null", p, "", MS_BIND, "", true));
 
   // /sys of the box's own network namespace, read-only.
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/sys"));
-  ops.push_back(Mount("sysfs", r + "/sys", "sysfs", kRoFlags));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/sys"));
+  ops.push_back(MountIn("sysfs", "/sys", "sysfs", kRoFlags));
   for (const char* p : kMaskedDirs)
-    ops.push_back(Mount("tmpfs", r + p, "tmpfs", kRoFlags, "size=4k", true));
+    ops.push_back(MountIn("tmpfs", p, "tmpfs", kRoFlags, "size=4k", true));
 
   // A minimal /dev: a few harmless host nodes, a private devpts, /dev/shm and the usual links.
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev"));
-  ops.push_back(Mount("tmpfs", r + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m"));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/dev"));
+  ops.push_back(MountIn("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m"));
   for (const char* d : kDevices) {
-    std::string target = r + "/dev/" + d;
-    ops.push_back(Simple(MountOp::Kind::kTouch, target));
-    ops.push_back(Mount(std::string("/dev/") + d, target, "", MS_BIND));
+    std::string target = std::string("/dev/") + d;
+    ops.push_back(In(MountOp::Kind::kTouch, target));
+    ops.push_back(MountIn(target, target, "", MS_BIND));  // the host's node (source: host path)
   }
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev/pts"));
-  ops.push_back(Mount("devpts", r + "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                      "newinstance,ptmxmode=0666,mode=0620,gid=5"));
-  ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/ptmx", "pts/ptmx"));
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev/shm"));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/dev/pts"));
+  ops.push_back(MountIn("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                        "newinstance,ptmxmode=0666,mode=0620,gid=5"));
+  ops.push_back(In(MountOp::Kind::kSymlink, "/dev/ptmx", "pts/ptmx"));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/dev/shm"));
+  ops.push_back(MountIn("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m"));
+  ops.push_back(In(MountOp::Kind::kMkdir, "/dev/mqueue"));
   ops.push_back(
-      Mount("tmpfs", r + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m"));
-  ops.push_back(Simple(MountOp::Kind::kMkdir, r + "/dev/mqueue"));
-  ops.push_back(
-      Mount("mqueue", r + "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", true));
-  ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/fd", "/proc/self/fd"));
-  ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/stdin", "/proc/self/fd/0"));
-  ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/stdout", "/proc/self/fd/1"));
-  ops.push_back(Simple(MountOp::Kind::kSymlink, r + "/dev/stderr", "/proc/self/fd/2"));
+      MountIn("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "", true));
+  ops.push_back(In(MountOp::Kind::kSymlink, "/dev/fd", "/proc/self/fd"));
+  ops.push_back(In(MountOp::Kind::kSymlink, "/dev/stdin", "/proc/self/fd/0"));
+  ops.push_back(In(MountOp::Kind::kSymlink, "/dev/stdout", "/proc/self/fd/1"));
+  ops.push_back(In(MountOp::Kind::kSymlink, "/dev/stderr", "/proc/self/fd/2"));
   return ops;
 }
 

@@ -1,6 +1,12 @@
 // The mount plan: every mount, directory, file and symlink a box's root needs, computed in the
-// parent as plain data so it can be unit-tested, and executed in the child (child.cc) with one
-// system call per step. Why each step exists is in docs/isolation.md ("Mounts").
+// parent as plain data so it can be unit-tested, and executed in the child (child.cc) with a few
+// system calls per step. Why each step exists is in docs/isolation.md ("Mounts").
+//
+// Paths inside the box's root come from the template's layers, which are untrusted (threat row
+// 25): a layer may put a symlink where /proc, /dev or /etc/resolv.conf should be. Such ops are
+// marked `in_root` and the child resolves them below a descriptor of the new root with
+// openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), creating missing directories one component at
+// a time below the descriptor, never by a path string walked from the host's root.
 #pragma once
 
 #include <string>
@@ -13,10 +19,17 @@ namespace sbx::runtime {
 struct MountOp {
   enum class Kind {
     kMount,    // mount(source, target, fstype, flags, data)
-    kMkdir,    // mkdir(target, 0755), EEXIST is fine
-    kTouch,    // create an empty regular file `target` to bind a device node over
+    kMkdir,    // mkdir(target, 0755), EEXIST is fine; in the root: a directory, whatever was there
+    kTouch,    // an empty regular file `target` to bind a file over (in the root: as kMkdir)
     kSymlink,  // symlink(source, target), EEXIST is fine
     kAttach,   // move_mount() the detached mount number `fd_index` onto target
+    // The root's overlay: layers lower/0 .. lower/<fd_index - 1> (topmost first) under the
+    // writable layer `source` (its work directory is `data`), mounted on `target`. With
+    // fsconfig's lowerdir+ where the kernel has it (6.8+), else one option string.
+    kOverlay,
+    // A read-only overlay of the topmost layer's directory `source` (a path inside the box,
+    // resolved inside the layer attached on lower/0) over the directory `target` of the root.
+    kOverlaySub,
   };
   Kind kind = Kind::kMount;
   std::string source;
@@ -26,6 +39,11 @@ struct MountOp {
   std::string data;
   bool optional = false;  // ENOENT (the target or source does not exist here) is not an error
   int fd_index = -1;      // kAttach: index into the detached mounts the parent sends
+  // `target` (and with source_in_root `source`) is an absolute path inside the box's root,
+  // resolved by the child below the root's descriptor; otherwise a path relative to the box's
+  // directory, which only the host writes.
+  bool in_root = false;
+  bool source_in_root = false;
 
   // A one-line description for error messages: "mount proc on /proc".
   std::string Describe(const std::string& root) const;
@@ -44,7 +62,10 @@ struct MountPlanInput {
   std::vector<BindMount> binds;
 };
 
-// The ops to run before pivot_root, in order. All targets are relative paths.
+// The most lower layers one overlay stacks (the kernel's OVL_MAX_STACK).
+inline constexpr size_t kMaxLayers = 500;
+
+// The ops to run before pivot_root, in order.
 std::vector<MountOp> BuildMountPlan(const MountPlanInput& in);
 
 // Escapes ',' ':' and '\' in an overlay option path (lowerdir uses ':' as its separator).

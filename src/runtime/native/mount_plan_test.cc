@@ -24,14 +24,17 @@ TEST(MountPlan, OverlaidSubdirOfABind) {
   auto ops = BuildMountPlan(in);
   size_t bind_at = ops.size(), over_at = ops.size();
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].kind == MountOp::Kind::kAttach && ops[i].target == "r/usr") bind_at = i;
-    if (ops[i].target == "r/usr/local/bin") over_at = i;
+    if (ops[i].kind == MountOp::Kind::kAttach && ops[i].target == "/usr") bind_at = i;
+    if (ops[i].target == "/usr/local/bin") over_at = i;
   }
   ASSERT_LT(bind_at, over_at);
   ASSERT_LT(over_at, ops.size());
   const MountOp& o = ops[over_at];
-  EXPECT_EQ(o.fstype, "overlay");
-  EXPECT_EQ(o.data, "lowerdir=lower/0/usr/local/bin:r/usr/local/bin,userxattr");
+  // The layer's directory is named inside the layer (lower/0), resolved there by the child.
+  EXPECT_EQ(o.kind, MountOp::Kind::kOverlaySub);
+  EXPECT_EQ(o.source, "/usr/local/bin");
+  EXPECT_EQ(o.fd_index, 0);
+  EXPECT_TRUE(o.in_root);
   EXPECT_TRUE(o.flags & MS_RDONLY);
   EXPECT_TRUE(o.flags & MS_NOSUID);
   EXPECT_TRUE(o.optional);  // a host without /usr/local/bin keeps the plain bind
@@ -46,54 +49,90 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
   size_t overlay_at = ops.size();
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].kind == MountOp::Kind::kAttach) attached.push_back({ops[i].fd_index, ops[i].target});
-    if (ops[i].fstype == "overlay" && overlay_at == ops.size()) overlay_at = i;
+    if (ops[i].kind == MountOp::Kind::kOverlay && overlay_at == ops.size()) overlay_at = i;
   }
   ASSERT_LT(overlay_at, ops.size());
   const MountOp& overlay = ops[overlay_at];
   EXPECT_EQ(overlay.target, "r");
-  EXPECT_EQ(overlay.data, "lowerdir=lower/0:lower/1,upperdir=upper,workdir=work,userxattr");
+  EXPECT_EQ(overlay.fd_index, 2);  // lower/0 and lower/1
+  EXPECT_EQ(overlay.source, "upper");
+  EXPECT_EQ(overlay.data, "work");
+  EXPECT_FALSE(overlay.in_root);
   EXPECT_TRUE(overlay.flags & MS_NOSUID);
+  EXPECT_EQ(overlay.Describe("r"), "mount the overlay of 2 layers on /");
   // Layers 0 and 1, then /usr as mount 2 (after the overlay, on top of it).
-  std::vector<std::pair<int, std::string>> want = {{0, "lower/0"}, {1, "lower/1"}, {2, "r/usr"}};
+  std::vector<std::pair<int, std::string>> want = {{0, "lower/0"}, {1, "lower/1"}, {2, "/usr"}};
   EXPECT_EQ(attached, want);
   EXPECT_EQ(ops[overlay_at - 1].target, "lower/1");
 
-  const MountOp* proc = Find(ops, "r/proc", "proc");
+  const MountOp* proc = Find(ops, "/proc", "proc");
   ASSERT_NE(proc, nullptr);
   EXPECT_TRUE(proc->flags & MS_NOEXEC);
-  const MountOp* sys = Find(ops, "r/sys", "sysfs");
+  const MountOp* sys = Find(ops, "/sys", "sysfs");
   ASSERT_NE(sys, nullptr);
   EXPECT_TRUE(sys->flags & MS_RDONLY);
-  const MountOp* kcore = Find(ops, "r/proc/kcore");
+  const MountOp* kcore = Find(ops, "/proc/kcore");
   ASSERT_NE(kcore, nullptr);
   EXPECT_EQ(kcore->source, "/dev/null");
-  const MountOp* pts = Find(ops, "r/dev/pts", "devpts");
+  const MountOp* pts = Find(ops, "/dev/pts", "devpts");
   ASSERT_NE(pts, nullptr);
   EXPECT_NE(pts->data.find("newinstance"), std::string::npos);
 
   // Every /proc/sys remount is read-only, and comes after the proc mount.
   size_t proc_at = static_cast<size_t>(proc - ops.data());
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].target == "r/proc/sys" && (ops[i].flags & MS_REMOUNT)) {
+    if (ops[i].target == "/proc/sys" && (ops[i].flags & MS_REMOUNT)) {
       EXPECT_GT(i, proc_at);
       EXPECT_TRUE(ops[i].flags & MS_RDONLY);
     }
   }
 }
 
-TEST(MountPlan, BindMountPointsGetTheirParents) {
+// The mount point is one op: the child makes its missing parents itself, one component at a time
+// below the root's descriptor.
+TEST(MountPlan, BindMountPointsAreMadeInsideTheRoot) {
   MountPlanInput in{"r", "upper", "work", {"/t/base"}, {{"/srv/data", "/a/b/c", false}}};
   auto ops = BuildMountPlan(in);
-  std::vector<std::string> made;
+  size_t made = ops.size(), attached = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == MountOp::Kind::kMkdir && ops[i].target == "/a/b/c") made = i;
+    if (ops[i].kind == MountOp::Kind::kAttach && ops[i].fd_index == 1) attached = i;
+  }
+  ASSERT_LT(made, attached);
+  ASSERT_LT(attached, ops.size());
+  EXPECT_TRUE(ops[made].in_root);
+  EXPECT_TRUE(ops[attached].in_root);
+  EXPECT_EQ(ops[attached].target, "/a/b/c");
+}
+
+// Everything after the root's overlay is a path the layers made: every such target (and every
+// source that is not a host device or the detached mounts) is resolved inside the root.
+TEST(MountPlan, EveryPathAfterTheOverlayIsResolvedInsideTheRoot) {
+  MountPlanInput in{"r",
+                    "upper",
+                    "work",
+                    {"/t/top", "/t/base"},
+                    {{"/usr", "/usr", true, {"local/bin"}}, {"/etc/hostname", "/etc/hosts"}}};
+  auto ops = BuildMountPlan(in);
+  bool after = false;
   for (const auto& op : ops) {
-    if (op.kind == MountOp::Kind::kMkdir && op.target.rfind("r/a", 0) == 0)
-      made.push_back(op.target);
-    if (op.kind == MountOp::Kind::kAttach && op.fd_index == 1) {
-      EXPECT_EQ(op.target, "r/a/b/c");
-      break;
+    if (op.kind == MountOp::Kind::kOverlay) {
+      after = true;
+      continue;
+    }
+    if (!after) {
+      EXPECT_FALSE(op.in_root) << op.Describe("r");
+      EXPECT_EQ(op.target.rfind("lower", 0), 0u) << op.Describe("r");
+      continue;
+    }
+    EXPECT_TRUE(op.in_root) << op.Describe("r");
+    EXPECT_EQ(op.target[0], '/') << op.Describe("r");
+    if (op.kind == MountOp::Kind::kMount && (op.flags & MS_BIND) && !(op.flags & MS_REMOUNT) &&
+        !op.source_in_root) {
+      EXPECT_EQ(op.source.rfind("/dev/", 0), 0u) << op.Describe("r");
     }
   }
-  EXPECT_EQ(made, (std::vector<std::string>{"r/a", "r/a/b", "r/a/b/c"}));
+  EXPECT_TRUE(after);
 }
 
 TEST(MountPlan, AFileIsBoundOnAFile) {
@@ -101,7 +140,7 @@ TEST(MountPlan, AFileIsBoundOnAFile) {
   auto ops = BuildMountPlan(in);
   bool touched = false;
   for (const auto& op : ops) {
-    if (op.target == "r/etc/resolv.conf") {
+    if (op.target == "/etc/resolv.conf") {
       EXPECT_NE(op.kind, MountOp::Kind::kMkdir);
       touched = touched || op.kind == MountOp::Kind::kTouch;
     }
@@ -126,7 +165,8 @@ TEST(MountPlan, EscapesOverlayOptions) {
   MountOp op;
   op.kind = MountOp::Kind::kMount;
   op.fstype = "proc";
-  op.target = "r/proc";
+  op.target = "/proc";
+  op.in_root = true;
   EXPECT_EQ(op.Describe("r"), "mount proc on /proc");
 }
 

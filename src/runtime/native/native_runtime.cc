@@ -253,8 +253,16 @@ struct NativeRuntime::Creation {
 Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("box " + spec.id + ": no rootfs layers", EINVAL);
-  if (1 + spec.layers.size() + spec.binds.size() > kMaxSetupFds)
-    return Status::Error("box " + spec.id + ": too many layers and binds", EINVAL);
+  // One overlay stacks at most kMaxLayers lower layers (the kernel's limit); a template of more
+  // must be flattened into fewer layers where it is made.
+  if (spec.layers.size() > kMaxLayers)
+    return Status::Error("box " + spec.id + ": " + std::to_string(spec.layers.size()) +
+                             " layers, more than the " + std::to_string(kMaxLayers) +
+                             " one overlay can stack",
+                         E2BIG);
+  if (spec.binds.size() > kMaxBinds)
+    return Status::Error("box " + spec.id + ": more than " + std::to_string(kMaxBinds) + " binds",
+                         E2BIG);
   if (spec.id_base != 0 && uint64_t{spec.id_base} + kIdRange > UINT32_MAX)
     return Status::Error("box " + spec.id + ": id base out of range", EINVAL);
   Creation c{spec};
@@ -390,6 +398,7 @@ Status NativeRuntime::Clone(Creation& c) {
   plan.status_fd = status_w.get();
   plan.setup_fd = setup_child.get();
   plan.mount_count = spec.layers.size() + spec.binds.size();
+  plan.lowerdir_plus = config_.overlay_lowerdir_plus && OverlayHasLowerdirPlus();
   plan.agent_fd = agent_image_.get();
 
   constexpr unsigned long kFlags =
@@ -467,8 +476,16 @@ Status NativeRuntime::SendGoAhead(Creation& c) {
   std::vector<int> fds{fs_fd.get()};
   for (const auto& m : mounts) fds.push_back(m.get());
   // setup_parent stays open until the exec or the failure: the child takes its hang-up for this
-  // process's death.
-  return SendFds(c.setup_parent.get(), 'g', fds);
+  // process's death. In messages the kernel accepts ('m': more follow, 'g': the go-ahead).
+  for (size_t at = 0;;) {
+    size_t n = std::min(kMaxFdsPerMessage, fds.size() - at);
+    std::vector<int> part(fds.begin() + static_cast<ptrdiff_t>(at),
+                          fds.begin() + static_cast<ptrdiff_t>(at + n));
+    at += n;
+    bool last = at == fds.size();
+    SBX_RETURN_IF_ERROR(SendFds(c.setup_parent.get(), last ? 'g' : 'm', part));
+    if (last) return {};
+  }
 }
 
 Status NativeRuntime::AwaitChildSetup(Creation& c) {

@@ -33,6 +33,9 @@ struct NativeConfig {
   IdPool* id_pool = nullptr;
   // false forces the fallback (no idmapped mounts), as when Open's probe finds them unavailable.
   bool idmap = true;
+  // false: the root's overlay always gets its layers as one lowerdir option string, as on
+  // kernels without overlayfs' lowerdir+ (before 6.8). For tests of that path.
+  bool overlay_lowerdir_plus = true;
 };
 
 // How many host ids a box maps (uid and gid 0..65535 inside).
