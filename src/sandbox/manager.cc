@@ -409,7 +409,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     // A name the key has no secret of is the first thing to tell (and the same answer whatever
     // another key's secrets are called).
     if (!req.secrets.empty()) {
-      if (auto bound = BindSecrets(key, req.secrets); !bound.ok()) return bound.status();
+      if (auto bound = BindSecrets(key, req.secrets); !bound.ok() && bound.status().err() == EINVAL)
+        return bound.status();
       return Status::Error(std::string("secrets: ") + kNetworkingOff, EINVAL);
     }
     if (!AllowsNothing(req.network))
