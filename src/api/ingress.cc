@@ -100,9 +100,11 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
              signature && (!target || !target->rec.public_ports)) {
     // A signed URL (POST .../ports/{port}/url): it opens this port of this sandbox until it
     // expires. Expired and forged get different answers: only the first is worth a new URL.
-    if (!target)
-      co_return co_await ex.RespondError(403, "permission_denied",
-                                         "the signed URL is not for a running sandbox " + id);
+    // One answer for a sandbox that does not run and a signature that is not its (another
+    // sandbox's URL with this id put in): a URL does not tell which ids exist.
+    std::string invalid = "the signed URL's signature is not valid for port " +
+                          std::to_string(port) + " of a running sandbox " + id;
+    if (!target) co_return co_await ex.RespondError(403, "permission_denied", invalid);
     auto check = network::VerifyPortUrl(ctx.secret, target->owner.id, id, port,
                                         ex.query().Get(network::kPortUrlExpires).value_or(""),
                                         *signature, UnixNow());
@@ -112,9 +114,7 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
           "the signed URL has expired; ask for a new one (sbx port-url " + id + " " +
               std::to_string(port) + ")");
     if (check != network::PortUrlCheck::kValid)
-      co_return co_await ex.RespondError(403, "permission_denied",
-                                         "the signed URL's signature is not valid for port " +
-                                             std::to_string(port) + " of sandbox " + id);
+      co_return co_await ex.RespondError(403, "permission_denied", invalid);
   } else if (!target || !target->rec.public_ports) {
     // Without a key nothing tells whether the sandbox exists: no proof is 401, a token that is not
     // a running sandbox's is 403.

@@ -116,7 +116,8 @@ const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kSta
 
 struct CreateFlags {
   ConnectionFlags conn;
-  std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key;
+  std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key,
+      egress_mbps;
   std::vector<std::string> env, metadata, net;
 };
 
@@ -147,6 +148,14 @@ Result<json> CreateBody(const CreateFlags& f) {
     if (end == f.pids.c_str() || *end != '\0' || p < 1)
       return Status::Error("--pids: a whole number from 1, got '" + f.pids + "'");
     limits["pids"] = p;
+  }
+  if (!f.egress_mbps.empty()) {
+    char* end = nullptr;
+    double m = std::strtod(f.egress_mbps.c_str(), &end);
+    if (end == f.egress_mbps.c_str() || *end != '\0' || !(m > 0))
+      return Status::Error("--egress-mbps: a positive number of Mbit/s, got '" + f.egress_mbps +
+                           "'");
+    limits["egress_mbps"] = m;
   }
   if (!limits.empty()) body["limits"] = limits;
   if (!f.timeout.empty()) {
@@ -179,6 +188,8 @@ void RegisterCreate(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   v->add_option("--cpus", f->cpus, "CPU quota in cores, e.g. 0.5 or 2");
   v->add_option("--pids", f->pids, "Maximum number of processes and threads");
   v->add_option("--disk", f->disk, "Size of the writable layer, e.g. 1G");
+  v->add_option("--egress-mbps", f->egress_mbps,
+                "Bandwidth through the egress proxy, Mbit/s each way, e.g. 8 (default: no limit)");
   v->add_option("--timeout", f->timeout, "Lifetime before --on-timeout applies, e.g. 30m, 2h");
   v->add_option("--on-timeout", f->on_timeout, "What the timeout does: kill (default) or pause")
       ->check(CLI::IsMember({"kill", "pause"}));

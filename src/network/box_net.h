@@ -26,8 +26,9 @@ namespace sbx::network {
 // With `header` set, requests to those hosts also get `header: format` with "{}" in `format`
 // replaced by the value (E2B's `rules` header transforms map onto this).
 struct SecretBinding {
-  std::string name;         // the secret's name, for audit events (never the value)
-  std::string env;          // the variable inside the box; empty for a header-only binding
+  std::string name;  // the secret's name, for audit events (never the value); for a header of
+                     // E2B's rules, the names it uses joined by ',' ("" for none)
+  std::string env;   // the variable inside the box; empty for a header-only binding
   std::string placeholder;  // random, unique per box and secret
   std::string value;        // the real value: never logged, never returned, never in the box
   std::vector<std::string> hosts;

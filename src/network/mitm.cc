@@ -9,6 +9,7 @@
 #include <openssl/x509v3.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -235,7 +236,12 @@ struct Session : std::enable_shared_from_this<Session<Client, Upstream>> {
       std::string v = b->format.empty() ? "{}" : b->format;
       ReplaceAll(v, "{}", b->value);
       req.set(b->header, v);
-      used.insert(b->name);
+      // A header of E2B's rules may use several secrets ("a,b") or none (""); each is a use.
+      for (size_t at = 0; at <= b->name.size();) {
+        size_t comma = std::min(b->name.find(',', at), b->name.size());
+        if (comma > at) used.insert(b->name.substr(at, comma - at));
+        at = comma + 1;
+      }
     }
     for (const std::string& s : used)
       impl->Event("secret.use", *box, {{"secret", s}, {"host", name}});

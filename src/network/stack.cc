@@ -173,8 +173,10 @@ class StackImpl final : public Stack {
     net->box_ip = e.link.box_ip;
     net->host_ip = e.link.host_ip;
     net->policy = req.policy;
-    // A policy change keeps the secrets the box was made with (its env holds their placeholders).
-    if (!req.secrets.empty() || !e.net) net->secrets = req.secrets;
+    // The request holds every binding the box has now: the owner (sandbox::Manager) opens the
+    // recorded ones again with the placeholders the box's env holds, and E2B's rules change
+    // with a policy change.
+    net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
     Status fw = known ? firewall_->UpdateBox(box_id, net->policy)
                       : firewall_->AddBox(box_id, e.link.host_ifname, {net->box_ip}, net->policy);

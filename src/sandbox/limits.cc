@@ -29,7 +29,7 @@ int64_t HostMemoryBytes() {
   return std::strtoll(text->c_str() + at + 9, nullptr, 10) * 1024;  // the file says kB
 }
 
-enum class Unit { kBytes, kCpus, kPids, kMillis };
+enum class Unit { kBytes, kCpus, kPids, kMillis, kMbps };
 
 // One limit: where its bounds are, how to say its values, and what its host maximum is.
 template <typename T>
@@ -56,6 +56,12 @@ constexpr Spec<int64_t> kPids{
 constexpr Spec<int64_t> kDisk{
     "limits.disk_bytes",         "disk", Unit::kBytes, nullptr, &LimitRanges::min_disk_bytes,
     &LimitRanges::max_disk_bytes};
+constexpr Spec<double> kEgress{"limits.egress_mbps",
+                               "egress-mbps",
+                               Unit::kMbps,
+                               nullptr,
+                               &LimitRanges::min_egress_mbps,
+                               &LimitRanges::max_egress_mbps};
 constexpr Spec<int64_t> kTimeout{"timeout",
                                  "timeout",
                                  Unit::kMillis,
@@ -77,6 +83,7 @@ std::string Show(T v, Unit u) {
     case Unit::kBytes:
       return FormatSize(static_cast<int64_t>(v)) + " (" + std::to_string(v) + " bytes)";
     case Unit::kCpus:
+    case Unit::kMbps:
       return Number(static_cast<double>(v));
     case Unit::kPids:
       return std::to_string(v);
@@ -89,7 +96,7 @@ std::string Show(T v, Unit u) {
 // The raw value as the request had it (seconds for a timeout).
 template <typename T>
 std::string Got(T v, Unit u) {
-  if (u == Unit::kCpus) return Number(static_cast<double>(v));
+  if (u == Unit::kCpus || u == Unit::kMbps) return Number(static_cast<double>(v));
   if (u == Unit::kMillis) return Number(static_cast<double>(v) / 1000);
   return std::to_string(v);
 }
@@ -104,6 +111,8 @@ const char* UnitName(Unit u) {
       return " processes";
     case Unit::kMillis:
       return " seconds";
+    case Unit::kMbps:
+      return " Mbit/s";
   }
   return "";
 }
@@ -168,6 +177,10 @@ LimitRanges HostRanges() {
   h.max_disk_bytes = 0;  // what fits in the data directory (the manager's check)
   h.min_timeout_ms = 1000;
   h.max_timeout_ms = int64_t{24} * 60 * 60 * 1000;
+  // The proxy's token bucket: below 0.1 Mbit/s (12.5 kB/s) a TLS handshake takes seconds; above
+  // 100 Gbit/s a limit means nothing.
+  h.min_egress_mbps = 0.1;
+  h.max_egress_mbps = 100000;
   return h;
 }
 
@@ -177,6 +190,7 @@ Limits::Limits(const LimitRanges& configured, const LimitRanges& host) : host_(h
   Narrow(kPids, host, configured, &daemon_);
   Narrow(kDisk, host, configured, &daemon_);
   Narrow(kTimeout, host, configured, &daemon_);
+  Narrow(kEgress, host, configured, &daemon_);
 }
 
 Status Limits::CheckConfigured(const LimitRanges& configured, const LimitRanges& host) {
@@ -197,6 +211,7 @@ Status Limits::CheckConfigured(const LimitRanges& configured, const LimitRanges&
   SBX_RETURN_IF_ERROR(check(kCpus));
   SBX_RETURN_IF_ERROR(check(kPids));
   SBX_RETURN_IF_ERROR(check(kDisk));
+  SBX_RETURN_IF_ERROR(check(kEgress));
   return check(kTimeout);
 }
 
@@ -207,6 +222,7 @@ LimitRanges Limits::ForKey(const LimitRanges& key) const {
   Narrow(kPids, daemon_, key, &r);
   Narrow(kDisk, daemon_, key, &r);
   Narrow(kTimeout, daemon_, key, &r);
+  Narrow(kEgress, daemon_, key, &r);
   return r;
 }
 
@@ -235,6 +251,14 @@ Status Limits::Apply(const LimitRanges& key, const store::SandboxLimits& default
   SBX_RETURN_IF_ERROR(apply(kCpus, &limits->cpus, defaults.cpus, "the default"));
   SBX_RETURN_IF_ERROR(apply(kPids, &limits->pids, defaults.pids, "the default"));
   SBX_RETURN_IF_ERROR(apply(kDisk, &limits->disk_bytes, defaults.disk_bytes, "the default"));
+  // The egress rate is unlimited unless asked for: only a value given is checked, and 0 stays 0
+  // (its maximum is no default).
+  if (limits->egress_mbps != 0 &&
+      !InRange(limits->egress_mbps, r.min_egress_mbps, r.max_egress_mbps))
+    return Status::Error(std::string(kEgress.field) + ": " +
+                             RangeText(kEgress, r, key, daemon_, host_) + "; 0 for no limit (got " +
+                             Got(limits->egress_mbps, kEgress.unit) + ")",
+                         EINVAL);
   return apply(kTimeout, timeout_ms, default_timeout_ms, nullptr);
 }
 

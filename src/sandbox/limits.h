@@ -17,8 +17,9 @@ namespace sbx::sandbox {
 
 // What sbx allows whatever the flags say: memory from 16 MiB to the host's (MemTotal of
 // /proc/meminfo), cpus from 0.1 to the online CPUs, pids from 16 to 32768, disk from 64 MiB with
-// no fixed maximum (max_disk_bytes 0: what fits), timeouts from 1 s to 24 h. Below the minimums a
-// box cannot start its agent and a shell.
+// no fixed maximum (max_disk_bytes 0: what fits), timeouts from 1 s to 24 h, egress rates from
+// 0.1 to 100000 Mbit/s (0, the default: unlimited). Below the minimums a box cannot start its
+// agent and a shell.
 store::LimitRanges HostRanges();
 
 class Limits {

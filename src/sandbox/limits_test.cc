@@ -212,5 +212,28 @@ TEST(LimitsTest, DaemonBoundsOutsideTheHostsAreRefusedNamingTheFlag) {
   EXPECT_EQ(l.daemon().min_memory_bytes, 64 * kMiB);
 }
 
+// limits.egress_mbps: unlimited unless asked for; a value asked for lies in the host's range.
+TEST(LimitsTest, AnEgressRateIsCheckedOnlyWhenAskedFor) {
+  Limits l;
+  SandboxLimits none;
+  int64_t timeout = 0;
+  ASSERT_TRUE(l.Apply({}, {}, 0, &none, &timeout).ok());
+  EXPECT_EQ(none.egress_mbps, 0);
+  SandboxLimits eight;
+  eight.egress_mbps = 8;
+  timeout = 0;
+  ASSERT_TRUE(l.Apply({}, {}, 0, &eight, &timeout).ok());
+  EXPECT_EQ(eight.egress_mbps, 8);
+  for (double bad : {-1.0, 0.01, 1e6, std::nan("")}) {
+    SandboxLimits asked;
+    asked.egress_mbps = bad;
+    timeout = 0;
+    Status s = l.Apply({}, {}, 0, &asked, &timeout);
+    EXPECT_EQ(s.err(), EINVAL) << bad;
+    EXPECT_NE(s.message().find("limits.egress_mbps: from 0.1 to 100000 Mbit/s"), std::string::npos)
+        << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace sbx::sandbox

@@ -18,6 +18,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "sandbox/secrets.h"
 #include "store/audit_queue.h"
 
 namespace sbx::sandbox {
@@ -333,7 +334,17 @@ Status Manager::Reconcile() {
     for (const auto& rec : adopted) {
       network::BoxNetRequest want;
       want.policy = PolicyOf(rec);
-      // LEAD: the secret store re-binds the sandbox's secrets here as at create.
+      want.egress_bytes_per_s = EgressBytesPerSecond(rec.limits);
+      // The placeholders its box holds get their values again (version 12), and E2B's rules
+      // their headers: a restart changes nothing of what the proxy puts in.
+      if (want.policy.mode != network::Mode::kNone) {
+        auto bound = SandboxBindings(rec, rec.egress_rules, false);
+        if (bound.ok())
+          want.secrets = std::move(*bound);
+        else
+          spdlog::error("reconcile: sandbox {}: its secrets could not be bound again: {}", rec.id,
+                        bound.status().message());
+      }
       if (Status s = config_.network->Update(rec.id, want); s.ok()) {
         MutexLock g(mu_);
         networked_[rec.id] = rec.owner_key_id;
@@ -395,8 +406,13 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
   SBX_RETURN_IF_ERROR(ValidateSecrets(req.secrets, req.env));
   if (!config_.network) {
-    if (!req.secrets.empty())
+    // A name the key has no secret of is the first thing to tell (and the same answer whatever
+    // another key's secrets are called).
+    if (!req.secrets.empty()) {
+      if (auto bound = BindSecrets(key, req.secrets); !bound.ok() && bound.status().err() == EINVAL)
+        return bound.status();
       return Status::Error(std::string("secrets: ") + kNetworkingOff, EINVAL);
+    }
     if (!AllowsNothing(req.network))
       return Status::Error(std::string("network: ") + kNetworkingOff, EINVAL);
     req.network = network::Policy{};
@@ -521,6 +537,19 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     }
     bound_secrets = std::move(*bound);
   }
+  rec.secrets = RefsOf(bound_secrets);
+  // E2B's rules: their ${e2b.secrets.NAME} are this key's secrets, checked now like the others.
+  if (!req.egress_rules.empty() && req.egress_rules != "{}") {
+    SandboxRecord rules_only = rec;
+    rules_only.secrets.clear();
+    auto rules = SandboxBindings(rules_only, req.egress_rules, true);
+    if (!rules.ok()) {
+      if (Status unpin = store_.UnpinLayers(rec.id); !unpin.ok())
+        spdlog::warn("create: {}", unpin.message());
+      return rules.status();
+    }
+    for (auto& b : *rules) bound_secrets.push_back(std::move(b));
+  }
 
   // The whole creation is one transition: a kill (or anything else) arriving while the box is
   // being made waits for it, then acts on the sandbox as creation left it.
@@ -569,6 +598,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     want.policy = req.network;
     // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
     want.secrets = std::move(bound_secrets);
+    want.egress_bytes_per_s = EgressBytesPerSecond(rec.limits);
     auto plan = config_.network->Prepare(rec.id, want);
     if (!plan.ok()) {
       Status why = plan.status().Wrap("network of sandbox " + rec.id);
@@ -702,6 +732,11 @@ void Manager::ReleaseNetwork(const std::string& id) {
   if (!config_.network) return;
   if (Status s = config_.network->Release(id); !s.ok())
     spdlog::error("sandbox {}: releasing its network: {}", id, s.message());
+}
+
+int64_t Manager::EgressBytesPerSecond(const store::SandboxLimits& l) {
+  if (!(l.egress_mbps > 0)) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(l.egress_mbps * 125000.0));  // 1e6 / 8
 }
 
 network::Policy Manager::PolicyOf(const store::SandboxRecord& rec) {
@@ -875,18 +910,30 @@ Result<SandboxRecord> Manager::SetNetwork(const store::ApiKeyRecord& key, const 
   next.network = policy.ToJson();
   if (egress_rules) next.egress_rules = egress_rules->empty() ? "{}" : *egress_rules;
   next.updated_at = 0;
+  // New rules name this key's secrets, checked as at create; the env bindings stay as they are
+  // (the box holds their placeholders), opened again with the rules' into the new entry.
+  std::vector<network::SecretBinding> bindings;
+  if (egress_rules || has_net) {
+    auto b = SandboxBindings(next, next.egress_rules, egress_rules != nullptr);
+    if (!b.ok()) return b.status();
+    bindings = std::move(*b);
+  }
   // The box first, then the record; a record that cannot be written puts the old policy back,
   // so the two never disagree for longer than this call.
   if (has_net) {
     network::BoxNetRequest want;
     want.policy = policy;
-    // LEAD: the secret store's bindings of this sandbox go here as at create.
+    want.secrets = std::move(bindings);
+    want.egress_bytes_per_s = EgressBytesPerSecond(next.limits);
     SBX_RETURN_IF_ERROR(config_.network->Update(id, want).Wrap("network of sandbox " + id));
   }
   if (Status put = store_.PutSandbox(next); !put.ok()) {
     if (has_net) {
       network::BoxNetRequest old;
       old.policy = before;
+      if (auto b = SandboxBindings(*rec, rec->egress_rules, false); b.ok())
+        old.secrets = std::move(*b);
+      old.egress_bytes_per_s = EgressBytesPerSecond(rec->limits);
       if (Status undo = config_.network->Update(id, old); !undo.ok())
         spdlog::error("sandbox {}: the policy change was not recorded and not undone: {}", id,
                       undo.message());

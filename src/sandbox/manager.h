@@ -396,6 +396,15 @@ class Manager {
   void ReleaseNetwork(const std::string& id);
   // The policy a record holds (a record's JSON that does not parse: none, logged).
   static network::Policy PolicyOf(const store::SandboxRecord& rec);
+  // The secret bindings of sandbox `rec` for its network (sandbox/secrets.cc): its recorded env
+  // bindings opened again with their placeholders, and the header bindings of E2B `rules`
+  // (`egress_rules`, a JSON object). `strict`: a rule naming a secret its owner has not is
+  // EINVAL; otherwise it is left out (logged), as are deleted secrets (audited secret.missing).
+  Result<std::vector<network::SecretBinding>> SandboxBindings(const store::SandboxRecord& rec,
+                                                              const std::string& egress_rules,
+                                                              bool strict);
+  // limits.egress_mbps as the proxy's bytes per second (0: unlimited).
+  static int64_t EgressBytesPerSecond(const store::SandboxLimits& l);
 
   ManagerConfig config_;  // clock filled in by the constructor
   Clock& clock_;

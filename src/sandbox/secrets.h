@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,8 +40,31 @@ class Secrets {
   Status Delete(const store::ApiKeyRecord& key, const std::string& name_or_id);
   Result<std::vector<network::SecretBinding>> Bind(
       const store::ApiKeyRecord& key, const std::map<std::string, std::string>& env_to_name);
+  // The bindings a sandbox's record keeps (store::SecretRef, version 12) opened again with their
+  // recorded placeholders, after a daemon restart or for a policy change. A secret that its owner
+  // has deleted since is left out and named in *missing (its placeholder then goes out as it is).
+  Result<std::vector<network::SecretBinding>> Rebind(const std::string& owner_key_id,
+                                                     const std::vector<store::SecretRef>& refs,
+                                                     std::vector<std::string>* missing);
+  // E2B's `network.rules` (domain -> [{transform: {headers: {name: value}}}], as api/e2b checked
+  // it) as header bindings of `owner_key_id`'s secrets: for requests to the domain, each header
+  // is set to its value with every ${e2b.secrets.NAME} replaced by the owner's secret NAME. One
+  // binding per header: no env, a fresh placeholder nobody holds, `name` the secrets it uses
+  // joined by ',' (audited one by one; "" for a header that uses none). EINVAL naming what: a
+  // secret the owner has not, ${e2b.identity.*} or another ${e2b.*} (not supported).
+  Result<std::vector<network::SecretBinding>> BindRules(const std::string& owner_key_id,
+                                                        const nlohmann::json& rules);
+  // The owner's secret `name` (by name only) opened into a binding with its hosts, header and
+  // format (no env, no placeholder): nullopt when it has none of that name.
+  Result<std::optional<network::SecretBinding>> OpenSecret(const std::string& owner_key_id,
+                                                           const std::string& name);
 
  private:
+  // ENOENT for a name or id `key` has no secret of; audited secret.access_denied (under no key)
+  // when it is another key's secret id.
+  Status NotFound(const store::ApiKeyRecord& key, const std::string& name_or_id,
+                  const char* access);
+
   store::Store& store_;
   const InstallSecret& secret_;
   AuditFn audit_;
@@ -51,5 +76,10 @@ Status CheckSecretName(const std::string& name);
 Status CheckSecretHost(const std::string& host);
 // A fresh placeholder: kPlaceholderPrefix + 32 lowercase hex digits from getrandom.
 std::string NewPlaceholder();
+// What a sandbox record keeps of its env bindings (no value, no header binding of a rule).
+std::vector<store::SecretRef> RefsOf(const std::vector<network::SecretBinding>& bindings);
+// The secret names E2B `rules` name through ${e2b.secrets.NAME}, for a check before anything is
+// made; EINVAL for a ${e2b.*} that is not a secret reference.
+Result<std::vector<std::string>> RuleSecretNames(const nlohmann::json& rules);
 
 }  // namespace sbx::sandbox

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "common/fs.h"
@@ -135,6 +136,103 @@ TEST_F(SecretsTest, BadInputIsRefusedNamingTheField) {
   EXPECT_EQ(again->version, 2);
   EXPECT_TRUE(s.Delete(a_, "ok").ok());
   EXPECT_EQ(s.Get(a_, "ok").status().err(), ENOENT);
+}
+
+// Version 12: what a sandbox record keeps of its bindings opens again with the same
+// placeholders; a secret deleted since is left out and named.
+TEST_F(SecretsTest, RecordedBindingsOpenAgainWithTheirPlaceholders) {
+  Secrets s = Make(secret_);
+  ASSERT_TRUE(s.Add(a_, Input("openai")).ok());
+  ASSERT_TRUE(s.Add(a_, Input("gone")).ok());
+  auto bound = s.Bind(a_, {{"OPENAI_API_KEY", "openai"}, {"GONE", "gone"}});
+  ASSERT_TRUE(bound.ok());
+  std::vector<store::SecretRef> refs = RefsOf(*bound);
+  ASSERT_EQ(refs.size(), 2u);
+
+  // Kept with the sandbox while it lives, through the store (no value in the row).
+  store::SandboxRecord rec;
+  rec.id = "sbx-secrets-row";
+  rec.template_name = "host";
+  rec.state = store::kStateRunning;
+  rec.owner_key_id = a_.id;
+  rec.secrets = refs;
+  rec.limits.egress_mbps = 8.5;
+  ASSERT_TRUE(store_->PutSandbox(rec).ok());
+  auto read = store_->GetSandbox(rec.id);
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ((*read)->secrets, refs);
+  EXPECT_EQ((*read)->limits.egress_mbps, 8.5);
+
+  ASSERT_TRUE(s.Delete(a_, "gone").ok());
+  std::vector<std::string> missing;
+  auto again = s.Rebind(a_.id, (*read)->secrets, &missing);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_EQ(again->size(), 1u);
+  EXPECT_EQ((*again)[0].env, "OPENAI_API_KEY");
+  EXPECT_EQ((*again)[0].value, kValue);
+  EXPECT_EQ((*again)[0].header, "Authorization");
+  for (const auto& b : *bound)
+    if (b.env == "OPENAI_API_KEY") {
+      EXPECT_EQ((*again)[0].placeholder, b.placeholder);
+    }
+  EXPECT_EQ(missing, (std::vector<std::string>{"gone"}));
+  // Another key's name is not found through a record either, and a forged placeholder that is
+  // not one of ours is not bound.
+  missing.clear();
+  EXPECT_TRUE(s.Rebind(b_.id, refs, &missing)->empty());
+  EXPECT_EQ(missing.size(), 2u);
+  EXPECT_TRUE(s.Rebind(a_.id, {{"OPENAI_API_KEY", "openai", "Bearer"}}, nullptr)->empty());
+
+  // An ended sandbox keeps no bindings.
+  rec.state = store::kStateKilled;
+  ASSERT_TRUE(store_->PutSandbox(rec).ok());
+  EXPECT_TRUE((*store_->GetSandbox(rec.id))->secrets.empty());
+}
+
+// E2B's network.rules: each header with its ${e2b.secrets.NAME} replaced by the owner's value,
+// for the rule's domain only; never another key's secret.
+TEST_F(SecretsTest, RulesBecomeHeaderBindingsOfTheOwnersSecrets) {
+  Secrets s = Make(secret_);
+  ASSERT_TRUE(s.Add(a_, Input("openai")).ok());
+  SecretInput other = Input("second");
+  other.value = "v2";
+  ASSERT_TRUE(s.Add(a_, other).ok());
+  nlohmann::json rules = nlohmann::json::parse(R"({
+    "API.Example.com": [{"transform": {"headers": {
+      "Authorization": "Bearer ${e2b.secrets.openai}",
+      "X-Both": "${e2b.secrets.openai}:${e2b.secrets.second}",
+      "X-Plain": "literal ${HOME} {}"}}}]})");
+  auto b = s.BindRules(a_.id, rules);
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  ASSERT_EQ(b->size(), 3u);
+  std::map<std::string, network::SecretBinding> by_header;
+  for (const auto& x : *b) by_header[x.header] = x;
+  EXPECT_EQ(by_header["Authorization"].value, std::string("Bearer ") + kValue);
+  EXPECT_EQ(by_header["Authorization"].name, "openai");
+  EXPECT_EQ(by_header["Authorization"].hosts, (std::vector<std::string>{"api.example.com"}));
+  EXPECT_EQ(by_header["Authorization"].format, "{}");
+  EXPECT_TRUE(by_header["Authorization"].env.empty());
+  EXPECT_EQ(by_header["Authorization"].placeholder.rfind(kPlaceholderPrefix, 0), 0u);
+  EXPECT_EQ(by_header["X-Both"].value, std::string(kValue) + ":v2");
+  EXPECT_EQ(by_header["X-Both"].name, "openai,second");
+  EXPECT_EQ(by_header["X-Plain"].value, "literal ${HOME} {}");
+  EXPECT_EQ(by_header["X-Plain"].name, "");
+  EXPECT_TRUE(RefsOf(*b).empty());  // nothing of a rule goes into the record's bindings
+  EXPECT_EQ(*RuleSecretNames(rules), (std::vector<std::string>{"openai", "second"}));
+
+  // B names A's secret: unknown, as if it did not exist.
+  auto theirs = s.BindRules(b_.id, rules);
+  ASSERT_EQ(theirs.status().err(), EINVAL);
+  EXPECT_NE(theirs.status().message().find("no secret named openai"), std::string::npos);
+  EXPECT_EQ(theirs.status().message().find(kValue), std::string::npos);
+  // What sbx does not do is refused, not sent as it is.
+  for (const char* v : {"${e2b.identity.tokens.github}", "${e2b.secrets.openai", "${e2b.x}",
+                        "${e2b.secrets.bad name}"}) {
+    nlohmann::json r = {{"api.example.com", {{{"transform", {{"headers", {{"X", v}}}}}}}}};
+    EXPECT_EQ(s.BindRules(a_.id, r).status().err(), EINVAL) << v;
+    EXPECT_EQ(RuleSecretNames(r).status().err(), EINVAL) << v;
+  }
+  EXPECT_TRUE(s.BindRules(a_.id, nlohmann::json::object())->empty());
 }
 
 }  // namespace

@@ -197,6 +197,14 @@ ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE sandboxes ADD COLUMN mask_request_host TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 12: a sandbox's secret bindings (issue 12): env var, secret name and the placeholder
+// its box holds, so that a daemon restart can bind the same placeholders to the values again.
+// Live sandboxes only: a sandbox that ends has its list cleared (Store::PutSandbox).
+constexpr char kV12[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]'
+  CHECK (json_valid(secrets) AND json_type(secrets) = 'array');
+)sql";
+
 // Version 13: images as templates (issue 13): the image config of kinds oci and build (a JSON
 // object, storage::ImageConfig; '' for other kinds). Pins of builds and pulls ("bld_...",
 // "pull_...") share layer_pins with sandboxes' and need no schema of their own.
@@ -219,6 +227,7 @@ const std::vector<Migration>& Migrations() {
       {9, "secrets: sealed values with their hosts, header and format", kV9},
       {10, "sandboxes.network, egress_rules, mask_request_host", kV10},
       {11, "net_slots: the box address pool", kV11},
+      {12, "sandboxes.secrets: the bindings of a sandbox's secrets", kV12},
       {13, "templates.config: an image's config (kinds oci, build)", kV13},
   };
   return kAll;

@@ -24,7 +24,8 @@ namespace {
 constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
-    "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host";
+    "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host, "
+    "secrets";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
@@ -155,6 +156,7 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
     r.limits.cpu_weight = JsonInt(*limits, "cpu_weight");
     r.limits.pids = JsonInt(*limits, "pids");
     r.limits.disk_bytes = JsonInt(*limits, "disk_bytes");
+    r.limits.egress_mbps = JsonDouble(*limits, "egress_mbps");
   }
   r.timeout_ms = st.ColumnInt(7);
   r.on_timeout = st.ColumnText(8);
@@ -187,6 +189,15 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.network = st.ColumnText(21);
   r.egress_rules = st.ColumnText(22);
   r.mask_request_host = st.ColumnText(23);
+  // Version 12: the secret bindings.
+  Result<json> secrets =
+      Parse(st.ColumnText(24).empty() ? "[]" : st.ColumnText(24), what + " secrets");
+  if (!secrets.ok()) return secrets.status();
+  if (secrets->is_array())
+    for (const auto& b : *secrets)
+      if (b.is_object())
+        r.secrets.push_back(
+            {b.value("env", ""), b.value("secret", ""), b.value("placeholder", "")});
   return r;
 }
 
@@ -386,6 +397,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
     return Invalid(what + ": on_timeout must be kill or pause, not '" + r.on_timeout + "'");
   }
   if (!std::isfinite(r.limits.cpus)) return Invalid(what + ": cpus is not a finite number");
+  if (!std::isfinite(r.limits.egress_mbps))
+    return Invalid(what + ": egress_mbps is not a finite number");
   Result<std::string> metadata = Dump(json(r.metadata), what + ": metadata");
   if (!metadata.ok()) return metadata.status();
   Result<std::string> env = Dump(json(r.env), what + ": env");
@@ -399,12 +412,20 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
                  {"cpu_weight", r.limits.cpu_weight},
                  {"pids", r.limits.pids},
                  {"disk_bytes", r.limits.disk_bytes}};
+  if (r.limits.egress_mbps != 0) limits["egress_mbps"] = r.limits.egress_mbps;
+  // Bindings only while the sandbox lives: an ended one has no box to put values in for.
+  json secrets = json::array();
+  if (IsLiveState(r.state))
+    for (const SecretRef& b : r.secrets)
+      secrets.push_back({{"env", b.env}, {"secret", b.secret}, {"placeholder", b.placeholder}});
+  Result<std::string> secrets_text = Dump(secrets, what + " secrets");
+  if (!secrets_text.ok()) return secrets_text.status();
   int64_t now = clock_->NowMs();
 
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20, ?21, ?22, ?23, ?24)"
+      "?19, ?20, ?21, ?22, ?23, ?24, ?25)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -415,7 +436,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " public_ports = excluded.public_ports, id_base = excluded.id_base,"
       " idmapped = excluded.idmapped, defaults = excluded.defaults,"
       " network = excluded.network, egress_rules = excluded.egress_rules,"
-      " mask_request_host = excluded.mask_request_host");
+      " mask_request_host = excluded.mask_request_host, secrets = excluded.secrets");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -440,7 +461,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindText(21, *defaults)
       .BindText(22, r.network.empty() ? kNoNetwork : r.network)
       .BindText(23, r.egress_rules.empty() ? "{}" : r.egress_rules)
-      .BindText(24, r.mask_request_host);
+      .BindText(24, r.mask_request_host)
+      .BindText(25, *secrets_text);
   return st->Run().Wrap(what);
 }
 
@@ -1470,6 +1492,16 @@ Result<std::vector<SecretRecord>> Store::ListSecrets(const std::string& owner_ke
     if (!r.ok()) return r.status();
     out.push_back(std::move(*r));
   }
+}
+
+Result<bool> Store::SecretIdExists(const std::string& id) {
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare("SELECT 1 FROM secrets WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap("look up secret " + id);
+  st->BindText(1, id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap("look up secret " + id);
+  return *row;
 }
 
 Status Store::DeleteSecret(const std::string& owner_key_id, const std::string& name_or_id) {

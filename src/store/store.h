@@ -55,6 +55,7 @@ struct SandboxLimits {
   int64_t cpu_weight = 0;
   int64_t pids = 0;
   int64_t disk_bytes = 0;
+  double egress_mbps = 0;  // the egress proxy's rate for the box, Mbit/s each way; 0: unlimited
 };
 
 // What a sandbox's template says a command gets when the command says nothing, kept with the
@@ -68,6 +69,16 @@ struct TemplateDefaults {
 
 // The network column of a sandbox without networking.
 inline constexpr char kNoNetwork[] = R"({"mode":"none"})";
+
+// A secret a sandbox was created to use (column `secrets`, version 12): inside, `env` holds
+// `placeholder`; the proxy puts the value of the owner's secret `secret` in its place. Not a
+// secret by itself, but no API answer shows it.
+struct SecretRef {
+  std::string env;
+  std::string secret;
+  std::string placeholder;
+  bool operator==(const SecretRef&) const = default;
+};
 
 struct SandboxRecord {
   std::string id;
@@ -97,6 +108,8 @@ struct SandboxRecord {
   std::string network = kNoNetwork;
   std::string egress_rules = "{}";
   std::string mask_request_host;
+  // Its secret bindings (version 12); cleared when it ends.
+  std::vector<SecretRef> secrets;
 };
 
 struct SandboxFilter {
@@ -130,6 +143,9 @@ struct LimitRanges {
   int64_t max_disk_bytes = 0;
   int64_t min_timeout_ms = 0;
   int64_t max_timeout_ms = 0;
+  // limits.egress_mbps: the host's range only (no flag or key column narrows it yet).
+  double min_egress_mbps = 0;
+  double max_egress_mbps = 0;
   bool operator==(const LimitRanges&) const = default;
 };
 
@@ -400,6 +416,9 @@ class Store {
   Result<std::optional<SecretRecord>> GetSecret(const std::string& owner_key_id,
                                                 const std::string& name_or_id);
   Result<std::vector<SecretRecord>> ListSecrets(const std::string& owner_key_id);  // by name
+  // Whether a secret of id `id` exists under some owner (not its name or value): only for the
+  // audit of a key naming another key's secret by id.
+  Result<bool> SecretIdExists(const std::string& id);
   // ENOENT when the owner has no such secret.
   Status DeleteSecret(const std::string& owner_key_id, const std::string& name_or_id);
 

@@ -339,5 +339,145 @@ TEST_F(NetworkTest, WithoutAPolicyThereIsNoNetworkAndTheBoxSaysSo) {
   EXPECT_EQ(DnsQueriesFor("allowed.test"), 0);
 }
 
+// Item 6 across a restart: the bindings live with the sandbox (store version 12), so the daemon
+// that comes back puts the same secret in for the same placeholder the box still holds.
+TEST_F(NetworkTest, SecretBindingsSurviveADaemonRestart) {
+  const std::string value = "restart-s3cr3t-0123456789";
+  Json("POST", "/v1/secrets",
+       {{"name", "kept"}, {"value", value}, {"hosts", {"allowed.test"}}, {"format", "{}"}}, 201);
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test"}}}},
+               {"secrets", {{"API_KEY", "kept"}}}};
+  json s = Json("POST", "/v1/sandboxes", body, 201);
+  std::string id = s.value("id", "");
+  ASSERT_FALSE(id.empty()) << s.dump();
+  std::string curl =
+      "curl -sS --max-time 20 -H \"X-Key: $API_KEY\" https://allowed.test/headers; echo; "
+      "echo \"$API_KEY\"";
+  auto before = Exec(id, curl);
+  EXPECT_EQ(before.exit_code, 0) << before.err;
+  EXPECT_NE(before.out.find("\"x-key\":\"" + value + "\""), std::string::npos) << before.out;
+  std::string placeholder = before.out.substr(before.out.rfind("sbx_secret_"));
+
+  d_->Stop();
+  d_->Start();
+  auto after = Exec(id, curl);
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_NE(after.out.find("\"x-key\":\"" + value + "\""), std::string::npos) << after.out;
+  EXPECT_EQ(after.out.substr(after.out.rfind("sbx_secret_")), placeholder);  // the same one
+  // The last request reached the fake internet with the value, not the placeholder.
+  bool seen = false;
+  for (const auto& r : Log("http"))
+    if (r.dump().find(value) != std::string::npos) seen = true;
+  EXPECT_TRUE(seen);
+  // Neither the value nor the placeholder is in an answer about the sandbox.
+  std::string answer = Call("GET", "/v1/sandboxes/" + id).body;
+  EXPECT_EQ(answer.find(value), std::string::npos);
+  EXPECT_EQ(answer.find("sbx_secret_"), std::string::npos) << answer;
+  EXPECT_GE(Audit("secret.use", id).size(), 2u);
+}
+
+// Item 6, E2B's side: network.rules header transforms with ${e2b.secrets.NAME} go through the
+// same interceptor, to the rule's domain only, and follow updateNetwork and a restart.
+TEST_F(NetworkTest, E2bRulesSetHeadersWithTheOwnersSecrets) {
+  const std::string value = "e2b-rule-s3cr3t-987654321";
+  auto e2b = [&](const std::string& method, const std::string& target, const json& body) {
+    http::ClientHeaders h = {{"X-API-KEY", d_->key()}};
+    if (!body.is_null()) h.push_back({"Content-Type", "application/json"});
+    auto r = http::Request(http::Endpoint{"", 0, d_->unix_socket()}, method, target, h,
+                           body.is_null() ? "" : body.dump(), std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << method << " " << target;
+    return r.ok() ? *r : http::Response{};
+  };
+  auto put = e2b("POST", "/secrets", {{"name", "e2btoken"}, {"value", value}});
+  ASSERT_EQ(put.status, 201) << put.body;
+  json rules = {
+      {"allowed.test",
+       {{{"transform", {{"headers", {{"Authorization", "Bearer ${e2b.secrets.e2btoken}"}}}}}}}}};
+  json net = {
+      {"allowOut", {"allowed.test", "pypi.test"}}, {"denyOut", {"0.0.0.0/0"}}, {"rules", rules}};
+  // A rule naming a secret this key does not have is refused, and nothing is made.
+  json bad_rules = {
+      {"allowed.test", {{{"transform", {{"headers", {{"X", "${e2b.secrets.nope}"}}}}}}}}};
+  auto bad =
+      e2b("POST", "/sandboxes",
+          {{"templateID", "base"},
+           {"network",
+            {{"allowOut", {"allowed.test"}}, {"denyOut", {"0.0.0.0/0"}}, {"rules", bad_rules}}}});
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("no secret named nope"), std::string::npos) << bad.body;
+
+  auto made = e2b("POST", "/sandboxes", {{"templateID", "base"}, {"network", net}});
+  ASSERT_EQ(made.status, 201) << made.body;
+  std::string id = json::parse(made.body).value("sandboxID", "");
+  ASSERT_FALSE(id.empty());
+  std::string to_rule =
+      "curl -sS --max-time 20 -H 'Authorization: mine' https://allowed.test/headers";
+  auto r = Exec(id, to_rule);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"authorization\":\"Bearer " + value + "\""), std::string::npos) << r.out;
+  auto elsewhere = Exec(id, "curl -sS --max-time 20 https://pypi.test/headers");
+  EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.err;
+  EXPECT_EQ(elsewhere.out.find(value), std::string::npos) << elsewhere.out;
+  auto uses = Audit("secret.use", id);
+  ASSERT_FALSE(uses.empty());
+  EXPECT_EQ(uses[0]["detail"].value("secret", ""), "e2btoken") << uses[0].dump();
+  EXPECT_EQ(uses[0]["detail"].value("host", ""), "allowed.test") << uses[0].dump();
+  // The value is in no answer and no event; the rule is shown as it was given.
+  auto info = e2b("GET", "/sandboxes/" + id, nullptr);
+  EXPECT_EQ(info.body.find(value), std::string::npos);
+  EXPECT_EQ(Call("GET", "/v1/audit?sandbox=" + id + "&limit=1000").body.find(value),
+            std::string::npos);
+
+  // Across a restart the rule still applies.
+  d_->Stop();
+  d_->Start();
+  r = Exec(id, to_rule);
+  EXPECT_NE(r.out.find("\"authorization\":\"Bearer " + value + "\""), std::string::npos) << r.out;
+  // updateNetwork without rules: the header is the box's own again.
+  json no_rules = {{"allowOut", {"allowed.test"}}, {"denyOut", {"0.0.0.0/0"}}};
+  EXPECT_EQ(e2b("PUT", "/sandboxes/" + id + "/network", no_rules).status, 204);
+  r = Exec(id, to_rule);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"authorization\":\"mine\""), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(value), std::string::npos) << r.out;
+}
+
+// Item 4: limits.egress_mbps paces what a box downloads through the proxy, and a live policy
+// change keeps it. Only a lower bound on the time: a slow machine may take longer.
+TEST_F(NetworkTest, AnEgressLimitPacesDownloads) {
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test", "pypi.test"}}}},
+               {"limits", {{"egress_mbps", 8}}}};
+  json s = Json("POST", "/v1/sandboxes", body, 201);
+  std::string id = s.value("id", "");
+  ASSERT_FALSE(id.empty()) << s.dump();
+  EXPECT_EQ(s["limits"].value("egress_mbps", 0.0), 8.0) << s.dump();
+  // Out of range: refused naming the field.
+  auto refused =
+      Call("POST", "/v1/sandboxes",
+           json{{"network", {{"mode", "open"}}}, {"limits", {{"egress_mbps", -1}}}}.dump());
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("limits.egress_mbps"), std::string::npos) << refused.body;
+
+  // 8 Mbit/s is 1,000,000 bytes a second; the bucket's burst is a quarter second's worth.
+  constexpr double kRate = 1e6, kBurst = kRate / 4;
+  constexpr int kBytes = 3000000;
+  auto timed = [&](const std::string& host) {
+    auto r = Exec(id,
+                  "curl -sS --max-time 60 -o /dev/null -w '%{size_download} %{time_total}' "
+                  "http://" +
+                      host + "/bytes/" + std::to_string(kBytes));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    double size = 0, secs = 0;
+    std::istringstream(r.out) >> size >> secs;
+    EXPECT_EQ(size, kBytes) << r.out;
+    return secs;
+  };
+  double min_secs = (kBytes - 2 * kBurst) / kRate;
+  EXPECT_GE(timed("allowed.test"), min_secs);
+  Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}},
+       200);
+  EXPECT_GE(timed("pypi.test"), min_secs);
+}
+
 }  // namespace
 }  // namespace sbx::test

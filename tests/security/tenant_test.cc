@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -208,6 +209,7 @@ class Tenants : public ::testing::Test {
   void Row43();
   void Row44();
   void Row45();
+  void RowNetworkAndSecrets();
 
   std::string dir_, parent_, operator_key_, a_key_, b_key_;
   std::set<std::string> links_before_;  // another sbx's on this machine: not ours to count
@@ -688,6 +690,145 @@ void Tenants::Row45() {
   }
 }
 
+// Issue 12's routes as tenant B (rows 36 and 38): A's sandbox through the network and port URL
+// routes, A's secrets by name and by id on both APIs, A's secret name in B's own create, and a
+// signed URL of A's sandbox with B's id put in. Each answers as for no object at all; what names
+// one of A's objects by id is audited.
+void Tenants::RowNetworkAndSecrets() {
+  std::string a = Create(a_key_), b = Create(b_key_);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  std::vector<std::string> failures;
+  int probes = 0;
+  auto secret_denied = [&] {
+    json j = json::parse(
+        Call(operator_key_, "GET", "/v1/audit?type=secret.access_denied&limit=10000").body, nullptr,
+        false);
+    return j.is_object() && j["events"].is_array() ? static_cast<int>(j["events"].size()) : -1;
+  };
+  // check(what, answer, want status, audited counter or nullptr)
+  auto check = [&](const std::string& what, const http::Response& r, int want,
+                   const std::function<int()>& audited, int before) {
+    ++probes;
+    if (r.status != want)
+      failures.push_back(what + ": expected " + std::to_string(want) + ", got " +
+                         std::to_string(r.status) + " " + r.body.substr(0, 160));
+    if (audited && audited() <= before) failures.push_back(what + ": not audited");
+  };
+  std::function<int()> sandbox_denied = [&] { return AccessDenied(); };
+
+  // A's sandbox through the network routes.
+  std::string s = "/v1/sandboxes/" + a;
+  int n = AccessDenied();
+  check("PUT " + s + "/network", Call(b_key_, "PUT", s + "/network", R"({"mode":"none"})"), 404,
+        sandbox_denied, n);
+  n = AccessDenied();
+  check("GET " + s + "/network", Call(b_key_, "GET", s + "/network"), 404, sandbox_denied, n);
+  n = AccessDenied();
+  check("POST " + s + "/ports/8080/url", Call(b_key_, "POST", s + "/ports/8080/url", "{}"), 404,
+        sandbox_denied, n);
+  n = AccessDenied();
+  check("E2B PUT /sandboxes/" + a + "/network",
+        E2b(b_key_, "PUT", "/sandboxes/" + a + "/network", R"({"denyOut":["8.8.8.8"]})"), 404,
+        sandbox_denied, n);
+
+  // A's secret, by name and by id, on both APIs.
+  auto put = Call(a_key_, "POST", "/v1/secrets",
+                  R"({"name":"tenant-a-key","value":"a-secret-value-42","hosts":["api.test"]})");
+  if (put.status != 201) failures.push_back("A's secret: " + std::to_string(put.status) + put.body);
+  json pj = json::parse(put.body, nullptr, false);
+  std::string sid = pj.is_object() ? pj.value("id", "") : "";
+  auto names_a = [&](const http::Response& r) {
+    return r.body.find("tenant-a-key") != std::string::npos ||
+           (!sid.empty() && r.body.find(sid) != std::string::npos);
+  };
+  auto list = Call(b_key_, "GET", "/v1/secrets");
+  ++probes;
+  if (list.status != 200 || names_a(list))
+    failures.push_back("B's GET /v1/secrets: " + std::to_string(list.status) + " " + list.body);
+  auto elist = E2b(b_key_, "GET", "/secrets");
+  ++probes;
+  if (elist.status != 200 || names_a(elist))
+    failures.push_back("B's E2B GET /secrets: " + std::to_string(elist.status) + " " + elist.body);
+  std::function<int()> none;
+  std::function<int()> secret_audit = secret_denied;
+  check("GET /v1/secrets/tenant-a-key", Call(b_key_, "GET", "/v1/secrets/tenant-a-key"), 404, none,
+        0);
+  check("DELETE /v1/secrets/tenant-a-key", Call(b_key_, "DELETE", "/v1/secrets/tenant-a-key"), 404,
+        none, 0);
+  check("E2B GET /secrets/tenant-a-key", E2b(b_key_, "GET", "/secrets/tenant-a-key"), 404, none, 0);
+  check("E2B DELETE /secrets/tenant-a-key", E2b(b_key_, "DELETE", "/secrets/tenant-a-key"), 404,
+        none, 0);
+  check("E2B POST /secrets/tenant-a-key (a new version)",
+        E2b(b_key_, "POST", "/secrets/tenant-a-key", R"({"value":"b-overwrites"})"), 404, none, 0);
+  if (!sid.empty()) {
+    n = secret_denied();
+    check("GET /v1/secrets/<A's id>", Call(b_key_, "GET", "/v1/secrets/" + sid), 404, secret_audit,
+          n);
+    n = secret_denied();
+    check("DELETE /v1/secrets/<A's id>", Call(b_key_, "DELETE", "/v1/secrets/" + sid), 404,
+          secret_audit, n);
+    n = secret_denied();
+    check("E2B GET /secrets/<A's id>", E2b(b_key_, "GET", "/secrets/" + sid), 404, secret_audit, n);
+    n = secret_denied();
+    check("E2B DELETE /secrets/<A's id>", E2b(b_key_, "DELETE", "/secrets/" + sid), 404,
+          secret_audit, n);
+  }
+  // The answer for A's name is the answer for a name nobody has.
+  auto theirs = Call(b_key_, "GET", "/v1/secrets/tenant-a-key");
+  auto nobody = Call(b_key_, "GET", "/v1/secrets/tenant-z-key");
+  std::string t = theirs.body, z = nobody.body;
+  if (size_t p = t.find("tenant-a-key"); p != std::string::npos) t.replace(p, 12, "tenant-z-key");
+  if (t != z)
+    failures.push_back("A's secret name answers otherwise than no name: " + t + " | " + z);
+  // A's secret is untouched.
+  auto mine = Call(a_key_, "GET", "/v1/secrets/tenant-a-key");
+  if (mine.status != 200) failures.push_back("A's secret is gone: " + std::to_string(mine.status));
+
+  // B binding A's secret name in its own create: unknown, on both APIs, and nothing made.
+  auto bind = Call(b_key_, "POST", "/v1/sandboxes", R"({"secrets":{"K":"tenant-a-key"}})");
+  ++probes;
+  if (bind.status != 400 || bind.body.find("no secret named tenant-a-key") == std::string::npos)
+    failures.push_back("B's create binding A's secret: " + std::to_string(bind.status) + " " +
+                       bind.body.substr(0, 160));
+  auto rule = E2b(b_key_, "POST", "/sandboxes",
+                  R"({"templateID":"base","network":{"rules":{"api.test":[{"transform":)"
+                  R"({"headers":{"Authorization":"Bearer ${e2b.secrets.tenant-a-key}"}}}]}}})");
+  ++probes;
+  if (rule.status != 400 || rule.body.find("no secret named tenant-a-key") == std::string::npos)
+    failures.push_back("B's E2B create with a rule naming A's secret: " +
+                       std::to_string(rule.status) + " " + rule.body.substr(0, 160));
+
+  // A signed URL of A's sandbox with B's id put in: as a URL for no sandbox at all.
+  auto url = Call(a_key_, "POST", s + "/ports/8080/url", R"({"ttl_s":600})");
+  json uj = json::parse(url.body, nullptr, false);
+  std::string path = uj.is_object() ? uj.value("path", "") : "";
+  if (url.status != 201 || path.find(a) == std::string::npos) {
+    failures.push_back("A's signed URL: " + std::to_string(url.status) + " " + url.body);
+  } else {
+    auto swap = [&](const std::string& to) {
+      std::string p = path;
+      p.replace(p.find(a), a.size(), to);
+      return p;
+    };
+    std::string ghost(a.size(), 'z');
+    auto swapped = Call("", "GET", swap(b));
+    auto missing = Call("", "GET", swap(ghost));
+    ++probes;
+    std::string sb = swapped.body, sm = missing.body;
+    for (size_t p; (p = sb.find(b)) != std::string::npos;) sb.replace(p, b.size(), ghost);
+    if (swapped.status != 403 || swapped.status != missing.status || sb != sm)
+      failures.push_back("A's signed URL with B's id: " + std::to_string(swapped.status) + " " +
+                         swapped.body + " | for no sandbox: " + std::to_string(missing.status) +
+                         " " + missing.body);
+  }
+  RecordChecks("12-network-secrets-tenant", "38", failures,
+               std::to_string(probes) +
+                   " probes (network and port-URL routes of A's sandbox, A's secrets by name and "
+                   "id on v1 and E2B, A's name bound in B's creates, a signed URL with B's id): "
+                   "as for no object, audited where an id of A's is named");
+}
+
 TEST_F(Tenants, AllCases) {
   ASSERT_EQ(::geteuid(), 0u) << "sbx serve needs root";
   ::signal(SIGPIPE, SIG_IGN);
@@ -697,6 +838,7 @@ TEST_F(Tenants, AllCases) {
   Row43();
   Row44();
   Row45();
+  RowNetworkAndSecrets();
   d_->Stop();
   Report(SecondsSince(t0));
   ExpectNoCgroupsAndRemoveParent(parent_);

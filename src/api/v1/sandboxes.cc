@@ -33,7 +33,8 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
               {"cpus", r.limits.cpus},
               {"cpu_weight", r.limits.cpu_weight},
               {"pids", r.limits.pids},
-              {"disk_bytes", r.limits.disk_bytes}}},
+              {"disk_bytes", r.limits.disk_bytes},
+              {"egress_mbps", r.limits.egress_mbps}}},
             {"timeout", static_cast<double>(r.timeout_ms) / 1000.0},
             {"on_timeout", r.on_timeout},
             {"created_at", IsoTime(r.created_at)},
@@ -74,8 +75,8 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
   if (j.contains("limits")) {
     const json& l = j["limits"];
     if (!l.is_object()) return Status::Error("limits: must be an object", EINVAL);
-    static const std::set<std::string> kLimits = {"memory_bytes", "cpus", "cpu_weight", "pids",
-                                                  "disk_bytes"};
+    static const std::set<std::string> kLimits = {"memory_bytes", "cpus",       "cpu_weight",
+                                                  "pids",         "disk_bytes", "egress_mbps"};
     for (const auto& [k, v] : l.items())
       if (!kLimits.count(k)) return Status::Error("limits: unknown field '" + k + "'", EINVAL);
     for (auto [name, unit, dst] :
@@ -93,6 +94,15 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
                                  http::JsonSnippet(l["cpus"]) + ")",
                              EINVAL);
       r.limits.cpus = l["cpus"].get<double>();
+    }
+    // Mbit/s each way through the egress proxy (its range is the manager's check, limits.h).
+    if (l.contains("egress_mbps") && !l["egress_mbps"].is_null()) {
+      if (!l["egress_mbps"].is_number())
+        return Status::Error(
+            "limits.egress_mbps: must be a number of Mbit/s, 0 for no limit (got " +
+                http::JsonSnippet(l["egress_mbps"]) + ")",
+            EINVAL);
+      r.limits.egress_mbps = l["egress_mbps"].get<double>();
     }
   }
   auto timeout =
