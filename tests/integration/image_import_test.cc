@@ -173,12 +173,14 @@ TEST_F(ImageImportTest, AnImportedImagesConfigIsEveryCommandsDefault) {
     ASSERT_EQ(Sbx({"template", "rm", "busy-oci"}).exit_code, 0);
   }
 
-  // gc keeps the layer while the template (and the sandbox) use it, frees it after.
+  // gc keeps the layer while the template and the sandbox use it, frees it after.
   r = Sbx({"template", "gc"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.find(layer), std::string::npos) << r.out;
-  ASSERT_EQ(Call("DELETE", "/v1/sandboxes/" + id).status, 204);
+  // Removed while the sandbox lives: its layer stays (pinned) until gc after the sandbox ends.
   ASSERT_EQ(Sbx({"template", "rm", "busy:1"}).exit_code, 0);
+  EXPECT_EQ(::access((data_ + "/templates/layers/" + layer).c_str(), F_OK), 0);
+  ASSERT_EQ(Call("DELETE", "/v1/sandboxes/" + id).status, 204);
   r = Sbx({"template", "gc"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(layer), std::string::npos) << r.out;
