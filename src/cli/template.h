@@ -1,7 +1,7 @@
-// `sbx template add|ls|rm`: the operator's side of the template registry (docs/storage.md). Runs
-// on the host as root, on the store (<data dir>/sbx.db) and the template cache directly, also
-// while the daemon runs. Also the one place the CLI (serve, run, template) builds its
-// storage::TemplateStore from, so that all three agree on the cache and its bound.
+// `sbx template add|import|ls|inspect|rm|gc`: the operator's side of the template registry
+// (docs/storage.md). Runs on the host as root, on the store (<data dir>/sbx.db) and the template
+// cache directly, also while the daemon runs. Also the one place the CLI (serve, run, template)
+// builds its storage::TemplateStore from, so that all three agree on the cache and its bound.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -856,7 +856,9 @@ Result<store::LayerRecord> AddLayerFromBlob(const TemplateStore& ts, store::Stor
     if (*known && ::stat(LayerDir(ts, *id).c_str(), &sb) == 0) {
       // Unpacked once per digest: a second import of the same layer only pins it.
       if (!pin_for.empty()) SBX_RETURN_IF_ERROR(st.PinLayer(pin_for, *id).Wrap(what));
-      if (progress) progress({what.substr(6), sb.st_size, sb.st_size});
+      struct stat blob {};
+      int64_t n = ::stat(blob_path.c_str(), &blob) == 0 ? blob.st_size : 0;
+      if (progress) progress({what.substr(6), n, n});
       return **known;
     }
     auto r = internal::RoomLocked(ts, st);
