@@ -37,8 +37,8 @@ build: deps $(BUILD)/build.ninja
 # The thread-safety check first: about 45 s of CPU (20-25 s on 2 idle cores).
 test: build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
-	@cat $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt 2>/dev/null || true
-	@awk -F': ' '/^probes run: /{r+=$$2} /^passed: /{p+=$$2} /^failed: /{f+=$$2} /^skipped: /{s+=$$2} /^host leaks: /{l+=$$2} END{if (r) printf "\nsecurity battery total: probes run %d, passed %d, failed %d, skipped %d, host leaks %d\n", r, p, f, s, l}' $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt 2>/dev/null || true
+	@cat $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt $(BUILD)/network-report.txt 2>/dev/null || true
+	@awk -F': ' '/^probes run: /{r+=$$2} /^passed: /{p+=$$2} /^failed: /{f+=$$2} /^skipped: /{s+=$$2} /^host leaks: /{l+=$$2} END{if (r) printf "\nsecurity battery total: probes run %d, passed %d, failed %d, skipped %d, host leaks %d\n", r, p, f, s, l}' $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt $(BUILD)/network-report.txt 2>/dev/null || true
 
 # The API, agent channel, manager and store unit tests (CTest label `sanitize`, see
 # SBX_SANITIZE_TESTS in CMakeLists.txt) built once more with -fsanitize=address,undefined in

@@ -42,6 +42,16 @@ int main(int argc, char** argv) {
   r->add_flag("-i,--interactive", run.interactive, "Pass stdin to the command");
   r->add_flag("-t,--tty", run.tty, "Run the command on a terminal");
   r->add_flag("--timings", run.timings, "Print how long each phase took to stderr");
+  r->add_option("--net", run.network.net,
+                "Give the box a network: allow=NAME,... (an allowlist), open, deny=CIDR,... (with "
+                "open); as sbx create --net (repeatable)");
+  r->add_option("--upstream-dns", run.network.upstream_dns,
+                "With --net: DNS servers names are resolved with, ADDR:PORT (repeatable; default: "
+                "the host's)");
+  r->add_option("--upstream-ca", run.network.upstream_ca,
+                "With --net: the CA file upstream TLS is verified with (default: the host's)");
+  r->add_option("--box-subnet", run.network.box_subnet,
+                "With --net: the pool box addresses come from (default 10.213.0.0/16)");
   r->add_option("command", run.command, "Command and arguments (after --)")->required();
   r->positionals_at_end(true);
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cli/run_net.h"
 #include "cli/template.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
@@ -213,6 +214,17 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(volumes.status().what());
     return kExitSbxError;
   }
+  auto policy = RunPolicy(o.network);
+  if (!policy.ok()) {
+    Error(policy.status().message());
+    return kExitSbxError;
+  }
+  const bool networked = policy->mode != network::Mode::kNone;
+  if (!networked && (!o.network.upstream_dns.empty() || !o.network.upstream_ca.empty() ||
+                     !o.network.box_subnet.empty())) {
+    Error("--upstream-dns, --upstream-ca and --box-subnet need --net (allow=NAME,... or open)");
+    return kExitSbxError;
+  }
   if (::geteuid() != 0) {
     Error("sbx run needs root (it creates namespaces, cgroups and mounts)");
     return kExitSbxError;
@@ -264,6 +276,11 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   // Boxes of earlier `sbx run`s that were killed before they could clean up.
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
+  // And the networks of killed `sbx run --net`s (their tables, links, slots).
+  if (auto reaped = ReapKilledRuns(global.data_dir, **db); !reaped.ok())
+    std::fprintf(stderr, "sbx: warning: %s\n", reaped.status().message().c_str());
+  else if (*reaped > 0 && global.verbose)
+    std::fprintf(stderr, "sbx: removed the networks of %d killed run(s)\n", *reaped);
   auto t_open = Clock::now();
   // A local root action: a registered name, or a host path (see storage::ResolveLocalTemplate).
   auto templates = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
@@ -296,6 +313,22 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   spec.limits = limits->limits;
   spec.die_with_parent = true;
   spec.owner = "run";
+  // The box's network: a stack of this process's own (run_net.h), planned before the box exists
+  // and attached at the runtime's sync point; removed (also on failure) when `net` goes.
+  std::unique_ptr<RunNetwork> net;
+  if (networked) {
+    auto started =
+        RunNetwork::Start(global.data_dir, **db, spec.id, *policy, o.network, global.verbose);
+    if (!started.ok()) {
+      Error(started.status().message());
+      return kExitSbxError;
+    }
+    net = std::move(*started);
+    for (const auto& [host, inside] : net->plan().files)
+      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
+    RunNetwork* n = net.get();
+    spec.at_sync_point = [n](pid_t init_pid) { return n->Attach(init_pid); };
+  }
   auto box = (*rt)->Create(spec);
   if (!box.ok()) {
     Error(box.status().message());
@@ -319,6 +352,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
       cmd.argv = o.command;
       if (o.tty) cmd.env["TERM"] = std::getenv("TERM") ? std::getenv("TERM") : "xterm";
       for (const auto& e : o.env) cmd.env[e.substr(0, e.find('='))] = e.substr(e.find('=') + 1);
+      // The network's variables (the CA bundle's paths) win over -e, as on sbx serve.
+      if (net)
+        for (const auto& [k, v] : net->plan().env) cmd.env[k] = v;
       cmd.cwd = o.workdir;
       cmd.user = o.user;
       cmd.stdin_open = o.interactive;
@@ -360,6 +396,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (auto st = (*rt)->Stats(*box); st.ok()) oom_kills = st->oom_kills;
   auto t_destroy = Clock::now();
   Status destroyed = (*rt)->Destroy(*box);
+  net.reset();  // after the box: its chain, link, slot, stack and table
   auto t_end = Clock::now();
   if (!destroyed.ok()) Error(destroyed.message());
 

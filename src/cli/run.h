@@ -16,6 +16,14 @@ struct GlobalOptions {
   bool verbose = false;
 };
 
+// `sbx run --net ...` (cli/run_net.h).
+struct RunNetOptions {
+  std::vector<std::string> net;           // --net: the grammar of `sbx create --net` (cli/net.h)
+  std::vector<std::string> upstream_dns;  // --upstream-dns ADDR:PORT (as sbx serve)
+  std::string upstream_ca;                // --upstream-ca FILE (as sbx serve)
+  std::string box_subnet;                 // --box-subnet CIDR (as sbx serve)
+};
+
 struct RunOptions {
   std::string template_name = "host";
   std::string memory, cpus, pids, disk, timeout;  // as typed; parsed by RunCommand
@@ -26,6 +34,7 @@ struct RunOptions {
   bool interactive = false;
   bool tty = false;
   bool timings = false;
+  RunNetOptions network;
   std::vector<std::string> command;
 };
 

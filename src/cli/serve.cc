@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio/ip/address.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <cctype>
 #include <cstdio>
@@ -25,6 +24,7 @@
 #include "common/fs.h"
 #include "common/secret.h"
 #include "network/box_files.h"
+#include "network/cares_lookup.h"
 #include "network/ingress.h"
 #include "network/policy.h"
 #include "runtime/native/native_runtime.h"
@@ -85,18 +85,10 @@ Result<network::StackConfig> NetworkConfig(const ServeOptions& o) {
     c.box_subnet = cidr->ToString();
   }
   for (const auto& addr : o.upstream_dns) {
-    // ADDR:PORT, [v6]:PORT.
-    size_t colon = addr.rfind(':');
-    std::string host = colon == std::string::npos ? "" : addr.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-      host = host.substr(1, host.size() - 2);
-    boost::system::error_code ec;
-    (void)boost::asio::ip::make_address(host, ec);
-    int port = colon == std::string::npos ? 0 : network::ParsePort(addr.substr(colon + 1));
-    if (ec || port == 0)
-      return Status::Error(
-          "--upstream-dns: ADDR:PORT, e.g. 198.18.0.53:53 or [::1]:53 (got '" + addr + "')",
-          EINVAL);
+    Status ok = network::ParseUpstream(addr);  // ADDR:PORT, [v6]:PORT
+    if (!ok.ok())
+      return Status::Error("--upstream-dns: " + ok.message() + ", e.g. 198.18.0.53:53 or [::1]:53",
+                           EINVAL);
     c.upstream_dns.push_back(addr);
   }
   if (!o.upstream_ca.empty()) {

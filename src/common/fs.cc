@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,58 @@
 #include "common/fd.h"
 
 namespace sbx {
+
+Status CreatePrivateFile(const std::string& path, std::string_view data) {
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::string tmp = dir + "/." + base + ".tmp." + RandomId(12);
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return Status::Errno("create " + tmp);
+  Status s = WriteAll(fd.get(), data);
+  if (s.ok() && ::fchmod(fd.get(), 0600) != 0) s = Status::Errno("fchmod " + tmp);
+  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::Errno("fsync " + tmp);
+  fd.reset();
+  if (s.ok() && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+    // A filesystem without RENAME_NOREPLACE: link() never replaces either.
+    if (errno == EINVAL || errno == ENOSYS) {
+      if (::link(tmp.c_str(), path.c_str()) != 0) s = Status::Errno("link " + path);
+    } else {
+      s = Status::Errno("rename " + tmp + " to " + path);
+    }
+  }
+  ::unlink(tmp.c_str());  // gone after the rename; after link() or a failure, the spare name
+  if (!s.ok()) return s;
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d && ::fsync(d.get()) != 0) return Status::Errno("fsync " + dir);
+  return {};
+}
+
+Result<UniqueFd> OpenPrivateFile(const std::string& path, const std::string& what,
+                                 const std::string& why, off_t* size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ELOOP) return Status::Error(what + " " + path + " is a symlink: refused", EPERM);
+    return Status::Errno("open " + path);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
+  if (!S_ISREG(st.st_mode))
+    return Status::Error(what + " " + path + " is not a regular file: refused", EINVAL);
+  if (st.st_uid != ::geteuid())
+    return Status::Error(what + " " + path + " is owned by uid " + std::to_string(st.st_uid) +
+                             ", not by this process's user: refused",
+                         EPERM);
+  if ((st.st_mode & 07777 & ~mode_t{0600}) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::Error(what + " " + path + " has mode " + mode + ", wider than 0600: refused (" +
+                             why + "; make a new one by moving it away)",
+                         EPERM);
+  }
+  if (size) *size = st.st_size;
+  return fd;
+}
 
 Status MakeDirs(const std::string& path, int mode) {
   if (path.empty()) return Status::Error("mkdir: empty path", EINVAL);

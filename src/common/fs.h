@@ -2,8 +2,12 @@
 // symlinks and never cross into another mount.
 #pragma once
 
-#include <string>
+#include <sys/types.h>
 
+#include <string>
+#include <string_view>
+
+#include "common/fd.h"
 #include "common/status.h"
 
 namespace sbx {
@@ -13,6 +17,19 @@ Status MakeDirs(const std::string& path, int mode = 0755);
 // Removes `path` and everything below it. Symlinks are removed, never followed; a mount point
 // below `path` is an error (EBUSY), not something to descend into. A missing `path` is fine.
 Status RemoveTree(const std::string& path);
+// Private files (the install secret, the CA key): made once and never rewritten, readable by this
+// process's user only.
+//
+// Makes `path` holding `data` unless it exists: a 0600 O_EXCL temporary beside it, fsync'd, then
+// renamed without replacing (link() where RENAME_NOREPLACE is missing), and the directory
+// fsync'd. EEXIST when another process made it first (load that one).
+Status CreatePrivateFile(const std::string& path, std::string_view data);
+// Opens `path` to read, refusing (EPERM) a symlink, another user's file or a mode wider than
+// 0600, and (EINVAL) what is not a regular file. Errors say "<what> <path> ..."; `why` ends the
+// wide-mode one (what a reader of it could do). `*size`, when given, gets its size.
+Result<UniqueFd> OpenPrivateFile(const std::string& path, const std::string& what,
+                                 const std::string& why, off_t* size = nullptr);
+
 // 16 random characters from [a-z0-9], for box and template ids.
 std::string RandomId(size_t length = 16);
 

@@ -4,7 +4,6 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <stdio.h>  // renameat2
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,64 +30,28 @@ std::string Hex(const unsigned char* p, size_t n) {
 }
 
 Result<InstallSecret> Load(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) {
-    if (errno == ELOOP) return Status::Error("secret " + path + " is a symlink: refused", EPERM);
-    return Status::Errno("open " + path);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
-  if (!S_ISREG(st.st_mode))
-    return Status::Error("secret " + path + " is not a regular file: refused", EINVAL);
-  if (st.st_uid != ::geteuid())
-    return Status::Error("secret " + path + " is owned by uid " + std::to_string(st.st_uid) +
-                             ", not by this process's user: refused",
-                         EPERM);
-  if ((st.st_mode & 07777 & ~mode_t{0600}) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Status::Error("secret " + path + " has mode " + mode +
-                             ", wider than 0600: refused (anyone who read it can forge every "
-                             "token; make a new one by moving it away)",
-                         EPERM);
-  }
-  if (st.st_size != static_cast<off_t>(kSecretBytes))
-    return Status::Error("secret " + path + " is " + std::to_string(st.st_size) + " bytes, not " +
+  off_t size = 0;
+  auto fd = OpenPrivateFile(path, "secret", "anyone who read it can forge every token", &size);
+  if (!fd.ok()) return fd.status();
+  if (size != static_cast<off_t>(kSecretBytes))
+    return Status::Error("secret " + path + " is " + std::to_string(size) + " bytes, not " +
                              std::to_string(kSecretBytes) + ": refused",
                          EINVAL);
-  auto bytes = ReadAll(fd.get(), kSecretBytes);
+  auto bytes = ReadAll(fd->get(), kSecretBytes);
   if (!bytes.ok()) return bytes.status().Wrap("read " + path);
   return InstallSecret::FromBytes(std::move(*bytes));
 }
 
 // Makes `path` with fresh random bytes unless it exists. EEXIST when another process made it
 // first (the caller then loads that one).
-Status Create(const std::string& dir, const std::string& path) {
-  std::string tmp = dir + "/.secret.tmp." + RandomId(12);
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd) return Status::Errno("create " + tmp);
+Status Create(const std::string& path) {
   std::string key(kSecretBytes, '\0');
   Status s;
   if (::getrandom(key.data(), key.size(), 0) != static_cast<ssize_t>(key.size()))
     s = Status::Errno("getrandom");
-  if (s.ok()) s = WriteAll(fd.get(), key);
-  if (s.ok() && ::fchmod(fd.get(), 0600) != 0) s = Status::Errno("fchmod " + tmp);
-  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::Errno("fsync " + tmp);
+  if (s.ok()) s = CreatePrivateFile(path, key);
   OPENSSL_cleanse(key.data(), key.size());
-  fd.reset();
-  if (s.ok() && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
-    // A filesystem without RENAME_NOREPLACE: link() never replaces either.
-    if (errno == EINVAL || errno == ENOSYS) {
-      if (::link(tmp.c_str(), path.c_str()) != 0) s = Status::Errno("link " + path);
-    } else {
-      s = Status::Errno("rename " + tmp + " to " + path);
-    }
-  }
-  ::unlink(tmp.c_str());  // gone after the rename; after link() or a failure, the spare name
-  if (!s.ok()) return s;
-  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d && ::fsync(d.get()) != 0) return Status::Errno("fsync " + dir);
-  return {};
+  return s;
 }
 
 }  // namespace
@@ -97,7 +60,7 @@ Result<InstallSecret> InstallSecret::LoadOrCreate(const std::string& data_dir) {
   std::string path = data_dir + "/" + kSecretFileName;
   auto loaded = Load(path);
   if (loaded.ok() || loaded.status().err() != ENOENT) return loaded;
-  Status made = Create(data_dir, path);
+  Status made = Create(path);
   if (!made.ok() && made.err() != EEXIST) return made.Wrap("make the install secret");
   return Load(path);
 }

@@ -7,7 +7,6 @@
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/x509v3.h>
-#include <stdio.h>  // renameat2
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +22,6 @@ namespace {
 
 constexpr char kCaFile[] = "ca.pem";
 constexpr char kCertFile[] = "ca.crt";
-constexpr char kBundleFile[] = "ca-bundle.crt";
 constexpr int64_t kCaValiditySeconds = int64_t{10} * 365 * 24 * 3600;
 constexpr size_t kMaxCaFileBytes = 64 << 10;
 
@@ -109,55 +107,19 @@ Result<std::string> MakeCaPem() {
   return out;
 }
 
-// As common/secret.cc's: a private temporary, then a link that never replaces.
-Status Create(const std::string& dir, const std::string& path) {
+// As common/secret.cc's (common/fs.h): a private temporary, then a link that never replaces.
+Status Create(const std::string& path) {
   auto pem = MakeCaPem();
   if (!pem.ok()) return pem.status();
-  std::string tmp = dir + "/.ca.tmp." + RandomId(12);
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd) return Status::Errno("create " + tmp);
-  Status s = WriteAll(fd.get(), *pem);
+  Status s = CreatePrivateFile(path, *pem);
   OPENSSL_cleanse(pem->data(), pem->size());
-  if (s.ok() && ::fchmod(fd.get(), 0600) != 0) s = Status::Errno("fchmod " + tmp);
-  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::Errno("fsync " + tmp);
-  fd.reset();
-  if (s.ok() && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
-    if (errno == EINVAL || errno == ENOSYS) {
-      if (::link(tmp.c_str(), path.c_str()) != 0) s = Status::Errno("link " + path);
-    } else {
-      s = Status::Errno("rename " + tmp + " to " + path);
-    }
-  }
-  ::unlink(tmp.c_str());
-  if (!s.ok()) return s;
-  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d && ::fsync(d.get()) != 0) return Status::Errno("fsync " + dir);
-  return {};
+  return s;
 }
 
 Result<std::string> ReadPrivate(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) {
-    if (errno == ELOOP) return Status::Error("CA " + path + " is a symlink: refused", EPERM);
-    return Status::Errno("open " + path);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
-  if (!S_ISREG(st.st_mode))
-    return Status::Error("CA " + path + " is not a regular file: refused", EINVAL);
-  if (st.st_uid != ::geteuid())
-    return Status::Error("CA " + path + " is owned by uid " + std::to_string(st.st_uid) +
-                             ", not by this process's user: refused",
-                         EPERM);
-  if ((st.st_mode & 07777 & ~mode_t{0600}) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Status::Error("CA " + path + " has mode " + mode +
-                             ", wider than 0600: refused (whoever read it can read every box's "
-                             "HTTPS; make a new one by moving it away)",
-                         EPERM);
-  }
-  return ReadAll(fd.get(), kMaxCaFileBytes);
+  auto fd = OpenPrivateFile(path, "CA", "whoever read it can read every box's HTTPS");
+  if (!fd.ok()) return fd.status();
+  return ReadAll(fd->get(), kMaxCaFileBytes);
 }
 
 bool IsDnsName(const std::string& h) {
@@ -202,7 +164,7 @@ Result<std::unique_ptr<Ca>> Ca::LoadOrCreate(const std::string& dir, size_t cach
   std::string path = dir + "/" + kCaFile;
   auto pem = ReadPrivate(path);
   if (!pem.ok() && pem.status().err() == ENOENT) {
-    Status made = Create(dir, path);
+    Status made = Create(path);
     if (!made.ok() && made.err() != EEXIST) return made.Wrap("make the CA");
     pem = ReadPrivate(path);
   }
@@ -232,7 +194,10 @@ Result<std::unique_ptr<Ca>> Ca::LoadOrCreate(const std::string& dir, size_t cach
   return ca;
 }
 
-Result<std::string> Ca::WriteBundle(const std::string& system_bundle) const {
+Result<std::string> Ca::WriteBundle(const std::string& system_bundle,
+                                    const std::string& name) const {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+    return Status::Error("CA bundle name '" + name + "'", EINVAL);
   std::string bundle;
   if (!system_bundle.empty()) {
     auto sys = ReadFile(system_bundle, 16 << 20);
@@ -241,7 +206,7 @@ Result<std::string> Ca::WriteBundle(const std::string& system_bundle) const {
     if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
   }
   bundle += cert_pem_;
-  std::string path = dir_ + "/" + kBundleFile;
+  std::string path = dir_ + "/" + name;
   SBX_RETURN_IF_ERROR(WriteFileAtomic(path, bundle, 0644));
   return path;
 }

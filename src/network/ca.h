@@ -59,8 +59,10 @@ class Ca {
 
   const std::string& cert_pem() const { return cert_pem_; }
   X509* cert() const { return cert_; }
-  // Writes <dir>/ca-bundle.crt = `system_bundle` (missing: none) + the CA, atomically; its path.
-  Result<std::string> WriteBundle(const std::string& system_bundle = kSystemCaBundle) const;
+  // Writes <dir>/<name> = `system_bundle` (missing: none) + the CA, atomically; its path. `name`:
+  // a file name (no '/'); each stack on the data directory writes its own (its --upstream-ca).
+  Result<std::string> WriteBundle(const std::string& system_bundle = kSystemCaBundle,
+                                  const std::string& name = "ca-bundle.crt") const;
 
   // A leaf for `host`: a DNS name (lowercased; labels of [a-z0-9-_]) or an IPv4/IPv6 address.
   // EINVAL for anything else. From the cache while it has more than half its life left.

@@ -1,13 +1,21 @@
 #include "network/firewall.h"
 
+#include <arpa/inet.h>
+#include <libmnl/libmnl.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/nfnetlink_conntrack.h>
+#include <netinet/in.h>
 #include <nftables/libnftables.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -235,6 +243,219 @@ std::vector<std::string> DeniedRanges(bool v6, const std::vector<Cidr>& opened) 
   return out;
 }
 
+namespace {
+
+// Runs `commands` (one transaction) on `ctx`; its output, or libnftables' error buffer.
+Result<std::string> RunOn(nft_ctx* ctx, const std::string& commands, bool json_output) {
+  nft_ctx_output_set_flags(ctx, json_output ? NFT_CTX_OUTPUT_JSON : 0);
+  int rc = nft_run_cmd_from_buffer(ctx, commands.c_str());
+  std::string out = nft_ctx_get_output_buffer(ctx);
+  std::string err = nft_ctx_get_error_buffer(ctx);
+  if (rc == 0) return out;
+  // libnftables reports the kernel's errno only as text; the common one is worth a code.
+  int code = err.find("No such file or directory") != std::string::npos ? ENOENT : EIO;
+  while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
+  if (err.size() > 2000) err = err.substr(0, 2000) + "...";
+  return Status::Error("nftables: " + (err.empty() ? std::string("failed") : err), code);
+}
+
+// One command on a context of its own (for the free functions below).
+Result<std::string> RunOnce(const std::string& command, bool json_output) {
+  nft_ctx* ctx = nft_ctx_new(NFT_CTX_DEFAULT);
+  if (!ctx) return Status::Error("firewall: nft_ctx_new failed", ENOMEM);
+  std::unique_ptr<nft_ctx, void (*)(nft_ctx*)> owner(ctx, nft_ctx_free);
+  if (nft_ctx_buffer_output(ctx) != 0 || nft_ctx_buffer_error(ctx) != 0)
+    return Status::Error("firewall: libnftables output buffers", ENOMEM);
+  return RunOn(ctx, command, json_output);
+}
+
+}  // namespace
+
+// ---- conntrack (ctnetlink through libmnl; no `conntrack` subprocess) ----
+
+namespace {
+
+// One flow's original tuple, as ctnetlink gives it and takes it back to delete it.
+struct CtFlow {
+  uint8_t family = AF_INET;
+  std::array<uint8_t, 16> src{}, dst{};
+  uint16_t sport = 0, dport = 0;  // network order
+  std::optional<uint16_t> zone;   // network order
+  uint8_t proto = 0;
+};
+
+address ToAddress(uint8_t family, const std::array<uint8_t, 16>& b) {
+  if (family == AF_INET) {
+    boost::asio::ip::address_v4::bytes_type v4;
+    std::copy(b.begin(), b.begin() + 4, v4.begin());
+    return boost::asio::ip::address_v4(v4);
+  }
+  boost::asio::ip::address_v6::bytes_type v6;
+  std::copy(b.begin(), b.end(), v6.begin());
+  return boost::asio::ip::address_v6(v6);
+}
+
+// Attributes of one nest (or message) by type, up to `kMaxCtAttr`. (libmnl's iteration macros
+// assign void* and do not compile as C++: its callbacks instead.)
+constexpr int kMaxCtAttr = 32;
+using CtAttrs = std::array<const nlattr*, kMaxCtAttr + 1>;
+int CollectAttr(const nlattr* a, void* data) {
+  int type = mnl_attr_get_type(a);
+  if (type <= kMaxCtAttr) (*static_cast<CtAttrs*>(data))[type] = a;
+  return MNL_CB_OK;
+}
+CtAttrs Nested(const nlattr* nest) {
+  CtAttrs tb{};
+  if (nest) (void)mnl_attr_parse_nested(nest, CollectAttr, &tb);
+  return tb;
+}
+
+// Reads the original tuple of one conntrack message; false when it is not one we can use.
+bool ParseFlow(const nlmsghdr* nlh, CtFlow* f) {
+  const auto* nfg = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(nlh));
+  f->family = nfg->nfgen_family;
+  CtAttrs top{};
+  if (mnl_attr_parse(nlh, sizeof(nfgenmsg), CollectAttr, &top) < 0) return false;
+  if (top[CTA_ZONE] && mnl_attr_get_payload_len(top[CTA_ZONE]) >= 2)
+    f->zone = mnl_attr_get_u16(top[CTA_ZONE]);
+  if (!top[CTA_TUPLE_ORIG]) return false;
+  CtAttrs tuple = Nested(top[CTA_TUPLE_ORIG]);
+  CtAttrs ip = Nested(tuple[CTA_TUPLE_IP]);
+  CtAttrs proto = Nested(tuple[CTA_TUPLE_PROTO]);
+  const size_t len = f->family == AF_INET ? 4 : 16;
+  const nlattr* src = ip[f->family == AF_INET ? CTA_IP_V4_SRC : CTA_IP_V6_SRC];
+  const nlattr* dst = ip[f->family == AF_INET ? CTA_IP_V4_DST : CTA_IP_V6_DST];
+  if (!src || !dst || mnl_attr_get_payload_len(src) != len || mnl_attr_get_payload_len(dst) != len)
+    return false;
+  std::memcpy(f->src.data(), mnl_attr_get_payload(src), len);
+  std::memcpy(f->dst.data(), mnl_attr_get_payload(dst), len);
+  if (!proto[CTA_PROTO_NUM] || mnl_attr_get_payload_len(proto[CTA_PROTO_NUM]) < 1) return false;
+  f->proto = mnl_attr_get_u8(proto[CTA_PROTO_NUM]);
+  for (auto [type, port] :
+       {std::pair{CTA_PROTO_SRC_PORT, &f->sport}, std::pair{CTA_PROTO_DST_PORT, &f->dport}})
+    if (proto[type] && mnl_attr_get_payload_len(proto[type]) >= 2)
+      *port = mnl_attr_get_u16(proto[type]);
+  return true;
+}
+
+struct MnlSocket {
+  mnl_socket* nl = nullptr;
+  ~MnlSocket() {
+    if (nl) mnl_socket_close(nl);
+  }
+};
+
+nlmsghdr* CtHeader(char* buf, uint16_t type, uint16_t flags, uint8_t family, uint32_t seq) {
+  nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
+  nlh->nlmsg_type = (NFNL_SUBSYS_CTNETLINK << 8) | type;
+  nlh->nlmsg_flags = NLM_F_REQUEST | flags;
+  nlh->nlmsg_seq = seq;
+  auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
+  nfg->nfgen_family = family;
+  nfg->version = NFNETLINK_V0;
+  nfg->res_id = 0;
+  return nlh;
+}
+
+}  // namespace
+
+Result<int> FlushDisallowedUdpFlows(const std::vector<address>& box_ips, const Policy& policy,
+                                    const std::vector<Cidr>& opened) {
+  MnlSocket s;
+  s.nl = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+  if (!s.nl) return Status::Errno("conntrack: netlink socket");
+  if (mnl_socket_bind(s.nl, 0, MNL_SOCKET_AUTOPID) < 0) return Status::Errno("conntrack: bind");
+  const uint32_t portid = mnl_socket_get_portid(s.nl);
+  std::vector<char> buf(1 << 16);
+  std::vector<CtFlow> doomed;
+  uint32_t seq = static_cast<uint32_t>(time(nullptr));
+  for (uint8_t family : {uint8_t{AF_INET}, uint8_t{AF_INET6}}) {
+    std::vector<address> mine;
+    for (const address& a : box_ips)
+      if (a.is_v4() == (family == AF_INET)) mine.push_back(a);
+    if (mine.empty()) continue;
+    nlmsghdr* nlh = CtHeader(buf.data(), IPCTNL_MSG_CT_GET, NLM_F_DUMP, family, ++seq);
+    if (mnl_socket_sendto(s.nl, nlh, nlh->nlmsg_len) < 0) return Status::Errno("conntrack: dump");
+    struct Ctx {
+      const std::vector<address>* mine;
+      const Policy* policy;
+      const std::vector<Cidr>* opened;
+      std::vector<CtFlow>* doomed;
+    } ctx{&mine, &policy, &opened, &doomed};
+    for (;;) {
+      ssize_t n = mnl_socket_recvfrom(s.nl, buf.data(), buf.size());
+      if (n < 0) return Status::Errno("conntrack: read the dump");
+      int r = mnl_cb_run(
+          buf.data(), static_cast<size_t>(n), seq, portid,
+          [](const nlmsghdr* m, void* data) {
+            auto* c = static_cast<Ctx*>(data);
+            CtFlow f;
+            if (!ParseFlow(m, &f) || f.proto != IPPROTO_UDP) return MNL_CB_OK;
+            address src = ToAddress(f.family, f.src), dst = ToAddress(f.family, f.dst);
+            if (std::find(c->mine->begin(), c->mine->end(), src) == c->mine->end())
+              return MNL_CB_OK;
+            uint16_t dport = ntohs(f.dport);
+            // DNS is redirected to sbx's resolver whatever the policy: not a forwarded flow.
+            if (dport == 53) return MNL_CB_OK;
+            if (!c->policy->Decide(std::nullopt, dst, dport, Proto::kUdp, *c->opened).allowed)
+              c->doomed->push_back(f);
+            return MNL_CB_OK;
+          },
+          &ctx);
+      if (r == MNL_CB_ERROR) return Status::Errno("conntrack: dump");
+      if (r <= MNL_CB_STOP) break;
+    }
+  }
+  int deleted = 0;
+  for (const CtFlow& f : doomed) {
+    nlmsghdr* nlh = CtHeader(buf.data(), IPCTNL_MSG_CT_DELETE, NLM_F_ACK, f.family, ++seq);
+    nlattr* tuple = mnl_attr_nest_start(nlh, CTA_TUPLE_ORIG);
+    nlattr* ip = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
+    size_t len = f.family == AF_INET ? 4 : 16;
+    mnl_attr_put(nlh, f.family == AF_INET ? CTA_IP_V4_SRC : CTA_IP_V6_SRC, len, f.src.data());
+    mnl_attr_put(nlh, f.family == AF_INET ? CTA_IP_V4_DST : CTA_IP_V6_DST, len, f.dst.data());
+    mnl_attr_nest_end(nlh, ip);
+    nlattr* proto = mnl_attr_nest_start(nlh, CTA_TUPLE_PROTO);
+    mnl_attr_put_u8(nlh, CTA_PROTO_NUM, f.proto);
+    mnl_attr_put_u16(nlh, CTA_PROTO_SRC_PORT, f.sport);
+    mnl_attr_put_u16(nlh, CTA_PROTO_DST_PORT, f.dport);
+    mnl_attr_nest_end(nlh, proto);
+    mnl_attr_nest_end(nlh, tuple);
+    if (f.zone) mnl_attr_put_u16(nlh, CTA_ZONE, *f.zone);
+    if (mnl_socket_sendto(s.nl, nlh, nlh->nlmsg_len) < 0)
+      return Status::Errno("conntrack: delete a flow");
+    ssize_t n = mnl_socket_recvfrom(s.nl, buf.data(), buf.size());
+    if (n < 0) return Status::Errno("conntrack: delete a flow");
+    int r = mnl_cb_run(buf.data(), static_cast<size_t>(n), seq, portid, nullptr, nullptr);
+    if (r == MNL_CB_ERROR && errno != ENOENT) return Status::Errno("conntrack: delete a flow");
+    if (r != MNL_CB_ERROR) ++deleted;  // ENOENT: it expired meanwhile
+  }
+  return deleted;
+}
+
+Result<std::vector<std::string>> ListTables(const std::string& prefix) {
+  auto out = RunOnce("list tables inet", true);
+  if (!out.ok()) return out.status().Wrap("firewall: list tables");
+  nlohmann::json doc = nlohmann::json::parse(*out, nullptr, false);
+  std::vector<std::string> names;
+  if (doc.is_discarded() || !doc.contains("nftables") || !doc["nftables"].is_array())
+    return names;  // no tables: libnftables prints nothing
+  for (const auto& o : doc["nftables"]) {
+    if (!o.is_object() || !o.contains("table") || !o["table"].is_object()) continue;
+    std::string name = o["table"].value("name", "");
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+Status DeleteTable(const std::string& table) {
+  if (!ValidTable(table)) return Status::Error("firewall: bad table name '" + table + "'", EINVAL);
+  auto out = RunOnce("delete table inet " + table, false);
+  if (!out.ok() && out.status().err() != ENOENT)
+    return out.status().Wrap("firewall: delete table " + table);
+  return Status();
+}
+
 Result<std::unique_ptr<Firewall>> Firewall::Open(FirewallConfig config) {
   if (!ValidTable(config.table))
     return Status::Error("firewall: bad table name '" + config.table + "'", EINVAL);
@@ -365,16 +586,7 @@ Status Firewall::CheckNetns() const {
 }
 
 Result<std::string> Firewall::Run(const std::string& commands, bool json_output) {
-  nft_ctx_output_set_flags(ctx_, json_output ? NFT_CTX_OUTPUT_JSON : 0);
-  int rc = nft_run_cmd_from_buffer(ctx_, commands.c_str());
-  std::string out = nft_ctx_get_output_buffer(ctx_);
-  std::string err = nft_ctx_get_error_buffer(ctx_);
-  if (rc == 0) return out;
-  // libnftables reports the kernel's errno only as text; the common one is worth a code.
-  int code = err.find("No such file or directory") != std::string::npos ? ENOENT : EIO;
-  while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
-  if (err.size() > 2000) err = err.substr(0, 2000) + "...";
-  return Status::Error("nftables: " + (err.empty() ? std::string("failed") : err), code);
+  return RunOn(ctx_, commands, json_output);
 }
 
 Status Firewall::EnableForwarding(bool v6) {
@@ -467,6 +679,27 @@ Status Firewall::UpdateBox(const std::string& box_id, const Policy& policy) {
   auto run = Run(b);
   if (!run.ok()) return run.status().Wrap("firewall: update box " + box_id);
   for (const auto& r : udp) SBX_RETURN_IF_ERROR(EnableForwarding(r.rfind("ip6 ", 0) == 0));
+  // Replies of a flow the new policy no longer allows would still pass as `established` until
+  // conntrack forgets it: the box's flows are deleted now (its addresses: the table's record).
+  auto listing = Run("list table " + t, true);
+  if (!listing.ok()) return listing.status().Wrap("firewall: update box " + box_id);
+  auto st = ParseState(*listing);
+  if (!st.ok()) return st.status();
+  std::vector<address> ips;
+  for (const auto& [i, target] : st->iface_chain) {
+    if (target != chain) continue;
+    for (const auto* src : {&st->src4, &st->src6})
+      for (const auto& [ifname, a] : *src) {
+        boost::system::error_code ec;
+        address ip = boost::asio::ip::make_address(a, ec);
+        if (ifname == i && !ec) ips.push_back(ip);
+      }
+  }
+  auto flushed = FlushDisallowedUdpFlows(ips, policy, config_.opened_ranges);
+  if (!flushed.ok()) return flushed.status().Wrap("firewall: update box " + box_id);
+  if (*flushed > 0)
+    spdlog::debug("firewall: box {}: {} UDP flow(s) the new policy refuses ended", box_id,
+                  *flushed);
   return Status();
 }
 

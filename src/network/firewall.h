@@ -68,7 +68,9 @@ class Firewall {
   // a box has a UDP rule of that family, and logs that it did.
   Status AddBox(const std::string& box_id, const std::string& ifname,
                 const std::vector<address>& box_ips, const Policy& policy);
-  // Replaces the UDP rules of a box's chain. ENOENT when the box has no chain.
+  // Replaces the UDP rules of a box's chain, then ends (deletes from conntrack) the box's UDP
+  // flows that `policy` no longer allows, so that their replies stop at once too. ENOENT when the
+  // box has no chain.
   Status UpdateBox(const std::string& box_id, const Policy& policy);
   // Removes the box's chain, interface and addresses in one batch. Idempotent.
   Status RemoveBox(const std::string& box_id);
@@ -92,6 +94,18 @@ class Firewall {
   bool forwarding4_ GUARDED_BY(mu_) = false;
   bool forwarding6_ GUARDED_BY(mu_) = false;
 };
+
+// Deletes from conntrack (ctnetlink, in the calling thread's namespace) every UDP flow from one
+// of `box_ips` that `policy` does not allow (DNS, redirected to sbx's resolver, excepted); the
+// number deleted. UpdateBox calls it.
+Result<int> FlushDisallowedUdpFlows(const std::vector<address>& box_ips, const Policy& policy,
+                                    const std::vector<Cidr>& opened);
+
+// Tables of processes that are gone (a killed `sbx run --net` leaves its own table): the inet
+// tables whose names start with `prefix`, and the deletion of one with all it holds (a table
+// that is not there is success). Same namespace rule as Firewall.
+Result<std::vector<std::string>> ListTables(const std::string& prefix);
+Status DeleteTable(const std::string& table);
 
 // The always-denied ranges minus `opened`, as disjoint inclusive ranges in nft syntax ("10.0.0.0-
 // 10.255.255.255", "127.0.0.1"), for one family. Exposed for its test.

@@ -432,6 +432,38 @@ TEST_F(FirewallTest, UdpOnlyWithAnExplicitRuleAndMasqueraded) {
   ASSERT_TRUE(up.ok()) << up.message();
   ASSERT_TRUE(SendTo(sock.get(), "198.18.0.10", 5000, "rule gone"));
   EXPECT_FALSE(RecvWithin(up_udp_.get(), kDropMs)) << "UDP went out after its rule was removed";
+  // And its replies stop at once: UpdateBox deleted the flow from conntrack, so a late reply
+  // is no `established` packet any more (without that it would pass for 30 s).
+  ASSERT_TRUE(SendTo(up_udp_.get(), got->peer.substr(0, got->peer.find(':')),
+                     static_cast<uint16_t>(std::stoi(got->peer.substr(got->peer.find(':') + 1))),
+                     "late reply"));
+  EXPECT_FALSE(RecvWithin(sock.get(), kDropMs)) << "a reply of a removed flow reached the box";
+}
+
+// The conntrack half alone: the box's UDP flows the policy refuses are deleted, the others (and
+// other sources' flows) stay.
+TEST_F(FirewallTest, FlushDeletesOnlyTheBoxsRefusedUdpFlows) {
+  auto fw = OpenWithBoxes(UdpPolicy({"198.18.0.0/15:5000/udp"}));
+  ASSERT_TRUE(fw);
+  UniqueFd sock = InNetns(topo_.a(), [] { return UdpSocket(); });
+  ASSERT_TRUE(SendTo(sock.get(), "198.18.0.10", 5000, "flow"));
+  ASSERT_TRUE(RecvWithin(up_udp_.get(), kArriveMs));
+  auto box = boost::asio::ip::make_address("10.213.0.2");
+  auto kept = InNetns(topo_.host(), [&] {
+    return FlushDisallowedUdpFlows({box}, UdpPolicy({"198.18.0.10/32:5000/udp"}), {});
+  });
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(*kept, 0) << "an allowed flow was deleted";
+  auto other = InNetns(topo_.host(), [&] {
+    return FlushDisallowedUdpFlows({boost::asio::ip::make_address("10.213.0.6")}, UdpPolicy({}),
+                                   {});
+  });
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(*other, 0) << "another box's flow was deleted";
+  auto gone =
+      InNetns(topo_.host(), [&] { return FlushDisallowedUdpFlows({box}, UdpPolicy({}), {}); });
+  ASSERT_TRUE(gone.ok()) << gone.status().message();
+  EXPECT_EQ(*gone, 1);
 }
 
 TEST_F(FirewallTest, ForwardingIsTurnedOnByTheFirstUdpRule) {

@@ -19,8 +19,10 @@
 namespace sbx::network {
 namespace {
 
+using testing::Eventually;
 using testing::NetnsChild;
 using testing::RunInNetns;
+using testing::ShInNetns;
 using testing::TestNetns;
 
 LinkPlan Plan(int slot = 3) {
@@ -84,18 +86,7 @@ std::vector<std::string> Links(const TestNetns& ns, std::string_view prefix) {
   return links.ok() ? *links : std::vector<std::string>{};
 }
 
-std::string ShIn(int netns, const std::string& cmd) {
-  return RunInNetns(netns, [&] {
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (p == nullptr) return out;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    if (::pclose(p) != 0) out.clear();
-    return out;
-  });
-}
+std::string ShIn(int netns, const std::string& cmd) { return ShInNetns(netns, cmd); }
 
 // The addresses of `dev` as `ip -j` shows them: "inet 10.213.0.2/30", "inet6 fe80::.../64".
 std::vector<std::string> Addresses(int netns, const std::string& dev) {
@@ -115,17 +106,6 @@ bool IsUp(int netns, const std::string& dev) {
   for (const auto& f : j[0].value("flags", nlohmann::json::array()))
     if (f == "UP") return true;
   return false;
-}
-
-// Namespace teardown is asynchronous in the kernel: a bounded wait for the condition.
-template <typename F>
-bool Eventually(F&& cond) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 class NetlinkTest : public ::testing::Test {

@@ -41,6 +41,17 @@ struct StackConfig {
   std::vector<uint16_t> daemon_ports;        // the daemon's own ports (always denied)
   std::string state_dir;                     // <data dir>/network: CA, per-box files
   EventSink on_event;                        // audit
+  // The last sentence of a refused connection's 403 ("{id}": the box's id); empty: the daemon's
+  // ("Change it with `sbx net {id}` or PUT /v1/sandboxes/{id}/network.").
+  std::string refusal_hint;
+  // Several stacks may share a host and a slot pool: sbx serve's (these defaults) and one per
+  // `sbx run --net`. Each has its own nftables table and CA bundle and names its boxes' host
+  // links <link_prefix><slot>; only a stack that owns every link of its prefix (sbx serve's)
+  // guards them in its table (FirewallConfig::box_ifname_prefix) and removes unheld ones in
+  // Reconcile, so stacks never drop or delete each other's.
+  std::string table = "sbx";
+  std::string link_prefix = "sbx";  // [a-z], up to 6
+  bool owns_link_prefix = true;
   // Where slots of box_subnet come from: shared by every process on the data directory
   // (sandbox::StoreNetSlotPool). Required; must outlive the stack.
   SlotPool* slots = nullptr;

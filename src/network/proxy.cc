@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,6 +54,16 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kChunk = 64 << 10;    // one splice: a default pipe's capacity
 constexpr int64_t kMinGrant = 4 << 10;  // a limited pump waits for at least this much
 constexpr size_t kMaxDrain = 64 << 10;  // what a refused HTTP client may still send us
+// A refused TLS client gets one handshake, bounded in bytes and time, then the 403.
+constexpr size_t kMaxRefusalHandshake = 64 << 10;
+constexpr auto kRefusalTimeout = std::chrono::seconds(5);
+
+struct SslCtxFree {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+struct SslFree {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
 
 address Unmap(const address& a) {
   if (a.is_v6() && a.to_v6().is_v4_mapped())
@@ -104,6 +116,7 @@ struct EgressProxy::State {
   std::map<std::string, BoxState> box_state;
   std::vector<address> host_addresses;
   std::optional<Clock::time_point> host_addresses_at;
+  std::unique_ptr<SSL_CTX, SslCtxFree> refusal_tls;  // with config.ca: refused TLS clients' server
 
   void Emit(const std::string& type, const std::string& box, nlohmann::json detail) {
     if (config.on_event) config.on_event(NetEvent{type, box, std::move(detail)});
@@ -196,32 +209,115 @@ struct Attempt {
   bool tls = false;
 };
 
-// Refuses: audit, a 403 for a plain-HTTP client (then a short drain, so that closing with unread
-// bytes does not reset the connection before the client reads the answer), close.
+// After a refusal's answer: a half-close, then a short bounded drain, so that closing with
+// unread bytes does not reset the connection before the client reads the answer.
+net::awaitable<void> ShutdownAndDrain(const std::shared_ptr<Conn>& c) {
+  error_code ec;
+  c->client.shutdown(tcp::socket::shutdown_send, ec);
+  std::vector<char> sink(4096);
+  size_t drained = 0;
+  while (!ec && !c->closed && !c->expired && drained < kMaxDrain) {
+    drained += co_await c->client.async_read_some(net::buffer(sink),
+                                                  net::redirect_error(net::use_awaitable, ec));
+  }
+}
+
+// Sends what OpenSSL wrote into `out` to the client; false when the client is gone.
+net::awaitable<bool> FlushTls(const std::shared_ptr<Conn>& c, BIO* out) {
+  char* data = nullptr;
+  long n = BIO_get_mem_data(out, &data);
+  if (n <= 0) co_return true;
+  std::string bytes(data, static_cast<size_t>(n));
+  (void)BIO_reset(out);
+  error_code ec;
+  co_await net::async_write(c->client, net::buffer(bytes),
+                            net::redirect_error(net::use_awaitable, ec));
+  co_return !ec && !c->closed && !c->expired;
+}
+
+// A refused TLS client: the handshake is finished here with a leaf for the name it asked for (the
+// address without one) under sbx's CA, which the box trusts, and `response` is the only record
+// sent inside, then close_notify. Nothing goes upstream. Memory BIOs, so that the ClientHello
+// already peeked is fed first; the whole exchange is bounded by kRefusalTimeout and
+// kMaxRefusalHandshake. A client that does not trust the CA (or speaks no HTTP) just sees the
+// connection end.
+net::awaitable<void> RefuseTls(const std::shared_ptr<State>& st, const std::shared_ptr<Conn>& c,
+                               const Attempt& a, const std::string& peeked,
+                               const std::string& response) {
+  std::string host = a.name ? *a.name : Unmap(a.dst.address()).to_string();
+  Result<std::shared_ptr<const Leaf>> leaf = st->config.ca->LeafFor(host);
+  if (!leaf.ok()) co_return;
+  std::unique_ptr<SSL, SslFree> ssl(SSL_new(st->refusal_tls.get()));
+  if (!ssl) co_return;
+  BIO* in = BIO_new(BIO_s_mem());
+  BIO* out = BIO_new(BIO_s_mem());
+  if (!in || !out) {
+    BIO_free(in);
+    BIO_free(out);
+    co_return;
+  }
+  SSL_set_bio(ssl.get(), in, out);  // the SSL owns both from here
+  if (SSL_use_certificate(ssl.get(), (*leaf)->cert) != 1 ||
+      SSL_use_PrivateKey(ssl.get(), (*leaf)->key) != 1) {
+    ERR_clear_error();
+    co_return;
+  }
+  SSL_set_accept_state(ssl.get());
+  BIO_write(in, peeked.data(), static_cast<int>(peeked.size()));
+  ArmDeadline(c, c->client, Clock::now() + kRefusalTimeout);
+  size_t got = peeked.size();
+  std::vector<char> buf(16 << 10);
+  error_code ec;
+  bool done = false;
+  while (!c->closed && !c->expired) {
+    int r = SSL_do_handshake(ssl.get());
+    bool flushed = co_await FlushTls(c, out);
+    if (!flushed) break;
+    if (r == 1) {
+      done = true;
+      break;
+    }
+    if (SSL_get_error(ssl.get(), r) != SSL_ERROR_WANT_READ || got >= kMaxRefusalHandshake) break;
+    size_t n = co_await c->client.async_read_some(net::buffer(buf),
+                                                  net::redirect_error(net::use_awaitable, ec));
+    if (ec || n == 0) break;
+    got += n;
+    BIO_write(in, buf.data(), static_cast<int>(n));
+  }
+  if (done && SSL_write(ssl.get(), response.data(), static_cast<int>(response.size())) > 0) {
+    (void)SSL_shutdown(ssl.get());
+    bool flushed = co_await FlushTls(c, out);
+    if (flushed) co_await ShutdownAndDrain(c);
+  }
+  ERR_clear_error();
+  c->timer.cancel();
+}
+
+// Refuses: audit, the 403 naming the policy (plain HTTP; TLS inside a handshake the proxy
+// finishes itself, when it has a CA), close. `peeked`: the client's first bytes.
 net::awaitable<void> Refuse(const std::shared_ptr<State>& st, const std::shared_ptr<Conn>& c,
-                            const Attempt& a, const std::string& reason) {
-  nlohmann::json detail = {{"dst", Endpoint(Unmap(a.dst.address()), a.dst.port())},
-                           {"name", a.name.value_or("")},
-                           {"reason", reason}};
+                            const Attempt& a, const std::string& reason,
+                            const std::string& peeked) {
+  std::string dst = Endpoint(Unmap(a.dst.address()), a.dst.port());
+  nlohmann::json detail = {{"dst", dst}, {"name", a.name.value_or("")}, {"reason", reason}};
   st->Emit("net.connect_denied", a.box->id, std::move(detail));
-  spdlog::debug("egress proxy: box {} to {} ({}) refused: {}", a.box->id,
-                Endpoint(a.dst.address(), a.dst.port()), a.name.value_or("-"), reason);
+  spdlog::debug("egress proxy: box {} to {} ({}) refused: {}", a.box->id, dst, a.name.value_or("-"),
+                reason);
+  std::string destination = a.name ? *a.name + ":" + std::to_string(a.dst.port()) : dst;
+  std::string hint = st->config.change_hint;
+  for (size_t at = hint.find("{id}"); at != std::string::npos; at = hint.find("{id}", at))
+    hint.replace(at, 4, a.box->id);
   if (a.http && !c->closed) {
-    std::string response = RefusalResponse(a.box->policy, reason);
+    std::string response = RefusalResponse(a.box->policy, destination, reason, hint);
     error_code ec;
     ArmDeadline(c, c->client, Clock::now() + std::chrono::seconds(2));
     co_await net::async_write(c->client, net::buffer(response),
                               net::redirect_error(net::use_awaitable, ec));
-    if (!ec && !c->closed) {
-      c->client.shutdown(tcp::socket::shutdown_send, ec);
-      std::vector<char> sink(4096);
-      size_t drained = 0;
-      while (!ec && !c->closed && !c->expired && drained < kMaxDrain) {
-        drained += co_await c->client.async_read_some(net::buffer(sink),
-                                                      net::redirect_error(net::use_awaitable, ec));
-      }
-    }
+    if (!ec && !c->closed) co_await ShutdownAndDrain(c);
     c->timer.cancel();
+  } else if (a.tls && st->refusal_tls && !c->closed) {
+    std::string response = RefusalResponse(a.box->policy, destination, reason, hint);
+    co_await RefuseTls(st, c, a, peeked, response);
   }
   c->Close();
 }
@@ -405,6 +501,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
   // Every co_await below takes named values only: GCC 12 destroys some temporaries of a
   // co_await's full-expression twice (a string made in the call's argument list).
   std::string reason;
+  std::string peeked;  // the client's first bytes (empty until the peek)
   tcp::endpoint peer = c->client.remote_endpoint(ec);
   if (ec) co_return;
   Attempt a;
@@ -419,7 +516,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     spdlog::debug("egress proxy: box {}: {}", a.box->id, dst.status().message());
     a.dst = c->client.local_endpoint(ec);
     reason = "no original destination (not a redirected connection)";
-    co_await Refuse(st, c, a, reason);
+    co_await Refuse(st, c, a, reason, peeked);
     co_return;
   }
   a.dst = tcp::endpoint(Unmap(dst->address()), dst->port());
@@ -427,7 +524,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
   BoxState& bs = st->box_state[a.box->id];
   if (bs.open >= a.box->max_connections) {
     reason = "too many connections";
-    co_await Refuse(st, c, a, reason);
+    co_await Refuse(st, c, a, reason, peeked);
     co_return;
   }
   ++bs.open;
@@ -445,7 +542,6 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
 
   // Peek: until the first bytes say what they are, kMaxPeek, or the peek timeout (a protocol
   // where the server speaks first: decided by address alone).
-  std::string peeked;
   Sniffed sniffed;
   const auto peek_deadline = Clock::now() + std::chrono::milliseconds(st->config.peek_timeout_ms);
   for (;;) {
@@ -477,14 +573,14 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
   a.tls = sniffed.kind == Sniffed::Kind::kTls;
   if (sniffed.kind == Sniffed::Kind::kMalformed) {
     reason = sniffed.error;
-    co_await Refuse(st, c, a, reason);
+    co_await Refuse(st, c, a, reason, peeked);
     co_return;
   }
   if (sniffed.name) {
     a.name = NormalizeName(*sniffed.name);
     if (!a.name) {
       reason = a.tls ? "the SNI is not a valid host name" : "the Host is not a valid host name";
-      co_await Refuse(st, c, a, reason);
+      co_await Refuse(st, c, a, reason, peeked);
       co_return;
     }
   }
@@ -494,13 +590,13 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
   const std::vector<Cidr>& opened = st->config.opened_ranges;
   if (st->IsHostAddress(a.dst.address())) {
     reason = "the host's own address";
-    co_await Refuse(st, c, a, reason);
+    co_await Refuse(st, c, a, reason, peeked);
     co_return;
   }
   // Boxes are in private ranges, but an operator's --allow-range may have opened them.
   if (st->boxes.ByAddress(a.dst.address())) {
     reason = "another box's address";
-    co_await Refuse(st, c, a, reason);
+    co_await Refuse(st, c, a, reason, peeked);
     co_return;
   }
   std::vector<address> targets;
@@ -510,7 +606,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     if (c->closed) co_return;
     if (!resolved.ok()) {
       reason = "cannot resolve " + *a.name + ": " + resolved.status().message();
-      co_await Refuse(st, c, a, reason);
+      co_await Refuse(st, c, a, reason, peeked);
       co_return;
     }
     std::string refusal;
@@ -531,7 +627,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     }
     if (targets.empty()) {
       reason = refusal.empty() ? "resolves to no address" : refusal;
-      co_await Refuse(st, c, a, reason);
+      co_await Refuse(st, c, a, reason, peeked);
       co_return;
     }
     auto same = std::find(targets.begin(), targets.end(), a.dst.address());
@@ -540,7 +636,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     Policy::Decision d = policy.Decide(a.name, a.dst.address(), port, Proto::kTcp, opened);
     if (!d.allowed) {
       reason = d.reason;
-      co_await Refuse(st, c, a, reason);
+      co_await Refuse(st, c, a, reason, peeked);
       co_return;
     }
     targets.push_back(a.dst.address());
@@ -686,10 +782,33 @@ void TokenBucket::SetRate(int64_t rate) {
   tokens_ = std::min<double>(tokens_, static_cast<double>(burst_));
 }
 
-std::string RefusalResponse(const Policy& policy, const std::string& reason) {
-  std::string body =
-      "sbx: blocked by this sandbox's network policy (" + policy.Describe() + "): " + reason + "\n";
-  return "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+std::string RefusalResponse(const Policy& policy, const std::string& destination,
+                            const std::string& reason, const std::string& hint) {
+  // Bounded: a policy may hold 2 x 256 entries.
+  constexpr size_t kShown = 8;
+  auto list = [&](const std::vector<Rule>& rules) {
+    std::string out;
+    for (size_t i = 0; i < rules.size() && i < kShown; ++i) out += (i ? ", " : "") + rules[i].text;
+    if (rules.size() > kShown) out += ", ... (" + std::to_string(rules.size() - kShown) + " more)";
+    return out.empty() ? std::string("nothing") : out;
+  };
+  std::string summary = policy.mode == Mode::kOpen ? "mode open"
+                        : policy.mode == Mode::kAllowlist
+                            ? "mode allowlist; allowed: " + list(policy.allow)
+                            : "mode none";
+  if (policy.mode == Mode::kOpen && !policy.deny.empty())
+    summary += "; denied: " + list(policy.deny);
+  if (policy.mode == Mode::kOpen && !policy.allow.empty())
+    summary += "; allowed: " + list(policy.allow);
+  std::string body = "sbx: egress to " + destination +
+                     " denied by this sandbox's network policy (" + summary + "): " + reason + "." +
+                     (hint.empty() ? "" : " " + hint) + "\n";
+  // The reason phrase says it too: pip shows only the status line ("403 Client Error: ...").
+  std::string mode = policy.mode == Mode::kOpen        ? "open"
+                     : policy.mode == Mode::kAllowlist ? "allowlist"
+                                                       : "none";
+  return "HTTP/1.1 403 Forbidden by this sandbox's network policy (mode " + mode +
+         ")\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
 
@@ -697,6 +816,15 @@ Result<std::unique_ptr<EgressProxy>> EgressProxy::Start(net::any_io_executor ex,
                                                         tcp::endpoint listen, BoxRegistry& boxes,
                                                         ProxyConfig config) {
   auto st = std::make_shared<State>(net::make_strand(ex), boxes, std::move(config));
+  if (st->config.ca) {
+    st->refusal_tls.reset(SSL_CTX_new(TLS_server_method()));
+    if (!st->refusal_tls) return Status::Error("egress proxy: SSL_CTX_new", ENOMEM);
+    SSL_CTX_set_min_proto_version(st->refusal_tls.get(), TLS1_2_VERSION);
+    SSL_CTX_set_options(st->refusal_tls.get(), SSL_OP_NO_RENEGOTIATION);
+    // One answer, then close: no session tickets (and no ALPN: clients fall back to HTTP/1.1).
+    SSL_CTX_set_num_tickets(st->refusal_tls.get(), 0);
+    SSL_CTX_set_session_cache_mode(st->refusal_tls.get(), SSL_SESS_CACHE_OFF);
+  }
   error_code ec;
   std::string where = "egress proxy: listen on " + Endpoint(listen.address(), listen.port());
   st->acceptor.open(listen.protocol(), ec);

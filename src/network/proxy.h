@@ -6,8 +6,10 @@
 // never to the box's own choice of address just because it asked (no DNS rebinding, no forged
 // Host or SNI); without an allowed name the destination address must be allowed by itself. The
 // host's own addresses and the always-denied ranges are refused whatever the policy says.
-// Refusals close the connection at once (a plain-HTTP client first gets a 403 naming the
-// policy) and are audited; allowed connections are relayed with splice(2) and audited on close.
+// Refusals are audited and answered with a 403 whose body names the policy: plain HTTP at once,
+// TLS after the proxy finishes the handshake itself with a leaf for the name from sbx's CA (which
+// every box trusts; never an upstream connection); then closed. Allowed connections are relayed
+// with splice(2) and audited on close.
 //
 // Threading: every socket, timer and per-box count lives on one strand of the executor given to
 // Start. Sockets are created on the executor's threads, so those threads must be in the network
@@ -25,6 +27,7 @@
 
 #include "common/status.h"
 #include "network/box_net.h"
+#include "network/ca.h"
 #include "network/intercept.h"
 #include "network/policy.h"
 
@@ -35,8 +38,13 @@ struct ProxyConfig {
   EventSink on_event;                  // audit (net.connect, net.connect_denied); may be empty
   HostLookup* lookup = nullptr;        // re-resolution of names; must outlive the proxy
   Interceptor* interceptor = nullptr;  // secrets (intercept.h); null: plain relay only
-  int64_t peek_timeout_ms = 1000;      // how long to wait for a client that speaks first
-  int64_t connect_timeout_ms = 10000;  // resolving and connecting upstream, together
+  // Refused TLS clients: the proxy ends their handshake with a leaf for the SNI (or the address)
+  // from this CA and answers the 403 inside it. Null: they are closed without a word.
+  std::shared_ptr<Ca> ca;
+  // The last sentence of a refusal: how to change the policy; "{id}" stands for the box's id.
+  std::string change_hint = "Change it with `sbx net {id}` or PUT /v1/sandboxes/{id}/network.";
+  int64_t peek_timeout_ms = 1000;             // how long to wait for a client that speaks first
+  int64_t connect_timeout_ms = 10000;         // resolving and connecting upstream, together
   int64_t host_addresses_refresh_ms = 10000;  // how stale the host's own address list may be
 };
 
@@ -102,8 +110,11 @@ class EgressProxy {
   std::atomic<bool> stopped_{false};  // Stop ran: the executor may be gone, never wait on it again
 };
 
-// The 403 a plain-HTTP client gets for a refused connection: its body names the policy and the
-// reason, so that curl and pip users see why.
-std::string RefusalResponse(const Policy& policy, const std::string& reason);
+// The 403 a client gets for a refused connection to `destination` (NAME:PORT, or ADDR:PORT without
+// a name): its body names the policy, the reason and `hint`, so that curl and pip users see why:
+//   sbx: egress to evil.test:443 denied by this sandbox's network policy (mode allowlist;
+//   allowed: pypi.org, *.pythonhosted.org): not in the allowlist. Change it with ...
+std::string RefusalResponse(const Policy& policy, const std::string& destination,
+                            const std::string& reason, const std::string& hint);
 
 }  // namespace sbx::network

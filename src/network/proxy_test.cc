@@ -17,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@
 #include <thread>
 
 #include "common/fd.h"
+#include "common/fs.h"
 
 namespace sbx::network {
 namespace {
@@ -205,6 +207,7 @@ class Upstream {
     SSL_CTX_free(ctx_);
   }
   int listening() const { return listening_; }
+  int accepted() const { return accepted_; }  // connections ever accepted
 
  private:
   static int Listen(const char* ip, uint16_t port) {
@@ -222,6 +225,7 @@ class Upstream {
     for (;;) {
       int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) return;
+      ++accepted_;
       std::lock_guard lock(mu_);
       if (stopping_) {
         ::close(fd);
@@ -305,6 +309,7 @@ class Upstream {
   std::vector<int> live_;
   std::vector<std::thread> handlers_;
   int listening_ = 0;
+  std::atomic<int> accepted_{0};
 };
 
 // A fixed name -> addresses map, answering at once.
@@ -396,9 +401,11 @@ class ProxyTest : public ::testing::Test {
     boxes_.Put(b);
   }
 
-  void StartProxy(int64_t peek_timeout_ms = 200, Interceptor* interceptor = nullptr) {
+  void StartProxy(int64_t peek_timeout_ms = 200, Interceptor* interceptor = nullptr,
+                  std::shared_ptr<Ca> ca = nullptr) {
     ProxyConfig config;
     config.interceptor = interceptor;
+    config.ca = std::move(ca);
     config.on_event = [this](NetEvent e) { events_.Add(std::move(e)); };
     config.lookup = &lookup_;
     config.peek_timeout_ms = peek_timeout_ms;
@@ -447,16 +454,22 @@ class ProxyTest : public ::testing::Test {
   }
   // HTTPS from the box with `sni`, verifying the upstream's certificate for it. "" on any failure
   // of the handshake.
-  std::string Https(const char* ip, const std::string& sni, const std::string& request) {
+  std::string Https(const char* ip, const std::string& sni, const std::string& request,
+                    const std::string& ca_file = "") {
     UniqueFd fd = Connect(ip, 443);
     if (!fd) return "";
     SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-    SSL_CTX_load_verify_locations(ctx, (certs_.dir + "/ca.pem").c_str(), nullptr);
+    SSL_CTX_load_verify_locations(ctx, (ca_file.empty() ? certs_.dir + "/ca.pem" : ca_file).c_str(),
+                                  nullptr);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
     SSL* ssl = SSL_new(ctx);
     SSL_set_fd(ssl, fd.get());
-    SSL_set_tlsext_host_name(ssl, sni.c_str());
-    SSL_set1_host(ssl, sni.c_str());
+    if (sni.empty()) {
+      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), ip);
+    } else {
+      SSL_set_tlsext_host_name(ssl, sni.c_str());
+      SSL_set1_host(ssl, sni.c_str());
+    }
     std::string out;
     if (SSL_connect(ssl) == 1) {
       Stream s{fd.get(), ssl};
@@ -533,10 +546,13 @@ TEST_F(ProxyTest, AllowedNameOverHttps) {
 TEST_F(ProxyTest, NameNotAllowedGets403OverHttpAndACloseOverTls) {
   StartProxy();
   std::string r = Http("198.18.0.11", Get("evil.test"));
-  EXPECT_TRUE(r.starts_with("HTTP/1.1 403 Forbidden\r\n")) << r;
+  EXPECT_TRUE(
+      r.starts_with("HTTP/1.1 403 Forbidden by this sandbox's network policy (mode allowlist)\r\n"))
+      << r;
   EXPECT_EQ(Body(r),
-            "sbx: blocked by this sandbox's network policy (allowlist: pypi.test, *.files.test, "
-            "198.18.0.11:7000): not in the allowlist\n");
+            "sbx: egress to evil.test:80 denied by this sandbox's network policy (mode allowlist; "
+            "allowed: pypi.test, *.files.test, 198.18.0.11:7000): not in the allowlist. Change it "
+            "with `sbx net box1` or PUT /v1/sandboxes/box1/network.\n");
   std::optional<NetEvent> e = events_.Wait("net.connect_denied");
   ASSERT_TRUE(e);
   EXPECT_EQ(e->box_id, "box1");
@@ -549,6 +565,40 @@ TEST_F(ProxyTest, NameNotAllowedGets403OverHttpAndACloseOverTls) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->detail["dst"], "198.18.0.11:443");
   EXPECT_EQ(e->detail["name"], "evil.test");
+}
+
+// With sbx's CA (every box trusts it), a refused TLS client gets the 403 inside a handshake the
+// proxy finishes itself; the upstream never sees a connection.
+TEST_F(ProxyTest, NameNotAllowedOverTlsGets403InsideAHandshakeWithSbxsCa) {
+  char tmpl[] = "/tmp/sbx-proxy-ca-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { (void)RemoveTree(dir); }
+  } cleanup{dir};
+  auto ca = Ca::LoadOrCreate(dir);
+  ASSERT_TRUE(ca.ok()) << ca.status().message();
+  StartProxy(200, nullptr, std::shared_ptr<Ca>(std::move(*ca)));
+  int before = upstream_->accepted();
+  std::string r = Https("198.18.0.11", "evil.test", Get("evil.test"), dir + "/ca.crt");
+  EXPECT_TRUE(
+      r.starts_with("HTTP/1.1 403 Forbidden by this sandbox's network policy (mode allowlist)\r\n"))
+      << r << last_tls_error_;
+  EXPECT_EQ(Body(r),
+            "sbx: egress to evil.test:443 denied by this sandbox's network policy (mode allowlist; "
+            "allowed: pypi.test, *.files.test, 198.18.0.11:7000): not in the allowlist. Change it "
+            "with `sbx net box1` or PUT /v1/sandboxes/box1/network.\n");
+  std::optional<NetEvent> e = events_.Wait("net.connect_denied");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->detail["name"], "evil.test");
+  // A raw address without SNI: a leaf for the address.
+  r = Https("198.18.0.12", "", Get("198.18.0.12"), dir + "/ca.crt");
+  EXPECT_NE(Body(r).find("egress to 198.18.0.12:443 denied"), std::string::npos) << r;
+  EXPECT_EQ(upstream_->accepted(), before) << "a refused connection reached the upstream";
+  // A client that does not trust sbx's CA sees only a failed handshake.
+  EXPECT_EQ(Https("198.18.0.11", "evil.test", Get("evil.test")), "");
+  EXPECT_EQ(proxy_->OpenConnections("box1"), 0);
 }
 
 TEST_F(ProxyTest, RawAddressesNeedACidrRule) {
@@ -787,7 +837,7 @@ TEST_F(ProxyTest, APolicyReplacedWhileRunningAppliesToTheNextConnection) {
   Put({"evil.test"});
   std::string r = Http("198.18.0.10", Get("pypi.test"));
   EXPECT_TRUE(r.starts_with("HTTP/1.1 403")) << r;
-  EXPECT_NE(Body(r).find("(allowlist: evil.test)"), std::string::npos) << r;
+  EXPECT_NE(Body(r).find("(mode allowlist; allowed: evil.test)"), std::string::npos) << r;
   EXPECT_EQ(Body(Http("198.18.0.11", Get("evil.test"))), "server 198.18.0.11 host evil.test");
   // ...keeps the entry it started with.
   Stream s{old.get(), nullptr};

@@ -62,8 +62,11 @@ class StackImpl final : public Stack {
     auto ca = Ca::LoadOrCreate(config_.state_dir);
     if (!ca.ok()) return ca.status().Wrap("network: the CA");
     ca_ = std::shared_ptr<Ca>(std::move(*ca));
-    auto bundle =
-        config_.upstream_ca.empty() ? ca_->WriteBundle() : ca_->WriteBundle(config_.upstream_ca);
+    std::string bundle_name =
+        config_.table == "sbx" ? "ca-bundle.crt" : "ca-bundle-" + config_.table + ".crt";
+    auto bundle = ca_->WriteBundle(
+        config_.upstream_ca.empty() ? std::string(kSystemCaBundle) : config_.upstream_ca,
+        bundle_name);
     if (!bundle.ok()) return bundle.status().Wrap("network: the CA bundle");
     bundle_ = *bundle;
     MitmConfig mc;
@@ -76,6 +79,8 @@ class StackImpl final : public Stack {
     pc.on_event = config_.on_event;
     pc.lookup = lookup_.get();
     pc.interceptor = mitm_.get();
+    pc.ca = ca_;  // refused HTTPS gets its 403 inside a handshake with sbx's CA
+    if (!config_.refusal_hint.empty()) pc.change_hint = config_.refusal_hint;
     auto proxy = EgressProxy::Start(
         io_.get_executor(), asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0), boxes_, pc);
     if (!proxy.ok()) return proxy.status().Wrap("network: egress proxy");
@@ -85,7 +90,8 @@ class StackImpl final : public Stack {
     fc.proxy_port = proxy_->port();
     fc.ipv6 = config_.ipv6;
     fc.opened_ranges = config_.opened_ranges;
-    fc.box_ifname_prefix = "sbx";
+    fc.table = config_.table;
+    fc.box_ifname_prefix = config_.owns_link_prefix ? config_.link_prefix : "";
     auto fw = Firewall::Open(fc);
     if (!fw.ok()) return fw.status().Wrap("network: nftables");
     firewall_ = std::move(*fw);
@@ -100,7 +106,7 @@ class StackImpl final : public Stack {
       return Status::Error("network: mode none needs no network", EINVAL);
     auto slot = config_.slots->Acquire(box_id);
     if (!slot.ok()) return slot.status().Wrap("network: an address for " + box_id);
-    auto link = SlotLinkPlan(subnet_, *slot, config_.ipv6);
+    auto link = LinkFor(*slot);
     if (!link.ok()) return Fail(box_id, link.status());
     auto net = std::make_shared<BoxNet>();
     net->id = box_id;
@@ -164,7 +170,7 @@ class StackImpl final : public Stack {
       // the pool still holds for it.
       auto slot = config_.slots->Acquire(box_id);
       if (!slot.ok()) return slot.status();
-      auto link = SlotLinkPlan(subnet_, *slot, config_.ipv6);
+      auto link = LinkFor(*slot);
       if (!link.ok()) return link.status();
       e.link = *link;
     }
@@ -200,8 +206,7 @@ class StackImpl final : public Stack {
     if (!ifname) {
       if (auto holders = config_.slots->Holders(); holders.ok())
         for (const auto& [id, slot] : *holders)
-          if (id == box_id)
-            if (auto a = SlotAddresses(subnet_, slot); a.ok()) ifname = a->ifname;
+          if (id == box_id) ifname = IfName(slot);
     }
     // The veth goes with the box's namespace; this is for a box whose namespace outlived it.
     if (ifname)
@@ -223,7 +228,7 @@ class StackImpl final : public Stack {
     if (auto holders = config_.slots->Holders(); holders.ok()) {
       for (const auto& [id, slot] : *holders) {
         if (live.count(id)) {
-          if (auto a = SlotAddresses(subnet_, slot); a.ok()) held_ifnames.insert(a->ifname);
+          held_ifnames.insert(IfName(slot));
         } else {
           keep(Release(id));
         }
@@ -237,9 +242,10 @@ class StackImpl final : public Stack {
     } else {
       keep(chains.status());
     }
-    if (auto links = ListLinks("sbx"); links.ok()) {
+    if (!config_.owns_link_prefix) return first;  // other processes' links share the prefix
+    if (auto links = ListLinks(config_.link_prefix); links.ok()) {
       for (const auto& name : *links)
-        if (IsBoxLinkName(name) && !held_ifnames.count(name)) keep(DeleteLink(name));
+        if (IsLinkOfPrefix(name) && !held_ifnames.count(name)) keep(DeleteLink(name));
     } else {
       keep(links.status());
     }
@@ -248,8 +254,9 @@ class StackImpl final : public Stack {
 
   std::vector<std::string> HostObjects() override {
     std::vector<std::string> out;
-    if (auto links = ListLinks("sbx"); links.ok())
-      for (const auto& l : *links) out.push_back("link " + l);
+    if (auto links = ListLinks(config_.link_prefix); links.ok())
+      for (const auto& l : *links)
+        if (IsLinkOfPrefix(l)) out.push_back("link " + l);
     if (auto chains = firewall_->Boxes(); chains.ok())
       for (const auto& c : *chains) out.push_back("chain box-" + c);
     return out;
@@ -262,6 +269,18 @@ class StackImpl final : public Stack {
   };
 
   std::string BoxDir(const std::string& id) const { return config_.state_dir + "/boxes/" + id; }
+  std::string IfName(int slot) const { return config_.link_prefix + std::to_string(slot); }
+  // <link_prefix> and digits: a host end of this stack's kind.
+  bool IsLinkOfPrefix(const std::string& name) const {
+    const std::string& p = config_.link_prefix;
+    return name.size() > p.size() && name.size() < 16 && name.rfind(p, 0) == 0 &&
+           name.find_first_not_of("0123456789", p.size()) == std::string::npos;
+  }
+  Result<LinkPlan> LinkFor(int slot) const {
+    auto link = SlotLinkPlan(subnet_, slot, config_.ipv6);
+    if (link.ok()) link->host_ifname = IfName(slot);
+    return link;
+  }
 
   Status Fail(const std::string& box_id, const Status& why) {
     (void)Release(box_id);
@@ -296,6 +315,9 @@ class StackImpl final : public Stack {
 }  // namespace
 
 Result<std::unique_ptr<Stack>> Stack::Start(StackConfig config, const InstallSecret& /*secret*/) {
+  if (config.link_prefix.empty() || config.link_prefix.size() > 6 ||
+      config.link_prefix.find_first_not_of("abcdefghijklmnopqrstuvwxyz") != std::string::npos)
+    return Status::Error("network: bad link prefix '" + config.link_prefix + "'", EINVAL);
   auto subnet = ParseCidr(config.box_subnet);
   if (!subnet.ok()) return subnet.status().Wrap("--box-subnet");
   if (auto n = SlotCount(*subnet); !n.ok()) return n.status().Wrap("--box-subnet");

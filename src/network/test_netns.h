@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -34,6 +35,32 @@ auto RunInNetns(int netns_fd, F&& fn) -> decltype(fn()) {
   });
   t.join();
   return std::move(*out);
+}
+
+// A shell command run in the namespace `netns_fd` (its process inherits the namespace of the
+// thread that forks it). Returns its stdout; empty on failure.
+inline std::string ShInNetns(int netns_fd, const std::string& cmd) {
+  return RunInNetns(netns_fd, [&] {
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    if (::pclose(p) != 0) out.clear();
+    return out;
+  });
+}
+
+// Namespace teardown is asynchronous in the kernel: a bounded wait (60 s) for `cond`.
+template <typename F>
+bool Eventually(F&& cond) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 class TestNetns {
@@ -66,20 +93,8 @@ class TestNetns {
   auto Run(F&& fn) const -> decltype(fn()) {
     return RunInNetns(fd_.get(), std::forward<F>(fn));
   }
-  // A shell command run inside (its process inherits the namespace of the thread that forks it).
-  // Returns its stdout; empty on failure.
-  std::string Sh(const std::string& cmd) const {
-    return Run([&] {
-      std::string out;
-      FILE* p = ::popen(cmd.c_str(), "r");
-      if (p == nullptr) return out;
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-      if (::pclose(p) != 0) out.clear();
-      return out;
-    });
-  }
+  // A shell command run inside (ShInNetns).
+  std::string Sh(const std::string& cmd) const { return ShInNetns(fd_.get(), cmd); }
 
  private:
   explicit TestNetns(UniqueFd fd) : fd_(std::move(fd)) {}

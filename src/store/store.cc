@@ -1252,123 +1252,108 @@ Result<int64_t> Store::DropOrphanPins() {
   return db_->changes();
 }
 
-// ---- id ranges ----
+// ---- slot pools: id ranges and network slots ----
 
-Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
-  std::string what = "acquire id range for " + box_id;
+namespace {
+
+// One pool of numbered slots held by box ids: the table (id_ranges, net_slots: slot, box_id,
+// allocated_at), and the words its errors use.
+struct SlotTable {
+  const char* table;
+  const char* noun;  // "id range", "network slot"
+  const char* full;  // the end of the ENOSPC message after "all N "
+};
+constexpr SlotTable kIdRanges{"id_ranges", "id range", "id ranges are in use"};
+constexpr SlotTable kNetSlots{"net_slots", "network slot",
+                              "network slots of the box subnet are in use"};
+
+// Idempotent: a box keeps its slot (its ids, its addresses) until it releases it. The lowest free
+// slot otherwise: 0 if free, else the first slot after a taken one that is free. One transaction.
+Result<int64_t> AcquireSlot(Db& db, Clock& clock, const SlotTable& t, const std::string& box_id,
+                            int64_t slots) {
+  std::string what = std::string("acquire ") + t.noun + " for " + box_id;
   if (box_id.empty()) return Invalid(what + ": empty box id");
   if (slots <= 0) return Invalid(what + ": the pool has no slots");
-  MutexLock lock(mu_);
-  Result<Transaction> tx = Transaction::Begin(*db_);
+  Result<Transaction> tx = Transaction::Begin(db);
   if (!tx.ok()) return tx.status().Wrap(what);
-  // Idempotent: a box keeps its slot until it releases it.
-  Result<Statement> held = db_->Prepare("SELECT slot FROM id_ranges WHERE box_id = ?1");
+  const std::string table = t.table;
+  Result<Statement> held = db.Prepare("SELECT slot FROM " + table + " WHERE box_id = ?1");
   if (!held.ok()) return held.status().Wrap(what);
   held->BindText(1, box_id);
   Result<bool> row = held->Step();
   if (!row.ok()) return row.status().Wrap(what);
   if (*row) return held->ColumnInt(0);
-  // The lowest free slot: 0 if free, else the first slot after a taken one that is free.
-  Result<Statement> free = db_->Prepare(
-      "SELECT min(s) FROM (SELECT 0 AS s WHERE NOT EXISTS (SELECT 1 FROM id_ranges WHERE slot = 0)"
-      " UNION ALL SELECT a.slot + 1 FROM id_ranges a"
-      " WHERE NOT EXISTS (SELECT 1 FROM id_ranges b WHERE b.slot = a.slot + 1))");
+  Result<Statement> free =
+      db.Prepare("SELECT min(s) FROM (SELECT 0 AS s WHERE NOT EXISTS (SELECT 1 FROM " + table +
+                 " WHERE slot = 0) UNION ALL SELECT a.slot + 1 FROM " + table +
+                 " a WHERE NOT EXISTS (SELECT 1 FROM " + table + " b WHERE b.slot = a.slot + 1))");
   if (!free.ok()) return free.status().Wrap(what);
   row = free->Step();
   if (!row.ok()) return row.status().Wrap(what);
   int64_t slot = *row && !free->ColumnIsNull(0) ? free->ColumnInt(0) : 0;
-  if (slot >= slots) {
-    return Status::Error(what + ": all " + std::to_string(slots) + " id ranges are in use", ENOSPC);
-  }
+  if (slot >= slots)
+    return Status::Error(what + ": all " + std::to_string(slots) + " " + t.full, ENOSPC);
   Result<Statement> put =
-      db_->Prepare("INSERT INTO id_ranges (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
+      db.Prepare("INSERT INTO " + table + " (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
   if (!put.ok()) return put.status().Wrap(what);
-  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, clock_->NowMs());
+  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, clock.NowMs());
   SBX_RETURN_IF_ERROR(put->Run().Wrap(what));
   SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
   return slot;
+}
+
+Status ReleaseSlot(Db& db, const SlotTable& t, const std::string& box_id) {
+  std::string what = std::string("release ") + t.noun + " of " + box_id;
+  Result<Statement> st = db.Prepare(std::string("DELETE FROM ") + t.table + " WHERE box_id = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, box_id);
+  return st->Run().Wrap(what);
+}
+
+Result<std::vector<IdSlot>> ListSlots(Db& db, const SlotTable& t) {
+  std::string what = std::string("list ") + t.noun + "s";
+  Result<Statement> st = db.Prepare(std::string("SELECT slot, box_id, allocated_at FROM ") +
+                                    t.table + " ORDER BY slot");
+  if (!st.ok()) return st.status().Wrap(what);
+  std::vector<IdSlot> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap(what);
+    if (!*row) return out;
+    out.push_back({st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
+  }
+}
+
+}  // namespace
+
+Result<int64_t> Store::AcquireIdSlot(const std::string& box_id, int64_t slots) {
+  MutexLock lock(mu_);
+  return AcquireSlot(*db_, *clock_, kIdRanges, box_id, slots);
 }
 
 Status Store::ReleaseIdSlot(const std::string& box_id) {
   MutexLock lock(mu_);
-  Result<Statement> st = db_->Prepare("DELETE FROM id_ranges WHERE box_id = ?1");
-  if (!st.ok()) return st.status().Wrap("release id range of " + box_id);
-  st->BindText(1, box_id);
-  return st->Run().Wrap("release id range of " + box_id);
+  return ReleaseSlot(*db_, kIdRanges, box_id);
 }
 
 Result<std::vector<IdSlot>> Store::ListIdSlots() {
   MutexLock lock(mu_);
-  Result<Statement> st =
-      db_->Prepare("SELECT slot, box_id, allocated_at FROM id_ranges ORDER BY slot");
-  if (!st.ok()) return st.status().Wrap("list id ranges");
-  std::vector<IdSlot> out;
-  for (;;) {
-    Result<bool> row = st->Step();
-    if (!row.ok()) return row.status().Wrap("list id ranges");
-    if (!*row) return out;
-    out.push_back({st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
-  }
+  return ListSlots(*db_, kIdRanges);
 }
 
-// ---- net slots ----
-
 Result<int64_t> Store::AcquireNetSlot(const std::string& box_id, int64_t slots) {
-  std::string what = "acquire network slot for " + box_id;
-  if (box_id.empty()) return Invalid(what + ": empty box id");
-  if (slots <= 0) return Invalid(what + ": the pool has no slots");
   MutexLock lock(mu_);
-  Result<Transaction> tx = Transaction::Begin(*db_);
-  if (!tx.ok()) return tx.status().Wrap(what);
-  // Idempotent: a box keeps its slot (and so its addresses) until it releases it.
-  Result<Statement> held = db_->Prepare("SELECT slot FROM net_slots WHERE box_id = ?1");
-  if (!held.ok()) return held.status().Wrap(what);
-  held->BindText(1, box_id);
-  Result<bool> row = held->Step();
-  if (!row.ok()) return row.status().Wrap(what);
-  if (*row) return held->ColumnInt(0);
-  Result<Statement> free = db_->Prepare(
-      "SELECT min(s) FROM (SELECT 0 AS s WHERE NOT EXISTS (SELECT 1 FROM net_slots WHERE slot = 0)"
-      " UNION ALL SELECT a.slot + 1 FROM net_slots a"
-      " WHERE NOT EXISTS (SELECT 1 FROM net_slots b WHERE b.slot = a.slot + 1))");
-  if (!free.ok()) return free.status().Wrap(what);
-  row = free->Step();
-  if (!row.ok()) return row.status().Wrap(what);
-  int64_t slot = *row && !free->ColumnIsNull(0) ? free->ColumnInt(0) : 0;
-  if (slot >= slots) {
-    return Status::Error(
-        what + ": all " + std::to_string(slots) + " network slots of the box subnet are in use",
-        ENOSPC);
-  }
-  Result<Statement> put =
-      db_->Prepare("INSERT INTO net_slots (slot, box_id, allocated_at) VALUES (?1, ?2, ?3)");
-  if (!put.ok()) return put.status().Wrap(what);
-  put->BindInt(1, slot).BindText(2, box_id).BindInt(3, clock_->NowMs());
-  SBX_RETURN_IF_ERROR(put->Run().Wrap(what));
-  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
-  return slot;
+  return AcquireSlot(*db_, *clock_, kNetSlots, box_id, slots);
 }
 
 Status Store::ReleaseNetSlot(const std::string& box_id) {
   MutexLock lock(mu_);
-  Result<Statement> st = db_->Prepare("DELETE FROM net_slots WHERE box_id = ?1");
-  if (!st.ok()) return st.status().Wrap("release network slot of " + box_id);
-  st->BindText(1, box_id);
-  return st->Run().Wrap("release network slot of " + box_id);
+  return ReleaseSlot(*db_, kNetSlots, box_id);
 }
 
 Result<std::vector<IdSlot>> Store::ListNetSlots() {
   MutexLock lock(mu_);
-  Result<Statement> st =
-      db_->Prepare("SELECT slot, box_id, allocated_at FROM net_slots ORDER BY slot");
-  if (!st.ok()) return st.status().Wrap("list network slots");
-  std::vector<IdSlot> out;
-  for (;;) {
-    Result<bool> row = st->Step();
-    if (!row.ok()) return row.status().Wrap("list network slots");
-    if (!*row) return out;
-    out.push_back({st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
-  }
+  return ListSlots(*db_, kNetSlots);
 }
 
 // ---- secrets ----

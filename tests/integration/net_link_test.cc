@@ -26,6 +26,7 @@
 namespace sbx::runtime {
 namespace {
 
+using network::testing::Eventually;
 using network::testing::TestNetns;
 using protocol::Tag;
 using protocol::Type;
@@ -51,16 +52,6 @@ Ran RunIn(const Box& box, const std::vector<std::string>& argv, int timeout_ms =
       return ran;
     }
   }
-}
-
-template <typename F>
-bool Eventually(F&& cond) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 class NetLinkTest : public ::testing::Test {

@@ -9,7 +9,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -31,6 +30,7 @@
 #include <thread>
 
 #include "api/http/client.h"
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
 #include "common/secret.h"
@@ -47,16 +47,8 @@ namespace {
 using nlohmann::json;
 
 std::string Unbase64(const std::string& in) {
-  std::string out(in.size(), '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  if (n < 0) return "";
-  size_t pad = 0;
-  if (!in.empty() && in.back() == '=') ++pad;
-  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
+  auto bytes = Base64Decode(in);  // common/encoding.h
+  return bytes.ok() ? *bytes : "";
 }
 
 // The stdout bytes of an NDJSON command stream, decoded.

@@ -275,6 +275,11 @@ function handle(req, res, scheme) {
 const tls = { key: fs.readFileSync(`${dir}/server.key`), cert: fs.readFileSync(`${dir}/server.pem`) }
 const plain = http.createServer((q, r) => handle(q, r, 'http'))
 const secure = https.createServer(tls, (q, r) => handle(q, r, 'https'))
+// Every TCP connection, before any byte of it is read: a test proves that none was made.
+for (const [server, scheme] of [[plain, 'http'], [secure, 'https']])
+  server.on('connection', (s) =>
+    log('conn.jsonl', { scheme, local: s.localAddress, from: s.remoteAddress }),
+  )
 
 // ---- UDP echo: what an explicit CIDR:port/udp rule lets through ----
 const echo = dgram.createSocket('udp4')

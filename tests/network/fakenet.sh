@@ -72,6 +72,7 @@ up)
   printf 'nameserver 198.18.0.53\noptions ndots:0\n' >"/etc/netns/$d/resolv.conf"
   : >"$dir/dns.jsonl"
   : >"$dir/http.jsonl"
+  : >"$dir/conn.jsonl"
   rm -f "$dir/fakenet.ready"
   ip netns exec "$u" node "$here/fakenet.mjs" "$dir" >"$dir/fakenet.log" 2>&1 &
   echo $! >"$dir/fakenet.pid"

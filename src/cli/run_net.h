@@ -1,0 +1,75 @@
+// The network of one `sbx run --net` box (issue 12; docs/network.md, "sbx run --net"). A run has
+// no daemon, so it starts a network stack of its own (network.h: resolver, egress proxy, CA
+// bundle) beside any `sbx serve` on the host, and beside other runs, without touching theirs:
+//   - its own nftables table, "sbxrun-<box id>", and host link "sbr<slot>" (sbx serve's are
+//     "sbx" and "sbx<slot>"; no table guards another's links);
+//   - its slot from the pool every process on the data directory shares (the store's
+//     net_slots), held as "run:<box id>", a scope sbx serve's Reconcile never frees;
+//   - a lock file, <data dir>/network/runs/<box id>.lock, made (flock'd, then renamed into place)
+//     before any of the above and removed after all of it: while its flock is held the run is
+//     alive. The kernel drops the flock when the run dies, SIGKILL included.
+// ReapKilledRuns removes what runs that died left (their table, link, box files, bundle and
+// slot), at any instant they may have died; every `sbx run` calls it first.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/run.h"
+#include "common/fd.h"
+#include "common/status.h"
+#include "network/network.h"
+#include "store/store.h"
+
+namespace sbx::cli {
+
+// The policy the flags ask for; mode none when there is no --net (or --net none). EINVAL naming
+// the flag for bad input (nothing is made).
+Result<network::Policy> RunPolicy(const RunNetOptions& o);
+
+class RunNetwork {
+ public:
+  // Takes the run's lock, starts its stack (in this thread's network namespace) and prepares the
+  // box `box_id` with `policy` (not none). Everything made is removed again when it fails.
+  static Result<std::unique_ptr<RunNetwork>> Start(const std::string& data_dir, store::Store& store,
+                                                   const std::string& box_id,
+                                                   const network::Policy& policy,
+                                                   const RunNetOptions& o, bool verbose);
+  // Release: chain, link, files, slot, the stack and its table, then the lock. Errors are logged
+  // to stderr; the next run reaps what is left.
+  ~RunNetwork();
+  RunNetwork(const RunNetwork&) = delete;
+  RunNetwork& operator=(const RunNetwork&) = delete;
+
+  // Files to bind read-only into the box and variables for its command (network::BoxNetPlan).
+  const network::BoxNetPlan& plan() const { return plan_; }
+  // At the runtime's sync point (BoxSpec::at_sync_point).
+  Status Attach(pid_t init_pid) { return stack_->Attach(box_id_, init_pid); }
+
+ private:
+  RunNetwork(std::string data_dir, std::string box_id)
+      : data_dir_(std::move(data_dir)), box_id_(std::move(box_id)) {}
+  Status Close();
+
+  const std::string data_dir_, box_id_;
+  UniqueFd lock_;
+  std::unique_ptr<network::SlotPool> slots_;
+  std::unique_ptr<network::Stack> stack_;
+  bool prepared_ = false;
+  network::BoxNetPlan plan_;
+};
+
+// Removes what runs that are gone left in this network namespace and on the data directory
+// (their nftables tables, host links, box files, CA bundles, slots and lock files). Live runs
+// (their lock held) are never touched. Returns how many dead runs it cleaned up.
+Result<int> ReapKilledRuns(const std::string& data_dir, store::Store& store);
+
+// The names a run's network uses, for the clean-up and for tests.
+inline constexpr char kRunTablePrefix[] = "sbxrun-";
+inline constexpr char kRunLinkPrefix[] = "sbr";
+
+}  // namespace sbx::cli
