@@ -113,6 +113,7 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
       "Manage templates (root; acts on <data dir>/sbx.db and the template cache, also while the "
       "daemon runs)");
   tmpl->require_subcommand(1);
+  RegisterTemplatePullVerb(tmpl, g, verbs);
 
   auto af = std::make_shared<TemplateFlags>();
   CLI::App* add = tmpl->add_subcommand(

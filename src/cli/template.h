@@ -23,4 +23,7 @@ Status RecordTemplateCacheBytes(const storage::TemplateStore& ts);
 
 void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
 
+// `sbx template pull` (template_pull.cc), added to `sbx template` by RegisterTemplateVerbs.
+void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& global, ClientVerbs& verbs);
+
 }  // namespace sbx::cli

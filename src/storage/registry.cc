@@ -517,8 +517,8 @@ class Registry {
                          EPERM);
   }
 
-  std::string Authorization() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::string Authorization() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return authorization_;
   }
 
@@ -526,8 +526,8 @@ class Registry {
 
   // Answers a 401's challenge. `failed` is the Authorization the refused request carried: when
   // another thread has replaced it since, its new value is tried first.
-  Status Authenticate(const std::string& header, const std::string& failed) {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Authenticate(const std::string& header, const std::string& failed) EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (authorization_ != failed) return {};
     auto c = ParseAuthChallenge(header);
     if (!c.ok())
@@ -618,7 +618,7 @@ class Registry {
   ssl::context& tls_ctx_;
   Url base_;
   std::string user_, password_;
-  std::mutex mu_;
+  Mutex mu_;
   std::string authorization_ GUARDED_BY(mu_);
 };
 
@@ -884,7 +884,7 @@ class Blobs {
 
   void Report(const Descriptor& d, int64_t done, bool /*edge*/) {
     if (!progress_) return;
-    std::lock_guard<std::mutex> lock(progress_mu_);
+    MutexLock lock(progress_mu_);  // the callback hears one blob at a time
     progress_(Progress{Short(d.digest), done, d.size});
   }
 
@@ -892,7 +892,7 @@ class Blobs {
   const ImageRef& ref_;
   const std::string dir_;
   const ProgressFn& progress_;
-  std::mutex progress_mu_;
+  Mutex progress_mu_;
   std::atomic<int64_t> fetched_{0};
   int attempts_ = kBlobAttempts;
 };
@@ -901,14 +901,14 @@ class Blobs {
 Status FetchAll(Blobs& blobs, const std::vector<Descriptor>& jobs, int parallel) {
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
-  std::mutex mu;
-  Status first;
+  Mutex mu;
+  Status first;  // under mu
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
       if (stop.load()) return;
       Status s = blobs.Fetch(jobs[i], stop);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         if (first.ok() && !stop.load()) first = s;
         stop = true;
         return;
@@ -920,6 +920,7 @@ Status FetchAll(Blobs& blobs, const std::vector<Descriptor>& jobs, int parallel)
   for (size_t i = 1; i < n; ++i) threads.emplace_back(work);
   work();
   for (auto& t : threads) t.join();
+  MutexLock lock(mu);
   return first;
 }
 

@@ -144,7 +144,7 @@ std::string Tar(const std::vector<std::pair<std::string, std::string>>& files, b
     archive_entry* e = archive_entry_new();
     archive_entry_set_pathname(e, name.c_str());
     archive_entry_set_filetype(e, AE_IFREG);
-    archive_entry_set_perm(e, 0644);
+    archive_entry_set_perm(e, name.rfind("bin/", 0) == 0 ? 0755 : 0644);
     archive_entry_set_size(e, static_cast<la_int64_t>(content.size()));
     archive_entry_set_mtime(e, 1700000000, 0);
     archive_write_header(a, e);
@@ -781,6 +781,68 @@ TEST(RegistryPull, TwoPullsIntoOneDirectoryAtOnceAreRefused) {
   auto p = PullImage(Insecure(), fake.host() + "/small:v1", t.path + "/out");
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().err(), EBUSY);
+}
+
+// ---- the CLI: sbx template pull, then a box runs on the template ----
+
+TEST(RegistryPull, SbxTemplatePullRegistersATemplateABoxRunsOn) {
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0711), 0);
+  Layout src(t.path + "/src");
+  auto busybox = ReadFile("/bin/busybox");
+  ASSERT_TRUE(busybox.ok()) << "busybox-static is in DEB_PACKAGES";
+  auto img = src.AddImage({{{"bin/busybox", *busybox}}, {{"etc/hello", "pulled\n"}}});
+  src.Tag(img.manifest, "v1");
+  RealRegistry reg;
+  ASSERT_GT(reg.port(), 0);
+  Push(src.dir(), "v1", reg.host() + "/bb:v1");
+  const std::string data = t.path + "/data";
+  ASSERT_EQ(::mkdir(data.c_str(), 0711), 0);
+  const std::string ref = reg.host() + "/bb:v1";
+
+  // Without --insecure-registry: refused, and it says what to do.
+  auto r = RunProcess({SBX_BIN, "--data-dir", data, "template", "pull", "bb", ref});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--insecure-registry"), std::string::npos) << r.err;
+  // No registry in the reference.
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "pull", "bb", "bb:v1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("name the registry"), std::string::npos) << r.err;
+
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "pull", "bb", ref, "--insecure-registry",
+                  reg.host()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "bb\n");
+  for (const auto& l : img.layers)  // a progress line per layer (stderr is not a terminal)
+    EXPECT_NE(r.err.find("fetch " + l.digest.substr(7, 12) + ": "), std::string::npos) << r.err;
+  // The pull directory went once imported.
+  EXPECT_FALSE(Exists(data + "/templates/pulls/" + store::Sha256Hex(ref).substr(0, 32)));
+
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "ls", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  bool listed = false;
+  for (const auto& tj : json::parse(r.out)["templates"])
+    if (tj["name"] == "bb") {
+      listed = true;
+      EXPECT_EQ(tj["layers"].size(), 2u) << tj.dump();
+    }
+  EXPECT_TRUE(listed) << r.out;
+  // Taken without --replace; fine with it.
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "pull", "bb", ref, "--insecure-registry",
+                  reg.host()});
+  EXPECT_NE(r.exit_code, 0);
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "pull", "bb", ref, "--insecure-registry",
+                  reg.host(), "--replace"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  ProcessOptions po;
+  po.env = {"SBX_CGROUP_PARENT=sbx-registry-test-" + std::to_string(::getpid())};
+  r = RunProcess({SBX_BIN, "--data-dir", data, "run", "--template", "bb", "--", "/bin/busybox",
+                  "cat", "/etc/hello"},
+                 po);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "pulled\n") << r.err;
+  test::ExpectNoCgroupsAndRemoveParent("sbx-registry-test-" + std::to_string(::getpid()));
 }
 
 }  // namespace
