@@ -197,6 +197,13 @@ ALTER TABLE sandboxes ADD COLUMN egress_rules TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE sandboxes ADD COLUMN mask_request_host TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 13: images as templates (issue 13): the image config of kinds oci and build (a JSON
+// object, storage::ImageConfig; '' for other kinds). Pins of builds and pulls ("bld_...",
+// "pull_...") share layer_pins with sandboxes' and need no schema of their own.
+constexpr char kV13[] = R"sql(
+ALTER TABLE templates ADD COLUMN config TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -212,6 +219,7 @@ const std::vector<Migration>& Migrations() {
       {9, "secrets: sealed values with their hosts, header and format", kV9},
       {10, "sandboxes.network, egress_rules, mask_request_host", kV10},
       {11, "net_slots: the box address pool", kV11},
+      {13, "templates.config: an image's config (kinds oci, build)", kV13},
   };
   return kAll;
 }
