@@ -252,8 +252,9 @@ std::optional<std::pair<uint32_t, uint32_t>> FindEntry(const std::string& file,
     }
     if (f.size() >= 3 && f[0] == name) {
       auto a = Number(f[2]);
+      // /etc/group has no 4th id field (its members follow): the gid is the id.
       auto b = f.size() >= 4 ? Number(f[3]) : a;
-      if (a && b) return std::make_pair(*a, *b);
+      if (a) return std::make_pair(*a, b ? *b : *a);
     }
   }
   return std::nullopt;
