@@ -1088,6 +1088,10 @@ Result<store::TemplateRecord> Build::Run() {
   if (!lease.ok()) return lease.status();
   if (auto reaped = c_.runtime->ReapOrphans(c_.box_owner); !reaped.ok())
     return reaped.status().Wrap("remove the boxes of killed builds");
+  // The cache's sweep (staging directories and pins of dead builders), evicting nothing while
+  // the cache is within its bound.
+  if (auto swept = storage::EvictUnusedLayers(ts_, st_, ts_.cache_bytes); !swept.ok())
+    return swept.status().Wrap("sweep the template cache");
   size_t m = spec_.steps.size();
   for (size_t i = 0; i < m; ++i) {
     const BuildStep& s = spec_.steps[i];

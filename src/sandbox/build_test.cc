@@ -4,7 +4,9 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -308,6 +310,47 @@ TEST_F(BuildTest, AddOfALocalArchiveIsRefused) {
   b = Run(Spec("add", "FROM host\nADD plain.txt /x/\n"));
   ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
   EXPECT_EQ(InBox("add", "cat /x/plain.txt"), "plain\n");
+}
+
+TEST_F(BuildTest, ABuilderKilledMidRunLeavesNothingTheNextBuildDoesNotRemove) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The builder's process: killed below while its RUN step's box runs.
+    auto b = Run(Spec("killed", "FROM host\nRUN sleep 600\n"));
+    ::_exit(b.rec.ok() ? 0 : 1);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;  // reaped already (never kill(-1))
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+  // A bounded poll until the step's box has its agent (its pid file is written then).
+  bool running = false;
+  for (int i = 0; i < 3000 && !running; ++i) {
+    for (const auto& n : Entries(dir_ + "/run")) {
+      struct stat sb {};
+      running = running || ::stat((dir_ + "/run/" + n + "/pid").c_str(), &sb) == 0;
+    }
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(running);
+  EXPECT_FALSE(Entries(ts_.dir + "/staging").empty());
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  reap.pid = -1;
+  EXPECT_TRUE(WIFSIGNALED(status));
+  // The next build removes the dead one's box; the cache's sweep its staging directory and pins.
+  auto b = Run(Spec("next", "FROM host\nRUN true\n"));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  auto owners = st_->LeasePinOwners();
+  ASSERT_TRUE(owners.ok());
+  EXPECT_EQ(*owners, std::vector<std::string>{});
+  // TearDown checks that no box directory, mount or staging directory is left.
 }
 
 }  // namespace
