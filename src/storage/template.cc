@@ -703,7 +703,12 @@ Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& 
                            EIO);
     t.layers.push_back(LayerDir(ts, id));
   }
-  if (rec.kind == store::kTemplateHost) {
+  // A build FROM host (sandbox/build.h) keeps the host layer at its bottom: it needs the host's
+  // /usr as much as the host template does.
+  bool on_host = rec.kind == store::kTemplateHost ||
+                 (rec.kind == store::kTemplateBuild && !rec.layers.empty() &&
+                  rec.layers.back().rfind("host-", 0) == 0);
+  if (on_host) {
     t.binds.push_back({"/usr", "/usr", true, {"local/bin"}});
     for (const char* l : kUsrLinks) {
       struct stat st {};

@@ -1,0 +1,357 @@
+// Builds with the real native runtime, store and template cache: RUN steps run in real boxes,
+// and the built template is then used by a real box to show what the build made.
+#include "sandbox/build.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/fd.h"
+#include "common/fs.h"
+#include "protocol/client.h"
+#include "runtime/native/native_runtime.h"
+#include "sandbox/session.h"
+#include "storage/dockerfile.h"
+#include "storage/template.h"
+#include "store/store.h"
+
+namespace sbx::sandbox {
+namespace {
+
+using protocol::Tag;
+using protocol::Type;
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+class BuildTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-build-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    runtime::NativeConfig cfg;
+    cfg.run_dir = dir_ + "/run";
+    cfg.agent_path = SBX_AGENT_BIN;
+    cfg.cgroup_parent = "sbx-build-test-" + std::to_string(::getpid());
+    auto rt = runtime::NativeRuntime::Open(cfg);
+    ASSERT_TRUE(rt.ok()) << rt.status().message();
+    rt_ = std::move(rt).value();
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    st_ = std::move(st).value();
+    ts_.dir = dir_ + "/templates";
+    ctx_ = dir_ + "/ctx";
+    ASSERT_TRUE(MakeDirs(ctx_ + "/dir/sub").ok());
+    BuilderConfig bc;
+    bc.runtime = rt_.get();
+    bc.templates = ts_;
+    bc.store = st_.get();
+    bc.default_limits.memory_bytes = 512 << 20;
+    builder_ = MakeBuilder(bc);
+  }
+
+  void TearDown() override {
+    builder_.reset();
+    // Nothing of any box is left: directories, mounts, cgroups; no staging directory either.
+    EXPECT_EQ(Entries(dir_ + "/run"), std::vector<std::string>{}) << "a box was left";
+    EXPECT_EQ(Entries(ts_.dir + "/staging"), std::vector<std::string>{})
+        << "a staging dir was left";
+    auto mounts = ReadFile("/proc/self/mountinfo");
+    ASSERT_TRUE(mounts.ok());
+    EXPECT_EQ(mounts->find(dir_), std::string::npos) << "a mount was left";
+    for (const auto& [controller, parent] : rt_->cgroup_host().v1_dirs) ::rmdir(parent.c_str());
+    if (!rt_->cgroup_host().v2_dir.empty()) ::rmdir(rt_->cgroup_host().v2_dir.c_str());
+    (void)RemoveTree(dir_);  // the test's scratch directory: a leftover in /tmp harms no result
+  }
+
+  void Write(const std::string& rel, const std::string& content, int mode = 0644) {
+    ASSERT_TRUE(WriteFile(ctx_ + "/" + rel, content, mode).ok());
+  }
+
+  BuildSpec Spec(const std::string& name, const std::string& dockerfile) {
+    auto steps = storage::ParseDockerfile(dockerfile, {});
+    EXPECT_TRUE(steps.ok()) << steps.status().message();
+    BuildSpec s;
+    s.name = name;
+    s.steps = steps.ok() ? *steps : std::vector<storage::BuildStep>{};
+    s.context_dir = ctx_;
+    return s;
+  }
+
+  struct Built {
+    Result<store::TemplateRecord> rec = Status::Error("not run");
+    std::vector<std::string> log;
+    int Count(const std::string& what) const {
+      int n = 0;
+      for (const auto& l : log) n += l.find(what) != std::string::npos;
+      return n;
+    }
+  };
+
+  Built Run(BuildSpec spec) {
+    Built b;
+    b.rec = builder_->Run(std::move(spec), [&](const BuildLogLine& l) { b.log.push_back(l.text); });
+    return b;
+  }
+
+  // Runs `script` with /bin/sh -c in a fresh box of template `name`, with the template's defaults
+  // as every API applies them; returns its stdout (and stderr).
+  std::string InBox(const std::string& name, const std::string& script) {
+    auto t = storage::ResolveTemplate(ts_, *st_, name, "");
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    if (!t.ok()) return "";
+    runtime::BoxSpec spec;
+    spec.id = RandomId();
+    spec.layers = t->layers;
+    spec.binds = t->binds;
+    spec.limits.memory_bytes = 256 << 20;
+    auto box = rt_->Create(spec);
+    EXPECT_TRUE(box.ok()) << box.status().message();
+    if (!box.ok()) return "";
+    std::string out;
+    {
+      auto conn = protocol::AgentConnection::Connect(box->agent_socket);
+      EXPECT_TRUE(conn.ok());
+      CommandSpec cmd;
+      cmd.argv = {"/bin/sh", "-c", script};
+      auto w = SpawnRequest({t->env, t->user, t->workdir}, {}, cmd);
+      EXPECT_TRUE(w.ok());
+      uint32_t id = conn->NextId();
+      auto reply = conn->CallWithId(Type::kSpawn, id, *w, nullptr, 10000);
+      EXPECT_TRUE(reply.ok()) << reply.status().message();
+      for (; reply.ok();) {
+        auto f = conn->Receive(30000);
+        if (!f.ok()) break;
+        if (f->header.id != id) continue;
+        if (f->type() == Type::kOutput) out += f->fields.Str(Tag::kData);
+        if (f->type() == Type::kExit) break;
+      }
+    }
+    EXPECT_TRUE(rt_->Destroy(*box).ok());
+    return out;
+  }
+
+  std::string dir_, ctx_;
+  std::unique_ptr<runtime::NativeRuntime> rt_;
+  std::unique_ptr<store::Store> st_;
+  storage::TemplateStore ts_;
+  std::unique_ptr<Builder> builder_;
+};
+
+const char kDockerfile[] =
+    "FROM host\n"
+    "ARG WHO=builder\n"
+    "ENV GREETING=hello\n"
+    "RUN echo \"$GREETING from $WHO\" > /opt/run.txt && mkdir /opt/made && echo line one && "
+    "echo line two >&2\n"
+    "COPY app.txt /opt/app/\n"
+    "COPY --chown=user:user dir/ /home/user/app/\n"
+    "WORKDIR /srv/work\n"
+    "USER user\n"
+    "RUN id -un > /tmp/whoami && pwd > /tmp/pwd && rm /opt/run.txt.keep 2>/dev/null; true\n"
+    "CMD [\"sleep\", \"1\"]\n";
+
+TEST_F(BuildTest, BuildsATemplateThatABoxRuns) {
+  Write("app.txt", "app content\n");
+  Write("dir/f", "f content\n", 0755);
+  Write("dir/sub/g", "g\n");
+  ASSERT_EQ(::symlink("../f", (ctx_ + "/dir/sub/link").c_str()), 0);
+  auto b = Run(Spec("built", kDockerfile));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  // The log reads as docker build's.
+  EXPECT_EQ(b.log.front(), "Step 1/10 : FROM host");
+  EXPECT_EQ(b.Count("Step "), 10);
+  // The RUN's output, one log line per line (the step line has the words too).
+  EXPECT_EQ(std::count(b.log.begin(), b.log.end(), "line one"), 1);
+  EXPECT_EQ(std::count(b.log.begin(), b.log.end(), "line two"), 1);
+  EXPECT_EQ(b.Count(" ---> Running in "), 2);
+  EXPECT_EQ(b.Count("Using cache"), 0);
+  EXPECT_EQ(b.log.back().rfind("Successfully built built (", 0), 0u) << b.log.back();
+  EXPECT_EQ(b.rec->kind, store::kTemplateBuild);
+  // RUN, RUN, COPY, COPY, WORKDIR (the directory was missing), then the host layer.
+  ASSERT_EQ(b.rec->layers.size(), 6u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.rec->layers[i].rfind("build-", 0), 0u);
+  EXPECT_EQ(b.rec->layers[5].rfind("host-", 0), 0u);
+  auto config = storage::GetImageConfig(*st_, "built");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->cmd, (std::vector<std::string>{"sleep", "1"}));
+  EXPECT_EQ(config->user, "user");
+  EXPECT_EQ(config->workdir, "/srv/work");
+
+  std::string out =
+      InBox("built",
+            "cat /opt/run.txt /opt/app/app.txt /home/user/app/f /home/user/app/sub/g; "
+            "readlink /home/user/app/sub/link; stat -c '%U %a' /home/user/app/f /opt/made "
+            "/tmp; echo \"$GREETING $WHO\"; id -un; pwd; cat /tmp/whoami /tmp/pwd");
+  EXPECT_EQ(out,
+            "hello from builder\napp content\nf content\ng\n../f\nuser 755\nroot 755\nroot 1777\n"
+            "hello \nuser\n/srv/work\nuser\n/srv/work\n");
+}
+
+TEST_F(BuildTest, ARebuildReusesEveryStepAndAChangedFileInvalidatesFromItsStep) {
+  Write("app.txt", "v1\n");
+  Write("dir/f", "f\n");
+  auto first = Run(Spec("cached", kDockerfile));
+  ASSERT_TRUE(first.rec.ok()) << first.rec.status().message();
+  auto second = Run(Spec("cached", kDockerfile));
+  ASSERT_TRUE(second.rec.ok()) << second.rec.status().message();
+  EXPECT_EQ(second.Count("Using cache"), 5);  // RUN, COPY, COPY, WORKDIR, RUN
+  EXPECT_EQ(second.Count("Running in"), 0);   // no RUN ran
+  EXPECT_EQ(second.rec->layers, first.rec->layers);
+
+  // A changed COPY source: the steps before it are reused, it and every later one are not.
+  Write("app.txt", "v2\n");
+  auto third = Run(Spec("cached", kDockerfile));
+  ASSERT_TRUE(third.rec.ok()) << third.rec.status().message();
+  EXPECT_EQ(third.Count("Using cache"), 1);  // the first RUN only
+  EXPECT_EQ(third.Count("Running in"), 1);   // the RUN after the COPY
+  ASSERT_EQ(third.rec->layers.size(), first.rec->layers.size());
+  EXPECT_EQ(third.rec->layers.back(), first.rec->layers.back());
+  EXPECT_EQ(third.rec->layers[4], first.rec->layers[4]);  // the first RUN's layer
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(third.rec->layers[i], first.rec->layers[i]);
+  EXPECT_EQ(InBox("cached", "cat /opt/app/app.txt"), "v2\n");
+
+  // --no-cache runs every step again.
+  auto spec = Spec("cached", kDockerfile);
+  spec.no_cache = true;
+  auto fourth = Run(std::move(spec));
+  ASSERT_TRUE(fourth.rec.ok()) << fourth.rec.status().message();
+  EXPECT_EQ(fourth.Count("Using cache"), 0);
+  EXPECT_EQ(fourth.Count("Running in"), 2);
+}
+
+TEST_F(BuildTest, AFailingRunReportsItsStepAndExitCodeAndLeavesNothing) {
+  auto b = Run(
+      Spec("failing", "FROM host\nRUN echo before > /opt/x\nRUN echo oops; exit 3\nRUN true\n"));
+  ASSERT_FALSE(b.rec.ok());
+  EXPECT_EQ(b.rec.status().what(), "step 3/4 (RUN echo oops; exit 3): returned a non-zero code: 3");
+  EXPECT_EQ(b.Count("oops"), 3);  // the step line, the output, the error line
+  auto t = st_->GetTemplate("failing");
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->has_value());
+  // TearDown checks boxes, mounts and staging directories; the pins of the build are gone too:
+  // the first step's layer is in the cache but unused.
+  auto unused = st_->UnusedLayers();
+  ASSERT_TRUE(unused.ok());
+  bool found = false;
+  for (const auto& l : *unused) found = found || l.id.rfind("build-", 0) == 0;
+  EXPECT_TRUE(found);
+}
+
+TEST_F(BuildTest, StartAndGetRunInTheBackgroundWithPagedLogs) {
+  auto id = builder_->Start(Spec("bg", "FROM host\nRUN echo one; echo two\n"));
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  EXPECT_EQ(id->rfind("bld_", 0), 0u);
+  Result<BuildStatus> st = Status::Error("none");
+  // A bounded poll of the build's state (it runs a real box).
+  for (int i = 0; i < 6000; ++i) {
+    st = builder_->Get(*id, 0);
+    ASSERT_TRUE(st.ok());
+    if (st->state != BuildState::kBuilding) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(st->state, BuildState::kReady) << st->error;
+  EXPECT_GT(st->size_bytes, 0);
+  ASSERT_GE(st->logs.size(), 4u);
+  auto tail = builder_->Get(*id, static_cast<int64_t>(st->logs.size()) - 1);
+  ASSERT_TRUE(tail.ok());
+  ASSERT_EQ(tail->logs.size(), 1u);
+  EXPECT_EQ(tail->logs[0].text, st->logs.back().text);
+  EXPECT_EQ(builder_->Get("bld_nope", 0).status().err(), ENOENT);
+  // A bad spec is refused at once.
+  EXPECT_EQ(builder_->Start(Spec("bg2", "FROM nosuchtemplate\n")).status().err(), EINVAL);
+}
+
+TEST_F(BuildTest, CopyStaysInsideTheContext) {
+  ASSERT_EQ(::symlink("/etc", (ctx_ + "/etc-link").c_str()), 0);
+  ASSERT_EQ(::symlink("/etc/passwd", (ctx_ + "/passwd-link").c_str()), 0);
+  // Lexically outside: refused before anything runs.
+  EXPECT_EQ(builder_->Start(Spec("escape", "FROM host\nCOPY ../x /x\n")).status().err(), EINVAL);
+  // Through symlinks: they resolve inside the context, where there is no /etc/passwd.
+  auto b = Run(Spec("escape", "FROM host\nCOPY etc-link/passwd /x\n"));
+  EXPECT_FALSE(b.rec.ok());
+  EXPECT_EQ(b.rec.status().err(), ENOENT) << b.rec.status().message();
+  b = Run(Spec("escape", "FROM host\nCOPY passwd-link /x\n"));
+  EXPECT_EQ(b.rec.status().err(), ENOENT) << b.rec.status().message();
+  // A symlink below a copied directory is copied as a link, never followed.
+  ASSERT_TRUE(MakeDirs(ctx_ + "/d").ok());
+  ASSERT_EQ(::symlink("/etc/shadow", (ctx_ + "/d/s").c_str()), 0);
+  b = Run(Spec("escape", "FROM host\nCOPY d /d\n"));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  EXPECT_EQ(InBox("escape", "readlink /d/s"), "/etc/shadow\n");
+}
+
+TEST_F(BuildTest, AddOfALocalArchiveIsRefused) {
+  Write("a.tar.gz", std::string("\x1f\x8b\x08\x00", 4) + "rest");
+  auto b = Run(Spec("add", "FROM host\nADD a.tar.gz /x/\n"));
+  ASSERT_FALSE(b.rec.ok());
+  EXPECT_NE(b.rec.status().what().find("unpacking a local archive is not supported"),
+            std::string::npos)
+      << b.rec.status().what();
+  Write("plain.txt", "plain\n");
+  b = Run(Spec("add", "FROM host\nADD plain.txt /x/\n"));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  EXPECT_EQ(InBox("add", "cat /x/plain.txt"), "plain\n");
+}
+
+TEST_F(BuildTest, ABuilderKilledMidRunLeavesNothingTheNextBuildDoesNotRemove) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The builder's process: killed below while its RUN step's box runs.
+    auto b = Run(Spec("killed", "FROM host\nRUN sleep 600\n"));
+    ::_exit(b.rec.ok() ? 0 : 1);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;  // reaped already (never kill(-1))
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+  // A bounded poll until the step's box has its agent (its pid file is written then).
+  bool running = false;
+  for (int i = 0; i < 3000 && !running; ++i) {
+    for (const auto& n : Entries(dir_ + "/run")) {
+      struct stat sb {};
+      running = running || ::stat((dir_ + "/run/" + n + "/pid").c_str(), &sb) == 0;
+    }
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(running);
+  EXPECT_FALSE(Entries(ts_.dir + "/staging").empty());
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  reap.pid = -1;
+  EXPECT_TRUE(WIFSIGNALED(status));
+  // The next build removes the dead one's box; the cache's sweep its staging directory and pins.
+  auto b = Run(Spec("next", "FROM host\nRUN true\n"));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  auto owners = st_->LeasePinOwners();
+  ASSERT_TRUE(owners.ok());
+  EXPECT_EQ(*owners, std::vector<std::string>{});
+  // TearDown checks that no box directory, mount or staging directory is left.
+}
+
+}  // namespace
+}  // namespace sbx::sandbox
