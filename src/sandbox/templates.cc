@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "storage/dockerfile.h"
 
 namespace sbx::sandbox {
 namespace {
@@ -164,6 +167,60 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
   return id;
 }
 
+Result<std::string> TemplateBuilds::StartDockerfile(
+    const store::ApiKeyRecord& key, const std::string& name, const std::string& context_hash,
+    const std::string& dockerfile, const std::map<std::string, std::string>& build_args,
+    bool no_cache) {
+  if (!enabled()) return Status::Error("this sbx has no template builder", ENOSYS);
+  auto id = Reserve(key, name);
+  if (!id.ok()) return id.status();
+  auto dir = PrepareContext(key, *id, {{context_hash, -1, true}});
+  (void)::unlink((UploadDir(key) + "/" + context_hash + ".tar").c_str());  // used once
+  auto fail = [&](const Status& s) -> Status {
+    if (dir.ok()) (void)RemoveTree(*dir);
+    MutexLock lock(mu_);
+    auto it = builds_.find(*id);
+    if (it != builds_.end()) {
+      it->second.failed = true;
+      it->second.error = s.message();
+    }
+    return s;
+  };
+  if (!dir.ok()) return fail(dir.status());
+  // The context came from the client: its Dockerfile is read inside it, symlinks included.
+  UniqueFd root(::open(dir->c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root) return fail(Status::Errno("open build context"));
+  struct open_how how {};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+  UniqueFd fd(
+      static_cast<int>(::syscall(SYS_openat2, root.get(), dockerfile.c_str(), &how, sizeof how)));
+  if (!fd)
+    return fail(Status::Error("dockerfile '" + dockerfile + "': not in the context", EINVAL));
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(Status::Error("dockerfile '" + dockerfile + "': not a file", EINVAL));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (size_t{1} << 20))
+      return fail(Status::Error("dockerfile '" + dockerfile + "': larger than 1 MiB", EINVAL));
+  }
+  auto steps = storage::ParseDockerfile(text, build_args);
+  if (!steps.ok()) return fail(steps.status());
+  BuildSpec spec;
+  spec.steps = std::move(*steps);
+  spec.no_cache = no_cache;
+  spec.context_dir = *dir;
+  {
+    MutexLock lock(mu_);
+    builds_[*id].context_dir = *dir;
+  }
+  return Start(key, *id, std::move(spec));
+}
+
 Status TemplateBuilds::Fail(const store::ApiKeyRecord& key, const std::string& build_id,
                             const std::string& reason) {
   MutexLock lock(mu_);
@@ -224,6 +281,14 @@ Result<BuildStatus> TemplateBuilds::Get(const store::ApiKeyRecord& key, const st
   Builder* b = builder_.load();
   if (!b) return NoBuild(build_id);
   auto st = b->Get(builder_id, offset);
+  if (!st.ok() && st.status().err() == ENOENT) {
+    // The builder forgot it (it keeps a bounded number of finished builds): as after a restart.
+    {
+      MutexLock lock(mu_);
+      builds_.erase(build_id);
+    }
+    return Get(key, build_id, offset);
+  }
   if (!st.ok()) return st.status();
   st->id = build_id;
   if (Terminal(st->state)) {
@@ -342,44 +407,34 @@ Result<bool> TemplateBuilds::HasUpload(const store::ApiKeyRecord& key,
          S_ISREG(st.st_mode);
 }
 
-Status TemplateBuilds::PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
-                                 const std::function<Result<size_t>(char*, size_t)>& read) {
-  if (!IsFilesHash(files_hash))
-    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
-  if (data_dir_.empty()) return Status::Error("this sbx keeps no uploads", ENOSYS);
-  std::string dir = UploadDir(key);
-  SBX_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-  std::string tmp = dir + "/.tmp-" + RandomId(12);
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd) return Status::Errno("create upload");
-  struct Unlink {
-    std::string path;
-    ~Unlink() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } unlink_tmp{tmp};
-  std::vector<char> buf(1 << 16);
-  int64_t total = 0;
-  for (;;) {
-    auto n = read(buf.data(), buf.size());
-    if (!n.ok()) return n.status();
-    if (*n == 0) break;
-    total += static_cast<int64_t>(*n);
-    if (total > kMaxUploadBytes)
-      return Status::Error("upload: larger than " + std::to_string(kMaxUploadBytes >> 20) + " MiB",
-                           E2BIG);
-    size_t off = 0;
-    while (off < *n) {
-      ssize_t w = ::write(fd.get(), buf.data() + off, *n - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Status::Errno("write upload");
-      off += static_cast<size_t>(w);
-    }
+TemplateBuilds::Upload::~Upload() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+Status TemplateBuilds::Upload::Write(std::string_view data) {
+  if (fd_ < 0) return Status::Error("upload: already committed", EINVAL);
+  bytes_ += static_cast<int64_t>(data.size());
+  if (bytes_ > kMaxUploadBytes)
+    return Status::Error("upload: larger than " + std::to_string(kMaxUploadBytes >> 20) + " MiB",
+                         E2BIG);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd_, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::Errno("write upload");
+    off += static_cast<size_t>(w);
   }
-  if (::fsync(fd.get()) != 0) return Status::Errno("sync upload");
-  std::string final_path = dir + "/" + files_hash + ".tar";
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return Status::Errno("store upload");
-  unlink_tmp.path.clear();
+  return {};
+}
+
+Status TemplateBuilds::Upload::Commit() {
+  if (fd_ < 0) return Status::Error("upload: already committed", EINVAL);
+  if (::fsync(fd_) != 0) return Status::Errno("sync upload");
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), final_.c_str()) != 0) return Status::Errno("store upload");
+  tmp_.clear();
   // The key's uploads past the bound go, oldest first (the one just stored stays).
   struct Kept {
     std::string path;
@@ -388,15 +443,15 @@ Status TemplateBuilds::PutUpload(const store::ApiKeyRecord& key, const std::stri
   };
   std::vector<Kept> kept;
   int64_t sum = 0;
-  if (DIR* d = ::opendir(dir.c_str())) {
+  if (DIR* d = ::opendir(dir_.c_str())) {
     while (struct dirent* de = ::readdir(d)) {
       std::string n = de->d_name;
       if (!n.ends_with(".tar")) continue;
       struct stat st {};
-      std::string p = dir + "/" + n;
+      std::string p = dir_ + "/" + n;
       if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
       sum += st.st_size;
-      if (p != final_path) kept.push_back({p, st.st_size, st.st_mtime});
+      if (p != final_) kept.push_back({p, st.st_size, st.st_mtime});
     }
     ::closedir(d);
   }
@@ -407,6 +462,36 @@ Status TemplateBuilds::PutUpload(const store::ApiKeyRecord& key, const std::stri
     if (::unlink(k.path.c_str()) == 0) sum -= k.size;
   }
   return {};
+}
+
+Result<std::unique_ptr<TemplateBuilds::Upload>> TemplateBuilds::BeginUpload(
+    const store::ApiKeyRecord& key, const std::string& files_hash) {
+  if (!IsFilesHash(files_hash))
+    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
+  if (data_dir_.empty()) return Status::Error("this sbx keeps no uploads", ENOSYS);
+  std::unique_ptr<Upload> u(new Upload());
+  u->dir_ = UploadDir(key);
+  SBX_RETURN_IF_ERROR(MakeDirs(u->dir_, 0700));
+  u->final_ = u->dir_ + "/" + files_hash + ".tar";
+  std::string tmp = u->dir_ + "/.tmp-" + RandomId(12);
+  u->fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (u->fd_ < 0) return Status::Errno("create upload");
+  u->tmp_ = tmp;
+  return u;
+}
+
+Status TemplateBuilds::PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
+                                 const std::function<Result<size_t>(char*, size_t)>& read) {
+  auto u = BeginUpload(key, files_hash);
+  if (!u.ok()) return u.status();
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    auto n = read(buf.data(), buf.size());
+    if (!n.ok()) return n.status();
+    if (*n == 0) break;
+    SBX_RETURN_IF_ERROR((*u)->Write(std::string_view(buf.data(), *n)));
+  }
+  return (*u)->Commit();
 }
 
 Result<std::string> TemplateBuilds::PrepareContext(const store::ApiKeyRecord& key,

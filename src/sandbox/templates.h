@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -88,6 +90,15 @@ class TemplateBuilds {
   // EINVAL from the builder.
   Result<std::string> Start(const store::ApiKeyRecord& key, const std::string& build_id,
                             BuildSpec spec, const std::vector<UploadedCopy>& copies = {});
+  // A native build of `name` (reserved now) from the context archive `context_hash` (an upload
+  // of `key`, unpacked at the context's root and then forgotten) with the Dockerfile at path
+  // `dockerfile` inside it (read without leaving the context), parsed with `build_args`.
+  // EINVAL for a Dockerfile that is missing, too large or outside the subset; as Start otherwise.
+  Result<std::string> StartDockerfile(const store::ApiKeyRecord& key, const std::string& name,
+                                      const std::string& context_hash,
+                                      const std::string& dockerfile,
+                                      const std::map<std::string, std::string>& build_args,
+                                      bool no_cache);
   // Ends a reserved build in error before it starts (a base the daemon cannot provide), with
   // `reason` as its error and log line.
   Status Fail(const store::ApiKeyRecord& key, const std::string& build_id,
@@ -107,10 +118,29 @@ class TemplateBuilds {
   // ---- E2B's uploads (per key, see the top) ----
   // Whether `key` has uploaded the archive `files_hash`. EINVAL unless [a-f0-9]{64}.
   Result<bool> HasUpload(const store::ApiKeyRecord& key, const std::string& files_hash);
-  // Stores the archive `files_hash` of `key`, read by `read` (which fills a buffer and returns
-  // its byte count, 0 at the end, or an error) up to kMaxUploadBytes (E2BIG past it); staged and
-  // renamed into place, so a half upload leaves nothing. Evicts the key's oldest uploads past
-  // kMaxUploadsBytesPerKey.
+  // An archive being stored: staged in the key's directory, renamed into place by Commit, so a
+  // half upload leaves nothing (the destructor removes an uncommitted one).
+  class Upload {
+   public:
+    ~Upload();
+    // E2BIG past kMaxUploadBytes.
+    Status Write(std::string_view data);
+    // Makes it durable and visible; then evicts the key's oldest uploads past
+    // kMaxUploadsBytesPerKey (this one stays).
+    Status Commit();
+
+   private:
+    friend class TemplateBuilds;
+    Upload() = default;
+    std::string dir_, tmp_, final_;
+    int fd_ = -1;
+    int64_t bytes_ = 0;
+  };
+  // Starts storing the archive `files_hash` of `key` (replacing one of the same hash on Commit).
+  Result<std::unique_ptr<Upload>> BeginUpload(const store::ApiKeyRecord& key,
+                                              const std::string& files_hash);
+  // BeginUpload, Write of everything `read` gives (a buffer's byte count, 0 at the end, or an
+  // error), Commit.
   Status PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
                    const std::function<Result<size_t>(char*, size_t)>& read);
 
