@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/build.h"
 #include "cli/range_flags.h"
 #include "cli/run.h"
 #include "cli/serve.h"
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);
   sbx::cli::RegisterTemplateVerbs(app, global, client_verbs);
+  sbx::cli::RegisterBuildVerb(app, global, client_verbs);
 
   try {
     app.parse(argc, argv);

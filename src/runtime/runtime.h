@@ -116,6 +116,18 @@ class Runtime {
   virtual std::optional<std::string> AgentExit(const Box& box) = 0;
   // Kills every process of the box and removes everything Create made. Idempotent.
   virtual Status Destroy(const Box& box) = 0;
+  // Destroy, keeping the box's writable layer: once every process of the box is gone, its
+  // overlay upper directory (in overlayfs' form, files owned by the box's host ids) is renamed
+  // to `dest`, an empty directory on the same filesystem (a build step's result becomes a layer
+  // this way: sandbox/build.h). Only boxes without a disk limit: ENOTSUP otherwise, and from
+  // runtimes that cannot. The box is destroyed even when the move fails.
+  virtual Status DestroyKeepingUpper(const Box& box, const std::string& dest) {
+    (void)dest;
+    Status destroyed = Destroy(box);
+    if (!destroyed.ok()) return destroyed;
+    return Status::Error("destroy box " + box.id + ": this runtime cannot keep its writable layer",
+                         ENOTSUP);
+  }
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.
   virtual Result<int> ReapOrphans(const std::string& owner) = 0;
   // Takes over a live box whose owning process died (a daemon restart): its processes kept

@@ -19,22 +19,25 @@
 #include <vector>
 
 #include "common/status.h"
+#include "network/network.h"
+#include "runtime/runtime.h"
 #include "storage/dockerfile.h"
 #include "storage/image.h"
+#include "storage/template.h"
 
 namespace sbx::sandbox {
 
 struct BuildSpec {
-  std::string name;                    // the template to make (replaced when it exists)
-  std::string owner_key_id;            // who asked (audited; operator builds: "")
+  std::string name;                       // the template to make (replaced when it exists)
+  std::string owner_key_id;               // who asked (audited; operator builds: "")
   std::vector<storage::BuildStep> steps;  // the first is kFrom
   std::string context_dir;             // host directory COPY sources are read from (only below it)
   std::vector<std::string> net_allow;  // the network policy of RUN steps (empty: no network)
   bool net_open = false;
-  int64_t memory_bytes = 0;            // per RUN step (0: the daemon's default)
+  int64_t memory_bytes = 0;  // per RUN step (0: the daemon's default)
   double cpus = 0;
   bool no_cache = false;
-  std::string start_cmd;               // E2B startCmd / readyCmd, kept with the template
+  std::string start_cmd;  // E2B startCmd / readyCmd, kept with the template
   std::string ready_cmd;
 };
 
@@ -47,10 +50,10 @@ struct BuildLogLine {
 };
 
 struct BuildStatus {
-  std::string id;        // "bld_" + random
-  std::string name;      // the template
+  std::string id;    // "bld_" + random
+  std::string name;  // the template
   BuildState state = BuildState::kBuilding;
-  std::string error;     // kError: what failed (no host path)
+  std::string error;               // kError: what failed (no host path)
   std::vector<BuildLogLine> logs;  // from `offset` on
   int64_t size_bytes = 0;          // kReady: the template's layers
 };
@@ -65,8 +68,29 @@ class Builder {
   virtual Result<BuildStatus> Get(const std::string& id, int64_t offset) = 0;
   // Runs a build to its end on the calling thread, `log` called with each line as it comes
   // (`sbx build`).
-  virtual Result<store::TemplateRecord> Run(BuildSpec spec,
-                                            const std::function<void(const BuildLogLine&)>& log) = 0;
+  virtual Result<store::TemplateRecord> Run(
+      BuildSpec spec, const std::function<void(const BuildLogLine&)>& log) = 0;
 };
+
+// What a Builder works with. Nothing is owned: each must outlive the Builder.
+struct BuilderConfig {
+  runtime::Runtime* runtime = nullptr;  // makes the boxes of RUN steps (no disk limit)
+  storage::TemplateStore templates;
+  store::Store* store = nullptr;
+  // RUN steps of a spec with a network policy get it through this stack (the daemon's);
+  // nullptr: such specs are refused (EINVAL) and RUN steps have loopback only.
+  network::Stack* network = nullptr;
+  // Host file -> path inside, bound into the boxes of RUN steps without a network (the
+  // daemon's resolv.conf that says so; sandbox::ManagerConfig::no_network_files).
+  std::vector<std::pair<std::string, std::string>> no_network_files;
+  runtime::Limits default_limits;  // of a RUN step's box where the spec gives none
+  // The owner kind of the RUN steps' boxes (runtime::BoxSpec::owner): each Run first removes
+  // the boxes of that owner whose process died (a builder killed mid-step).
+  std::string box_owner = "build";
+  size_t max_log_lines = 10000;  // per build kept for Get (the oldest go first)
+  size_t max_finished = 64;      // finished builds kept for Get
+};
+
+std::unique_ptr<Builder> MakeBuilder(BuilderConfig config);
 
 }  // namespace sbx::sandbox

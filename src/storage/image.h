@@ -39,11 +39,46 @@ struct ImageConfig {
   std::map<std::string, std::string> labels;
 };
 
+// The config as the `templates.config` column keeps it (a JSON object with the keys env, user,
+// workdir, entrypoint, cmd, exposed_ports, labels; absent keys are empty) and back. EINVAL for a
+// value of the wrong shape.
+std::string ImageConfigToJson(const ImageConfig& c);
+Result<ImageConfig> ImageConfigFromJson(const std::string& json);
+// Sets `t`'s defaults from `c`: its env over t's (a variable the image sets replaces t's, e.g.
+// PATH), its user (empty: root), workdir, entrypoint and cmd.
+void ApplyImageConfig(const ImageConfig& c, Template* t);
+
+// A build's or pull's hold on the pins of its id (store::IsLeasePinId: "bld_..." or "pull_...",
+// then [A-Za-z0-9_-], at most 100 characters). Layers pinned for the id (AddLayerFromBlob,
+// AddLayerFromDir, ResolveTemplate(..., id) of a FROM template) stay while the lease is held by a
+// live process: it is a lock file, <templates dir>/leases/<id>, and the cache sweep (every
+// template action, eviction, gc) drops the pins of an id whose lock nobody holds, so a maker
+// killed mid-build leaves nothing pinned. Take it before the first pin. The destructor (or
+// Release) unpins the id and removes the file; take care to register the template (which then
+// references the layers) first.
+class PinLease {
+ public:
+  static Result<PinLease> Take(const TemplateStore& ts, store::Store& st, const std::string& id);
+  PinLease(PinLease&& o) noexcept;
+  PinLease& operator=(PinLease&& o) noexcept;
+  PinLease(const PinLease&) = delete;
+  PinLease& operator=(const PinLease&) = delete;
+  ~PinLease() { Release(); }
+  const std::string& id() const { return id_; }
+  void Release();
+
+ private:
+  PinLease() = default;
+  store::Store* st_ = nullptr;
+  std::string path_, id_;
+  int fd_ = -1;
+};
+
 // Progress of a long operation, for the CLI's progress line and the API's build log.
 struct Progress {
-  std::string what;     // e.g. the layer's short digest, or "unpacking"
-  int64_t done = 0;     // bytes so far
-  int64_t total = -1;   // -1 unknown
+  std::string what;    // e.g. the layer's short digest, or "unpacking"
+  int64_t done = 0;    // bytes so far
+  int64_t total = -1;  // -1 unknown
 };
 using ProgressFn = std::function<void(const Progress&)>;
 
@@ -63,8 +98,7 @@ Result<std::string> LayerIdForDiffId(const std::string& diff_id);
 Result<store::LayerRecord> AddLayerFromBlob(const TemplateStore& ts, store::Store& st,
                                             const std::string& blob_path,
                                             const std::string& blob_digest,
-                                            const std::string& diff_id,
-                                            const std::string& pin_for,
+                                            const std::string& diff_id, const std::string& pin_for,
                                             const ProgressFn& progress = {});
 
 // Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the
@@ -76,8 +110,10 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
                                            const std::string& dir, const std::string& id,
                                            uint32_t id_shift, const std::string& pin_for);
 
-// A fresh empty directory on the cache's filesystem for AddLayerFromDir's `dir` (removed by the
-// next cache sweep if its maker dies).
+// A fresh empty directory (0700, root's) on the cache's filesystem for AddLayerFromDir's `dir`,
+// <templates dir>/staging/<pid>-<start time>-<random>: the next cache sweep removes it once the
+// process that made it has exited, so remove it yourself when done with it without
+// AddLayerFromDir (a long-lived daemon's leftovers would wait for its exit).
 Result<std::string> MakeStagingDir(const TemplateStore& ts);
 
 // Registers (or with `replace`, replaces) template `name` of kind `kind` (store::kTemplateOci,
@@ -91,6 +127,10 @@ Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::S
 
 // The config recorded with template `name` (aliases resolved); empty for templates without one.
 Result<ImageConfig> GetImageConfig(store::Store& st, const std::string& name);
+
+// `sbx template gc`: removes every layer that no template lists and nothing pins (after a sweep
+// of what dead processes left), returning what it removed.
+Result<std::vector<store::LayerRecord>> GcLayers(const TemplateStore& ts, store::Store& st);
 
 // Imports an OCI image layout directory (index.json; `ref` picks the manifest whose
 // org.opencontainers.image.ref.name annotation matches, empty: the only one) or a docker-archive

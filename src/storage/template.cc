@@ -4,11 +4,15 @@
 #include <archive_entry.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +22,8 @@
 
 #include "common/fd.h"
 #include "common/fs.h"
+#include "storage/cache.h"
+#include "storage/image.h"
 
 namespace sbx::storage {
 namespace {
@@ -231,6 +237,10 @@ Status BuildOnce(const std::string& final_dir, F build, int mode = 0755) {
   return s;
 }
 
+}  // namespace
+
+namespace internal {
+
 Result<std::string> Sha256File(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return Status::Errno("open " + path);
@@ -277,32 +287,32 @@ bool SafeArchivePath(const std::string& name) {
   return true;
 }
 
-// What each entry costs beyond its data (a header, an inode): so that a million empty files
-// count too.
-constexpr int64_t kEntryOverheadBytes = 512;
+// Opens `rel` below the directory `root_fd` without following any symlink on the way (a final
+// symlink is opened itself with O_PATH | O_NOFOLLOW) and without leaving the root.
+UniqueFd OpenBeneath(int root_fd, const std::string& rel, uint64_t flags) {
+  open_how how{};
+  how.flags = flags | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  return UniqueFd(static_cast<int>(::syscall(SYS_openat2, root_fd, rel.c_str(), &how, sizeof how)));
+}
 
-struct ExtractOptions {
-  std::string what;           // for errors: the tarball or directory being read
-  std::string strip_prefix;   // removed from every entry name (reading a directory: its path)
-  int64_t limit = INT64_MAX;  // stop with ENOSPC once this many bytes are written
-  std::function<void(int64_t)> progress;
-};
-
-// Writes every entry `in` yields below `dest`, refusing names that leave it, hard links that
-// point out of it, writing through symlinks, ids outside 0..65535; skipping devices, sockets and
-// fifos. Returns the bytes written (data plus kEntryOverheadBytes per entry).
 Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptions& o) {
   std::unique_ptr<archive, int (*)(archive*)> out(archive_write_disk_new(), archive_write_free);
   archive_write_disk_set_options(
       out.get(), ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_TIME |
                      ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_SECURE_NODOTDOT);
+  UniqueFd root(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  if (!root) return Status::Errno("open " + dest);
   const bool disk = !o.strip_prefix.empty();
   int64_t bytes = 0, reported = 0;
+  std::vector<std::string> opaque_dirs;  // set once everything is written (dirs may come later)
   auto too_big = [&] {
     return Status::Error(o.what + ": unpacked size exceeds the template cache's free room (" +
                              std::to_string(o.limit) + " bytes)",
                          ENOSPC);
   };
+  std::unique_ptr<archive_entry, void (*)(archive_entry*)> whiteout(archive_entry_new(),
+                                                                    archive_entry_free);
   archive_entry* entry;
   for (;;) {
     int r = archive_read_next_header(in, &entry);
@@ -310,7 +320,8 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
       return Status::Error(o.what + ": " + ArchiveError(in), EINVAL);
     if (disk) archive_read_disk_descend(in);
-    std::string name = archive_entry_pathname(entry);
+    const char* raw_name = archive_entry_pathname(entry);
+    std::string name = raw_name != nullptr ? raw_name : "";
     if (disk) {
       if (name == o.strip_prefix) continue;  // the root itself
       if (name.rfind(o.strip_prefix + "/", 0) != 0)
@@ -318,34 +329,70 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
       name.erase(0, o.strip_prefix.size() + 1);
     }
     while (name.rfind("./", 0) == 0) name.erase(0, 2);
+    while (name.size() > 1 && name.back() == '/') name.pop_back();
     if (name.empty() || name == ".") continue;
     if (!SafeArchivePath(name))
       return Status::Error(o.what + ": unsafe entry name '" + name + "'", EINVAL);
     auto type = archive_entry_filetype(entry);
-    // Devices, sockets and fifos are useless in a box (it has its own /dev): skipped.
-    if (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFSOCK || type == AE_IFIFO) continue;
+    size_t slash = name.rfind('/');
+    std::string parent = slash == std::string::npos ? "" : name.substr(0, slash);
+    std::string base = slash == std::string::npos ? name : name.substr(slash + 1);
+    archive_entry* write = entry;
+    if (o.oci_whiteouts && base.rfind(".wh.", 0) == 0) {
+      if (base == ".wh..wh..opq") {
+        if (!parent.empty()) opaque_dirs.push_back(parent);
+        continue;
+      }
+      std::string gone = base.substr(4);
+      if (gone.rfind(".wh.", 0) == 0) continue;  // aufs' own bookkeeping (.wh..wh.plnk): no file
+      if (gone.empty() || gone == "." || gone == "..")
+        return Status::Error(o.what + ": unsafe whiteout '" + name + "'", EINVAL);
+      // overlayfs' whiteout: a 0/0 character device where the file was.
+      archive_entry_clear(whiteout.get());
+      archive_entry_set_filetype(whiteout.get(), AE_IFCHR);
+      archive_entry_set_perm(whiteout.get(), 0);
+      archive_entry_set_rdev(whiteout.get(), 0);
+      archive_entry_set_uid(whiteout.get(), 0);
+      archive_entry_set_gid(whiteout.get(), 0);
+      archive_entry_set_mtime(whiteout.get(), archive_entry_mtime(entry), 0);
+      name = parent.empty() ? gone : parent + "/" + gone;
+      write = whiteout.get();
+    } else if (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFSOCK || type == AE_IFIFO) {
+      // Devices, sockets and fifos are useless in a box (it has its own /dev) and a device node
+      // of the host's disk would be a way out: skipped.
+      continue;
+    }
     // Names were checked above; the absolute destination is ours, so libarchive's absolute-path
     // refusal is not used, while its refusal to write through symlinks is.
-    archive_entry_set_pathname(entry, (dest + "/" + name).c_str());
-    if (const char* hl = archive_entry_hardlink(entry)) {
+    archive_entry_set_pathname(write, (dest + "/" + name).c_str());
+    if (const char* hl = write == entry ? archive_entry_hardlink(entry) : nullptr) {
       std::string h = hl;
       while (h.rfind("./", 0) == 0) h.erase(0, 2);
       if (!SafeArchivePath(h)) return Status::Error(o.what + ": unsafe link '" + h + "'", EINVAL);
+      // The target must be something this archive already wrote, reached without a symlink
+      // (link(2) follows the symlinks of its path: "dir-symlink/passwd" would be the host's).
+      UniqueFd target = OpenBeneath(root.get(), h, O_PATH | O_NOFOLLOW);
+      struct stat tst {};
+      if (!target || ::fstat(target.get(), &tst) != 0 || S_ISDIR(tst.st_mode))
+        return Status::Error(o.what + ": hard link '" + name + "' to '" + h +
+                                 "', which is not a file of the archive",
+                             EINVAL);
       archive_entry_set_hardlink(entry, (dest + "/" + h).c_str());
     }
-    auto uid = archive_entry_uid(entry), gid = archive_entry_gid(entry);
+    auto uid = archive_entry_uid(write), gid = archive_entry_gid(write);
     if (uid < 0 || uid >= 65536 || gid < 0 || gid >= 65536)
       return Status::Error(o.what + ": '" + name + "' has an id outside 0..65535", EINVAL);
-    archive_entry_set_uname(entry, nullptr);
-    archive_entry_set_gname(entry, nullptr);
+    archive_entry_set_uname(write, nullptr);
+    archive_entry_set_gname(write, nullptr);
     bytes += kEntryOverheadBytes;
     if (bytes > o.limit) return too_big();
-    if (archive_write_header(out.get(), entry) != ARCHIVE_OK)
+    if (archive_write_header(out.get(), write) != ARCHIVE_OK)
       return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
     const void* buf;
     size_t size;
     la_int64_t offset;
     while ((r = archive_read_data_block(in, &buf, &size, &offset)) == ARCHIVE_OK) {
+      if (write != entry) continue;  // a whiteout's own content (normally none) is not kept
       // Counted as written, sparse holes included: what unpacking may cost the disk.
       bytes += static_cast<int64_t>(size);
       if (bytes > o.limit) return too_big();
@@ -362,6 +409,25 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
   }
   if (archive_write_close(out.get()) != ARCHIVE_OK)
     return Status::Error(o.what + ": " + ArchiveError(out.get()), EIO);
+  for (const auto& d : opaque_dirs) {
+    // A directory that only its marker names is made (as the layer's content says it exists).
+    UniqueFd dir = OpenBeneath(root.get(), d, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (!dir) {
+      size_t cut = d.rfind('/');
+      UniqueFd up = cut == std::string::npos
+                        ? UniqueFd(::dup(root.get()))
+                        : OpenBeneath(root.get(), d.substr(0, cut), O_RDONLY | O_DIRECTORY);
+      std::string leaf = cut == std::string::npos ? d : d.substr(cut + 1);
+      if (!up || (::mkdirat(up.get(), leaf.c_str(), 0755) != 0 && errno != EEXIST))
+        return Status::Error(o.what + ": opaque directory '" + d + "' is not a directory", EINVAL);
+      dir = OpenBeneath(root.get(), d, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+      if (!dir)
+        return Status::Error(o.what + ": opaque directory '" + d + "' is not a directory", EINVAL);
+    }
+    if (::fsetxattr(dir.get(), "trusted.overlay.opaque", "y", 1, 0) != 0)
+      return Status::Errno(o.what + ": mark '" + d + "' opaque");
+    bytes += kEntryOverheadBytes;
+  }
   if (o.progress) o.progress(bytes);
   return bytes;
 }
@@ -430,38 +496,31 @@ bool ValidPart(std::string_view p) {
 }
 
 std::string LayersRoot(const TemplateStore& ts) { return ts.dir + "/layers"; }
+std::string StagingRoot(const TemplateStore& ts) { return ts.dir + "/staging"; }
+std::string LeasesRoot(const TemplateStore& ts) { return ts.dir + "/leases"; }
 // Outside `dir`, so a run's private layer never counts against the cache (each run's own
 // directory is 0700, root's; the runtime opens it as host root).
 std::string RunRoot(const TemplateStore& ts) { return ts.dir + ".run"; }
 
 // The cache directory exists, root's only (also when an older sbx made it 0711).
 Status EnsureCacheDirs(const TemplateStore& ts) {
-  for (const std::string& d : {ts.dir, LayersRoot(ts)}) {
+  for (const std::string& d : {ts.dir, LayersRoot(ts), StagingRoot(ts), LeasesRoot(ts)}) {
     SBX_RETURN_IF_ERROR(MakeDirs(d, 0700));
     if (::chmod(d.c_str(), 0700) != 0) return Status::Errno("chmod " + d);
   }
   return {};
 }
 
-// Holds <templates dir>/.lock: every change to the cache directory (a layer made or removed)
-// happens under it, in the daemon and in `sbx template` alike.
-class CacheLock {
- public:
-  static Result<CacheLock> Take(const TemplateStore& ts) {
-    SBX_RETURN_IF_ERROR(EnsureCacheDirs(ts));
-    std::string path = ts.dir + "/.lock";
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) return Status::Errno("open " + path);
-    while (::flock(fd.get(), LOCK_EX) != 0) {
-      if (errno != EINTR) return Status::Errno("lock " + path);
-    }
-    return CacheLock(std::move(fd));
+Result<CacheLock> CacheLock::Take(const TemplateStore& ts) {
+  SBX_RETURN_IF_ERROR(EnsureCacheDirs(ts));
+  std::string path = ts.dir + "/.lock";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return Status::Errno("open " + path);
+  while (::flock(fd.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return Status::Errno("lock " + path);
   }
-
- private:
-  explicit CacheLock(UniqueFd fd) : fd_(std::move(fd)) {}
-  UniqueFd fd_;
-};
+  return CacheLock(std::move(fd));
+}
 
 // Removes a layer's directory. Caller holds the CacheLock and has forgotten the layer in the
 // store.
@@ -483,17 +542,73 @@ std::vector<std::string> Entries(const std::string& dir) {
   return names;
 }
 
-// Removes what a killed process left in the cache: layer directories the store does not know
-// (a build that died before recording its layer). Caller holds the CacheLock, under which every
-// layer is built and recorded.
+// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), or
+// "" if there is no such process. With the pid, it names a process across pid reuse.
+std::string ProcStartTime(const std::string& pid) {
+  auto stat = ReadFile("/proc/" + pid + "/stat", 4096);
+  if (!stat.ok()) return "";
+  size_t pos = stat->rfind(')');
+  if (pos == std::string::npos) return "";
+  // After "pid (comm)": field 3 (state) onwards; the start time is the 20th of those.
+  int field = 2;
+  size_t i = pos + 1;
+  while (i < stat->size()) {
+    while (i < stat->size() && (*stat)[i] == ' ') ++i;
+    size_t end = stat->find(' ', i);
+    if (end == std::string::npos) end = stat->size();
+    if (++field == 22) return stat->substr(i, end - i);
+    i = end;
+  }
+  return "";
+}
+
+std::string SelfStagingPrefix() {
+  std::string pid = std::to_string(::getpid());
+  return pid + "-" + ProcStartTime(pid) + "-";
+}
+
+bool StagingMakerAlive(const std::string& name) {
+  size_t a = name.find('-');
+  size_t b = a == std::string::npos ? a : name.find('-', a + 1);
+  if (b == std::string::npos) return false;
+  std::string start = ProcStartTime(name.substr(0, a));
+  return !start.empty() && start == name.substr(a + 1, b - a - 1);
+}
+
+// Removes what a killed process left in the cache. Caller holds the CacheLock, under which every
+// layer is recorded and every pin of a lease id is made.
 void SweepCache(const TemplateStore& ts, store::Store& st) {
+  // Layer directories the store does not know (a build that died before recording its layer).
   for (const auto& n : Entries(LayersRoot(ts))) {
     auto l = st.GetLayer(n);
     if (l.ok() && !*l) (void)RemoveTree(LayersRoot(ts) + "/" + n);  // retried by the next sweep
   }
+  // Staging directories whose maker is gone (a pid's start time tells a reused pid).
+  for (const auto& n : Entries(StagingRoot(ts))) {
+    if (!StagingMakerAlive(n)) (void)RemoveTree(StagingRoot(ts) + "/" + n);  // likewise
+  }
+  // Pins of builds and pulls that no process holds a lease for: their maker died.
+  auto owners = st.LeasePinOwners();
+  std::vector<std::string> pinned = owners.ok() ? *owners : std::vector<std::string>{};
+  std::vector<std::string> files = Entries(LeasesRoot(ts));
+  for (const auto& f : files)
+    if (std::find(pinned.begin(), pinned.end(), f) == pinned.end()) pinned.push_back(f);
+  for (const auto& id : pinned) {
+    std::string path = LeasesRoot(ts) + "/" + id;
+    bool held = false;
+    if (id.find('/') == std::string::npos && !id.empty() && id[0] != '.') {
+      UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+      if (fd) {
+        held = ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0;
+        if (!held) (void)::unlink(path.c_str());  // a taker that opened it first retries
+      }
+    }
+    if (!held) (void)st.UnpinLayers(id);  // kept on failure: the next sweep retries
+  }
 }
 
-Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t target_bytes) {
+Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t target_bytes,
+                            std::vector<store::LayerRecord>* removed) {
   auto unused = st.UnusedLayers();
   if (!unused.ok()) return unused.status();
   auto total = st.LayerBytes();
@@ -506,6 +621,7 @@ Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t t
     SBX_RETURN_IF_ERROR(s);
     RemoveLayerDirs(ts, l.id);
     freed += l.size_bytes;
+    if (removed) removed->push_back(l);
   }
   return freed;
 }
@@ -520,6 +636,12 @@ Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st) {
   for (const auto& l : *unused) evictable += l.size_bytes;
   return ts.cache_bytes - (*total - evictable);
 }
+
+}  // namespace internal
+
+namespace {
+
+using namespace internal;
 
 std::string HostLayerId(const TemplateStore& ts) {
   Fnv f;
@@ -561,6 +683,11 @@ Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& 
   Template t;
   t.name = rec.name;
   t.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"};
+  if (!rec.config.empty()) {
+    auto config = ImageConfigFromJson(rec.config);
+    if (!config.ok()) return config.status().Wrap("template " + rec.name);
+    ApplyImageConfig(*config, &t);
+  }
   for (const auto& id : rec.layers) {
     struct stat sb {};
     if (::stat(LayerDir(ts, id).c_str(), &sb) != 0)
@@ -613,6 +740,8 @@ void ReapDeadRuns(const TemplateStore& ts) {
 }
 
 }  // namespace
+
+using namespace internal;
 
 bool IsValidTemplateName(std::string_view name) {
   size_t colon = name.find(':');

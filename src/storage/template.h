@@ -7,6 +7,9 @@
 //   dir       a snapshot of a rootfs directory, copied into the template cache at add time
 //   tar       a rootfs tarball (.tar, .tar.gz, .tgz, .tar.zst, .tar.xz, .tar.bz2), unpacked into
 //             the template cache at add time
+//   oci       an OCI image (`sbx template import`, `sbx template pull`): content-addressed layers
+//             shared with every other image that has them, and the image's config (image.h)
+//   build     the result of a build (a Dockerfile or E2B's template API), as oci
 // Layers keep their real ownership (root's files are uid 0); the runtime maps them into each
 // box's id range. The cache is bounded; unused layers are evicted least recently used first. The
 // on-disk layout, the names and the bound are described in docs/storage.md.
@@ -35,9 +38,17 @@ struct Template {
   std::string name;  // the registered template (an alias resolved), recorded with the sandbox
   std::vector<std::string> layers;
   std::vector<runtime::BindMount> binds;
-  std::vector<std::string> env;  // defaults, "K=V"
+  // What every command gets unless it says otherwise (sandbox::Manager records them as the
+  // sandbox's store::TemplateDefaults). For an image (kinds oci, build) they are its config's
+  // (image.h, ImageConfig): its Env over PATH and LANG below, its User ("name", "uid",
+  // "uid:gid", "name:group"; empty in the image: root), its WorkingDir.
+  std::vector<std::string> env;  // "K=V"; PATH and LANG unless the image sets them
   std::string user = "root";
   std::string workdir;  // empty: the user's home
+  // The image's start command (Entrypoint then Cmd, as docker run without arguments); empty for
+  // other kinds.
+  std::vector<std::string> entrypoint;
+  std::vector<std::string> cmd;
 };
 
 struct TemplateStore {

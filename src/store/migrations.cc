@@ -213,6 +213,13 @@ CREATE TABLE template_owners (
 CREATE INDEX template_owners_by_owner ON template_owners (owner_key_id);
 )sql";
 
+// Version 13: images as templates (issue 13): the image config of kinds oci and build (a JSON
+// object, storage::ImageConfig; '' for other kinds). Pins of builds and pulls ("bld_...",
+// "pull_...") share layer_pins with sandboxes' and need no schema of their own.
+constexpr char kV13[] = R"sql(
+ALTER TABLE templates ADD COLUMN config TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -229,6 +236,7 @@ const std::vector<Migration>& Migrations() {
       {10, "sandboxes.network, egress_rules, mask_request_host", kV10},
       {11, "net_slots: the box address pool", kV11},
       {12, "template_owners: the key that built a template through an API", kV12},
+      {13, "templates.config: an image's config (kinds oci, build)", kV13},
   };
   return kAll;
 }

@@ -32,7 +32,7 @@ constexpr char kApiKeyColumns[] =
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
-    "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at";
+    "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at, config";
 constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at";
 
 Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
@@ -265,6 +265,7 @@ Result<TemplateRecord> ReadTemplate(const Statement& st) {
   t.alias_of = st.ColumnText(5);
   t.size_bytes = st.ColumnInt(6);
   t.last_used_at = st.ColumnInt(7);
+  t.config = st.ColumnText(8);
   return t;
 }
 
@@ -273,7 +274,8 @@ LayerRecord ReadLayer(const Statement& st) {
 }
 
 bool IsValidTemplateKind(std::string_view k) {
-  return k == kTemplateHost || k == kTemplateAlias || k == kTemplateDir || k == kTemplateTar;
+  return k == kTemplateHost || k == kTemplateAlias || k == kTemplateDir || k == kTemplateTar ||
+         k == kTemplateOci || k == kTemplateBuild;
 }
 
 // A layer is in use while a template references it or a pin holds it whose sandbox is live or
@@ -903,6 +905,10 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
   if (t.name.empty()) return Invalid(what + ": empty name");
   if (!IsValidTemplateKind(t.kind)) return Invalid(what + ": unknown kind '" + t.kind + "'");
   if (t.size_bytes < 0) return Invalid(what + ": negative size");
+  if (!t.config.empty()) {
+    json c = json::parse(t.config, nullptr, false);
+    if (!c.is_object()) return Invalid(what + ": config is not a JSON object");
+  }
   if (t.kind == kTemplateAlias) {
     if (t.alias_of.empty() || t.alias_of == t.name)
       return Invalid(what + ": an alias needs another template to stand for");
@@ -929,7 +935,7 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
 }  // namespace
 
 namespace {
-// Binds ?1..?8 of an INSERT INTO templates (kTemplateColumns) to `t`.
+// Binds ?1..?9 of an INSERT INTO templates (kTemplateColumns) to `t`.
 void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers, int64_t now) {
   st.BindText(1, t.name)
       .BindText(2, t.source)
@@ -938,7 +944,8 @@ void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& lay
       .BindText(5, t.kind)
       .BindText(6, t.alias_of)
       .BindInt(7, t.size_bytes)
-      .BindInt(8, t.last_used_at);
+      .BindInt(8, t.last_used_at)
+      .BindText(9, t.config);
 }
 }  // namespace
 
@@ -951,7 +958,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   if (!tx.ok()) return tx.status().Wrap(what);
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
-                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   Status s = st->Run();
@@ -970,10 +977,10 @@ Status Store::PutTemplate(const TemplateRecord& t) {
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO templates (") + kTemplateColumns +
-      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (name) DO UPDATE SET"
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (name) DO UPDATE SET"
       " source = excluded.source, layers = excluded.layers, created_at = excluded.created_at,"
       " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
-      " last_used_at = excluded.last_used_at");
+      " last_used_at = excluded.last_used_at, config = excluded.config");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
@@ -1062,12 +1069,27 @@ Result<std::optional<TemplateRecord>> Store::UseTemplate(const std::string& name
 
 // ---- template layers ----
 
-Status Store::PutLayer(const LayerRecord& l) {
+namespace {
+// Inserts the pin (pin_for, layer_id) unless it is there; inside the caller's transaction.
+Status InsertPinIn(Db& db, const std::string& pin_for, const std::string& layer_id, int64_t now,
+                   const std::string& what) {
+  Result<Statement> pin = db.Prepare(
+      "INSERT INTO layer_pins (sandbox_id, layer_id, created_at) VALUES (?1, ?2, ?3)"
+      " ON CONFLICT DO NOTHING");
+  if (!pin.ok()) return pin.status().Wrap(what);
+  pin->BindText(1, pin_for).BindText(2, layer_id).BindInt(3, now);
+  return pin->Run().Wrap(what);
+}
+}  // namespace
+
+Status Store::PutLayer(const LayerRecord& l, const std::string& pin_for) {
   std::string what = "put layer " + l.id;
   if (l.id.empty()) return Invalid("put layer: empty id");
   if (l.size_bytes < 0) return Invalid(what + ": negative size");
   int64_t created = l.created_at != 0 ? l.created_at : clock_->NowMs();
   MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO template_layers (") + kLayerColumns +
       ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO UPDATE SET size_bytes = excluded.size_bytes,"
@@ -1077,7 +1099,41 @@ Status Store::PutLayer(const LayerRecord& l) {
       .BindInt(2, l.size_bytes)
       .BindInt(3, created)
       .BindInt(4, l.last_used_at != 0 ? l.last_used_at : created);
-  return st->Run().Wrap(what);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  if (!pin_for.empty()) SBX_RETURN_IF_ERROR(InsertPinIn(*db_, pin_for, l.id, created, what));
+  return tx->Commit().Wrap(what);
+}
+
+Status Store::PinLayer(const std::string& pin_for, const std::string& layer_id) {
+  std::string what = "pin layer " + layer_id + " for " + pin_for;
+  if (pin_for.empty()) return Invalid(what + ": empty id");
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  int64_t now = clock_->NowMs();
+  Result<Statement> touch =
+      db_->Prepare("UPDATE template_layers SET last_used_at = MAX(last_used_at, ?1) WHERE id = ?2");
+  if (!touch.ok()) return touch.status().Wrap(what);
+  touch->BindInt(1, now).BindText(2, layer_id);
+  SBX_RETURN_IF_ERROR(touch->Run().Wrap(what));
+  if (db_->changes() == 0) return Status::Error(what + ": no such layer", ENOENT);
+  SBX_RETURN_IF_ERROR(InsertPinIn(*db_, pin_for, layer_id, now, what));
+  return tx->Commit().Wrap(what);
+}
+
+Result<std::vector<std::string>> Store::LeasePinOwners() {
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare(
+      "SELECT DISTINCT sandbox_id FROM layer_pins WHERE substr(sandbox_id, 1, 4) = 'bld_'"
+      " OR substr(sandbox_id, 1, 5) = 'pull_' ORDER BY sandbox_id");
+  if (!st.ok()) return st.status().Wrap("list lease pins");
+  std::vector<std::string> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list lease pins");
+    if (!*row) return out;
+    out.push_back(st->ColumnText(0));
+  }
 }
 
 Result<std::optional<LayerRecord>> Store::GetLayer(const std::string& id) {
@@ -1168,7 +1224,8 @@ Status Store::UnpinLayers(const std::string& sandbox_id) {
 Result<int64_t> Store::DropOrphanPins() {
   MutexLock lock(mu_);
   SBX_RETURN_IF_ERROR(
-      db_->Exec("DELETE FROM layer_pins WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)")
+      db_->Exec("DELETE FROM layer_pins WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)"
+                " AND substr(sandbox_id, 1, 4) != 'bld_' AND substr(sandbox_id, 1, 5) != 'pull_'")
           .Wrap("forget orphan layer pins"));
   return db_->changes();
 }

@@ -188,6 +188,19 @@ inline constexpr char kTemplateHost[] = "host";    // the built-in host template
 inline constexpr char kTemplateAlias[] = "alias";  // another name of the template `alias_of`
 inline constexpr char kTemplateDir[] = "dir";      // a snapshot of a rootfs directory
 inline constexpr char kTemplateTar[] = "tar";      // an unpacked rootfs tarball
+inline constexpr char kTemplateOci[] = "oci";      // an OCI image (imported or pulled; version 13)
+inline constexpr char kTemplateBuild[] = "build";  // a Dockerfile or E2B build's result (v. 13)
+
+// Pins of ids with these prefixes belong to a build ("bld_...") or a pull ("pull_..."), not to a
+// sandbox: they hold their layers until UnpinLayers(id). Their maker holds a lease on the id
+// (storage::PinLease, a lock file) while it runs, and the cache sweep drops the pins of an id
+// whose lease nobody holds (its maker died). DropOrphanPins leaves them alone.
+inline constexpr std::string_view kBuildPinPrefix = "bld_";
+inline constexpr std::string_view kPullPinPrefix = "pull_";
+inline bool IsLeasePinId(std::string_view id) {
+  return id.substr(0, kBuildPinPrefix.size()) == kBuildPinPrefix ||
+         id.substr(0, kPullPinPrefix.size()) == kPullPinPrefix;
+}
 
 // A registered template. Names are checked by storage (storage::IsValidTemplateName); the store
 // only refuses empty ones.
@@ -200,6 +213,9 @@ struct TemplateRecord {
   int64_t size_bytes = 0;           // of its layers
   int64_t created_at = 0;           // AddTemplate/PutTemplate set it to now when 0
   int64_t last_used_at = 0;         // UseTemplate sets it
+  // Kinds oci and build: the image config (storage::ImageConfig as a JSON object, version 13);
+  // "" for none. The store only checks that it is a JSON object.
+  std::string config;
 };
 
 // Who built a template through an API (version 12): that key, and operator keys, may rebuild or
@@ -376,8 +392,14 @@ class Store {
   Status DeleteTemplateOwner(const std::string& name);
 
   // ---- template layers ----
-  // Records a layer (or updates its size). EINVAL for an empty id or a negative size.
-  Status PutLayer(const LayerRecord& l);
+  // Records a layer (or updates its size). EINVAL for an empty id or a negative size. With
+  // `pin_for`, the layer is pinned for it in the same transaction.
+  Status PutLayer(const LayerRecord& l, const std::string& pin_for = "");
+  // Pins the recorded layer `layer_id` for `pin_for` (a sandbox, build or pull id) and notes its
+  // use. ENOENT if the layer is not recorded (checked in the same transaction).
+  Status PinLayer(const std::string& pin_for, const std::string& layer_id);
+  // The distinct ids of lease pins (IsLeasePinId) that hold any layer.
+  Result<std::vector<std::string>> LeasePinOwners();
   Result<std::optional<LayerRecord>> GetLayer(const std::string& id);
   Result<std::vector<LayerRecord>> ListLayers();  // least recently used first
   Result<int64_t> LayerBytes();                   // the sum of every layer's size
@@ -392,6 +414,7 @@ class Store {
   Status UnpinLayers(const std::string& sandbox_id);
   // Forgets pins of sandboxes that have no record: creates that died before recording their
   // sandbox. Only correct while no create is in flight (the daemon calls it before serving).
+  // Lease pins (IsLeasePinId) are not a sandbox's and stay.
   Result<int64_t> DropOrphanPins();
 
   // ---- secrets (one owner's each; another owner's do not exist) ----

@@ -562,7 +562,13 @@ std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
   return how;
 }
 
-Status NativeRuntime::Destroy(const Box& box) {
+Status NativeRuntime::Destroy(const Box& box) { return DestroyBox(box, nullptr); }
+
+Status NativeRuntime::DestroyKeepingUpper(const Box& box, const std::string& dest) {
+  return DestroyBox(box, &dest);
+}
+
+Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that
   // got out of the namespace's reach (it cannot, but the cgroup is the authority). A frozen box
@@ -587,6 +593,22 @@ Status NativeRuntime::Destroy(const Box& box) {
     if (box.init_pid > 0) ::waitpid(box.init_pid, nullptr, WNOHANG | __WALL);
   }
   Status cg = cgroup->Destroy();
+  // The agent is reaped and, as PID 1 of its pid namespace, took every process of the box with
+  // it: nothing writes to the upper directory any more (the cgroup, just emptied, agrees).
+  Status kept;
+  if (keep_upper != nullptr) {
+    std::string upper = config_.run_dir + "/" + box.id + "/fs/upper";
+    struct stat sb {};
+    if (!cg.ok()) {
+      kept = cg.Wrap("keep the writable layer of box " + box.id);
+    } else if (::lstat((config_.run_dir + "/" + box.id + "/disk.img").c_str(), &sb) == 0) {
+      kept = Status::Error("keep the writable layer of box " + box.id + ": it has a disk limit",
+                           ENOTSUP);
+    } else if (::rename(upper.c_str(), keep_upper->c_str()) != 0) {
+      kept = Status::Errno("keep the writable layer of box " + box.id + ": rename " + upper +
+                           " to " + *keep_upper);
+    }
+  }
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
@@ -601,7 +623,7 @@ Status NativeRuntime::Destroy(const Box& box) {
   }
   if (!cg.ok()) return cg.Wrap("destroy box " + box.id);
   if (!fs.ok()) return fs.Wrap("destroy box " + box.id);
-  return {};
+  return kept;
 }
 
 Result<std::vector<std::string>> NativeRuntime::ListBoxes() {

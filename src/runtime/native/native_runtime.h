@@ -59,6 +59,7 @@ class NativeRuntime : public Runtime {
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   std::optional<std::string> AgentExit(const Box& box) override;
   Status Destroy(const Box& box) override;
+  Status DestroyKeepingUpper(const Box& box, const std::string& dest) override;
   Result<int> ReapOrphans(const std::string& owner) override;
   Result<Box> Adopt(const std::string& id) override;
   Result<std::vector<std::string>> ListBoxes() override;
@@ -96,6 +97,8 @@ class NativeRuntime : public Runtime {
   // The read-only layers a box of host id `base` mounts: the spec's in idmapped mode, shifted
   // copies in the fallback.
   Result<std::vector<std::string>> LayersFor(const BoxSpec& spec, uint32_t base);
+  // Destroy; with `keep_upper`, the writable layer is moved there before the box's directory goes.
+  Status DestroyBox(const Box& box, const std::string* keep_upper);
 
   NativeConfig config_;
   const bool idmapped_;

@@ -1,0 +1,149 @@
+#include "cli/build.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "cli/template.h"
+#include "cli/units.h"
+#include "common/fd.h"
+#include "common/fs.h"
+#include "network/box_files.h"
+#include "runtime/native/native_runtime.h"
+#include "sandbox/build.h"
+#include "sandbox/id_pool.h"
+#include "storage/dockerfile.h"
+#include "store/store.h"
+
+namespace sbx::cli {
+namespace {
+
+constexpr int64_t kMaxDockerfileBytes = 1 << 20;
+
+struct BuildOptions {
+  std::string tag;
+  std::string file;  // empty: DIR/Dockerfile
+  std::vector<std::string> build_args;
+  bool no_cache = false;
+  std::string net;
+  std::string memory, cpus;
+  std::string context;
+};
+
+int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
+  if (!o.net.empty() && o.net != "none") {
+    // The daemon's network stack owns the host's sbx nftables table, the boxes' veths and the
+    // egress proxy; a second one in this process would fight it over them.
+    return Fail(Status::Error(
+        "--net: RUN steps of a local `sbx build` have no network (loopback only); fetch what the "
+        "build needs into the context directory and COPY it",
+        EINVAL));
+  }
+  if (::geteuid() != 0)
+    return Fail(Status::Error("sbx build needs root (it creates namespaces, cgroups and mounts)"));
+  std::map<std::string, std::string> build_args;
+  for (const auto& a : o.build_args) {
+    size_t eq = a.find('=');
+    std::string k = a.substr(0, eq);
+    if (k.empty()) return Fail(Status::Error("--build-arg: expected K=V or K, got '" + a + "'"));
+    if (eq != std::string::npos) {
+      build_args[k] = a.substr(eq + 1);
+    } else if (const char* v = std::getenv(k.c_str())) {
+      build_args[k] = v;  // `--build-arg K` takes K from the environment, as docker build
+    }
+  }
+  std::string context = o.context;
+  while (context.size() > 1 && context.back() == '/') context.pop_back();
+  char real[PATH_MAX];
+  if (::realpath(context.c_str(), real) == nullptr)
+    return Fail(Status::Errno("build context " + o.context));
+  std::string file = o.file.empty() ? std::string(real) + "/Dockerfile" : o.file;
+  auto text = ReadFile(file, kMaxDockerfileBytes);
+  if (!text.ok()) return Fail(text.status().Wrap("Dockerfile"));
+  auto steps = storage::ParseDockerfile(*text, build_args);
+  if (!steps.ok()) return Fail(steps.status());
+
+  // A Ctrl-C or SIGTERM ends the process: the step's box dies with it (die_with_parent) and the
+  // next build removes its directory; staging directories and pins go by the cache's sweep.
+  ::signal(SIGPIPE, SIG_IGN);
+  runtime::NativeConfig cfg;
+  cfg.run_dir = global.data_dir + "/run";
+  cfg.agent_path = FindAgent(global.agent_path);
+  if (const char* p = std::getenv("SBX_CGROUP_PARENT")) cfg.cgroup_parent = p;
+  auto db = store::Store::Open(global.data_dir + "/" + store::kDbFileName);
+  if (!db.ok()) return Fail(db.status().Wrap("store"));
+  auto pool_config = sandbox::LoadIdPoolConfig(global.data_dir);
+  if (!pool_config.ok()) return Fail(pool_config.status());
+  auto pool = sandbox::StoreIdPool::Make(**db, *pool_config, cfg.id_base);
+  if (!pool.ok()) return Fail(pool.status());
+  cfg.id_pool = pool->get();
+  auto rt = runtime::NativeRuntime::Open(cfg);
+  if (!rt.ok()) return Fail(rt.status());
+  const auto& warnings = (*rt)->warnings();
+  for (size_t i = 0; i < warnings.size(); ++i) {
+    bool fallback = i == 0 && !(*rt)->idmapped();
+    if (fallback || global.verbose) std::fprintf(stderr, "sbx: warning: %s\n", warnings[i].c_str());
+  }
+
+  sandbox::BuilderConfig bc;
+  bc.runtime = rt->get();
+  bc.templates = CliTemplateStore(global.data_dir, 0);
+  bc.templates.sudo_binary = cfg.agent_path;  // the host template's sudo (template.h)
+  bc.store = db->get();
+  if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
+    bc.no_network_files = std::move(*none);
+  auto builder = sandbox::MakeBuilder(bc);
+
+  sandbox::BuildSpec spec;
+  spec.name = o.tag;
+  spec.steps = std::move(*steps);
+  spec.context_dir = real;
+  spec.no_cache = o.no_cache;
+  if (!o.memory.empty()) {
+    auto v = ParseSize(o.memory);
+    if (!v.ok() || *v < (4 << 20))
+      return Fail(Status::Error("--memory: a size of at least 4M", EINVAL));
+    spec.memory_bytes = *v;
+  }
+  if (!o.cpus.empty()) {
+    char* end = nullptr;
+    double c = std::strtod(o.cpus.c_str(), &end);
+    if (end == o.cpus.c_str() || *end != '\0' || !(c >= 0.01 && c <= 1024))
+      return Fail(Status::Error("--cpus: a number of cores from 0.01 to 1024", EINVAL));
+    spec.cpus = c;
+  }
+  auto rec = builder->Run(std::move(spec), [](const sandbox::BuildLogLine& l) {
+    // The step lines and the RUN output on stdout as docker build prints them; the failure is
+    // said once, below.
+    if (l.level == "error" && l.text.rfind("step ", 0) == 0) return;
+    std::fprintf(stdout, "%s\n", l.text.c_str());
+    std::fflush(stdout);
+  });
+  if (!rec.ok()) return Fail(rec.status());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBuildVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs) {
+  auto o = std::make_shared<BuildOptions>();
+  CLI::App* b = app.add_subcommand(
+      "build", "Build a template from a Dockerfile and a context directory (local, as root)");
+  b->add_option("-t,--tag", o->tag, "Name of the template to make (replaced if it exists)")
+      ->required();
+  b->add_option("-f,--file", o->file, "The Dockerfile (default: DIR/Dockerfile)");
+  b->add_option("--build-arg", o->build_args,
+                "Set an ARG: K=V, or K to take it from the environment");
+  b->add_flag("--no-cache", o->no_cache, "Run every step again instead of reusing earlier layers");
+  b->add_option("--net", o->net, "Network of RUN steps: not available for local builds (none)");
+  b->add_option("--memory", o->memory, "Memory limit of each RUN step, e.g. 2G");
+  b->add_option("--cpus", o->cpus, "CPU quota of each RUN step in cores");
+  b->add_option("DIR", o->context, "The build context: COPY reads from it")->required();
+  verbs.Add(b, [o, &global] { return BuildCommand(global, *o); });
+}
+
+}  // namespace sbx::cli
