@@ -106,6 +106,7 @@ Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key,
     std::string whose = builtin                ? "is built in"
                         : owner.ok() && *owner ? "was built by another key"
                                                : "is the operator's";
+    audit_("template.denied", key.id, {{"template", name}, {"op", "build"}});
     return Status::Error("template '" + name + "' " + whose + ": this key may not replace it",
                          EPERM);
   }
@@ -358,14 +359,17 @@ Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string&
   auto row = store_.GetTemplateOwner(name);
   if (!row.ok()) return row.status();
   if (!*rec && !*row) return Status::Error("template '" + name + "' not found", ENOENT);
+  auto denied = [&](const std::string& why) {
+    audit_("template.denied", key.id, {{"template", name}, {"op", "delete"}});
+    return Status::Error("template '" + name + "' " + why, EPERM);
+  };
   if (*row) {
     if ((*row)->owner_key_id != key.id && !key.is_operator)
-      return Status::Error("template '" + name + "' was built by another key", EPERM);
+      return denied("was built by another key");
   } else if (IsBuiltIn(**rec)) {
-    return Status::Error("template '" + name + "' is built in", EPERM);
+    return denied("is built in");
   } else if (!key.is_operator) {
-    return Status::Error(
-        "template '" + name + "' is the operator's: only an operator key may delete it", EPERM);
+    return denied("is the operator's: only an operator key may delete it");
   }
   // Not while a build of it runs: its end would register the template again.
   std::vector<std::string> running;
@@ -387,6 +391,15 @@ Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string&
     if (!s.ok() && s.err() != ENOENT) return s;
   }
   SBX_RETURN_IF_ERROR(store_.DeleteTemplateOwner(name));
+  {
+    // A reserved build of it that has not started would register the name without its hold.
+    MutexLock lock(mu_);
+    for (auto& [id, e] : builds_)
+      if (e.name == name && e.builder_id.empty() && !e.failed) {
+        e.failed = true;
+        e.error = "the template was deleted before its build started";
+      }
+  }
   audit_("template.delete", key.id, {{"template", name}});
   return {};
 }

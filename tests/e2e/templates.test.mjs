@@ -1,5 +1,5 @@
-// E2B template builds through the official SDK (spec section 6, "Template build"; docs/e2b.md
-// "Templates"): Template.build() of a template made fromTemplate('base') with copy, runCmd,
+// E2B template builds through the official SDK (spec section 6, "Template build"; docs/api.md
+// "E2B's template API"): Template.build() of a template made fromTemplate('base') with copy, runCmd,
 // setEnvs and setWorkdir, then Sandbox.create(name) on it; a failing runCmd and an image base
 // (no registry here) end in BuildError with the reason; Template.exists; another key can neither
 // replace nor delete the template.
@@ -87,7 +87,7 @@ test('a failing runCmd ends the build in error with the reason', async () => {
     const tpl = Template().fromTemplate('base').runCmd('echo about to fail; exit 3')
     await assert.rejects(Template.build(tpl, name), (e) => {
       assert.ok(e instanceof sdk.BuildError, String(e))
-      assert.match(e.message, /exit/i)
+      assert.match(e.message, /non-zero code: 3/)
       return true
     })
     // The raw status says the same, in E2B's shape.
@@ -97,7 +97,7 @@ test('a failing runCmd ends the build in error with the reason', async () => {
     assert.equal(t.builds[0].status, 'error')
     const st = await (await fetch(`${base}/templates/${name}/builds/${t.builds[0].buildID}/status`, { headers: h })).json()
     assert.equal(st.status, 'error')
-    assert.match(st.reason.message, /exit/i)
+    assert.match(st.reason.message, /non-zero code: 3/)
     assert.ok(st.logEntries.some((e) => /about to fail/.test(e.message)), JSON.stringify(st.logEntries))
   } finally {
     await del(name, process.env.E2B_API_KEY).catch(() => {})
