@@ -148,6 +148,13 @@ TEST_F(TemplatesTest, ANameIsItsBuildersAndBuiltInsAreNobodys) {
   EXPECT_EQ(t.Info(a_, "app")->owner, TemplateOwner::kYou);
   EXPECT_EQ(t.Info(a_, "host")->owner, TemplateOwner::kBuiltIn);
   EXPECT_EQ(t.Delete(b_, "app").err(), EPERM);
+  ASSERT_FALSE(audits_.empty());
+  EXPECT_EQ(audits_.back().rfind("template.denied " + b_.id, 0), 0u) << audits_.back();
+  // A reserved build of a deleted name does not start.
+  auto stale = t.Reserve(a_, "gone");
+  ASSERT_TRUE(stale.ok());
+  ASSERT_TRUE(t.Delete(a_, "gone").ok());
+  EXPECT_EQ(t.Get(a_, *stale, 0)->state, BuildState::kError);
   // B's build ids of A's build do not exist.
   EXPECT_EQ(t.Get(b_, *id, 0).status().err(), ENOENT);
   ASSERT_TRUE(t.Delete(a_, "app").ok());
