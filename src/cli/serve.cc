@@ -28,6 +28,7 @@
 #include "network/ingress.h"
 #include "network/policy.h"
 #include "runtime/native/native_runtime.h"
+#include "sandbox/build.h"
 #include "sandbox/id_pool.h"
 #include "sandbox/manager.h"
 #include "sandbox/net_slot_pool.h"
@@ -284,6 +285,16 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     mc.no_network_files = std::move(*none);
   else
     spdlog::warn("network: {}", none.status().message());
+  // Template builds (sandbox/build.h) for /v1/templates and E2B's template API: RUN steps in
+  // boxes of this runtime, with this daemon's network stack and cache.
+  sandbox::BuilderConfig bc;
+  bc.runtime = rt->get();
+  bc.templates = templates;
+  bc.store = st->get();
+  bc.network = stack.get();
+  bc.no_network_files = mc.no_network_files;
+  std::unique_ptr<sandbox::Builder> builder = sandbox::MakeBuilder(bc);
+  mc.builder = builder.get();
   sandbox::Manager manager(mc, **rt, templates, **st);
   audit_to = &manager;
   struct AuditOff {

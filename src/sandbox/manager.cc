@@ -140,6 +140,12 @@ Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::Templ
       limits_(config_.ranges),
       ttl_waiter_(clock_.NewWaiter()) {
   config_.clock = &clock_;
+  builds_ = std::make_unique<TemplateBuilds>(
+      store_, templates_, config_.data_dir, config_.builder,
+      [this](const std::string& type, const std::string& key_id, nlohmann::json detail) {
+        Audit(type, "", key_id, std::move(detail));
+      },
+      clock_);
 }
 
 // ---- per-sandbox transitions ----

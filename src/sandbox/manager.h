@@ -52,6 +52,7 @@
 #include "sandbox/limits.h"
 #include "sandbox/metrics.h"
 #include "sandbox/metrics_history.h"
+#include "sandbox/templates.h"
 #include "storage/template.h"
 #include "store/audit_queue.h"
 #include "store/store.h"
@@ -116,6 +117,9 @@ struct ManagerConfig {
   // Seals and opens secret values (sandbox/secrets.cc). Null: the secret calls fail with ENOTSUP.
   // Must outlive the manager.
   const InstallSecret* install_secret = nullptr;
+  // Runs template builds (sandbox/build.h); must outlive the manager. Null: builds are refused
+  // (ENOSYS) until templates().SetBuilder gives one.
+  Builder* builder = nullptr;
 };
 
 // A secret as a facade gives it (sandbox/secrets.cc). `value` is write-only: no answer of the
@@ -289,6 +293,9 @@ class Manager {
   Result<std::vector<network::SecretBinding>> BindSecrets(
       const store::ApiKeyRecord& key, const std::map<std::string, std::string>& env_to_name);
 
+  // ---- Templates built through the API: ownership, builds, uploads (sandbox/templates.h) ----
+  TemplateBuilds& templates() { return *builds_; }
+
   // ---- Health of the store, for /healthz and /metrics ----
   // A trivial read of the store.
   Status PingStore();
@@ -437,6 +444,7 @@ class Manager {
   ManagerCounters counters_ GUARDED_BY(mu_);
   MetricsHistory history_;                     // thread-safe on its own
   SandboxMetrics metrics_;                     // thread-safe itself
+  std::unique_ptr<TemplateBuilds> builds_;     // thread-safe itself
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
 };

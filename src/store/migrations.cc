@@ -212,6 +212,22 @@ constexpr char kV13[] = R"sql(
 ALTER TABLE templates ADD COLUMN config TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 14: who built each template through an API (issue 13). The registry is one namespace
+// shared by every key; a row here says which key may rebuild or delete the name. Templates
+// without one (the built-ins, the operator's `sbx template` imports) are the operator's. A row
+// may exist before its template does (a build in progress, or one that failed): the name stays
+// that key's, as an E2B template does after a failed build.
+constexpr char kV14[] = R"sql(
+CREATE TABLE template_owners (
+  name          TEXT PRIMARY KEY NOT NULL,
+  owner_key_id  TEXT NOT NULL,
+  build_id      TEXT NOT NULL DEFAULT '',
+  created_at    INTEGER NOT NULL,
+  updated_at    INTEGER NOT NULL
+);
+CREATE INDEX template_owners_by_owner ON template_owners (owner_key_id);
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -229,6 +245,7 @@ const std::vector<Migration>& Migrations() {
       {11, "net_slots: the box address pool", kV11},
       {12, "sandboxes.secrets: the bindings of a sandbox's secrets", kV12},
       {13, "templates.config: an image's config (kinds oci, build)", kV13},
+      {14, "template_owners: the key that built a template through an API", kV14},
   };
   return kAll;
 }

@@ -1356,6 +1356,105 @@ Result<std::vector<IdSlot>> Store::ListNetSlots() {
   return ListSlots(*db_, kNetSlots);
 }
 
+// ---- template owners ----
+
+namespace {
+
+constexpr char kOwnerColumns[] = "name, owner_key_id, build_id, created_at, updated_at";
+
+TemplateOwnerRecord ReadOwner(const Statement& st) {
+  TemplateOwnerRecord r;
+  r.name = st.ColumnText(0);
+  r.owner_key_id = st.ColumnText(1);
+  r.build_id = st.ColumnText(2);
+  r.created_at = st.ColumnInt(3);
+  r.updated_at = st.ColumnInt(4);
+  return r;
+}
+
+Result<std::optional<TemplateOwnerRecord>> GetOwnerIn(Db& db, const std::string& name) {
+  std::string what = "get owner of template " + name;
+  Result<Statement> st =
+      db.Prepare(std::string("SELECT ") + kOwnerColumns + " FROM template_owners WHERE name = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, name);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (!*row) return std::optional<TemplateOwnerRecord>();
+  return std::optional<TemplateOwnerRecord>(ReadOwner(*st));
+}
+
+}  // namespace
+
+Result<TemplateOwnerRecord> Store::ClaimTemplate(const std::string& name,
+                                                 const std::string& owner_key_id,
+                                                 const std::string& build_id, bool override) {
+  std::string what = "claim template " + name;
+  if (name.empty() || owner_key_id.empty() || build_id.empty())
+    return Invalid(what + ": empty name, owner or build id");
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<TemplateOwnerRecord>> old = GetOwnerIn(*db_, name);
+  if (!old.ok()) return old.status();
+  int64_t now = clock_->NowMs();
+  TemplateOwnerRecord out{name, owner_key_id, build_id, now, now};
+  if (*old) {
+    if ((*old)->owner_key_id != owner_key_id && !override)
+      return Status::Error(what + ": another key built it", EPERM);
+    out.created_at = (*old)->created_at;
+  } else {
+    Result<std::optional<TemplateRecord>> t = GetTemplateIn(*db_, name);
+    if (!t.ok()) return t.status();
+    if (*t) {
+      bool builtin = (*t)->kind == kTemplateHost || (*t)->kind == kTemplateAlias;
+      if (!override || builtin)
+        return Status::Error(what + ": it is " + (builtin ? "built in" : "the operator's"), EPERM);
+    }
+  }
+  Result<Statement> st = db_->Prepare(std::string("INSERT OR REPLACE INTO template_owners (") +
+                                      kOwnerColumns + ") VALUES (?1, ?2, ?3, ?4, ?5)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, out.name)
+      .BindText(2, out.owner_key_id)
+      .BindText(3, out.build_id)
+      .BindInt(4, out.created_at)
+      .BindInt(5, out.updated_at);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
+  return out;
+}
+
+Result<std::optional<TemplateOwnerRecord>> Store::GetTemplateOwner(const std::string& name) {
+  MutexLock lock(mu_);
+  return GetOwnerIn(*db_, name);
+}
+
+Result<std::vector<TemplateOwnerRecord>> Store::ListTemplateOwners(
+    const std::string& owner_key_id) {
+  MutexLock lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT ") + kOwnerColumns +
+                   " FROM template_owners WHERE ?1 = '' OR owner_key_id = ?1 ORDER BY name");
+  if (!st.ok()) return st.status().Wrap("list template owners");
+  st->BindText(1, owner_key_id);
+  std::vector<TemplateOwnerRecord> out;
+  for (;;) {
+    Result<bool> row = st->Step();
+    if (!row.ok()) return row.status().Wrap("list template owners");
+    if (!*row) return out;
+    out.push_back(ReadOwner(*st));
+  }
+}
+
+Status Store::DeleteTemplateOwner(const std::string& name) {
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare("DELETE FROM template_owners WHERE name = ?1");
+  if (!st.ok()) return st.status().Wrap("delete owner of template " + name);
+  st->BindText(1, name);
+  return st->Run().Wrap("delete owner of template " + name);
+}
+
 // ---- secrets ----
 
 namespace {

@@ -234,6 +234,17 @@ struct TemplateRecord {
   std::string config;
 };
 
+// Who built a template through an API (version 12): that key, and operator keys, may rebuild or
+// delete it; no other key may. The row may exist before the template does (a build in flight or
+// one that failed). Templates without a row are the operator's.
+struct TemplateOwnerRecord {
+  std::string name;
+  std::string owner_key_id;
+  std::string build_id;  // the latest build's
+  int64_t created_at = 0;
+  int64_t updated_at = 0;
+};
+
 // A directory of the template cache (<templates dir>/layers/<id>), counted against its bound.
 struct LayerRecord {
   std::string id;
@@ -380,6 +391,21 @@ class Store {
   // template, the alias and the layers. nullopt for an unknown name.
   Result<std::optional<TemplateRecord>> UseTemplate(const std::string& name,
                                                     const std::string& pin_for);
+
+  // ---- template owners (version 12) ----
+  // Claims `name` for `owner_key_id` with build `build_id`, in one transaction: inserts the row,
+  // or notes the new build (build_id, updated_at) when `owner_key_id` or, with `override`, any
+  // key holds it (the row then names `owner_key_id`). EPERM when another key holds it, or when
+  // a template of that name exists that no key holds (the operator's or a built-in), unless
+  // `override` and it is not the host template or an alias. EINVAL for empty arguments.
+  Result<TemplateOwnerRecord> ClaimTemplate(const std::string& name,
+                                            const std::string& owner_key_id,
+                                            const std::string& build_id, bool override = false);
+  Result<std::optional<TemplateOwnerRecord>> GetTemplateOwner(const std::string& name);
+  // The rows of `owner_key_id` ("" = every key's), by name.
+  Result<std::vector<TemplateOwnerRecord>> ListTemplateOwners(const std::string& owner_key_id);
+  // Forgets the row of `name` (missing is fine).
+  Status DeleteTemplateOwner(const std::string& name);
 
   // ---- template layers ----
   // Records a layer (or updates its size). EINVAL for an empty id or a negative size. With

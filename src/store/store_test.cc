@@ -1008,6 +1008,44 @@ TEST_F(StoreTest, TemplatesAreCheckedAgainstTheirLayersAndTargets) {
   EXPECT_EQ(store->DeleteTemplate("alpine").err(), ENOENT);
 }
 
+TEST_F(StoreTest, TemplateOwnersKeepANameToTheKeyThatBuiltIt) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto a = store->ClaimTemplate("app", "key_a", "bld_1");
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(store->ClaimTemplate("app", "key_b", "bld_2").status().err(), EPERM);
+  auto again = store->ClaimTemplate("app", "key_a", "bld_3");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->build_id, "bld_3");
+  EXPECT_EQ(again->created_at, a->created_at);
+  // An operator may take it over; the row then names the operator's key.
+  auto op = store->ClaimTemplate("app", "key_op", "bld_4", /*override=*/true);
+  ASSERT_TRUE(op.ok());
+  EXPECT_EQ(op->owner_key_id, "key_op");
+  // Built-ins are nobody's to claim; the operator's own templates only with override.
+  EXPECT_EQ(store->ClaimTemplate("host", "key_a", "bld_5").status().err(), EPERM);
+  EXPECT_EQ(store->ClaimTemplate("base", "key_a", "bld_5", true).status().err(), EPERM);
+  ASSERT_TRUE(store->PutLayer({.id = "l1", .size_bytes = 1}).ok());
+  ASSERT_TRUE(store->AddTemplate({.name = "img", .kind = kTemplateTar, .layers = {"l1"}}).ok());
+  EXPECT_EQ(store->ClaimTemplate("img", "key_a", "bld_6").status().err(), EPERM);
+  EXPECT_TRUE(store->ClaimTemplate("img", "key_op", "bld_6", true).ok());
+  EXPECT_EQ(store->ClaimTemplate("", "key_a", "bld_7").status().err(), EINVAL);
+
+  ASSERT_TRUE(store->ClaimTemplate("web", "key_a", "bld_8").ok());
+  auto mine = store->ListTemplateOwners("key_a");
+  ASSERT_TRUE(mine.ok());
+  ASSERT_EQ(mine->size(), 1u);
+  EXPECT_EQ((*mine)[0].name, "web");
+  auto all = store->ListTemplateOwners("");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+  ASSERT_TRUE(store->DeleteTemplateOwner("web").ok());
+  ASSERT_TRUE(store->DeleteTemplateOwner("web").ok());  // missing is fine
+  auto gone = store->GetTemplateOwner("web");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+}
+
 TEST_F(StoreTest, UseTemplateFollowsAliasesAndPinsLayersWhileTheSandboxLives) {
   auto store = OpenStore();
   ASSERT_TRUE(store);

@@ -57,6 +57,9 @@ export E2B_API_KEY="$(cat "$DATA/api-key")"
 export E2B_API_URL="http://127.0.0.1:$PORT"
 export E2B_SANDBOX_URL="http://127.0.0.1:$PORT"
 export SBX_DAEMON_PID="$DAEMON"  # for tests that watch the daemon's memory
+# For tests that make a second key with the CLI (templates.test.mjs).
+SBX_BIN=$(cd "$(dirname "$SBX")" && pwd)/$(basename "$SBX")
+export SBX_BIN SBX_DATA_DIR="$DATA"
 
 rc=0
 # shellcheck disable=SC2086

@@ -517,6 +517,7 @@ void RegisterSecrets(http::Router& r, ApiContext& ctx) {
 
 void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
   RegisterSecrets(r, ctx);
+  RegisterTemplates(r, ctx);  // templates.cc
   // The port is shared: sbx's own paths (/v1 and below, /healthz, /metrics) keep the native API's
   // error body; every other path, including one nothing serves, is an E2B client's (control
   // plane or envd), which gets E2B's {"code": <status>, "message": ...} (docs/api.md, "Errors").
@@ -729,10 +730,8 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
       {"POST", "/sandboxes/{id}/fork", "fork"},
       {"POST", "/sandboxes/{id}/snapshots", "snapshots"},
       {"GET", "/snapshots", "snapshots"},
-      {"POST", "/v3/templates", "template builds"},
-      {"POST", "/v2/templates/{id}/builds/{build}", "template builds"},
-      {"GET", "/templates/{id}/builds/{build}/status", "template builds"},
-      {"GET", "/templates/{id}/files/{hash}", "template builds"},
+      {"GET", "/templates/{templateID}/builds/{buildID}/logs", "template build logs"},
+      {"GET", "/templates/{templateID}/tags", "template tags"},
       {"POST", "/templates/tags", "template tags"},
       {"DELETE", "/templates/tags", "template tags"},
       {"GET", "/volumes", "volumes"},

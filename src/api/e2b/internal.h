@@ -28,5 +28,7 @@ using network::TrafficToken;
 
 void RegisterControlPlane(http::Router& router, ApiContext& ctx);
 void RegisterEnvd(http::Router& router, ApiContext& ctx);
+// E2B's template build API (templates.cc), registered by RegisterControlPlane.
+void RegisterTemplates(http::Router& router, ApiContext& ctx);
 
 }  // namespace sbx::api::e2b

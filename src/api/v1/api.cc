@@ -84,6 +84,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Archives(router, ctx);
   Audit(router, ctx);
   Secrets(router, ctx);
+  Templates(router, ctx);
   RegisterPortRoutes(router, ctx);  // api/ingress.h
 }
 

@@ -1,0 +1,296 @@
+// Templates built through the API against a real SQLite store and real archives: who may build
+// and delete which name, the builds' states, per-key uploads unpacked into a build's context.
+// The Builder is a small recording peer here: the real one (sandbox/build.h) runs boxes, and
+// what this file owns is what happens around it.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/fs.h"
+#include "sandbox/templates.h"
+
+namespace sbx::sandbox {
+namespace {
+
+class RecordingBuilder : public Builder {
+ public:
+  Result<std::string> Start(BuildSpec spec) override {
+    if (spec.steps.empty()) return Status::Error("no FROM", EINVAL);
+    // What COPY would read, while the context exists.
+    std::ifstream f(spec.context_dir + "/" + copied_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    copied = ss.str();
+    struct stat st {};
+    copied_mode = ::stat((spec.context_dir + "/" + copied_path).c_str(), &st) == 0
+                      ? static_cast<int>(st.st_mode & 07777)
+                      : -1;
+    specs.push_back(std::move(spec));
+    return std::string("fake-") + std::to_string(specs.size());
+  }
+  Result<BuildStatus> Get(const std::string& id, int64_t offset) override {
+    BuildStatus st;
+    st.id = id;
+    st.state = state;
+    st.error = state == BuildState::kError ? "RUN false: exit status 1" : "";
+    std::vector<BuildLogLine> all = {{1, "info", "Step 1/2 : FROM base"},
+                                     {2, "info", "Step 2/2 : RUN true"}};
+    for (size_t i = static_cast<size_t>(offset); i < all.size(); ++i) st.logs.push_back(all[i]);
+    return st;
+  }
+  Result<store::TemplateRecord> Run(BuildSpec,
+                                    const std::function<void(const BuildLogLine&)>&) override {
+    return Status::Error("not here", ENOSYS);
+  }
+  std::vector<BuildSpec> specs;
+  BuildState state = BuildState::kBuilding;
+  std::string copied_path;
+  std::string copied;
+  int copied_mode = -1;
+};
+
+class TemplatesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-templates-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    store_ = std::move(*st);
+    a_ = store_->CreateApiKey("a", 10, 10)->record;
+    b_ = store_->CreateApiKey("b", 10, 10)->record;
+    op_ = a_;
+    op_.id = "key_operator";
+    op_.is_operator = true;
+    ts_.dir = dir_ + "/templates";
+  }
+  void TearDown() override {
+    store_.reset();
+    (void)RemoveTree(dir_);
+  }
+  TemplateBuilds Make(Builder* b) {
+    return TemplateBuilds(
+        *store_, ts_, dir_ + "/data", b,
+        [this](const std::string& type, const std::string& key, nlohmann::json detail) {
+          audits_.push_back(type + " " + key + " " + detail.dump());
+        },
+        clock_);
+  }
+  // A gzip tar of `files` (relative path -> content) made by tar(1), as the SDK's archive is.
+  std::string Tar(const std::map<std::string, std::string>& files) {
+    std::string src = dir_ + "/src-" + std::to_string(++tars_);
+    EXPECT_TRUE(MakeDirs(src, 0755).ok());
+    std::string names;
+    for (const auto& [p, c] : files) {
+      EXPECT_TRUE(
+          MakeDirs(src + "/" + p.substr(0, p.rfind('/') == std::string::npos ? 0 : p.rfind('/')),
+                   0755)
+              .ok());
+      std::ofstream(src + "/" + p) << c;
+      names += " " + p;
+    }
+    std::string out = src + ".tar.gz";
+    std::string cmd = "tar -czf " + out + " -C " + src + names;
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    std::ifstream f(out, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  static std::function<Result<size_t>(char*, size_t)> Reader(const std::string& data) {
+    auto pos = std::make_shared<size_t>(0);
+    return [data, pos](char* buf, size_t n) -> Result<size_t> {
+      size_t k = std::min(n, data.size() - *pos);
+      std::memcpy(buf, data.data() + *pos, k);
+      *pos += k;
+      return k;
+    };
+  }
+  static BuildSpec Spec() {
+    BuildSpec s;
+    s.steps.push_back({.kind = storage::BuildStep::Kind::kFrom, .args = {"base"}});
+    return s;
+  }
+
+  std::string dir_;
+  std::unique_ptr<store::Store> store_;
+  store::ApiKeyRecord a_, b_, op_;
+  storage::TemplateStore ts_;
+  std::vector<std::string> audits_;
+  int tars_ = 0;
+  FakeClock clock_;
+};
+
+const std::string kHash(64, 'a');
+
+TEST_F(TemplatesTest, ANameIsItsBuildersAndBuiltInsAreNobodys) {
+  TemplateBuilds t = Make(nullptr);
+  auto id = t.Reserve(a_, "app");
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  EXPECT_TRUE(IsBuildId(*id)) << *id;
+  EXPECT_EQ(t.Reserve(b_, "app").status().err(), EPERM);
+  EXPECT_NE(t.Reserve(b_, "app").status().message().find("another key"), std::string::npos);
+  EXPECT_EQ(t.Reserve(a_, "host").status().err(), EPERM);
+  EXPECT_EQ(t.Reserve(op_, "base").status().err(), EPERM);  // not even an operator key
+  EXPECT_EQ(t.Reserve(a_, "../etc").status().err(), EINVAL);
+  EXPECT_EQ(t.Delete(a_, "host").err(), EPERM);
+  EXPECT_EQ(t.Delete(op_, "base").err(), EPERM);
+  EXPECT_EQ(t.Delete(a_, "nothing").err(), ENOENT);
+  // B sees the name (one namespace) as another key's, and may not delete it.
+  auto info = t.Info(b_, "app");
+  ASSERT_TRUE(info.ok()) << info.status().message();
+  EXPECT_EQ(info->owner, TemplateOwner::kOtherKey);
+  EXPECT_EQ(t.Info(a_, "app")->owner, TemplateOwner::kYou);
+  EXPECT_EQ(t.Info(a_, "host")->owner, TemplateOwner::kBuiltIn);
+  EXPECT_EQ(t.Delete(b_, "app").err(), EPERM);
+  ASSERT_FALSE(audits_.empty());
+  EXPECT_EQ(audits_.back().rfind("template.denied " + b_.id, 0), 0u) << audits_.back();
+  // A reserved build of a deleted name does not start.
+  auto stale = t.Reserve(a_, "gone");
+  ASSERT_TRUE(stale.ok());
+  ASSERT_TRUE(t.Delete(a_, "gone").ok());
+  EXPECT_EQ(t.Get(a_, *stale, 0)->state, BuildState::kError);
+  // B's build ids of A's build do not exist.
+  EXPECT_EQ(t.Get(b_, *id, 0).status().err(), ENOENT);
+  ASSERT_TRUE(t.Delete(a_, "app").ok());
+  EXPECT_TRUE(t.Reserve(b_, "app").ok());  // free again
+  // An operator key may delete or take over a tenant's.
+  EXPECT_TRUE(t.Reserve(op_, "app").ok());
+  EXPECT_EQ(t.Info(b_, "app")->owner, TemplateOwner::kOtherKey);
+  auto list = t.List(a_);
+  ASSERT_TRUE(list.ok());
+  bool saw_app = false, saw_host = false;
+  for (const auto& i : *list) {
+    saw_app |= i.name == "app";
+    saw_host |= i.name == "host" && i.owner == TemplateOwner::kBuiltIn;
+  }
+  EXPECT_TRUE(saw_app && saw_host);
+}
+
+TEST_F(TemplatesTest, BuildsAreRefusedWithoutABuilderAndTrackedWithOne) {
+  TemplateBuilds none = Make(nullptr);
+  EXPECT_EQ(none.Start(a_, "",
+                       [] {
+                         BuildSpec s = Spec();
+                         s.name = "x";
+                         return s;
+                       }())
+                .status()
+                .err(),
+            ENOSYS);
+
+  RecordingBuilder rb;
+  TemplateBuilds t = Make(&rb);
+  auto id = t.Reserve(a_, "app:v1");
+  ASSERT_TRUE(id.ok());
+  auto waiting = t.Get(a_, *id, 0);
+  ASSERT_TRUE(waiting.ok());
+  EXPECT_EQ(waiting->state, BuildState::kBuilding);
+  EXPECT_EQ(waiting->name, "app:v1");
+  BuildSpec spec = Spec();
+  spec.name = "ignored: the reserved name wins";
+  auto started = t.Start(a_, *id, spec);
+  ASSERT_TRUE(started.ok()) << started.status().message();
+  ASSERT_EQ(rb.specs.size(), 1u);
+  EXPECT_EQ(rb.specs[0].name, "app:v1");
+  EXPECT_EQ(rb.specs[0].owner_key_id, a_.id);
+  EXPECT_EQ(t.Start(a_, *id, Spec()).status().err(), EBUSY);
+  EXPECT_EQ(t.Start(b_, *id, Spec()).status().err(), ENOENT);
+  auto st = t.Get(a_, *id, 1);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->id, *id);
+  ASSERT_EQ(st->logs.size(), 1u);
+  EXPECT_EQ(st->logs[0].text, "Step 2/2 : RUN true");
+  rb.state = BuildState::kError;
+  EXPECT_EQ(t.Get(a_, *id, 2)->state, BuildState::kError);
+  EXPECT_EQ(t.Info(a_, "app:v1")->state, BuildState::kError);
+  ASSERT_FALSE(audits_.empty());
+  EXPECT_EQ(audits_.back().rfind("template.build " + a_.id, 0), 0u) << audits_.back();
+
+  // A base the daemon cannot provide ends the reserved build in error, with the reason.
+  auto id2 = t.Reserve(a_, "img");
+  ASSERT_TRUE(id2.ok());
+  ASSERT_TRUE(t.Fail(a_, *id2, "fromImage needs a registry").ok());
+  auto failed = t.Get(a_, *id2, 0);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(failed->state, BuildState::kError);
+  EXPECT_EQ(failed->error, "fromImage needs a registry");
+  ASSERT_EQ(failed->logs.size(), 1u);
+  EXPECT_TRUE(t.Get(a_, *id2, 1)->logs.empty());
+  EXPECT_EQ(t.Start(a_, *id2, Spec()).status().err(), EBUSY);
+
+  // A bad spec: the builder's EINVAL, and the build says so.
+  auto id3 = t.Reserve(a_, "bad");
+  BuildSpec empty;
+  EXPECT_EQ(t.Start(a_, *id3, empty).status().err(), EINVAL);
+  EXPECT_EQ(t.Get(a_, *id3, 0)->state, BuildState::kError);
+}
+
+TEST_F(TemplatesTest, AnEarlierRunsBuildIsAnsweredFromTheStore) {
+  std::string id;
+  {
+    TemplateBuilds t = Make(nullptr);
+    id = *t.Reserve(a_, "app");
+  }
+  TemplateBuilds t = Make(nullptr);
+  auto st = t.Get(a_, id, 0);
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  EXPECT_EQ(st->state, BuildState::kError);
+  EXPECT_NE(st->error.find("restarted"), std::string::npos);
+  EXPECT_EQ(t.Get(b_, id, 0).status().err(), ENOENT);
+}
+
+TEST_F(TemplatesTest, UploadsArePerKeyAndUnpackedIntoTheBuildsContext) {
+  RecordingBuilder rb;
+  TemplateBuilds t = Make(&rb);
+  std::string tar = Tar({{"dir/hello.txt", "hello from the context\n"}});
+  EXPECT_EQ(t.HasUpload(a_, "../x").status().err(), EINVAL);
+  EXPECT_EQ(t.HasUpload(a_, std::string(64, 'A')).status().err(), EINVAL);
+  EXPECT_FALSE(*t.HasUpload(a_, kHash));
+  ASSERT_TRUE(t.PutUpload(a_, kHash, Reader(tar)).ok());
+  EXPECT_TRUE(*t.HasUpload(a_, kHash));
+  EXPECT_FALSE(*t.HasUpload(b_, kHash));  // B's build cannot use A's archive as its own files
+  // A read that fails leaves nothing.
+  std::string other(64, 'b');
+  EXPECT_FALSE(t.PutUpload(a_, other, [](char*, size_t) -> Result<size_t> {
+                  return Status::Error("client went away", ECONNRESET);
+                }).ok());
+  EXPECT_FALSE(*t.HasUpload(a_, other));
+
+  rb.copied_path = kHash + "/dir/hello.txt";
+  auto id = t.Start(a_, "",
+                    [] {
+                      BuildSpec s = Spec();
+                      s.name = "app";
+                      return s;
+                    }(),
+                    {{kHash, 0640}});
+  ASSERT_TRUE(id.ok()) << id.status().message();
+  EXPECT_EQ(rb.copied, "hello from the context\n");
+  EXPECT_EQ(rb.copied_mode, 0640);
+  std::string ctx = rb.specs[0].context_dir;
+  struct stat st {};
+  ASSERT_EQ(::stat(ctx.c_str(), &st), 0);
+  rb.state = BuildState::kReady;
+  ASSERT_TRUE(t.Get(a_, *id, 0).ok());
+  EXPECT_NE(::stat(ctx.c_str(), &st), 0);  // removed once the build ended
+
+  // A build naming files B never uploaded fails and leaves no context.
+  auto missing = t.Start(b_, "",
+                         [] {
+                           BuildSpec s = Spec();
+                           s.name = "bapp";
+                           return s;
+                         }(),
+                         {{kHash, -1}});
+  EXPECT_EQ(missing.status().err(), ENOENT);
+  EXPECT_EQ(missing.status().message().find(dir_), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sbx::sandbox

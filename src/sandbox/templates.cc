@@ -1,0 +1,569 @@
+#include "sandbox/templates.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/encoding.h"
+#include "common/fd.h"
+#include "common/fs.h"
+#include "storage/dockerfile.h"
+
+namespace sbx::sandbox {
+namespace {
+
+constexpr char kBuildPrefix[] = "bld_";
+constexpr size_t kBuildIdChars = 20;
+
+Status NoBuild(const std::string& id) {
+  return Status::Error("build '" + id + "' not found", ENOENT);
+}
+
+bool IsBuiltIn(const store::TemplateRecord& r) {
+  return r.kind == store::kTemplateHost || r.kind == store::kTemplateAlias;
+}
+
+bool Terminal(BuildState s) { return s == BuildState::kReady || s == BuildState::kError; }
+
+// chmod of every entry below a COPY step's unpacked archive (E2B's `mode`), never through a
+// symlink. nftw has no context argument: the mode goes through a thread-local.
+thread_local int chmod_mode = 0;
+thread_local int chmod_err = 0;
+int ChmodEntry(const char* path, const struct stat* st, int type, struct FTW* ftw) {
+  if (ftw->level == 0 || type == FTW_SL || S_ISLNK(st->st_mode)) return 0;
+  if (::chmod(path, static_cast<mode_t>(chmod_mode)) != 0) chmod_err = errno;
+  return 0;
+}
+
+}  // namespace
+
+const char* TemplateOwnerName(TemplateOwner o) {
+  switch (o) {
+    case TemplateOwner::kYou:
+      return "you";
+    case TemplateOwner::kOperator:
+      return "operator";
+    case TemplateOwner::kBuiltIn:
+      return "built-in";
+    case TemplateOwner::kOtherKey:
+      return "another key";
+  }
+  return "operator";
+}
+
+bool IsBuildId(const std::string& id) {
+  if (id.size() != sizeof kBuildPrefix - 1 + kBuildIdChars || !id.starts_with(kBuildPrefix))
+    return false;
+  return std::all_of(id.begin() + 4, id.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
+}
+
+bool IsFilesHash(const std::string& hash) {
+  return hash.size() == 64 && std::all_of(hash.begin(), hash.end(), [](char c) {
+           return (c >= 'a' && c <= 'f') || (c >= '0' && c <= '9');
+         });
+}
+
+TemplateBuilds::TemplateBuilds(store::Store& store, storage::TemplateStore templates,
+                               std::string data_dir, Builder* builder, AuditFn audit, Clock& clock)
+    : store_(store),
+      templates_(std::move(templates)),
+      data_dir_(std::move(data_dir)),
+      builder_(builder),
+      audit_(std::move(audit)),
+      clock_(clock) {
+  // Contexts belong to builds, which do not outlive the daemon.
+  if (!data_dir_.empty()) (void)RemoveTree(data_dir_ + "/build-contexts");
+}
+
+TemplateBuilds::~TemplateBuilds() {
+  MutexLock lock(mu_);
+  for (auto& [id, e] : builds_)
+    if (!e.context_dir.empty()) (void)RemoveTree(e.context_dir);
+}
+
+Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key,
+                                            const std::string& name) {
+  if (!storage::IsValidTemplateName(name))
+    return Status::Error(
+        "template name '" + name + "': [a-z0-9][a-z0-9._-]{0,63}, optionally with ':' and a tag",
+        EINVAL);
+  std::string id = kBuildPrefix + RandomId(kBuildIdChars);
+  auto claim = store_.ClaimTemplate(name, key.id, id, key.is_operator);
+  if (!claim.ok()) {
+    if (claim.status().err() != EPERM) return claim.status();
+    auto rec = store_.GetTemplate(name);
+    bool builtin = rec.ok() && *rec && IsBuiltIn(**rec);
+    auto owner = store_.GetTemplateOwner(name);
+    std::string whose = builtin                ? "is built in"
+                        : owner.ok() && *owner ? "was built by another key"
+                                               : "is the operator's";
+    audit_("template.denied", key.id, {{"template", name}, {"op", "build"}});
+    return Status::Error("template '" + name + "' " + whose + ": this key may not replace it",
+                         EPERM);
+  }
+  MutexLock lock(mu_);
+  builds_[id] = Entry{name, key.id, "", "", false, "", clock_.NowMs()};
+  Trim();
+  return id;
+}
+
+Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
+                                          const std::string& build_id, BuildSpec spec,
+                                          const std::vector<UploadedCopy>& copies) {
+  Builder* b = builder_.load();
+  if (!b) return Status::Error("this sbx has no template builder", ENOSYS);
+  std::string id = build_id;
+  if (id.empty()) {
+    auto r = Reserve(key, spec.name);
+    if (!r.ok()) return r.status();
+    id = *r;
+  }
+  {
+    MutexLock lock(mu_);
+    auto it = builds_.find(id);
+    if (it == builds_.end() || (it->second.key_id != key.id && !key.is_operator))
+      return NoBuild(id);
+    if (!it->second.builder_id.empty() || it->second.failed)
+      return Status::Error("build '" + id + "' was already started", EBUSY);
+    it->second.builder_id = "starting";  // a second Start of the same id is EBUSY from now on
+    spec.name = it->second.name;
+  }
+  spec.owner_key_id = key.id;
+  auto fail = [&](const Status& s) -> Status {
+    MutexLock lock(mu_);
+    auto it = builds_.find(id);
+    if (it != builds_.end()) {
+      it->second.builder_id.clear();
+      it->second.failed = true;
+      it->second.error = s.message();
+      if (!it->second.context_dir.empty()) (void)RemoveTree(it->second.context_dir);
+      it->second.context_dir.clear();
+    }
+    return s;
+  };
+  if (!copies.empty()) {
+    auto dir = PrepareContext(key, id, copies);
+    if (!dir.ok()) return fail(dir.status());
+    spec.context_dir = *dir;
+    MutexLock lock(mu_);
+    builds_[id].context_dir = *dir;
+  }
+  std::string name = spec.name;
+  auto started = b->Start(std::move(spec));
+  if (!started.ok()) return fail(started.status());
+  {
+    MutexLock lock(mu_);
+    builds_[id].builder_id = *started;
+  }
+  audit_("template.build", key.id, {{"template", name}, {"build", id}});
+  return id;
+}
+
+Result<std::string> TemplateBuilds::StartDockerfile(
+    const store::ApiKeyRecord& key, const std::string& name, const std::string& context_hash,
+    const std::string& dockerfile, const std::map<std::string, std::string>& build_args,
+    bool no_cache) {
+  if (!enabled()) return Status::Error("this sbx has no template builder", ENOSYS);
+  auto id = Reserve(key, name);
+  if (!id.ok()) return id.status();
+  auto dir = PrepareContext(key, *id, {{context_hash, -1, true}});
+  (void)::unlink((UploadDir(key) + "/" + context_hash + ".tar").c_str());  // used once
+  auto fail = [&](const Status& s) -> Status {
+    if (dir.ok()) (void)RemoveTree(*dir);
+    MutexLock lock(mu_);
+    auto it = builds_.find(*id);
+    if (it != builds_.end()) {
+      it->second.failed = true;
+      it->second.error = s.message();
+    }
+    return s;
+  };
+  if (!dir.ok()) return fail(dir.status());
+  // The context came from the client: its Dockerfile is read inside it, symlinks included.
+  UniqueFd root(::open(dir->c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root) return fail(Status::Errno("open build context"));
+  struct open_how how {};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+  UniqueFd fd(
+      static_cast<int>(::syscall(SYS_openat2, root.get(), dockerfile.c_str(), &how, sizeof how)));
+  if (!fd)
+    return fail(Status::Error("dockerfile '" + dockerfile + "': not in the context", EINVAL));
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(Status::Error("dockerfile '" + dockerfile + "': not a file", EINVAL));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > (size_t{1} << 20))
+      return fail(Status::Error("dockerfile '" + dockerfile + "': larger than 1 MiB", EINVAL));
+  }
+  auto steps = storage::ParseDockerfile(text, build_args);
+  if (!steps.ok()) return fail(steps.status());
+  BuildSpec spec;
+  spec.steps = std::move(*steps);
+  spec.no_cache = no_cache;
+  spec.context_dir = *dir;
+  {
+    MutexLock lock(mu_);
+    builds_[*id].context_dir = *dir;
+  }
+  return Start(key, *id, std::move(spec));
+}
+
+Status TemplateBuilds::Fail(const store::ApiKeyRecord& key, const std::string& build_id,
+                            const std::string& reason) {
+  MutexLock lock(mu_);
+  auto it = builds_.find(build_id);
+  if (it == builds_.end() || (it->second.key_id != key.id && !key.is_operator))
+    return NoBuild(build_id);
+  if (!it->second.builder_id.empty())
+    return Status::Error("build '" + build_id + "' was already started", EBUSY);
+  it->second.failed = true;
+  it->second.error = reason;
+  return {};
+}
+
+Result<BuildStatus> TemplateBuilds::Get(const store::ApiKeyRecord& key, const std::string& build_id,
+                                        int64_t offset) {
+  if (offset < 0) offset = 0;
+  std::string builder_id, context_dir;
+  BuildStatus out;
+  out.id = build_id;
+  {
+    MutexLock lock(mu_);
+    auto it = builds_.find(build_id);
+    if (it != builds_.end()) {
+      const Entry& e = it->second;
+      if (e.key_id != key.id && !key.is_operator) return NoBuild(build_id);
+      out.name = e.name;
+      if (e.failed) {
+        out.state = BuildState::kError;
+        out.error = e.error;
+        if (offset == 0) out.logs.push_back({e.created_at, "error", e.error});
+        return out;
+      }
+      if (e.builder_id.empty() || e.builder_id == "starting") return out;  // waiting
+      builder_id = e.builder_id;
+    }
+  }
+  if (builder_id.empty()) {
+    // Not in memory: a build of an earlier run of the daemon, answered from the store.
+    auto rows = store_.ListTemplateOwners(key.is_operator ? "" : key.id);
+    if (!rows.ok()) return rows.status();
+    for (const auto& r : *rows) {
+      if (r.build_id != build_id) continue;
+      auto rec = store_.GetTemplate(r.name);
+      if (!rec.ok()) return rec.status();
+      out.name = r.name;
+      if (*rec) {
+        out.state = BuildState::kReady;
+        out.size_bytes = (*rec)->size_bytes;
+      } else {
+        out.state = BuildState::kError;
+        out.error = "the build did not finish: the daemon restarted during it";
+        if (offset == 0) out.logs.push_back({r.updated_at, "error", out.error});
+      }
+      return out;
+    }
+    return NoBuild(build_id);
+  }
+  Builder* b = builder_.load();
+  if (!b) return NoBuild(build_id);
+  auto st = b->Get(builder_id, offset);
+  if (!st.ok() && st.status().err() == ENOENT) {
+    // The builder forgot it (it keeps a bounded number of finished builds): as after a restart.
+    {
+      MutexLock lock(mu_);
+      builds_.erase(build_id);
+    }
+    return Get(key, build_id, offset);
+  }
+  if (!st.ok()) return st.status();
+  st->id = build_id;
+  if (Terminal(st->state)) {
+    MutexLock lock(mu_);
+    auto it = builds_.find(build_id);
+    if (it != builds_.end() && !it->second.context_dir.empty()) {
+      (void)RemoveTree(it->second.context_dir);
+      it->second.context_dir.clear();
+    }
+  }
+  return st;
+}
+
+Result<TemplateInfo> TemplateBuilds::Info(const store::ApiKeyRecord& key, const std::string& name) {
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  auto row = store_.GetTemplateOwner(name);
+  if (!row.ok()) return row.status();
+  if (!*rec && !*row) return storage::TemplateNotFound(name);
+  TemplateInfo info;
+  info.name = name;
+  if (*rec) {
+    info.record = **rec;
+    info.created_at = info.updated_at = (*rec)->created_at;
+    info.owner = IsBuiltIn(**rec) ? TemplateOwner::kBuiltIn : TemplateOwner::kOperator;
+  }
+  if (*row) {
+    info.owner = (*row)->owner_key_id == key.id ? TemplateOwner::kYou : TemplateOwner::kOtherKey;
+    info.build_id = (*row)->build_id;
+    info.created_at = (*row)->created_at;
+    info.updated_at = (*row)->updated_at;
+    // The latest build's state, for the key that ran it; others see the template as it is.
+    if (info.owner == TemplateOwner::kYou || key.is_operator) {
+      store::ApiKeyRecord owner = key;
+      owner.id = (*row)->owner_key_id;
+      auto st = Get(owner, info.build_id, 0);
+      if (st.ok()) {
+        info.state = st->state;
+        info.error = st->error;
+      }
+    } else if (!*rec) {
+      info.state = BuildState::kBuilding;
+    }
+  }
+  return info;
+}
+
+Result<std::vector<TemplateInfo>> TemplateBuilds::List(const store::ApiKeyRecord& key) {
+  auto recs = store_.ListTemplates();
+  if (!recs.ok()) return recs.status();
+  auto rows = store_.ListTemplateOwners("");
+  if (!rows.ok()) return rows.status();
+  std::map<std::string, bool> names;
+  for (const auto& r : *recs) names[r.name] = true;
+  for (const auto& r : *rows) names[r.name] = true;
+  std::vector<TemplateInfo> out;
+  for (const auto& [name, _] : names) {
+    auto info = Info(key, name);
+    if (info.ok()) out.push_back(std::move(*info));  // deleted meanwhile: skipped
+  }
+  return out;
+}
+
+Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string& name) {
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  auto row = store_.GetTemplateOwner(name);
+  if (!row.ok()) return row.status();
+  if (!*rec && !*row) return Status::Error("template '" + name + "' not found", ENOENT);
+  auto denied = [&](const std::string& why) {
+    audit_("template.denied", key.id, {{"template", name}, {"op", "delete"}});
+    return Status::Error("template '" + name + "' " + why, EPERM);
+  };
+  if (*row) {
+    if ((*row)->owner_key_id != key.id && !key.is_operator)
+      return denied("was built by another key");
+  } else if (IsBuiltIn(**rec)) {
+    return denied("is built in");
+  } else if (!key.is_operator) {
+    return denied("is the operator's: only an operator key may delete it");
+  }
+  // Not while a build of it runs: its end would register the template again.
+  std::vector<std::string> running;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [id, e] : builds_)
+      if (e.name == name && !e.failed && !e.builder_id.empty()) running.push_back(e.builder_id);
+  }
+  if (Builder* b = builder_.load()) {
+    for (const auto& bid : running) {
+      if (bid == "starting") return Status::Error("template '" + name + "' is being built", EBUSY);
+      auto st = b->Get(bid, INT64_MAX);
+      if (st.ok() && !Terminal(st->state))
+        return Status::Error("template '" + name + "' is being built", EBUSY);
+    }
+  }
+  if (*rec) {
+    Status s = storage::RemoveTemplate(templates_, store_, name);
+    if (!s.ok() && s.err() != ENOENT) return s;
+  }
+  SBX_RETURN_IF_ERROR(store_.DeleteTemplateOwner(name));
+  {
+    // A reserved build of it that has not started would register the name without its hold.
+    MutexLock lock(mu_);
+    for (auto& [id, e] : builds_)
+      if (e.name == name && e.builder_id.empty() && !e.failed) {
+        e.failed = true;
+        e.error = "the template was deleted before its build started";
+      }
+  }
+  audit_("template.delete", key.id, {{"template", name}});
+  return {};
+}
+
+// ---- uploads ----
+
+std::string TemplateBuilds::UploadDir(const store::ApiKeyRecord& key) const {
+  return data_dir_ + "/build-files/" + key.id;
+}
+
+Result<bool> TemplateBuilds::HasUpload(const store::ApiKeyRecord& key,
+                                       const std::string& files_hash) {
+  if (!IsFilesHash(files_hash))
+    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
+  if (data_dir_.empty()) return false;
+  struct stat st {};
+  return ::stat((UploadDir(key) + "/" + files_hash + ".tar").c_str(), &st) == 0 &&
+         S_ISREG(st.st_mode);
+}
+
+TemplateBuilds::Upload::~Upload() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+Status TemplateBuilds::Upload::Write(std::string_view data) {
+  if (fd_ < 0) return Status::Error("upload: already committed", EINVAL);
+  bytes_ += static_cast<int64_t>(data.size());
+  if (bytes_ > kMaxUploadBytes)
+    return Status::Error("upload: larger than " + std::to_string(kMaxUploadBytes >> 20) + " MiB",
+                         E2BIG);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd_, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::Errno("write upload");
+    off += static_cast<size_t>(w);
+  }
+  return {};
+}
+
+Status TemplateBuilds::Upload::Commit() {
+  if (fd_ < 0) return Status::Error("upload: already committed", EINVAL);
+  if (::fsync(fd_) != 0) return Status::Errno("sync upload");
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), final_.c_str()) != 0) return Status::Errno("store upload");
+  tmp_.clear();
+  // The key's uploads past the bound go, oldest first (the one just stored stays).
+  struct Kept {
+    std::string path;
+    int64_t size;
+    int64_t mtime;
+  };
+  std::vector<Kept> kept;
+  int64_t sum = 0;
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    while (struct dirent* de = ::readdir(d)) {
+      std::string n = de->d_name;
+      if (!n.ends_with(".tar")) continue;
+      struct stat st {};
+      std::string p = dir_ + "/" + n;
+      if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      sum += st.st_size;
+      if (p != final_) kept.push_back({p, st.st_size, st.st_mtime});
+    }
+    ::closedir(d);
+  }
+  std::sort(kept.begin(), kept.end(),
+            [](const Kept& a, const Kept& b) { return a.mtime < b.mtime; });
+  for (const Kept& k : kept) {
+    if (sum <= kMaxUploadsBytesPerKey) break;
+    if (::unlink(k.path.c_str()) == 0) sum -= k.size;
+  }
+  return {};
+}
+
+Result<std::unique_ptr<TemplateBuilds::Upload>> TemplateBuilds::BeginUpload(
+    const store::ApiKeyRecord& key, const std::string& files_hash) {
+  if (!IsFilesHash(files_hash))
+    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
+  if (data_dir_.empty()) return Status::Error("this sbx keeps no uploads", ENOSYS);
+  std::unique_ptr<Upload> u(new Upload());
+  u->dir_ = UploadDir(key);
+  SBX_RETURN_IF_ERROR(MakeDirs(u->dir_, 0700));
+  u->final_ = u->dir_ + "/" + files_hash + ".tar";
+  std::string tmp = u->dir_ + "/.tmp-" + RandomId(12);
+  u->fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (u->fd_ < 0) return Status::Errno("create upload");
+  u->tmp_ = tmp;
+  return u;
+}
+
+Status TemplateBuilds::PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
+                                 const std::function<Result<size_t>(char*, size_t)>& read) {
+  auto u = BeginUpload(key, files_hash);
+  if (!u.ok()) return u.status();
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    auto n = read(buf.data(), buf.size());
+    if (!n.ok()) return n.status();
+    if (*n == 0) break;
+    SBX_RETURN_IF_ERROR((*u)->Write(std::string_view(buf.data(), *n)));
+  }
+  return (*u)->Commit();
+}
+
+Result<std::string> TemplateBuilds::PrepareContext(const store::ApiKeyRecord& key,
+                                                   const std::string& build_id,
+                                                   const std::vector<UploadedCopy>& copies) {
+  if (data_dir_.empty()) return Status::Error("this sbx keeps no uploads", ENOSYS);
+  std::string dir = data_dir_ + "/build-contexts/" + build_id;
+  SBX_RETURN_IF_ERROR(MakeDirs(data_dir_ + "/build-contexts", 0700));
+  if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("make build context");
+  auto cleanup = [&](const Status& s) -> Status {
+    (void)RemoveTree(dir);
+    return s;
+  };
+  int64_t left = kMaxUploadsBytesPerKey;  // unpacked, for the whole build
+  for (const UploadedCopy& c : copies) {
+    auto has = HasUpload(key, c.files_hash);
+    if (!has.ok()) return cleanup(has.status());
+    if (!*has)
+      return cleanup(
+          Status::Error("the files of hash " + c.files_hash + " were not uploaded", ENOENT));
+    std::string dest = c.at_root ? dir : dir + "/" + c.files_hash;
+    struct stat st {};
+    if (!c.at_root) {
+      if (::lstat(dest.c_str(), &st) == 0) continue;  // two steps copying the same files
+      if (::mkdir(dest.c_str(), 0755) != 0) return cleanup(Status::Errno("make build context"));
+    }
+    auto n = storage::UnpackTarball(UploadDir(key) + "/" + c.files_hash + ".tar", dest, left);
+    if (!n.ok())
+      return cleanup(Status::Error(
+          "unpack the files of hash " + c.files_hash + ": " + RedactPaths(n.status().message()),
+          n.status().err()));
+    left -= *n;
+    if (c.mode >= 0) {
+      chmod_mode = c.mode & 07777;
+      chmod_err = 0;
+      if (::nftw(dest.c_str(), ChmodEntry, 16, FTW_PHYS) != 0 || chmod_err != 0)
+        return cleanup(Status::Error(
+            "chmod copied files: " + std::string(std::strerror(chmod_err ? chmod_err : errno)),
+            chmod_err ? chmod_err : errno));
+    }
+  }
+  return dir;
+}
+
+void TemplateBuilds::Trim() {
+  while (builds_.size() > kMaxBuildsKept) {
+    // The oldest build that is not running (never started, failed, or ended: no context left).
+    auto victim = builds_.end();
+    for (auto it = builds_.begin(); it != builds_.end(); ++it) {
+      const Entry& e = it->second;
+      bool idle = e.failed || e.builder_id.empty() || e.context_dir.empty();
+      if (e.builder_id == "starting") idle = false;
+      if (idle && (victim == builds_.end() || e.created_at < victim->second.created_at))
+        victim = it;
+    }
+    if (victim == builds_.end()) return;
+    if (!victim->second.context_dir.empty()) (void)RemoveTree(victim->second.context_dir);
+    builds_.erase(victim);
+  }
+}
+
+}  // namespace sbx::sandbox

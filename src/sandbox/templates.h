@@ -1,0 +1,178 @@
+// Templates built through the API (issue 13, items 5 and 6): who may build, rebuild and delete
+// which name, the builds in flight over the daemon's Builder (sandbox/build.h), and the file
+// archives E2B's SDK uploads for COPY steps. The facades (native /v1/templates, E2B's template
+// API) only translate onto this; the Manager owns one (Manager::templates()).
+//
+// Ownership (docs/api.md "Templates"). The registry is one namespace shared by every key
+// (DESIGN.md "Tenants"): every key sees every name and may create sandboxes from any template.
+//  - A name nobody holds may be built by any key, which then holds it (store `template_owners`),
+//    also while its build runs and after it failed.
+//  - Only the key that holds a name, or an operator key, may rebuild or delete it.
+//  - Built-ins (`host` and its E2B aliases) are nobody's: never rebuilt or deleted through an API.
+//  - Templates the operator registered on the host (`sbx template`) are the operator's: operator
+//    keys only.
+// Builds are first reserved (E2B's POST /v3/templates gives a build id before the steps are
+// known), then started; Start alone does both. Their state lives in memory, as the Builder's
+// does: after a restart a build id of the store is ready when its template exists, else error.
+//
+// Uploads are kept per key (<data>/build-files/<key id>/<sha256 hex>.tar): the E2B hash names the
+// files' content as the client computed it, which the daemon cannot check against the archive,
+// so one key's upload must never stand for another key's files.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "sandbox/build.h"
+#include "storage/template.h"
+#include "store/store.h"
+
+namespace sbx::sandbox {
+
+enum class TemplateOwner { kYou, kOperator, kBuiltIn, kOtherKey };
+const char* TemplateOwnerName(TemplateOwner o);  // "you", "operator", "built-in", "another key"
+
+struct TemplateInfo {
+  std::string name;
+  store::TemplateRecord record;  // record.name empty: not built (yet)
+  TemplateOwner owner = TemplateOwner::kOperator;
+  std::string build_id;  // the latest build ("" for templates not built through an API)
+  BuildState state = BuildState::kReady;  // of the latest build
+  std::string error;                      // kError: why
+  int64_t created_at = 0;
+  int64_t updated_at = 0;
+};
+
+// A COPY step's files of an E2B build: the uploaded archive `files_hash` unpacked for the step.
+struct UploadedCopy {
+  std::string files_hash;  // [a-f0-9]{64}
+  int mode = -1;           // chmod of every copied entry (E2B's `mode`); -1 keeps theirs
+  bool at_root = false;    // unpacked at the context's root instead (a native build's context)
+};
+
+inline constexpr int64_t kMaxUploadBytes = int64_t{1} << 30;         // one archive
+inline constexpr int64_t kMaxUploadsBytesPerKey = int64_t{4} << 30;  // all of a key's kept
+inline constexpr size_t kMaxBuildsKept = 1024;                       // in memory
+
+class TemplateBuilds {
+ public:
+  using AuditFn = std::function<void(const std::string& type, const std::string& key_id,
+                                     nlohmann::json detail)>;
+  // `data_dir` holds build-files/ and build-contexts/ (empty: no uploads). `builder` may be null
+  // (set it later with SetBuilder, before serving): builds are then refused with ENOSYS.
+  TemplateBuilds(store::Store& store, storage::TemplateStore templates, std::string data_dir,
+                 Builder* builder, AuditFn audit, Clock& clock);
+  ~TemplateBuilds();
+
+  void SetBuilder(Builder* b) { builder_.store(b); }
+  bool enabled() const { return builder_.load() != nullptr; }
+
+  // Claims `name` for a build by `key` and returns the new build's id ("bld_" + 20 [a-z0-9]);
+  // the build is waiting until Start. EINVAL for an invalid name, EPERM when `key` may not build
+  // it (see the top).
+  Result<std::string> Reserve(const store::ApiKeyRecord& key, const std::string& name);
+  // Starts the build `build_id` (from Reserve; "" reserves spec.name now) of `key` with `spec`
+  // (spec.name and spec.owner_key_id are set here). `copies` are the archives (UploadedCopy) the
+  // COPY steps read: each is unpacked below spec.context_dir as <files_hash>/ (or at its root,
+  // UploadedCopy::at_root), so an E2B COPY step's source is "<files_hash>/<path>". ENOSYS without a
+  // builder, ENOENT for an unknown build id or a missing upload, EBUSY for a build already started,
+  // EINVAL from the builder.
+  Result<std::string> Start(const store::ApiKeyRecord& key, const std::string& build_id,
+                            BuildSpec spec, const std::vector<UploadedCopy>& copies = {});
+  // A native build of `name` (reserved now) from the context archive `context_hash` (an upload
+  // of `key`, unpacked at the context's root and then forgotten) with the Dockerfile at path
+  // `dockerfile` inside it (read without leaving the context), parsed with `build_args`.
+  // EINVAL for a Dockerfile that is missing, too large or outside the subset; as Start otherwise.
+  Result<std::string> StartDockerfile(const store::ApiKeyRecord& key, const std::string& name,
+                                      const std::string& context_hash,
+                                      const std::string& dockerfile,
+                                      const std::map<std::string, std::string>& build_args,
+                                      bool no_cache);
+  // Ends a reserved build in error before it starts (a base the daemon cannot provide), with
+  // `reason` as its error and log line.
+  Status Fail(const store::ApiKeyRecord& key, const std::string& build_id,
+              const std::string& reason);
+  // The build's state and its log lines from `offset` on. ENOENT unless `key` (or an operator
+  // key) started it.
+  Result<BuildStatus> Get(const store::ApiKeyRecord& key, const std::string& build_id,
+                          int64_t offset);
+  // The template `name` was last built as (build_id, state), for a key that may see it.
+  Result<TemplateInfo> Info(const store::ApiKeyRecord& key, const std::string& name);
+  // Every registered template and every name held by a build, by name.
+  Result<std::vector<TemplateInfo>> List(const store::ApiKeyRecord& key);
+  // Deletes template `name` and its hold (see the top for who may). ENOENT when neither exists,
+  // EPERM when `key` may not, EBUSY while a build of it runs.
+  Status Delete(const store::ApiKeyRecord& key, const std::string& name);
+
+  // ---- E2B's uploads (per key, see the top) ----
+  // Whether `key` has uploaded the archive `files_hash`. EINVAL unless [a-f0-9]{64}.
+  Result<bool> HasUpload(const store::ApiKeyRecord& key, const std::string& files_hash);
+  // An archive being stored: staged in the key's directory, renamed into place by Commit, so a
+  // half upload leaves nothing (the destructor removes an uncommitted one).
+  class Upload {
+   public:
+    ~Upload();
+    // E2BIG past kMaxUploadBytes.
+    Status Write(std::string_view data);
+    // Makes it durable and visible; then evicts the key's oldest uploads past
+    // kMaxUploadsBytesPerKey (this one stays).
+    Status Commit();
+
+   private:
+    friend class TemplateBuilds;
+    Upload() = default;
+    std::string dir_, tmp_, final_;
+    int fd_ = -1;
+    int64_t bytes_ = 0;
+  };
+  // Starts storing the archive `files_hash` of `key` (replacing one of the same hash on Commit).
+  Result<std::unique_ptr<Upload>> BeginUpload(const store::ApiKeyRecord& key,
+                                              const std::string& files_hash);
+  // BeginUpload, Write of everything `read` gives (a buffer's byte count, 0 at the end, or an
+  // error), Commit.
+  Status PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
+                   const std::function<Result<size_t>(char*, size_t)>& read);
+
+ private:
+  struct Entry {
+    std::string name;
+    std::string key_id;
+    std::string builder_id;   // "" until started
+    std::string context_dir;  // made for it; removed when it ends
+    bool failed = false;      // before it started
+    std::string error;
+    int64_t created_at = 0;
+  };
+  Status MayBuild(const store::ApiKeyRecord& key, const std::string& name);
+  void Trim() REQUIRES(mu_);
+  Result<std::string> PrepareContext(const store::ApiKeyRecord& key, const std::string& build_id,
+                                     const std::vector<UploadedCopy>& copies);
+  std::string UploadDir(const store::ApiKeyRecord& key) const;
+
+  store::Store& store_;
+  const storage::TemplateStore templates_;
+  const std::string data_dir_;
+  std::atomic<Builder*> builder_;
+  AuditFn audit_;
+  Clock& clock_;
+  Mutex mu_;
+  std::map<std::string, Entry> builds_ GUARDED_BY(mu_);  // by build id
+};
+
+// "bld_" + 20 [a-z0-9]; also what IsBuildId accepts.
+bool IsBuildId(const std::string& id);
+// [a-f0-9]{64}
+bool IsFilesHash(const std::string& hash);
+
+}  // namespace sbx::sandbox
