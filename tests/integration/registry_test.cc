@@ -821,7 +821,8 @@ TEST(RegistryPull, SbxTemplatePullRegistersATemplateABoxRunsOn) {
   r = RunProcess({SBX_BIN, "--data-dir", data, "template", "ls", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   bool listed = false;
-  for (const auto& tj : json::parse(r.out)["templates"])
+  json listing = json::parse(r.out);  // named: a temporary's member would dangle in the loop
+  for (const auto& tj : listing["templates"])
     if (tj["name"] == "bb") {
       listed = true;
       EXPECT_EQ(tj["layers"].size(), 2u) << tj.dump();
