@@ -212,7 +212,8 @@ void Agent::Spawn(Connection& c, uint32_t id, const Reader& r) {
     std::string_view user = r.Str(Tag::kUser);
     if (size_t colon = user.find(':'); colon != std::string_view::npos) {
       auto g = GroupOf(users_, user.substr(colon + 1));
-      if (!g) return SendError(c, id, EINVAL, what + ": unknown group in user " + std::string(user));
+      if (!g)
+        return SendError(c, id, EINVAL, what + ": unknown group in user " + std::string(user));
       group = *g;
       user = user.substr(0, colon);
     }

@@ -293,8 +293,8 @@ net::awaitable<void> RefuseTls(const std::shared_ptr<State>& st, const std::shar
   c->timer.cancel();
 }
 
-// Refuses: audit, the 403 naming the policy (plain HTTP; TLS inside a handshake the proxy
-// finishes itself, when it has a CA), close. `peeked`: the client's first bytes.
+// Refuses: audit, the 403 naming the policy (plain HTTP; TLS with SNI inside a handshake the
+// proxy finishes itself, when it has a CA), close. `peeked`: the client's first bytes.
 net::awaitable<void> Refuse(const std::shared_ptr<State>& st, const std::shared_ptr<Conn>& c,
                             const Attempt& a, const std::string& reason,
                             const std::string& peeked) {
@@ -315,7 +315,10 @@ net::awaitable<void> Refuse(const std::shared_ptr<State>& st, const std::shared_
                               net::redirect_error(net::use_awaitable, ec));
     if (!ec && !c->closed) co_await ShutdownAndDrain(c);
     c->timer.cancel();
-  } else if (a.tls && st->refusal_tls && !c->closed) {
+  } else if (a.tls && a.name && st->refusal_tls && !c->closed) {
+    // Only a client that asked for a name (SNI) gets the page: one that dialled a raw address
+    // sees the connection closed, as on E2B, whose SDK tests (and agents' code) take a failing
+    // `curl https://IP` as "not reachable".
     std::string response = RefusalResponse(a.box->policy, destination, reason, hint);
     co_await RefuseTls(st, c, a, peeked, response);
   }
@@ -655,6 +658,11 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     c->timer.cancel();
     if (c->closed) co_return;
     if (!ec) {
+      // The relay forwards what it reads as soon as it has it (the peeked ClientHello apart from
+      // the rest, many small TLS records through the interceptor): Nagle would hold each small
+      // write for the peer's delayed ACK, about 40 ms.
+      c->upstream.set_option(tcp::no_delay(true), ec);
+      ec.clear();
       connected = true;
       break;
     }
@@ -711,6 +719,8 @@ net::awaitable<void> AcceptLoop(std::shared_ptr<State> st) {
       co_await backoff.async_wait(net::redirect_error(net::use_awaitable, ec));
       continue;
     }
+    error_code ignored;
+    c->client.set_option(tcp::no_delay(true), ignored);  // as for the upstream side
     net::co_spawn(st->strand, Handle(st, c), [](std::exception_ptr e) {
       if (!e) return;
       try {

@@ -362,8 +362,8 @@ Status Manager::Reconcile() {
   }
   // Boxes on the host that no live record owns and no live process holds (a crash between
   // creating a box and recording it, a record deleted by hand, a killed `sbx run`) are removed.
-  // Boxes locked by a live process (a running `sbx run`) are not ours to touch.
-  for (const char* owner : {"serve", "run"}) {
+  // Boxes locked by a live process (a running `sbx run` or `sbx build`) are not ours to touch.
+  for (const char* owner : {"serve", "run", "build"}) {
     auto reaped = runtime_.ReapOrphans(owner);
     if (!reaped.ok()) return reaped.status().Wrap("reconcile");
     if (*reaped > 0)

@@ -329,28 +329,23 @@ TEST_F(NetworkTest, RefusedHttpsIsAnswered403NamingThePolicyWithoutAnUpstreamCon
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("\n403"), std::string::npos) << r.out;
-  // Node too (NODE_EXTRA_CA_CERTS), and pip, whose error shows the status line.
-  auto node = Exec(id,
-                   "node -e \"require('https').get('https://198.18.2.10/x', r => { let b = ''; "
-                   "r.on('data', d => b += d); r.on('end', () => console.log(r.statusCode, b)) })"
-                   ".on('error', e => console.log('error', e.message))\"");
-  EXPECT_NE(node.out.find("403 sbx: egress to 198.18.2.10:443 denied"), std::string::npos)
+  // Node too (NODE_EXTRA_CA_CERTS), asking for the name over the denied address.
+  auto node =
+      Exec(id,
+           "node -e \"require('https').get({host: '198.18.2.10', servername: 'denied.test', "
+           "headers: {host: 'denied.test'}, path: '/x'}, r => { let b = ''; "
+           "r.on('data', d => b += d); r.on('end', () => console.log(r.statusCode, b)) })"
+           ".on('error', e => console.log('error', e.message))\"");
+  EXPECT_NE(node.out.find("403 sbx: egress to denied.test:443 denied"), std::string::npos)
       << node.out << node.err;
-  // pip: a file it is told to fetch fails with the status line; from an index (which pip reads
-  // quietly, "no matching distribution") its -vv log shows it.
+  // A raw address (no SNI) is only closed, as on E2B, whose SDK tests take a failing
+  // `curl https://IP` for "not reachable"; pip fetching from one fails.
+  auto raw = Exec(id, "curl -sS --max-time 20 -o /dev/null https://198.18.2.10/simple/");
+  EXPECT_NE(raw.exit_code, 0) << raw.out;
   auto pip = Exec(id,
                   "cd /tmp && python3 -m pip download --no-deps --retries 0 -d /tmp/dl "
                   "https://198.18.2.10/packages/sbxdemo-1.0-py3-none-any.whl 2>&1");
   EXPECT_NE(pip.exit_code, 0) << pip.out;
-  EXPECT_NE(pip.out.find("403 Client Error: Forbidden by this sandbox's network policy (mode "
-                         "allowlist)"),
-            std::string::npos)
-      << pip.out;
-  auto index = Exec(id,
-                    "cd /tmp && python3 -m pip download -vv --no-deps --retries 0 --index-url "
-                    "https://198.18.2.10/simple/ -d /tmp/dl sbxdemo 2>&1");
-  EXPECT_NE(index.exit_code, 0) << index.out;
-  EXPECT_NE(index.out.find("network policy (mode allowlist)"), std::string::npos) << index.out;
   for (const auto& c : Log("conn"))
     EXPECT_NE(c.value("local", ""), "198.18.2.10") << "a refused connection went out: " << c.dump();
   EXPECT_GE(Audit("net.connect_denied", id).size(), 3u);
