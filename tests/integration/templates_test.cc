@@ -1,7 +1,8 @@
 // Templates end to end with a real daemon (issue 9, tries 2-5): no API field is a host path, an
 // unknown name is 400 "template not found: NAME" on the native and the E2B API alike and unpacks
 // nothing; E2B's default names run on host; `sbx template add/ls/rm` works while the daemon
-// runs; the cache bound evicts a layer nothing uses; no host user can reach the cache.
+// runs; the cache bound evicts a layer nothing uses; no host user can reach the cache; `sbx build`
+// makes a template both APIs run (issue 13).
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -256,4 +257,54 @@ TEST_F(TemplatesTest, AddLsRmWhileTheDaemonRunsAndTheCacheBoundEvictsUnusedLayer
 }
 
 }  // namespace
+// Issue 13's "done when": `sbx build` of a Dockerfile makes a template that the daemon's creates
+// (native and E2B) run with its files, env, user and workdir; a second build of the same
+// context reuses every step that makes a layer.
+TEST_F(TemplatesTest, SbxBuildOfADockerfileMakesATemplateBothApisRun) {
+  std::string ctx = dir_ + "/ctx";
+  ASSERT_EQ(::mkdir(ctx.c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFile(ctx + "/hello.txt", "hello from the context\n").ok());
+  ASSERT_TRUE(WriteFile(ctx + "/Dockerfile",
+                        "FROM host\n"
+                        "ENV GREETING=hi\n"
+                        "WORKDIR /app\n"
+                        "COPY hello.txt /app/hello.txt\n"
+                        "RUN echo built > /app/built.txt && cat /app/hello.txt\n"
+                        "USER nobody\n"
+                        "CMD [\"cat\", \"/app/hello.txt\"]\n")
+                  .ok());
+  auto r = Sbx({"build", "-t", "demo", ctx});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::string log = r.out + r.err;
+  EXPECT_NE(log.find("Step 5/7 : RUN echo built"), std::string::npos) << log;
+  EXPECT_NE(log.find("hello from the context"), std::string::npos) << log;  // the RUN's output
+  EXPECT_NE(log.find("Successfully built demo"), std::string::npos) << log;
+
+  const std::string check =
+      "test \"$(id -un)\" = nobody && test \"$(pwd)\" = /app && test \"$GREETING\" = hi && "
+      "grep -qx built /app/built.txt && grep -qx 'hello from the context' /app/hello.txt";
+  json s = Json("POST", "/v1/sandboxes", R"({"template":"demo"})", 201);
+  EXPECT_EQ(Exec(s["id"], check), "exit=0");
+  Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
+  json e = Json("POST", "/sandboxes", R"({"templateID":"demo"})", 201, true);
+  Call("DELETE", "/sandboxes/" + e["sandboxID"].get<std::string>(), "", true);
+
+  // Unchanged: the WORKDIR, COPY and RUN layers come from the cache, the RUN does not run again.
+  r = Sbx({"build", "-t", "demo", ctx});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  log = r.out + r.err;
+  size_t hits = 0;
+  for (size_t at = log.find("Using cache"); at != std::string::npos;
+       at = log.find("Using cache", at + 1))
+    ++hits;
+  EXPECT_EQ(hits, 3u) << log;
+  EXPECT_EQ(log.find("Running in"), std::string::npos) << log;
+  // An instruction outside the subset is refused with its line, and nothing is made.
+  ASSERT_TRUE(WriteFile(ctx + "/Dockerfile", "FROM host\nHEALTHCHECK CMD true\n").ok());
+  r = Sbx({"build", "-t", "other", ctx});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
+  EXPECT_NE(Sbx({"template", "inspect", "other"}).exit_code, 0);
+}
+
 }  // namespace sbx::test
