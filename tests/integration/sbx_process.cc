@@ -141,8 +141,9 @@ std::set<std::string> BoxLinks() {
     if (colon == std::string::npos) continue;
     std::string name = line.substr(0, colon);
     name.erase(0, name.find_first_not_of(' '));
-    if (name.size() > 3 && name.rfind("sbx", 0) == 0 &&
-        name.find_first_not_of("0123456789", 3) == std::string::npos)
+    // sbx<N>: the daemon's boxes; sbr<N>: those of `sbx run --net`.
+    bool ours = name.rfind("sbx", 0) == 0 || name.rfind("sbr", 0) == 0;
+    if (name.size() > 3 && ours && name.find_first_not_of("0123456789", 3) == std::string::npos)
       out.insert(name);
   }
   return out;

@@ -32,8 +32,9 @@ std::vector<std::string> CgroupParentDirs(const std::string& parent);
 // parent directories.
 void ExpectNoCgroupsAndRemoveParent(const std::string& parent);
 
-// The links of this process's network namespace named as a box's host end ("sbx" and digits,
-// docs/network.md "Links and addresses"): after a case, one that was not there before is a leak.
+// The links of this process's network namespace named as a box's host end ("sbx" or, for `sbx run
+// --net`, "sbr", and digits; docs/network.md "Links and addresses"): after a case, one that was
+// not there before is a leak.
 std::set<std::string> BoxLinks();
 
 }  // namespace sbx::test
