@@ -1498,6 +1498,10 @@ TEST_F(ServeTest, NetworkPolicyIsPartOfTheRecordAndNeedsNetworkingOn) {
   // maskRequestHost are kept in the record, across a restart and through updateNetwork.
   http::ClientHeaders e2b = {{"X-API-Key", d_->key()}, {"Content-Type", "application/json"}};
   json rules = {{"api.x.com", {{{"transform", {{"headers", {{"X-A", "${e2b.secrets.a}"}}}}}}}}};
+  // The rules name the key's secret `a`, which must exist (another key's would not do).
+  auto secret =
+      d_->Call("POST", "/v1/secrets", R"({"name":"a","value":"a-value","hosts":["api.x.com"]})");
+  ASSERT_EQ(secret.status, 201) << secret.body;
   auto made =
       d_->Call("POST", "/sandboxes",
                json{{"templateID", "base"},
