@@ -98,9 +98,9 @@ json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   return j;
 }
 
-using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const sandbox::ApiKeyRecord&)>;
+}  // namespace
 
-// `X-API-KEY` checked against sbx's own keys (through the manager).
+// `X-API-KEY` checked against sbx's own keys (through the manager); internal.h.
 http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
   return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
     ctx.metrics.requests++;
@@ -113,7 +113,7 @@ http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
   };
 }
 
-// The request body as a JSON object; an empty body is {}. Answers 400 itself on failure.
+// internal.h.
 awaitable<std::optional<json>> BodyObject(http::Exchange& ex) {
   auto body = co_await ex.ReadBody();
   if (!body.ok()) {
@@ -127,6 +127,8 @@ awaitable<std::optional<json>> BodyObject(http::Exchange& ex) {
   }
   co_return j;
 }
+
+namespace {
 
 Result<std::map<std::string, std::string>> StringMap(const json& j, const char* field) {
   std::map<std::string, std::string> out;

@@ -5,9 +5,13 @@
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
 
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "api/context.h"
+#include "api/http/exchange.h"
 #include "api/http/pool.h"
 #include "api/http/router.h"
 
@@ -25,6 +29,14 @@ inline std::string EnvdToken(const InstallSecret& secret, const std::string& own
 // The trafficAccessToken is network::TrafficToken (shared with the native API): sbx never serves
 // ports publicly (threats.md row 37).
 using network::TrafficToken;
+
+// A route of the control plane for a request with a valid `X-API-KEY` (checked against sbx's own
+// keys through the manager; 401 otherwise).
+using AuthedHandler =
+    std::function<boost::asio::awaitable<void>(http::Exchange&, const sandbox::ApiKeyRecord&)>;
+http::Handler Authed(ApiContext& ctx, AuthedHandler h);
+// The request body as a JSON object; an empty body is {}. Answers 400 itself on failure.
+boost::asio::awaitable<std::optional<nlohmann::json>> BodyObject(http::Exchange& ex);
 
 void RegisterControlPlane(http::Router& router, ApiContext& ctx);
 void RegisterEnvd(http::Router& router, ApiContext& ctx);

@@ -36,34 +36,6 @@ awaitable<void> Fail(http::Exchange& ex, const Status& s) {
   co_await Error(ex, status, s.message());
 }
 
-using AuthedHandler = std::function<awaitable<void>(http::Exchange&, const sandbox::ApiKeyRecord&)>;
-
-http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
-  return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
-    ctx.metrics.requests++;
-    std::string secret(ex.Header("X-API-Key"));
-    if (secret.empty()) co_return co_await Error(ex, 401, "missing X-API-KEY header");
-    auto key = VerifyKey(ctx.manager, *ctx.denials, ex, secret);
-    if (!key.ok()) co_return co_await Fail(ex, key.status());
-    if (!*key) co_return co_await Error(ex, 401, "Invalid API key");
-    co_await h(ex, **key);
-  };
-}
-
-awaitable<std::optional<json>> BodyObject(http::Exchange& ex) {
-  auto body = co_await ex.ReadBody();
-  if (!body.ok()) {
-    if (!ex.responded()) co_await Error(ex, 400, body.status().message());
-    co_return std::nullopt;
-  }
-  json j = body->empty() ? json::object() : http::ParseJsonBody(*body);
-  if (j.is_discarded() || !j.is_object()) {
-    co_await Error(ex, 400, "body: expected a JSON object");
-    co_return std::nullopt;
-  }
-  co_return j;
-}
-
 // The upload URL's signature: the key may store this archive until `expires` (ms). The SDK PUTs
 // to the URL without its API key, as to E2B's object store.
 std::string UploadSignature(const InstallSecret& secret, const std::string& key_id,
