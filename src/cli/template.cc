@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/units.h"
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
 #include "storage/image.h"
@@ -20,19 +21,6 @@ namespace {
 using nlohmann::json;
 
 std::string CacheBytesFile(const storage::TemplateStore& ts) { return ts.dir + "/cache-bytes"; }
-
-std::string HumanBytes(int64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 Result<std::unique_ptr<store::Store>> OpenTemplateStore(const GlobalOptions& g) {
   if (::geteuid() != 0)
@@ -72,9 +60,9 @@ class LayerProgress {
     }
     last_ = now;
     double secs = std::chrono::duration<double>(now - start_).count();
-    std::string rate = secs > 0.05 ? HumanBytes(static_cast<int64_t>(p.done / secs)) + "/s" : "";
-    std::fprintf(stderr, "\r%s: %s%s%s%s\033[K", p.what.c_str(), HumanBytes(p.done).c_str(),
-                 p.total >= 0 ? (" / " + HumanBytes(p.total)).c_str() : "",
+    std::string rate = secs > 0.05 ? FormatSize(static_cast<int64_t>(p.done / secs)) + "/s" : "";
+    std::fprintf(stderr, "\r%s: %s%s%s%s\033[K", p.what.c_str(), FormatSize(p.done).c_str(),
+                 p.total >= 0 ? (" / " + FormatSize(p.total)).c_str() : "",
                  rate.empty() ? "" : ", ", rate.c_str());
   }
   void Done() {
@@ -138,14 +126,14 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
     bool tty = ::isatty(STDERR_FILENO) != 0;
     auto progress = [&](int64_t bytes) {
       std::fprintf(stderr, "%ssbx: %s: unpacked %s%s", tty ? "\r" : "", af->name.c_str(),
-                   HumanBytes(bytes).c_str(), tty ? "   " : "\n");
+                   FormatSize(bytes).c_str(), tty ? "   " : "\n");
     };
     auto t = storage::AddTemplate(ts, **st, af->name, af->path, progress);
     if (tty) std::fprintf(stderr, "\n");
     if (!t.ok()) return Fail(t.status());
     std::printf("%s\n", t->name.c_str());
     std::fprintf(stderr, "sbx: added template %s (%s, %s)\n", t->name.c_str(), t->kind.c_str(),
-                 HumanBytes(t->size_bytes).c_str());
+                 FormatSize(t->size_bytes).c_str());
     return 0;
   });
 
@@ -181,7 +169,7 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
       for (const auto& n : t["aliases"]) a += (a.empty() ? "" : ",") + n.get<std::string>();
       int64_t size = t["size_bytes"].get<int64_t>();
       rows.push_back({t["name"].get<std::string>(), t["kind"].get<std::string>(),
-                      size > 0 ? HumanBytes(size) : "-", t["source"].get<std::string>(),
+                      size > 0 ? FormatSize(size) : "-", t["source"].get<std::string>(),
                       a.empty() ? "-" : a});
     }
     std::vector<size_t> width(rows[0].size(), 0);
@@ -225,7 +213,7 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
     if (!t.ok()) return Fail(t.status());
     std::printf("%s\n", t->name.c_str());
     std::fprintf(stderr, "sbx: imported template %s (%zu layers, %s)\n", t->name.c_str(),
-                 t->layers.size(), HumanBytes(t->size_bytes).c_str());
+                 t->layers.size(), FormatSize(t->size_bytes).c_str());
     return 0;
   });
 
@@ -276,11 +264,11 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
     if (!removed.ok()) return Fail(removed.status());
     int64_t freed = 0;
     for (const auto& l : *removed) {
-      std::printf("%s\t%s\n", l.id.c_str(), HumanBytes(l.size_bytes).c_str());
+      std::printf("%s\t%s\n", l.id.c_str(), FormatSize(l.size_bytes).c_str());
       freed += l.size_bytes;
     }
     std::fprintf(stderr, "sbx: removed %zu layers, freed %s\n", removed->size(),
-                 HumanBytes(freed).c_str());
+                 FormatSize(freed).c_str());
     return 0;
   });
 

@@ -32,6 +32,7 @@
 #include <deque>
 #include <thread>
 
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
 #include "common/thread_annotations.h"
@@ -53,19 +54,6 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string FormatBytes(int64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
 }
 
 // The part of a layer id people read: "build-<hex>" -> 12 hex digits.
@@ -1157,7 +1145,7 @@ Result<store::TemplateRecord> Build::Run() {
     Log(rec.status().what(), "error");
     return rec.status();
   }
-  Log("Successfully built " + spec_.name + " (" + FormatBytes(rec->size_bytes) + ")");
+  Log("Successfully built " + spec_.name + " (" + FormatSize(rec->size_bytes) + ")");
   return rec;
 }
 
