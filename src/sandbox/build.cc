@@ -346,18 +346,19 @@ Result<UniqueFd> StageParents(int root, const std::vector<std::string>& layer_di
   return dir;
 }
 
-struct CopyBudget {
+struct CopyState {
   int64_t bytes_left = 0;
+  const storage::IgnoreRules* ignore = nullptr;  // the context's .dockerignore
 };
 
 // Copies what `src` (an open O_PATH or O_RDONLY descriptor of the context) is to `name` below
 // `dest_dir`, hashing every entry's relative path, type, mode and content into `h`.
 Status CopyEntry(int src, const struct stat& st, int dest_dir, const std::string& name,
                  const std::string& rel, std::pair<uint32_t, uint32_t> owner, Sha256& h,
-                 CopyBudget& budget, int depth);
+                 CopyState& budget, int depth);
 
 Status CopyDirContents(int src_dir, int dest_dir, const std::string& rel,
-                       std::pair<uint32_t, uint32_t> owner, Sha256& h, CopyBudget& budget,
+                       std::pair<uint32_t, uint32_t> owner, Sha256& h, CopyState& budget,
                        int depth) {
   if (depth > kMaxCopyDepth) return Status::Error(rel + ": directories nested too deeply", ELOOP);
   int dup = ::fcntl(src_dir, F_DUPFD_CLOEXEC, 0);
@@ -387,22 +388,32 @@ Status CopyDirContents(int src_dir, int dest_dir, const std::string& rel,
 
 Status CopyEntry(int src, const struct stat& st, int dest_dir, const std::string& name,
                  const std::string& rel, std::pair<uint32_t, uint32_t> owner, Sha256& h,
-                 CopyBudget& budget, int depth) {
+                 CopyState& budget, int depth) {
   mode_t mode = st.st_mode & 07777;
   auto [uid, gid] = owner;
   std::string self = "/proc/self/fd/" + std::to_string(src);
+  bool excluded = budget.ignore != nullptr && budget.ignore->Excluded(rel);
+  // An excluded directory is entered only when a `!` pattern may re-include something in it.
+  if (excluded && !(S_ISDIR(st.st_mode) && budget.ignore->HasExceptions())) return {};
   if (S_ISDIR(st.st_mode)) {
-    h.Field("d");
-    h.Field(rel);
-    h.Field(std::to_string(mode));
+    if (!excluded) {
+      h.Field("d");
+      h.Field(rel);
+      h.Field(std::to_string(mode));
+    }
     bool made = false;
     auto out = OpenOrMakeDir(dest_dir, name, mode, uid, gid, &made);
     if (!out.ok()) return out.status().Wrap(rel);
-    if (!made && (::fchown(out->get(), uid, gid) != 0 || ::fchmod(out->get(), mode) != 0))
+    if (!made && !excluded &&
+        (::fchown(out->get(), uid, gid) != 0 || ::fchmod(out->get(), mode) != 0))
       return Status::Errno("set the owner of " + rel);
     UniqueFd in(::open(self.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!in) return Status::Errno("open " + rel);
-    return CopyDirContents(in.get(), out->get(), rel, owner, h, budget, depth);
+    SBX_RETURN_IF_ERROR(CopyDirContents(in.get(), out->get(), rel, owner, h, budget, depth));
+    // An excluded directory stays only as the parent of something re-included (as in Docker);
+    // rmdir fails, as wanted, when it is not empty.
+    if (excluded && made) (void)::unlinkat(dest_dir, name.c_str(), AT_REMOVEDIR);
+    return {};
   }
   // A file or link replaces what is there (a directory only when empty, as rename would).
   struct stat old {};
@@ -568,6 +579,7 @@ class Build {
   Status From(const BuildStep& s);
   Status RunStep(const BuildStep& s, const std::string& where);
   Status Copy(const BuildStep& s);
+  Result<const storage::IgnoreRules*> Ignore(int ctx);
   Status Workdir(const BuildStep& s);
   Status Stage(const BuildStep& s,
                const std::function<Status(int root, std::string* extra, bool* empty)>& fill);
@@ -580,6 +592,7 @@ class Build {
   const std::function<void(const BuildLogLine&)>& log_;
   std::string nonce_ = RandomId(16);
   Image img_;
+  std::optional<storage::IgnoreRules> ignore_;  // read at the first COPY
 };
 
 // A staging directory removed unless consumed.
@@ -668,6 +681,27 @@ Status Build::Workdir(const BuildStep& s) {
   });
 }
 
+// The context's .dockerignore (none: nothing excluded), read once per build.
+Result<const storage::IgnoreRules*> Build::Ignore(int ctx) {
+  if (!ignore_) {
+    auto fd = OpenInContext(ctx, ".dockerignore");
+    if (!fd.ok() && fd.status().err() != ENOENT) return fd.status();
+    std::string text;
+    if (fd.ok()) {
+      UniqueFd in(
+          ::open(("/proc/self/fd/" + std::to_string(fd->get())).c_str(), O_RDONLY | O_CLOEXEC));
+      if (!in) return Status::Errno(".dockerignore");
+      auto read = ReadAll(in.get(), (size_t{1} << 20) + 1);
+      if (!read.ok()) return Status::Error(".dockerignore: larger than 1 MiB", EINVAL);
+      text = std::move(read).value();
+    }
+    auto rules = storage::IgnoreRules::Parse(text);
+    if (!rules.ok()) return rules.status();
+    ignore_ = std::move(rules).value();
+  }
+  return &*ignore_;
+}
+
 Status Build::Copy(const BuildStep& s) {
   bool is_add = s.text.size() >= 3 && (s.text[0] == 'A' || s.text[0] == 'a');
   const char* kw = is_add ? "ADD" : "COPY";
@@ -679,8 +713,11 @@ Status Build::Copy(const BuildStep& s) {
   }
   UniqueFd ctx(::open(spec_.context_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!ctx) return Status::Error(std::string(kw) + ": the build context cannot be opened", errno);
+  auto ignore = Ignore(ctx.get());
+  if (!ignore.ok()) return ignore.status().Wrap(kw);
   // The sources, globs expanded, as paths relative to the context.
   std::vector<std::string> sources;
+  std::set<std::string> named;  // sources named as they are, not matched by a glob
   for (size_t i = 0; i + 1 < s.args.size(); ++i) {
     auto parts = Components("/" + s.args[i], false);
     if (!parts)
@@ -688,6 +725,7 @@ Status Build::Copy(const BuildStep& s) {
                            EINVAL);
     if (parts->empty() || !HasGlob(parts->back())) {
       std::string rel = Join(*parts, parts->size()).substr(1);
+      named.insert(rel);
       sources.push_back(rel);
       continue;
     }
@@ -718,12 +756,16 @@ Status Build::Copy(const BuildStep& s) {
   if (existing.ok() && existing->exists && S_ISDIR(existing->st.st_mode)) dest_is_dir = true;
   return Stage(s, [&](int root, std::string* extra, bool*) {
     Sha256 h;
-    CopyBudget budget{ts_.cache_bytes};
+    CopyState budget{ts_.cache_bytes, *ignore};
     for (const auto& rel : sources) {
       auto fd = OpenInContext(ctx.get(), rel);
       if (!fd.ok()) return fd.status().Wrap(std::string(kw) + " source");
       struct stat st {};
       if (::fstat(fd->get(), &st) != 0) return Status::Errno(std::string(kw) + " " + rel);
+      // A file named outright that .dockerignore excludes is as missing as in Docker; a
+      // directory is copied without its excluded entries, and what a glob matched is skipped.
+      if (named.count(rel) != 0 && !S_ISDIR(st.st_mode) && (*ignore)->Excluded(rel))
+        return Status::Error(std::string(kw) + " " + rel + ": excluded by .dockerignore", ENOENT);
       if (is_add && S_ISREG(st.st_mode)) {
         // Docker unpacks a local archive given to ADD; sbx build does not (say so, not copy it).
         UniqueFd in(

@@ -83,6 +83,9 @@ class BuildTest : public ::testing::Test {
   }
 
   void Write(const std::string& rel, const std::string& content, int mode = 0644) {
+    if (rel.find('/') != std::string::npos) {
+      ASSERT_TRUE(MakeDirs(ctx_ + "/" + rel.substr(0, rel.rfind('/'))).ok());
+    }
     ASSERT_TRUE(WriteFile(ctx_ + "/" + rel, content, mode).ok());
   }
 
@@ -297,6 +300,34 @@ TEST_F(BuildTest, CopyStaysInsideTheContext) {
   b = Run(Spec("escape", "FROM host\nCOPY d /d\n"));
   ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
   EXPECT_EQ(InBox("escape", "readlink /d/s"), "/etc/shadow\n");
+}
+
+// .dockerignore: excluded files never reach a layer (nor the step's cache key), `!` brings one
+// back inside an excluded directory, and naming an excluded file is an error.
+TEST_F(BuildTest, DockerignoreKeepsFilesOutOfTheLayers) {
+  Write(".dockerignore", "# local state\n.env\n**/*.log\nnode_modules\ndocs\n!docs/README.md\n");
+  Write(".env", "SECRET=1\n");
+  Write("app/main.py", "print(1)\n");
+  Write("app/debug.log", "noise\n");
+  Write("app/deep/x.log", "noise\n");
+  Write("node_modules/pkg/index.js", "x\n");
+  Write("docs/README.md", "readme\n");
+  Write("docs/internal.md", "internal\n");
+  auto b = Run(Spec("ignored", "FROM host\nCOPY . /ctx/\n"));
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  EXPECT_EQ(InBox("ignored", "cd /ctx && find . | sort"),
+            ".\n./.dockerignore\n./app\n./app/deep\n./app/main.py\n./dir\n./dir/sub\n./docs\n"
+            "./docs/README.md\n");
+  // A change to an excluded file is not a change of the step.
+  Write("app/debug.log", "more noise\n");
+  auto again = Run(Spec("ignored", "FROM host\nCOPY . /ctx/\n"));
+  ASSERT_TRUE(again.rec.ok()) << again.rec.status().message();
+  EXPECT_EQ(again.Count("Using cache"), 1);
+  auto named = Run(Spec("ignored2", "FROM host\nCOPY .env /\n"));
+  ASSERT_FALSE(named.rec.ok());
+  EXPECT_NE(named.rec.status().what().find("COPY .env: excluded by .dockerignore"),
+            std::string::npos)
+      << named.rec.status().what();
 }
 
 TEST_F(BuildTest, AddOfALocalArchiveIsRefused) {

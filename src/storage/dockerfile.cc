@@ -9,6 +9,8 @@
 // substitution is bounded in total so that `ENV A=$A$A` repeated cannot grow without end.
 #include "storage/dockerfile.h"
 
+#include <fnmatch.h>
+
 #include <cctype>
 #include <cstdint>
 #include <optional>
@@ -768,7 +770,98 @@ class Parser {
   std::vector<BuildStep> steps_;
 };
 
+// A path's components with "", "." and ".." resolved as a path would be (".." at the top stays
+// at the top).
+std::vector<std::string> CleanParts(std::string_view path) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    std::string_view p = path.substr(i, j - i);
+    if (p == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!p.empty() && p != ".") {
+      parts.emplace_back(p);
+    }
+    i = j + 1;
+  }
+  return parts;
+}
+
+// Whether pattern components `pat` match path components `path` or one of its leading parts
+// (a parent directory), `**` standing for any number of components. One table over (pattern,
+// path) positions: polynomial whatever the `**`s.
+bool MatchesOrParentMatches(const std::vector<std::string>& pat,
+                            const std::vector<std::string>& path) {
+  size_t np = pat.size(), nq = path.size();
+  // at[i][j]: pat[0..i) matches path[0..j).
+  std::vector<std::vector<char>> at(np + 1, std::vector<char>(nq + 1, 0));
+  at[0][0] = 1;
+  for (size_t i = 1; i <= np; ++i) {
+    bool any = pat[i - 1] == "**";
+    for (size_t j = 0; j <= nq; ++j) {
+      if (any)
+        at[i][j] = at[i - 1][j] || (j > 0 && at[i][j - 1]);
+      else
+        at[i][j] =
+            j > 0 && at[i - 1][j - 1] && ::fnmatch(pat[i - 1].c_str(), path[j - 1].c_str(), 0) == 0;
+    }
+  }
+  for (size_t j = 1; j <= nq; ++j)
+    if (at[np][j]) return true;
+  return false;
+}
+
 }  // namespace
+
+Result<IgnoreRules> IgnoreRules::Parse(std::string_view text) {
+  constexpr size_t kMaxBytes = size_t{1} << 20;
+  constexpr size_t kMaxRules = 10000;
+  if (text.size() > kMaxBytes) return Status::Error(".dockerignore: larger than 1 MiB", EINVAL);
+  IgnoreRules r;
+  size_t line_no = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find('\n', i);
+    if (j == std::string_view::npos) j = text.size();
+    std::string_view line = text.substr(i, j - i);
+    i = j + 1;
+    ++line_no;
+    auto trim = [](std::string_view v) {
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+      return v;
+    };
+    line = trim(line);
+    if (line.empty() || line.front() == '#') continue;
+    Rule rule;
+    if (line.front() == '!') {
+      rule.exception = true;
+      line = trim(line.substr(1));
+    }
+    rule.parts = CleanParts(line);
+    if (rule.parts.empty()) continue;  // "/", "." or "!": names nothing below the root
+    if (r.rules_.size() == kMaxRules)
+      return Status::Error(
+          ".dockerignore line " + std::to_string(line_no) + ": more than 10000 patterns", EINVAL);
+    r.exceptions_ = r.exceptions_ || rule.exception;
+    r.rules_.push_back(std::move(rule));
+  }
+  return r;
+}
+
+bool IgnoreRules::Excluded(std::string_view rel) const {
+  if (rules_.empty()) return false;
+  std::vector<std::string> path = CleanParts(rel);
+  bool excluded = false;
+  for (const auto& rule : rules_) {
+    // Only a later pattern can change the answer: skip the ones that cannot.
+    if (excluded != rule.exception) continue;
+    if (MatchesOrParentMatches(rule.parts, path)) excluded = !rule.exception;
+  }
+  return excluded;
+}
 
 Result<std::vector<BuildStep>> ParseDockerfile(
     std::string_view text, const std::map<std::string, std::string>& build_args) {

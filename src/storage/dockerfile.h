@@ -13,10 +13,22 @@
 namespace sbx::storage {
 
 struct BuildStep {
-  enum class Kind { kFrom, kRun, kCopy, kEnv, kArg, kWorkdir, kUser, kLabel, kExpose, kCmd, kEntrypoint };
+  enum class Kind {
+    kFrom,
+    kRun,
+    kCopy,
+    kEnv,
+    kArg,
+    kWorkdir,
+    kUser,
+    kLabel,
+    kExpose,
+    kCmd,
+    kEntrypoint
+  };
   Kind kind = Kind::kRun;
-  int line = 0;          // 1-based line of the instruction in the Dockerfile (0: not from one)
-  std::string text;      // the instruction as written (continuations joined), for the build log
+  int line = 0;      // 1-based line of the instruction in the Dockerfile (0: not from one)
+  std::string text;  // the instruction as written (continuations joined), for the build log
   // kFrom: {image or template} ; kRun/kCmd/kEntrypoint: argv when exec_form, else {shell line};
   // kCopy: sources..., destination (sources relative to the build context); kEnv/kLabel/kArg:
   // alternating key, value (kArg: value "" when it has no default); kWorkdir/kUser: {value};
@@ -32,7 +44,32 @@ struct BuildStep {
 // ADD of a URL, a heredoc, a second FROM) is EINVAL with a message naming its line:
 // "Dockerfile line 7: HEALTHCHECK is not supported by sbx build". The first instruction (after
 // ARGs) must be FROM.
-Result<std::vector<BuildStep>> ParseDockerfile(std::string_view text,
-                                               const std::map<std::string, std::string>& build_args);
+Result<std::vector<BuildStep>> ParseDockerfile(
+    std::string_view text, const std::map<std::string, std::string>& build_args);
+
+// A build context's `.dockerignore`, with Docker's rules: one pattern per line, `#` starts a
+// comment line, a leading `!` re-includes what an earlier pattern excluded. Patterns are
+// relative to the context's root (a leading `/` is dropped, `.` and `..` are cleaned as paths);
+// `*` and `?` match within one path component, `**` any number of components (none too), `[...]`
+// a class, `\` escapes. A path is excluded when the last pattern matching it, or one of its
+// parent directories, is not a `!` one. COPY sees only what is not excluded.
+class IgnoreRules {
+ public:
+  // EINVAL naming the line for a file too large (1 MiB) or with too many patterns (10000).
+  static Result<IgnoreRules> Parse(std::string_view text);
+  // `rel`: a path relative to the context ("a/b", "/a/b" and "./a/b" alike).
+  bool Excluded(std::string_view rel) const;
+  // Some `!` pattern exists: an excluded directory may hold included files.
+  bool HasExceptions() const { return exceptions_; }
+  bool empty() const { return rules_.empty(); }
+
+ private:
+  struct Rule {
+    std::vector<std::string> parts;
+    bool exception = false;
+  };
+  std::vector<Rule> rules_;
+  bool exceptions_ = false;
+};
 
 }  // namespace sbx::storage

@@ -254,5 +254,62 @@ TEST(DockerfileTest, ExpansionIsBounded) {
   EXPECT_EQ(Error(std::string("FROM a\nRUN a\0b\n", 14)), "Dockerfile: contains a NUL byte");
 }
 
+TEST(IgnoreRules, FollowsDockersMatching) {
+  auto r = IgnoreRules::Parse(
+      "# comment\n\n  *.tmp  \n/build\n**/cache\nsecret?.txt\ndocs\n!docs/keep.md\n"
+      "a/**/z\n./x/../y\n");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->HasExceptions());
+  EXPECT_TRUE(r->Excluded("f.tmp"));
+  EXPECT_FALSE(r->Excluded("d/f.tmp"));  // `*` stays within one component, at the root
+  EXPECT_TRUE(r->Excluded("build"));
+  EXPECT_TRUE(r->Excluded("build/out/bin"));  // a parent directory matches
+  EXPECT_TRUE(r->Excluded("/build"));
+  EXPECT_TRUE(r->Excluded("./build"));
+  EXPECT_FALSE(r->Excluded("src/build"));
+  EXPECT_TRUE(r->Excluded("cache"));
+  EXPECT_TRUE(r->Excluded("p/q/cache/f"));
+  EXPECT_TRUE(r->Excluded("secret1.txt"));
+  EXPECT_FALSE(r->Excluded("secret12.txt"));
+  EXPECT_TRUE(r->Excluded("docs/other.md"));
+  EXPECT_FALSE(r->Excluded("docs/keep.md"));
+  EXPECT_TRUE(r->Excluded("a/z"));
+  EXPECT_TRUE(r->Excluded("a/b/c/z/f"));
+  EXPECT_FALSE(r->Excluded("b/a/z"));
+  EXPECT_TRUE(r->Excluded("y"));
+  EXPECT_FALSE(r->Excluded("x"));
+  EXPECT_FALSE(r->Excluded("main.c"));
+}
+
+TEST(IgnoreRules, TheLastMatchingPatternDecides) {
+  auto r = IgnoreRules::Parse("*.md\n!README.md\nREADME.md\n!*/\\*.md\n");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->Excluded("README.md"));
+  EXPECT_TRUE(r->Excluded("CHANGES.md"));
+  EXPECT_TRUE(r->Excluded("d/*.md") == false);  // `\*` is a literal star
+  auto empty = IgnoreRules::Parse("");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  EXPECT_FALSE(empty->Excluded("anything"));
+}
+
+TEST(IgnoreRules, ManyGlobstarsStayPolynomialAndBoundsHold) {
+  std::string pat;
+  for (int i = 0; i < 30; ++i) pat += "**/a/";
+  pat += "b";
+  auto r = IgnoreRules::Parse(pat);
+  ASSERT_TRUE(r.ok());
+  std::string path;
+  for (int i = 0; i < 60; ++i) path += "a/";
+  EXPECT_FALSE(r->Excluded(path + "c"));
+  EXPECT_TRUE(r->Excluded(path + "b"));
+  EXPECT_EQ(IgnoreRules::Parse(std::string((1 << 20) + 1, 'x')).status().err(), EINVAL);
+  std::string many;
+  for (int i = 0; i < 10001; ++i) many += "p" + std::to_string(i) + "\n";
+  auto too_many = IgnoreRules::Parse(many);
+  EXPECT_EQ(too_many.status().err(), EINVAL);
+  EXPECT_NE(too_many.status().what().find("line 10001"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sbx::storage
