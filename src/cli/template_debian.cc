@@ -216,8 +216,8 @@ class OutputLines {
 };
 
 // Runs `argv` (argv[0] the program's path) in its own process group with stdout and stderr into
-// `lines` and TMPDIR=`tmpdir`, until it exits or `guard` sees a signal: then it is asked to stop
-// (SIGTERM), and after 10 s or a second signal its whole group is killed. Returns its wait status.
+// `lines` and TMPDIR=`tmpdir`, until it exits or `guard` sees a signal: then its group is asked to
+// stop (SIGTERM), and after 10 s or a second signal killed. Returns its wait status.
 Result<int> RunMmdebstrap(const std::vector<std::string>& argv, const std::string& tmpdir,
                           OutputLines& lines, const InterruptGuard& guard) {
   // Everything the child needs is made before fork: it only calls async-signal-safe functions.
@@ -267,7 +267,9 @@ Result<int> RunMmdebstrap(const std::vector<std::string>& argv, const std::strin
   for (;;) {
     if (guard.interrupted() != 0 && !stopping) {
       stopping = true;
-      ::kill(pid, SIGTERM);
+      // To the whole group, as a terminal's Ctrl-C would be: mmdebstrap waits for its apt or
+      // dpkg child before it cleans up, so that child must stop too.
+      ::kill(-pid, SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(10);
     }
     if (stopping && !killed && (guard.insisted() || Clock::now() >= kill_at)) {
