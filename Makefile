@@ -14,6 +14,9 @@ DEB_PACKAGES += nftables openssl
 # Image import and registry tests: Debian's distribution registry and skopeo (OCI layouts from
 # docker-archives the tests write, pushes into the registry).
 DEB_PACKAGES += docker-registry skopeo
+# `sbx template debian` (mmdebstrap); its test's local apt repository (dpkg-deb, dpkg-scanpackages
+# of dpkg-dev, apt-ftparchive of apt-utils).
+DEB_PACKAGES += mmdebstrap dpkg-dev apt-utils
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 

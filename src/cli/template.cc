@@ -102,6 +102,7 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
       "daemon runs)");
   tmpl->require_subcommand(1);
   RegisterTemplatePullVerb(tmpl, g, verbs);
+  RegisterTemplateDebianVerb(tmpl, g, verbs);
 
   auto af = std::make_shared<TemplateFlags>();
   CLI::App* add = tmpl->add_subcommand(

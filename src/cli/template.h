@@ -25,5 +25,7 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& global, ClientVer
 
 // `sbx template pull` (template_pull.cc), added to `sbx template` by RegisterTemplateVerbs.
 void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& global, ClientVerbs& verbs);
+// `sbx template debian` (template_debian.cc), likewise.
+void RegisterTemplateDebianVerb(CLI::App* tmpl, const GlobalOptions& global, ClientVerbs& verbs);
 
 }  // namespace sbx::cli

@@ -894,6 +894,17 @@ Result<store::LayerRecord> AddLayerFromBlob(const TemplateStore& ts, store::Stor
   return result;
 }
 
+Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::Store& st,
+                                               const std::string& tar_path,
+                                               const std::string& pin_for,
+                                               const ProgressFn& progress) {
+  auto hex = internal::Sha256File(tar_path);
+  if (!hex.ok()) return hex.status().Wrap("add layer from a tarball");
+  // The blob is the diff: AddLayerFromBlob checks both while it unpacks.
+  std::string digest = "sha256:" + *hex;
+  return AddLayerFromBlob(ts, st, tar_path, digest, digest, pin_for, progress);
+}
+
 Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
                                            const std::string& dir, const std::string& id,
                                            uint32_t id_shift, const std::string& pin_for) {

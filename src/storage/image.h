@@ -101,6 +101,13 @@ Result<store::LayerRecord> AddLayerFromBlob(const TemplateStore& ts, store::Stor
                                             const std::string& diff_id, const std::string& pin_for,
                                             const ProgressFn& progress = {});
 
+// AddLayerFromBlob of an uncompressed tar made on this host (`sbx template debian`'s root): its
+// diff_id is its own sha256, read from the file first. The archive is as untrusted as any other.
+Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::Store& st,
+                                               const std::string& tar_path,
+                                               const std::string& pin_for,
+                                               const ProgressFn& progress = {});
+
 // Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the
 // cache's filesystem) into the cache as a new layer named `id` (a build's cache key,
 // "build-<hex>"), shifting its files' owners down by `id_shift` (the box's host id base: a box
