@@ -29,6 +29,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli/refusals.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
 #include "cli/verbs.h"
@@ -61,9 +62,20 @@ int FailStart(const Status& s) {
   return SpawnFailureExit(s.message()).value_or(code);
 }
 
-// Handles a command's NDJSON events: output to our stdout/stderr, the exit remembered.
+// The last sentence of the refusal block (cli/refusals.h) for sandbox `id`.
+std::string NetHint(const std::string& id) { return "Change it with `sbx net " + id + "`."; }
+
+// Tells on stderr what the box's network refused during the command, when its exit says.
+void ReportRefusals(const json& exit, const std::string& sandbox) {
+  if (auto refused = RefusalsOfExit(exit)) PrintRefusals(*refused, NetHint(sandbox));
+}
+
+// Handles a command's NDJSON events: output to our stdout/stderr, the exit remembered (and what
+// the network refused meanwhile told, after the output).
 class OutputSink {
  public:
+  explicit OutputSink(std::string sandbox) : sandbox_(std::move(sandbox)) {}
+
   // Returns false to stop following.
   bool Handle(const json& e) {
     std::string type = e.value("type", "");
@@ -81,6 +93,7 @@ class OutputSink {
     } else if (type == "start") {
       pid_ = e.value("pid", int64_t{0});
     } else if (type == "exit") {
+      ReportRefusals(e, sandbox_);
       exit_ = ExitStatusOf(e);
       return false;
     } else if (type == "error") {
@@ -103,6 +116,7 @@ class OutputSink {
   }
 
  private:
+  const std::string sandbox_;
   int64_t pid_ = 0;
   std::optional<int> exit_;
   Status error_;
@@ -238,8 +252,11 @@ bool ValidEnvName(const std::string& k) {
 // from a StdinPump thread through net::post.
 class PtySession {
  public:
-  explicit PtySession(Client& client)
-      : client_(client), ws_(ioc_), signals_(ioc_, SIGWINCH, SIGINT, SIGTERM) {
+  PtySession(Client& client, std::string sandbox)
+      : client_(client),
+        sandbox_(std::move(sandbox)),
+        ws_(ioc_),
+        signals_(ioc_, SIGWINCH, SIGINT, SIGTERM) {
     signals_.add(SIGHUP);
   }
 
@@ -287,6 +304,7 @@ class PtySession {
     ioc_.run();
     pump.reset();
     raw.reset();
+    if (exit_) ReportRefusals(*exit_, sandbox_);
     if (exit_) return ExitStatusOf(*exit_);
     if (!start_error_.ok()) return FailStart(start_error_);
     if (!error_.ok()) return Fail(error_);
@@ -366,6 +384,7 @@ class PtySession {
   }
 
   Client& client_;
+  const std::string sandbox_;
   net::io_context ioc_;
   websocket::stream<net::generic::stream_protocol::socket> ws_;
   net::signal_set signals_;
@@ -407,7 +426,7 @@ int ExecTty(Client& client, const ExecFlags& f,
                        "&cols=" + std::to_string(ws.ws_col ? ws.ws_col : 80);
   if (!f.user.empty()) target += "&user=" + Q(f.user);
   if (!f.workdir.empty()) target += "&cwd=" + Q(f.workdir);
-  PtySession session(client);
+  PtySession session(client, f.id);
   Status s = session.Open(target);
   if (!s.ok()) return Fail(s);
   return session.Run(f.interactive);
@@ -480,7 +499,7 @@ int Exec(const GlobalOptions& g, const ExecFlags& f) {
     return ExecDetached(*client, f, body);
   }
   SignalForwarder signals(*client, f.id);
-  OutputSink sink;
+  OutputSink sink(f.id);
   std::string commands = SandboxPath(f.id) + "/commands";
   if (!f.interactive) {
     Status s = client->StreamEvents("POST", commands, body, [&](const json& e) {
@@ -522,7 +541,7 @@ int Logs(const GlobalOptions& g, const LogsFlags& f) {
   auto client = MakeClient(g, f.conn);
   if (!client.ok()) return Fail(client.status());
   ::signal(SIGPIPE, SIG_IGN);
-  OutputSink sink;
+  OutputSink sink(f.id);
   std::string target = SandboxPath(f.id) + "/commands/" + std::to_string(f.pid) +
                        "/output?stdout_offset=" + std::to_string(f.stdout_offset) +
                        "&stderr_offset=" + std::to_string(f.stderr_offset);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cli/refusals.h"
 #include "cli/run_net.h"
 #include "cli/template.h"
 #include "cli/terminal.h"
@@ -390,6 +391,8 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
       run_us = Us(t_spawned, Clock::now());
     }
   }
+  // After the command's output: what its box's network refused, if anything (cli/refusals.h).
+  if (net) PrintRefusals(net->Refusals(), "Change it with `sbx run --net allow=NAME,...`.");
 
   // OOM kills are counted by the cgroup: read before the box (and its cgroup) goes away.
   uint64_t oom_kills = 0;

@@ -49,6 +49,8 @@ class RunNetwork {
   const network::BoxNetPlan& plan() const { return plan_; }
   // At the runtime's sync point (BoxSpec::at_sync_point).
   Status Attach(pid_t init_pid) { return stack_->Attach(box_id_, init_pid); }
+  // What the box's network refused so far (network::Stack::Refusals; a run is one command).
+  network::BoxRefusals Refusals() { return stack_->Refusals(box_id_, 0); }
 
  private:
   RunNetwork(std::string data_dir, std::string box_id)

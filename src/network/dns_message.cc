@@ -1,6 +1,7 @@
 #include "network/dns_message.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace sbx::network::dns {
 namespace {
@@ -45,14 +46,25 @@ void PutQuestion(std::vector<uint8_t>& out, const Question& q) {
 }
 
 // An OPT pseudo-record (RFC 6891 6.1.2): root name, type 41, class = payload size, TTL = extended
-// rcode 0, version 0, flags (DO), no options.
-void PutOpt(std::vector<uint8_t>& out, bool dnssec_ok) {
+// rcode 0, version 0, flags (DO); options: an Extended DNS Error (RFC 8914 2) when given.
+void PutOpt(std::vector<uint8_t>& out, bool dnssec_ok, const ExtendedError* ede = nullptr) {
   out.push_back(0);
   Put16(out, kTypeOpt);
   Put16(out, static_cast<uint16_t>(kMaxUdpSize));
   Put16(out, 0);
   Put16(out, dnssec_ok ? kDo : 0);
-  Put16(out, 0);
+  if (!ede) {
+    Put16(out, 0);
+    return;
+  }
+  std::string_view text = ede->extra_text;
+  text = text.substr(0, std::min(text.size(), kMaxEdeText));
+  text = text.substr(0, text.find('\0'));                  // NUL-terminated text is not EXTRA-TEXT
+  Put16(out, static_cast<uint16_t>(4 + 2 + text.size()));  // RDLENGTH: one option
+  Put16(out, kOptionEde);
+  Put16(out, static_cast<uint16_t>(2 + text.size()));
+  Put16(out, ede->info_code);
+  out.insert(out.end(), text.begin(), text.end());
 }
 
 // The header of an answer sbx makes for `query`.
@@ -65,8 +77,10 @@ uint16_t AnswerFlags(const Query& query, Rcode rcode) {
 
 // Skips one resource record at `pos` (name, type, class, TTL, RDATA); returns the offset after it.
 // Fills `type`, `rclass` and `ttl`.
+// `rdata`, when given, gets the offset of the record's data.
 std::optional<size_t> SkipRecord(std::span<const uint8_t> msg, size_t pos, uint16_t* type,
-                                 uint16_t* rclass, uint32_t* ttl, std::string* error) {
+                                 uint16_t* rclass, uint32_t* ttl, std::string* error,
+                                 size_t* rdata = nullptr) {
   Question name;
   auto after = ReadName(msg, pos, &name, error);
   if (!after) return std::nullopt;
@@ -80,6 +94,7 @@ std::optional<size_t> SkipRecord(std::span<const uint8_t> msg, size_t pos, uint1
   *ttl = static_cast<uint32_t>(Get16(msg, pos + 4)) << 16 | Get16(msg, pos + 6);
   size_t rdlength = Get16(msg, pos + 8);
   pos += 10;
+  if (rdata) *rdata = pos;
   if (msg.size() - pos < rdlength) {
     *error = "record data past the end";
     return std::nullopt;
@@ -238,14 +253,56 @@ Parsed ParseQuery(std::span<const uint8_t> msg) {
   return p;
 }
 
-std::vector<uint8_t> BuildAnswer(const Query& query, Rcode rcode) {
+std::vector<uint8_t> BuildAnswer(const Query& query, Rcode rcode, const ExtendedError* ede) {
   std::vector<uint8_t> out;
-  out.reserve(kHeaderSize + kMaxNameWire + 4 + 11);
+  out.reserve(kHeaderSize + kMaxNameWire + 4 + 11 + (ede ? 6 + kMaxEdeText : 0));
   PutHeader(out, query.id, AnswerFlags(query, rcode), query.question ? 1 : 0, 0, 0,
             query.edns ? 1 : 0);
   if (query.question) PutQuestion(out, *query.question);
-  if (query.edns) PutOpt(out, query.dnssec_ok);
+  if (query.edns) PutOpt(out, query.dnssec_ok, ede);
   return out;
+}
+
+std::optional<ExtendedError> ReadExtendedError(std::span<const uint8_t> msg) {
+  if (msg.size() < kHeaderSize) return std::nullopt;
+  uint16_t qdcount = Get16(msg, 4);
+  uint32_t before = uint32_t{Get16(msg, 6)} + Get16(msg, 8);  // answer and authority records
+  uint32_t records = before + Get16(msg, 10);
+  std::string error;
+  size_t at = kHeaderSize;
+  // Each question takes at least 5 bytes and each record 11: the loops are bounded by `msg`.
+  for (uint16_t i = 0; i < qdcount; i++) {
+    Question q;
+    auto next = ReadName(msg, at, &q, &error);
+    if (!next || msg.size() - *next < 4) return std::nullopt;
+    at = *next + 4;
+  }
+  for (uint32_t i = 0; i < records; i++) {
+    uint16_t type = 0, rclass = 0;
+    uint32_t ttl = 0;
+    size_t rdata = 0;
+    auto next = SkipRecord(msg, at, &type, &rclass, &ttl, &error, &rdata);
+    if (!next) return std::nullopt;
+    at = *next;
+    if (i < before || type != kTypeOpt) continue;
+    // Options: code, length, data (RFC 6891 6.1.2), inside the record's data.
+    for (size_t o = rdata; o + 4 <= *next;) {
+      uint16_t code = Get16(msg, o);
+      size_t len = Get16(msg, o + 2);
+      o += 4;
+      if (*next - o < len) return std::nullopt;
+      if (code == kOptionEde && len >= 2) {
+        ExtendedError ede;
+        ede.info_code = Get16(msg, o);
+        size_t text = std::min(len - 2, kMaxEdeText);
+        ede.extra_text.assign(reinterpret_cast<const char*>(msg.data() + o + 2), text);
+        return ede;
+      }
+      o += len;
+    }
+    return std::nullopt;  // one OPT record only
+  }
+  return std::nullopt;
 }
 
 std::vector<uint8_t> BuildUpstreamQuery(const Query& query, uint16_t id) {

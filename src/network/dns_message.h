@@ -40,6 +40,17 @@ inline constexpr uint16_t kTypeAxfr = 252;
 inline constexpr uint16_t kTypeAny = 255;
 inline constexpr uint16_t kClassIn = 1;
 
+// RFC 8914 Extended DNS Errors: an EDNS option in an answer's OPT record saying why it is what it
+// is. sbx puts one (INFO-CODE 15, "Blocked") in the NXDOMAIN it gives for a name the box's policy
+// refuses, so a resolver's client that reads EDE (dig, kdig, unbound-host) sees the reason.
+inline constexpr uint16_t kOptionEde = 15;
+inline constexpr uint16_t kEdeBlocked = 15;
+inline constexpr size_t kMaxEdeText = 256;  // what sbx writes and what ReadExtendedError keeps
+struct ExtendedError {
+  uint16_t info_code = 0;
+  std::string extra_text;  // UTF-8, no NUL (RFC 8914 2); cut to kMaxEdeText bytes
+};
+
 inline constexpr size_t kHeaderSize = 12;
 inline constexpr size_t kMaxNameWire = 255;  // RFC 1035 2.3.4, length bytes and the root included
 inline constexpr size_t kMaxLabel = 63;
@@ -97,8 +108,15 @@ std::optional<size_t> ReadName(std::span<const uint8_t> msg, size_t pos, Questio
 // An answer to `query` that sbx gives itself: the header (the query's ID, opcode, RD and CD; QR
 // and RA set) with `rcode`, the question echoed when there is one, no records, and an OPT record
 // (payload kMaxUdpSize, DO echoed) when the query had one. NOERROR is NODATA: the name exists but
-// has no record of the type asked (AAAA with IPv6 off).
-std::vector<uint8_t> BuildAnswer(const Query& query, Rcode rcode);
+// has no record of the type asked (AAAA with IPv6 off). With `ede`, the OPT record carries it as
+// an Extended DNS Error option; a query without OPT gets no OPT and so no EDE (RFC 6891 7: an
+// OPT only in answer to one).
+std::vector<uint8_t> BuildAnswer(const Query& query, Rcode rcode,
+                                 const ExtendedError* ede = nullptr);
+
+// The first Extended DNS Error option of `msg`'s OPT record, nullopt when there is none or the
+// message is malformed (bounded like ParseQuery: every offset checked against `msg`).
+std::optional<ExtendedError> ReadExtendedError(std::span<const uint8_t> msg);
 
 // The query sbx sends upstream for `query` (which must have its question): a fresh message with
 // RD set, CD copied, the question as the client sent it (case kept), and an OPT record (payload

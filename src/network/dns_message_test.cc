@@ -197,6 +197,51 @@ TEST(DnsMessage, BuiltAnswersEchoTheQuestion) {
   EXPECT_EQ(AnswerRcode(a), Rcode::kFormErr);
 }
 
+// RFC 8914: the Extended DNS Error goes in the answer's OPT record (only when the query had one),
+// as one option: code 15, length, INFO-CODE, EXTRA-TEXT; the reader is bounded by the message.
+TEST(DnsMessage, ExtendedErrorsRideInTheOptRecordOfEdnsAnswersOnly) {
+  Parsed p = ParseQuery(MakeQuery(9, "files.example", kTypeA, 1232));
+  ASSERT_EQ(p.outcome, Parsed::Outcome::kOk);
+  ExtendedError ede{kEdeBlocked, "blocked by policy"};
+  Bytes a = BuildAnswer(p.query, Rcode::kNxDomain, &ede);
+  // The last bytes: OPT (root, type 41, size, ttl, rdlength 4+2+17) then the option.
+  Bytes tail(a.end() - (11 + 4 + 2 + 17), a.end());
+  EXPECT_EQ(tail[0], 0);
+  EXPECT_EQ(tail[1] << 8 | tail[2], kTypeOpt);
+  EXPECT_EQ(tail[9] << 8 | tail[10], 4 + 2 + 17);
+  EXPECT_EQ(tail[11] << 8 | tail[12], kOptionEde);
+  EXPECT_EQ(tail[13] << 8 | tail[14], 2 + 17);
+  EXPECT_EQ(tail[15] << 8 | tail[16], kEdeBlocked);
+  auto back = ReadExtendedError(a);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->info_code, kEdeBlocked);
+  EXPECT_EQ(back->extra_text, "blocked by policy");
+  // The answer still parses as a message with one OPT record.
+  Bytes as_query = a;
+  as_query[2] &= 0x7f;
+  as_query[3] &= 0xf0;
+  EXPECT_EQ(ParseQuery(as_query).outcome, Parsed::Outcome::kOk);
+
+  // No OPT in the query: none in the answer, so no EDE.
+  Parsed plain = ParseQuery(MakeQuery(10, "files.example", kTypeA));
+  Bytes b = BuildAnswer(plain.query, Rcode::kNxDomain, &ede);
+  EXPECT_EQ(b, BuildAnswer(plain.query, Rcode::kNxDomain));
+  EXPECT_FALSE(ReadExtendedError(b).has_value());
+
+  // A text longer than the bound is cut; every truncation of the answer reads as nothing.
+  ExtendedError big{kEdeBlocked, std::string(1000, 'x')};
+  Bytes c = BuildAnswer(p.query, Rcode::kNxDomain, &big);
+  auto cut = ReadExtendedError(c);
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->extra_text.size(), kMaxEdeText);
+  for (size_t n = 0; n < a.size(); n++)
+    EXPECT_FALSE(ReadExtendedError(std::span<const uint8_t>(a.data(), n)).has_value()) << n;
+  // An option length past its record is malformed, not read.
+  Bytes bad = a;
+  bad[bad.size() - 19 - 2] = 0xff;
+  EXPECT_FALSE(ReadExtendedError(bad).has_value());
+}
+
 TEST(DnsMessage, UpstreamQueryCarriesOnlyTheQuestion) {
   Bytes q = MakeQuery(5, "Files.PythonHosted.org", kTypeAaaa, 4096);
   q[7] = 0;

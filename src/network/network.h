@@ -11,7 +11,7 @@
 //                            the box's network namespace, its addresses and route, its chain
 //   Update(id, net)          a live policy change: new connections see it at once
 //   Release(id)              on destroy, and on any failure after Prepare: chain, veth, slot,
-//                            files, registry entry. Idempotent.
+//                            files, registry entry, refusal record. Idempotent.
 //   Reconcile(live_ids)      at start: removes what belongs to no live box (after a crash)
 // Every step is idempotent and leaves nothing behind when it fails.
 #pragma once
@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "network/box_net.h"
 #include "network/policy.h"
+#include "network/refusals.h"
 #include "network/slots.h"
 
 namespace sbx::network {
@@ -85,6 +86,16 @@ class Stack {
   virtual Status Reconcile(const std::set<std::string>& live_ids) = 0;
   // What exists on the host for boxes (veth names, chain names, slots), for the leak checker.
   virtual std::vector<std::string> HostObjects() = 0;
+  // What the network refused box `box_id` at or after `since_ms` (wall ms of the system clock,
+  // e.g. a command's start; 0: all that is kept): DNS names its policy refused and connections
+  // the proxy refused, deduplicated and bounded (refusals.h), and its policy in the words of the
+  // refusal page (`policy`, set whenever the box has a network here). Empty for a box without one
+  // (or released); the default, for a stack that keeps no record, too. Thread-safe.
+  virtual BoxRefusals Refusals(const std::string& box_id, int64_t since_ms) {
+    (void)box_id;
+    (void)since_ms;
+    return {};
+  }
 };
 
 }  // namespace sbx::network

@@ -301,9 +301,13 @@ net::awaitable<void> Refuse(const std::shared_ptr<State>& st, const std::shared_
   std::string dst = Endpoint(Unmap(a.dst.address()), a.dst.port());
   nlohmann::json detail = {{"dst", dst}, {"name", a.name.value_or("")}, {"reason", reason}};
   st->Emit("net.connect_denied", a.box->id, std::move(detail));
+  std::string destination = a.name ? *a.name + ":" + std::to_string(a.dst.port()) : dst;
+  // Before any answer: the command that sees the connection fail may exit at once, and its
+  // caller is told from this record.
+  if (st->config.refusals)
+    st->config.refusals->Add(a.box->id, RefusalKind::kConnect, destination, reason);
   spdlog::debug("egress proxy: box {} to {} ({}) refused: {}", a.box->id, dst, a.name.value_or("-"),
                 reason);
-  std::string destination = a.name ? *a.name + ":" + std::to_string(a.dst.port()) : dst;
   std::string hint = st->config.change_hint;
   for (size_t at = hint.find("{id}"); at != std::string::npos; at = hint.find("{id}", at))
     hint.replace(at, 4, a.box->id);
@@ -794,22 +798,7 @@ void TokenBucket::SetRate(int64_t rate) {
 
 std::string RefusalResponse(const Policy& policy, const std::string& destination,
                             const std::string& reason, const std::string& hint) {
-  // Bounded: a policy may hold 2 x 256 entries.
-  constexpr size_t kShown = 8;
-  auto list = [&](const std::vector<Rule>& rules) {
-    std::string out;
-    for (size_t i = 0; i < rules.size() && i < kShown; ++i) out += (i ? ", " : "") + rules[i].text;
-    if (rules.size() > kShown) out += ", ... (" + std::to_string(rules.size() - kShown) + " more)";
-    return out.empty() ? std::string("nothing") : out;
-  };
-  std::string summary = policy.mode == Mode::kOpen ? "mode open"
-                        : policy.mode == Mode::kAllowlist
-                            ? "mode allowlist; allowed: " + list(policy.allow)
-                            : "mode none";
-  if (policy.mode == Mode::kOpen && !policy.deny.empty())
-    summary += "; denied: " + list(policy.deny);
-  if (policy.mode == Mode::kOpen && !policy.allow.empty())
-    summary += "; allowed: " + list(policy.allow);
+  std::string summary = PolicySummary(policy);
   std::string body = "sbx: egress to " + destination +
                      " denied by this sandbox's network policy (" + summary + "): " + reason + "." +
                      (hint.empty() ? "" : " " + hint) + "\n";

@@ -30,6 +30,7 @@
 #include "network/ca.h"
 #include "network/intercept.h"
 #include "network/policy.h"
+#include "network/refusals.h"
 
 namespace sbx::network {
 
@@ -38,6 +39,9 @@ struct ProxyConfig {
   EventSink on_event;                  // audit (net.connect, net.connect_denied); may be empty
   HostLookup* lookup = nullptr;        // re-resolution of names; must outlive the proxy
   Interceptor* interceptor = nullptr;  // secrets (intercept.h); null: plain relay only
+  // Every refused connection is recorded here (its destination and reason) for the command's
+  // caller (refusals.h); null: not recorded. Must outlive the proxy.
+  RefusalLog* refusals = nullptr;
   // Refused TLS clients: the proxy ends their handshake with a leaf for the SNI (or the address)
   // from this CA and answers the 403 inside it. Null: they are closed without a word.
   std::shared_ptr<Ca> ca;

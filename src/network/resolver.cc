@@ -43,6 +43,27 @@ Status BindError(const std::string& what, const boost::system::error_code& ec) {
   return Status::Error("dns resolver: " + what + ": " + ec.message(), ec.value());
 }
 
+// Why a name does not resolve, in the policy's words (as Policy::Decide's reasons).
+std::string NameRefusal(const Policy& policy, bool valid_name) {
+  if (!valid_name) return "not a valid host name";
+  switch (policy.mode) {
+    case Mode::kNone:
+      return "the network policy is none";
+    case Mode::kAllowlist:
+      return "not in the allowlist";
+    case Mode::kOpen:
+      break;
+  }
+  return "denied by the policy";
+}
+
+// The Extended DNS Error of a refused name: the mode only, never the entries (a box may see its
+// policy's entries through the proxy's refusal page, but DNS answers are easy to log and pass on).
+dns::ExtendedError PolicyBlocked(const Policy& policy) {
+  return {dns::kEdeBlocked, std::string("blocked by this sandbox's network policy (sbx; mode ") +
+                                ModeName(policy.mode) + ")"};
+}
+
 }  // namespace
 
 struct Resolver::Impl {
@@ -339,7 +360,13 @@ void Resolver::Impl::Handle(std::span<const uint8_t> msg, const address& from, b
   if (!box->policy.NameMayResolve(q.name)) {
     std::optional<std::string> normal = NormalizeName(q.name);
     CountDenied(st, normal ? *normal : q.name);
-    return reply(dns::BuildAnswer(query, dns::Rcode::kNxDomain));
+    // Recorded before the answer goes: the command that gets it may exit at once.
+    if (config.refusals)
+      config.refusals->Add(box->id, RefusalKind::kDns,
+                           (normal ? *normal : q.name).substr(0, kMaxAuditedName),
+                           NameRefusal(box->policy, normal.has_value()));
+    const dns::ExtendedError ede = PolicyBlocked(box->policy);
+    return reply(dns::BuildAnswer(query, dns::Rcode::kNxDomain, &ede));
   }
   if (q.type == dns::kTypeAxfr || q.type == dns::kTypeIxfr) {
     return reply(dns::BuildAnswer(query, dns::Rcode::kRefused));

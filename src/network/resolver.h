@@ -9,7 +9,11 @@
 //   AXFR / IXFR                     REFUSED (no zone transfers through sbx)
 //   a name Policy::NameMayResolve refuses, or one that is not a DNS name
 //                                   NXDOMAIN, and no upstream query of any kind: this is what
-//                                   keeps data from leaving through DNS (random subdomains)
+//                                   keeps data from leaving through DNS (random subdomains).
+//                                   A query with EDNS gets an Extended DNS Error in the answer's
+//                                   OPT (RFC 8914: INFO-CODE 15 "Blocked", EXTRA-TEXT naming
+//                                   sbx's policy and its mode, never its entries); the name goes
+//                                   into the config's RefusalLog
 //   AAAA with IPv6 off              NOERROR with no record (NODATA), not forwarded
 //   anything else (A, TXT, MX, PTR, ANY, ...) for an allowed name
 //                                   forwarded upstream with c-ares as a fresh query holding only
@@ -36,6 +40,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "network/box_net.h"
+#include "network/refusals.h"
 
 namespace sbx::network {
 
@@ -43,6 +48,7 @@ struct ResolverConfig {
   std::vector<std::string> upstream;  // "ADDR:PORT" (--upstream-dns); empty: /etc/resolv.conf
   bool ipv6 = false;                  // off: AAAA answered NODATA
   EventSink on_event;                 // net.dns_denied; may be empty
+  RefusalLog* refusals = nullptr;     // names refused by policy; null: not recorded
   Clock* clock = nullptr;             // audit periods and rate buckets; nullptr: SystemClock()
   int64_t audit_period_ms = 10'000;
   size_t max_names_per_event = 64;

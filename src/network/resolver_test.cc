@@ -256,6 +256,57 @@ TEST_F(ResolverTest, RandomSubdomainsOfADeniedNameNeverReachUpstream) {
   EXPECT_EQ(upstream_.queries(), 0);
 }
 
+// A name the policy refuses: NXDOMAIN carrying an Extended DNS Error (RFC 8914, "Blocked") that
+// names sbx's policy and its mode, never its entries, when the query had EDNS (and then an OPT in
+// the answer); a plain NXDOMAIN without; recorded for the command's caller either way.
+TEST_F(ResolverTest, ARefusedNameIsBlockedWithAnExtendedErrorOnlyUnderEdns) {
+  RefusalLog log(clock_);
+  log.Open("box1");
+  ResolverConfig config;
+  config.refusals = &log;
+  StartResolver(config);
+  UdpClient box(kBoxIp, resolver_->port());
+  Bytes with = box.Ask(MakeQuery(1, "Files.Example", dns::kTypeA, 1232));
+  ASSERT_GE(with.size(), dns::kHeaderSize);
+  EXPECT_EQ(Rcode(with), 3);
+  EXPECT_EQ(with[10] << 8 | with[11], 1);  // ARCOUNT: the OPT record
+  std::optional<dns::ExtendedError> ede = dns::ReadExtendedError(with);
+  ASSERT_TRUE(ede.has_value());
+  EXPECT_EQ(ede->info_code, dns::kEdeBlocked);
+  EXPECT_EQ(ede->extra_text, "blocked by this sandbox's network policy (sbx; mode allowlist)");
+  EXPECT_EQ(ede->extra_text.find("allowed.test"), std::string::npos);
+
+  Bytes without = box.Ask(MakeQuery(2, "files.example", dns::kTypeA));
+  ASSERT_GE(without.size(), dns::kHeaderSize);
+  EXPECT_EQ(Rcode(without), 3);
+  EXPECT_EQ(without[10] << 8 | without[11], 0);  // no OPT without one in the query
+  EXPECT_FALSE(dns::ReadExtendedError(without).has_value());
+
+  // An allowed name's answer has no EDE of sbx's.
+  Bytes ok = box.Ask(MakeQuery(3, "allowed.test", dns::kTypeA, 1232));
+  EXPECT_EQ(Rcode(ok), 0);
+  EXPECT_FALSE(dns::ReadExtendedError(ok).has_value());
+  EXPECT_EQ(upstream_.queries(), 1);
+
+  BoxRefusals r = log.Since("box1", 0);
+  ASSERT_EQ(r.refused.size(), 1u);
+  EXPECT_EQ(r.refused[0].kind, RefusalKind::kDns);
+  EXPECT_EQ(r.refused[0].target, "files.example");
+  EXPECT_EQ(r.refused[0].reason, "not in the allowlist");
+  EXPECT_EQ(r.refused[0].count, 2);
+
+  // Open mode with a deny entry says so.
+  PutBox(R"({"mode": "open", "deny": ["evil.test"]})");
+  Bytes denied = box.Ask(MakeQuery(4, "evil.test", dns::kTypeA, 1232));
+  EXPECT_EQ(Rcode(denied), 3);
+  ede = dns::ReadExtendedError(denied);
+  ASSERT_TRUE(ede.has_value());
+  EXPECT_EQ(ede->extra_text, "blocked by this sandbox's network policy (sbx; mode open)");
+  r = log.Since("box1", 0);
+  ASSERT_EQ(r.refused.size(), 2u);
+  EXPECT_EQ(r.refused[1].reason, "denied by the policy");
+}
+
 TEST_F(ResolverTest, UnknownSourceIsRefusedAndNotForwarded) {
   StartResolver();
   UdpClient stranger(kStrangerIp, resolver_->port());

@@ -53,6 +53,7 @@ class StackImpl final : public Stack {
     rc.upstream = config_.upstream_dns;
     rc.ipv6 = config_.ipv6;
     rc.on_event = config_.on_event;
+    rc.refusals = &refusals_;
     auto resolver = Resolver::Start(address(boost::asio::ip::address_v4::any()), 0, boxes_, rc);
     if (!resolver.ok()) return resolver.status().Wrap("network: DNS resolver");
     resolver_ = std::move(*resolver);
@@ -79,6 +80,7 @@ class StackImpl final : public Stack {
     pc.on_event = config_.on_event;
     pc.lookup = lookup_.get();
     pc.interceptor = mitm_.get();
+    pc.refusals = &refusals_;
     pc.ca = ca_;  // refused HTTPS gets its 403 inside a handshake with sbx's CA
     if (!config_.refusal_hint.empty()) pc.change_hint = config_.refusal_hint;
     auto proxy = EgressProxy::Start(
@@ -148,6 +150,7 @@ class StackImpl final : public Stack {
     SBX_RETURN_IF_ERROR(CreateBoxLink(e.link, init_pid).Wrap("network: link of " + box_id));
     SBX_RETURN_IF_ERROR(
         firewall_->AddBox(box_id, e.link.host_ifname, {e.net->box_ip}, e.net->policy));
+    refusals_.Open(box_id);
     boxes_.Put(e.net);
     return {};
   }
@@ -187,6 +190,7 @@ class StackImpl final : public Stack {
     Status fw = known ? firewall_->UpdateBox(box_id, net->policy)
                       : firewall_->AddBox(box_id, e.link.host_ifname, {net->box_ip}, net->policy);
     SBX_RETURN_IF_ERROR(fw);
+    refusals_.Open(box_id);  // kept across policy changes: a command may span one
     boxes_.Put(net);
     MutexLock g(mu_);
     boxes_state_[box_id] = {e.link, net};
@@ -195,6 +199,7 @@ class StackImpl final : public Stack {
 
   Status Release(const std::string& box_id) override {
     boxes_.Remove(box_id);
+    refusals_.Forget(box_id);
     Status s = firewall_->RemoveBox(box_id);
     std::optional<std::string> ifname;
     {
@@ -252,6 +257,14 @@ class StackImpl final : public Stack {
     return first;
   }
 
+  BoxRefusals Refusals(const std::string& box_id, int64_t since_ms) override {
+    std::shared_ptr<const BoxNet> net = boxes_.ById(box_id);
+    if (!net) return {};
+    BoxRefusals out = refusals_.Since(box_id, since_ms);
+    out.policy = PolicySummary(net->policy);
+    return out;
+  }
+
   std::vector<std::string> HostObjects() override {
     std::vector<std::string> out;
     if (auto links = ListLinks(config_.link_prefix); links.ok())
@@ -301,6 +314,7 @@ class StackImpl final : public Stack {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::thread thread_;
   BoxRegistry boxes_;
+  RefusalLog refusals_;  // before the resolver and the proxy, which write to it
   std::unique_ptr<CaresLookup> lookup_;
   std::unique_ptr<Resolver> resolver_;
   std::shared_ptr<Ca> ca_;

@@ -272,6 +272,11 @@ Status Manager::CheckHostLimits(const store::SandboxLimits& l) {
 
 Manager::~Manager() { Stop(); }
 
+network::BoxRefusals Manager::NetworkRefusals(const std::string& id, int64_t since_ms) {
+  if (!config_.network) return {};
+  return config_.network->Refusals(id, since_ms);
+}
+
 void Manager::AuditNetwork(const network::NetEvent& e) {
   std::string owner;
   {

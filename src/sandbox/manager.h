@@ -229,6 +229,9 @@ class Manager {
   // audit event of its sandbox, with the sandbox's owner key. Cheap (no store read): the stack's
   // threads call it.
   void AuditNetwork(const network::NetEvent& e);
+  // What the network refused sandbox `id` at or after `since_ms` (wall ms of the system clock)
+  // and its policy's summary (network::Stack::Refusals); empty without networking.
+  network::BoxRefusals NetworkRefusals(const std::string& id, int64_t since_ms);
   // Whether this daemon has networking (a stack): the E2B facade's default depends on it.
   bool networking_enabled() const { return config_.network != nullptr; }
 

@@ -12,6 +12,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "common/clock.h"
 #include "sandbox/agent_channel.h"
 #include "sandbox/manager.h"
 
@@ -180,7 +181,7 @@ class ProcessImpl : public Process {
  public:
   ProcessImpl(asio::any_io_executor ex, std::shared_ptr<Session> session,
               std::shared_ptr<AgentChannel> ch, std::shared_ptr<Subscription> sub, int64_t pid,
-              bool pty, std::shared_ptr<ExitOnce> once, uint64_t oom_base)
+              bool pty, std::shared_ptr<ExitOnce> once, uint64_t oom_base, int64_t started_ms)
       : ex_(std::move(ex)),
         session_(std::move(session)),
         ch_(std::move(ch)),
@@ -188,7 +189,8 @@ class ProcessImpl : public Process {
         pid_(pid),
         pty_(pty),
         once_(std::move(once)),
-        oom_base_(oom_base) {}
+        oom_base_(oom_base),
+        started_ms_(started_ms) {}
 
   ~ProcessImpl() override {
     if (ended_) return;
@@ -230,6 +232,9 @@ class ProcessImpl : public Process {
           if (e.signal == SIGKILL && !e.timed_out)
             e.oom = OomKills(session_->manager(), session_->key(), session_->id()) > oom_base_;
           if (once_) once_->Record(e.exit_code, e.signal, e.timed_out, e.oom);
+          // The resolver and the proxy record a refusal before the box hears of it, so every
+          // refusal the command saw is in by now.
+          e.network_refused = session_->manager().NetworkRefusals(session_->id(), started_ms_);
           co_return e;
         case Type::kError:
           ended_ = true;
@@ -263,6 +268,7 @@ class ProcessImpl : public Process {
   const bool pty_;
   std::shared_ptr<ExitOnce> once_;  // null when attached (no exit to audit from here)
   const uint64_t oom_base_;
+  const int64_t started_ms_;
   bool ended_ = false;  // exit, error or detach seen: nothing more to follow or detach
 };
 
@@ -488,15 +494,18 @@ std::string Session::ResolvePath(std::string_view path, const User& u) {
 Awaitable<Result<std::unique_ptr<Process>>> Session::Follow(std::shared_ptr<AgentChannel> ch,
                                                             std::shared_ptr<Subscription> sub,
                                                             int64_t pid, bool pty,
-                                                            std::shared_ptr<ExitOnce> once) {
+                                                            std::shared_ptr<ExitOnce> once,
+                                                            int64_t started_ms) {
   uint64_t oom_base = OomKills(manager_, key_, record_.id);
   auto ex = co_await asio::this_coro::executor;
-  co_return std::unique_ptr<Process>(std::make_unique<ProcessImpl>(
-      ex, shared_from_this(), std::move(ch), std::move(sub), pid, pty, std::move(once), oom_base));
+  co_return std::unique_ptr<Process>(
+      std::make_unique<ProcessImpl>(ex, shared_from_this(), std::move(ch), std::move(sub), pid, pty,
+                                    std::move(once), oom_base, started_ms));
 }
 
 Awaitable<Result<std::unique_ptr<Process>>> Session::Spawn(const CommandSpec& spec) {
   auto started = Clock::now();
+  const int64_t started_ms = NowMs();  // the system clock, as the network stack's record
   auto w = SpawnRequest(record_.defaults, record_.env, spec);
   if (!w.ok()) co_return w.status();
   auto ch = co_await Channel();
@@ -515,7 +524,8 @@ Awaitable<Result<std::unique_ptr<Process>>> Session::Spawn(const CommandSpec& sp
   auto once = std::make_shared<ExitOnce>(manager_, record_.id, key_.id, via_, pid);
   asio::co_spawn(co_await asio::this_coro::executor, WatchExit(shared_from_this(), *ch, pid, once),
                  asio::detached);
-  co_return co_await Follow(*ch, std::move(opened->sub), pid, spec.pty.has_value(), once);
+  co_return co_await Follow(*ch, std::move(opened->sub), pid, spec.pty.has_value(), once,
+                            started_ms);
 }
 
 Awaitable<Result<std::unique_ptr<Process>>> Session::Attach(int64_t pid, int64_t stdout_offset,
@@ -531,12 +541,16 @@ Awaitable<Result<std::unique_ptr<Process>>> Session::Attach(int64_t pid, int64_t
                                                        .Int(Tag::kStdoutOffset, stdout_offset)
                                                        .Int(Tag::kStderrOffset, stderr_offset));
   if (!opened.ok()) co_return Ended(opened.status());
-  // Whether it has a terminal: the process list says.
+  // Whether it has a terminal, and when it started: the process list says.
   bool pty = false;
+  int64_t started_ms = NowMs();
   if (auto procs = co_await ListProcesses(); procs.ok())
     for (const auto& p : *procs)
-      if (p.pid == pid) pty = p.pty;
-  co_return co_await Follow(*ch, std::move(opened->sub), pid, pty, nullptr);
+      if (p.pid == pid) {
+        pty = p.pty;
+        if (p.started_ns > 0) started_ms = p.started_ns / 1'000'000;
+      }
+  co_return co_await Follow(*ch, std::move(opened->sub), pid, pty, nullptr, started_ms);
 }
 
 Awaitable<Result<std::vector<ProcessInfo>>> Session::ListProcesses() {

@@ -28,6 +28,7 @@
 #include "common/fd.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "network/refusals.h"
 #include "protocol/client.h"  // protocol::Frame
 #include "protocol/wire.h"
 #include "store/store.h"  // the record types (SandboxRecord, ApiKeyRecord) only
@@ -100,6 +101,11 @@ struct ProcessEvent {
   int signal = 0;  // the signal that ended it, 0 if it exited
   bool timed_out = false;
   bool oom = false;  // the box's memory limit killed it
+  // What the box's network refused between the command's start and its exit (DNS names and
+  // connections its policy refused; network::Stack::Refusals), with the policy's summary; empty
+  // for a box without a network or when nothing was refused. A box is one network identity: the
+  // refusals of other commands running meanwhile in the same box are among them.
+  network::BoxRefusals network_refused;
   // kError: why the stream ended without an exit. ECONNRESET when the box's agent connection
   // ended; when the sandbox itself was killed (or timed out) meanwhile, the message says so
   // ("sandbox X was killed") and the errno is ENOENT, so facades can answer as E2B does.
@@ -278,9 +284,11 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   Awaitable<Result<protocol::Frame>> Call(protocol::Type type, protocol::Writer w,
                                           std::vector<protocol::Frame>* stream = nullptr);
+  // `started_ms`: when the process started (wall ms), the window of its exit's network_refused.
   Awaitable<Result<std::unique_ptr<Process>>> Follow(std::shared_ptr<AgentChannel> ch,
                                                      std::shared_ptr<Subscription> sub, int64_t pid,
-                                                     bool pty, std::shared_ptr<ExitOnce> once);
+                                                     bool pty, std::shared_ptr<ExitOnce> once,
+                                                     int64_t started_ms);
 
   Manager& manager_;
   const store::ApiKeyRecord key_;

@@ -41,6 +41,7 @@ std::string Decoded(const json& data) {
 struct CommandRun {
   std::string out, err;
   int64_t exit_code = -999;
+  json exit;  // the exit event as the API sent it
 };
 
 class NetworkTest : public ::testing::Test {
@@ -90,6 +91,7 @@ class NetworkTest : public ::testing::Test {
     static const std::map<std::string, std::string> kRows = {
         {"AnAllowlistReachesWhatItNamesAndNothingElse", "32-33"},
         {"RefusedHttpsIsAnswered403NamingThePolicyWithoutAnUpstreamConnection", "33"},
+        {"ARefusedDownloadIsToldToTheCallerNamingThePolicy", "33"},
         {"SbxRunNetReachesItsAllowlistBesideARunningDaemon", "33"},
         {"AKilledSbxRunNetIsCleanedUpByTheNextRun", "leak"},
         {"AlwaysDeniedRangesAreRefusedEvenInOpenMode", "34"},
@@ -213,7 +215,10 @@ class NetworkTest : public ::testing::Test {
       std::string t = e.value("type", "");
       if (t == "stdout") run.out += Decoded(e["data"]);
       if (t == "stderr") run.err += Decoded(e["data"]);
-      if (t == "exit") run.exit_code = e.value("exit_code", -1);
+      if (t == "exit") {
+        run.exit_code = e.value("exit_code", -1);
+        run.exit = e;
+      }
     }
     return run;
   }
@@ -352,6 +357,80 @@ TEST_F(NetworkTest, RefusedHttpsIsAnswered403NamingThePolicyWithoutAnUpstreamCon
   // An allowed index still works through the same box (its name, its real certificate).
   auto ok = Exec(id, std::string(kCurl) + "https://pypi.test/simple/sbxdemo/");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// Item 2 of the "done when" where nothing inside can say it: a name the policy refuses is
+// only NXDOMAIN in the box ("could not resolve"), so the command's caller is told. `pip download`
+// by name from an index the policy does not list fails, and `sbx exec` says after its output that
+// the policy refused the index's name, naming the policy; the /v1 exit event carries the
+// refusals (DNS names and connections, counted) and the policy; an allowed index in the same box
+// works and is told nothing; `sbx run --net` says the same for its own box.
+TEST_F(NetworkTest, ARefusedDownloadIsToldToTheCallerNamingThePolicy) {
+  std::string id = Create({{"mode", "allowlist"}, {"allow", {"pypi.test", "*.pypi.test"}}});
+  const std::string policy = "mode allowlist; allowed: pypi.test, *.pypi.test";
+  ProcessOptions cli;
+  cli.env = {"SBX_URL=unix:" + d_->unix_socket(), "SBX_API_KEY=" + d_->key()};
+  auto exec = [&](const std::string& command) {
+    return RunProcess({SBX_BIN, "exec", id, "--", "sh", "-c", command}, cli);
+  };
+  auto denied = exec(
+      "cd /tmp && python3 -m pip download --no-deps --retries 0 --timeout 10 -d /tmp/dl "
+      "--index-url https://denied.test/simple/ sbxdemo");
+  EXPECT_NE(denied.exit_code, 0) << denied.err;
+  const std::string block = "sbx: this sandbox's network policy (" + policy +
+                            ") refused during this command: DNS lookup of denied.test (not in "
+                            "the allowlist)";
+  size_t at = denied.err.find(block);
+  EXPECT_NE(at, std::string::npos) << denied.err;
+  EXPECT_NE(denied.err.find("Change it with `sbx net " + id + "`.", at), std::string::npos)
+      << denied.err;
+  EXPECT_EQ(DnsQueriesFor("denied.test"), 0);  // still NXDOMAIN with no upstream query
+
+  // The allowed index in the same box: the download works and nothing is told (the earlier
+  // command's refusals are not this one's).
+  auto allowed = exec(
+      "cd /tmp && python3 -m pip download -q --no-deps -d /tmp/dl2 --index-url "
+      "https://pypi.test/simple/ sbxdemo && ls /tmp/dl2");
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
+  EXPECT_NE(allowed.out.find("sbxdemo-1.0-py3-none-any.whl"), std::string::npos) << allowed.out;
+  EXPECT_EQ(allowed.err.find("refused during this command"), std::string::npos) << allowed.err;
+
+  // The /v1 exit event: refused names and connections (a raw address, which the proxy only
+  // closes), deduplicated with counts, and the policy in the refusal page's words.
+  auto mixed = Exec(id,
+                    "getent hosts denied.test; getent hosts denied.test; curl -sS --max-time 20 "
+                    "-o /dev/null https://198.18.2.10/; exit 7");
+  EXPECT_EQ(mixed.exit_code, 7);
+  ASSERT_TRUE(mixed.exit.contains("network_refused")) << mixed.exit.dump();
+  EXPECT_EQ(mixed.exit.value("network_policy", ""), policy);
+  EXPECT_FALSE(mixed.exit.contains("network_refused_more"));
+  bool dns = false, connect = false;
+  for (const auto& r : mixed.exit["network_refused"]) {
+    if (r.value("kind", "") == "dns" && r.value("target", "") == "denied.test") {
+      dns = true;
+      EXPECT_EQ(r.value("reason", ""), "not in the allowlist");
+      EXPECT_GE(r.value("count", 0), 2) << r.dump();
+    }
+    if (r.value("kind", "") == "connect" && r.value("target", "") == "198.18.2.10:443") {
+      connect = true;
+      EXPECT_EQ(r.value("reason", ""), "not in the allowlist");
+    }
+  }
+  EXPECT_TRUE(dns && connect) << mixed.exit.dump();
+  auto quiet = Exec(id, "true");
+  EXPECT_FALSE(quiet.exit.contains("network_refused")) << quiet.exit.dump();
+  EXPECT_FALSE(quiet.exit.contains("network_policy")) << quiet.exit.dump();
+
+  // `sbx run --net`: its own stack tells the same, with its own hint, and keeps the exit code.
+  auto run =
+      Run({"--net", "allow=pypi.test", "--", "sh", "-c", "getent hosts denied.test; exit 3"});
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.err.find("sbx: this sandbox's network policy (mode allowlist; allowed: pypi.test) "
+                         "refused during this command: DNS lookup of denied.test (not in the "
+                         "allowlist)"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("sbx run --net"), std::string::npos) << run.err;
 }
 
 // `sbx run --net`: a one-shot box with a network of its own beside a running sbx serve (their

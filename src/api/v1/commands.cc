@@ -89,6 +89,19 @@ json EventJson(const sandbox::ProcessEvent& e) {
   if (e.signal) j["signal"] = e.signal;
   if (e.timed_out) j["timed_out"] = true;
   if (e.oom) j["oom"] = true;
+  // What the box's network refused during the command (docs/api.md, "Command events").
+  const network::BoxRefusals& refused = e.network_refused;
+  if (!refused.empty()) {
+    json list = json::array();
+    for (const network::Refusal& r : refused.refused)
+      list.push_back({{"kind", network::RefusalKindName(r.kind)},
+                      {"target", r.target},
+                      {"reason", r.reason},
+                      {"count", r.count}});
+    j["network_refused"] = std::move(list);
+    if (refused.more > 0) j["network_refused_more"] = refused.more;
+    j["network_policy"] = refused.policy;
+  }
   return j;
 }
 
