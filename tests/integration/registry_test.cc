@@ -1046,7 +1046,7 @@ TEST_F(DaemonBuild, FromImageThroughAMirrorAndTheAllowlist) {
   std::string id = json::parse(box.body)["id"];
   auto out = Call(key, "POST", "/v1/sandboxes/" + id + "/commands",
                   json{{"argv", {"/bin/busybox", "cat", "/etc/copied"}}}.dump());
-  EXPECT_NE(out.body.find("mirrored"), std::string::npos) << out.body;
+  EXPECT_NE(out.body.find(Base64Encode("mirrored\n")), std::string::npos) << out.body;
   Call(key, "DELETE", "/v1/sandboxes/" + id);
 
   // A registry nobody allowed: 403 naming the flag, and not one request reaches it.
