@@ -667,6 +667,7 @@ class Build {
   const BuildSpec& spec_;
   const std::function<void(const BuildLogLine&)>& log_;
   std::string nonce_ = RandomId(16);
+  std::string pulled_;  // " from REF@MANIFEST" of a pulled base, for the template's source
   Image img_;
 };
 
@@ -751,6 +752,7 @@ Status Build::Pull(const storage::ImageRef& ref) {
   }
   img_.layers = std::move(image.layers);
   img_.config = std::move(image.config);
+  pulled_ = " from " + what + " (" + pulled->manifest_digest + ")";
   if (img_.config.user == "root") img_.config.user.clear();
   Log(" ---> " + ShortId(img_.layers.front()));
   return {};
@@ -1277,8 +1279,8 @@ Result<store::TemplateRecord> Build::Run() {
   }
   if (img_.layers.empty())
     return Status::Error("build: the image has no layers (FROM scratch and no COPY)", EINVAL);
-  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild, "build " + id_,
-                                       img_.layers, img_.config, true);
+  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild,
+                                       "build " + id_ + pulled_, img_.layers, img_.config, true);
   if (!rec.ok()) {
     Log(rec.status().what(), "error");
     return rec.status();

@@ -906,6 +906,11 @@ TEST(RegistryBuild, SbxBuildFromARegistryImage) {
                  po);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "pulled\n") << r.err;
+  // The template records what was pulled.
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "inspect", "built"}, po);
+  EXPECT_NE(r.out.find("from " + reg.host() + "/bb:v1 (" + img.manifest.digest + ")"),
+            std::string::npos)
+      << r.out;
 
   // Again: the layers are in the cache (no blob but the config is fetched), the RUN is cached.
   r = RunProcess(
