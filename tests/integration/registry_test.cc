@@ -3,7 +3,9 @@
 // storage, images pushed into it with skopeo; and tests/registry/fake_registry.py for what a real
 // registry will not do (tampered and oversized blobs, oversized manifests, dropped connections,
 // bearer tokens, redirects). Every image is made here: an OCI layout of gzip'd tar layers written
-// with libarchive. Only 127.0.0.1 is ever contacted.
+// with libarchive. Only 127.0.0.1 is ever contacted. Also builds FROM a registry image: `sbx
+// build`, and the daemon's E2B builds under its registry policy (mirror, allowlist, redirects to
+// unlisted loopback, credentials per key).
 #include "storage/registry.h"
 
 #include <archive.h>
