@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 
 #include "cli/template.h"
@@ -32,6 +33,10 @@ struct BuildOptions {
   std::string net;
   std::string memory, cpus;
   std::string context;
+  // A FROM image's pull (as `sbx template pull`'s flags).
+  std::vector<std::string> insecure;
+  std::string ca_file, username;
+  bool password_stdin = false;
 };
 
 int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
@@ -66,6 +71,13 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   if (!text.ok()) return Fail(text.status().Wrap("Dockerfile"));
   auto steps = storage::ParseDockerfile(*text, build_args);
   if (!steps.ok()) return Fail(steps.status());
+  if (o.password_stdin != !o.username.empty())
+    return Fail(Status::Error("--username and --password-stdin go together"));
+  std::string password;
+  if (o.password_stdin) {
+    std::getline(std::cin, password);
+    if (!password.empty() && password.back() == '\r') password.pop_back();
+  }
 
   // A Ctrl-C or SIGTERM ends the process: the step's box dies with it (die_with_parent) and the
   // next build removes its directory; staging directories and pins go by the cache's sweep.
@@ -94,6 +106,15 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   bc.templates = CliTemplateStore(global.data_dir, 0);
   bc.templates.sudo_binary = cfg.agent_path;  // the host template's sudo (template.h)
   bc.store = db->get();
+  // The operator's own build: FROM may pull from any registry (plain HTTP only to those named).
+  bc.registries.any_registry = true;
+  bc.registries.insecure = o.insecure;
+  bc.registries.ca_file = o.ca_file;
+  if (const char* dc = std::getenv("DOCKER_CONFIG"); dc != nullptr && *dc != '\0')
+    bc.registries.docker_config = std::string(dc) + "/config.json";
+  else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    bc.registries.docker_config = std::string(home) + "/.docker/config.json";
+  if (Status v = sandbox::ValidateRegistryPolicy(bc.registries); !v.ok()) return Fail(v);
   if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
     bc.no_network_files = std::move(*none);
   auto builder = sandbox::MakeBuilder(bc);
@@ -103,6 +124,8 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   spec.steps = std::move(*steps);
   spec.context_dir = real;
   spec.no_cache = o.no_cache;
+  spec.registry_username = o.username;
+  spec.registry_password = password;
   if (!o.memory.empty()) {
     auto v = ParseSize(o.memory);
     if (!v.ok() || *v < (4 << 20))
@@ -142,6 +165,15 @@ void RegisterBuildVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& 
   b->add_option("--net", o->net, "Network of RUN steps: not available for local builds (none)");
   b->add_option("--memory", o->memory, "Memory limit of each RUN step, e.g. 2G");
   b->add_option("--cpus", o->cpus, "CPU quota of each RUN step in cores");
+  b->add_option("--insecure-registry", o->insecure,
+                "A FROM image's registry spoken to in plain HTTP, HOST or HOST:PORT (repeatable)");
+  b->add_option("--ca-file", o->ca_file,
+                "Verify a FROM image's registry with this PEM bundle instead of the host's CAs");
+  b->add_option("--username", o->username,
+                "Registry user of the FROM image (default: $DOCKER_CONFIG/config.json or "
+                "~/.docker/config.json, else anonymous)");
+  b->add_flag("--password-stdin", o->password_stdin,
+              "Read the registry password from the first line of stdin");
   b->add_option("DIR", o->context, "The build context: COPY reads from it")->required();
   verbs.Add(b, [o, &global] { return BuildCommand(global, *o); });
 }

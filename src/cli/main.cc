@@ -106,6 +106,16 @@ int main(int argc, char** argv) {
   sv->add_option("--allow-range", serve.allow_ranges,
                  "Open this CIDR inside an always-denied range, e.g. 192.168.5.0/24 (repeatable)");
   sv->add_flag("--ipv6", serve.ipv6, "Give boxes IPv6 too (default: IPv4 only)");
+  sv->add_option("--registry", serve.registries,
+                 "A registry builds may pull FROM images from, HOST or HOST:PORT (repeatable; "
+                 "default: none)");
+  sv->add_option("--registry-mirror", serve.registry_mirrors,
+                 "Pull REGISTRY's images from HOST:PORT instead, REGISTRY=HOST:PORT, e.g. "
+                 "docker.io=127.0.0.1:5000 (repeatable; allows REGISTRY)");
+  sv->add_option("--insecure-registry", serve.insecure_registries,
+                 "Speak plain HTTP to this registry, HOST or HOST:PORT (repeatable)");
+  sv->add_option("--registry-ca-file", serve.registry_ca_file,
+                 "Verify registries with this PEM bundle instead of the host's CAs");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

@@ -112,6 +112,27 @@ Result<network::StackConfig> NetworkConfig(const ServeOptions& o) {
   return c;
 }
 
+Result<sandbox::RegistryPolicy> RegistryPolicyOf(const ServeOptions& o) {
+  sandbox::RegistryPolicy p;
+  p.allowed = o.registries;
+  p.insecure = o.insecure_registries;
+  p.ca_file = o.registry_ca_file;
+  for (const auto& m : o.registry_mirrors) {
+    size_t eq = m.find('=');
+    if (eq == std::string::npos)
+      return Status::Error(
+          "--registry-mirror: expected REGISTRY=HOST[:PORT], e.g. docker.io=127.0.0.1:5000 (got '" +
+              m + "')",
+          EINVAL);
+    p.mirrors.emplace_back(m.substr(0, eq), m.substr(eq + 1));
+  }
+  if (!p.ca_file.empty() && ::access(p.ca_file.c_str(), R_OK) != 0)
+    return Status::Error(
+        "--registry-ca-file: cannot read '" + p.ca_file + "': " + std::strerror(errno), EINVAL);
+  SBX_RETURN_IF_ERROR(sandbox::ValidateRegistryPolicy(p));
+  return p;
+}
+
 int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (::geteuid() != 0) {
     std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
@@ -124,6 +145,11 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   net_config->state_dir = global.data_dir + "/network";
+  auto registries = RegistryPolicyOf(o);
+  if (!registries.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", registries.status().message().c_str());
+    return kExitSbxError;
+  }
   auto colon = o.listen.rfind(':');
   if (colon == std::string::npos) {
     std::fprintf(stderr, "sbx: --listen: expected HOST:PORT, got '%s'\n", o.listen.c_str());
@@ -293,6 +319,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   bc.store = st->get();
   bc.network = stack.get();
   bc.no_network_files = mc.no_network_files;
+  bc.registries = *registries;
   std::unique_ptr<sandbox::Builder> builder = sandbox::MakeBuilder(bc);
   mc.builder = builder.get();
   sandbox::Manager manager(mc, **rt, templates, **st);

@@ -9,6 +9,7 @@
 
 #include "cli/run.h"
 #include "network/network.h"
+#include "sandbox/registry_policy.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -36,12 +37,21 @@ struct ServeOptions {
   std::string upstream_ca;                // --upstream-ca FILE
   std::vector<std::string> allow_ranges;  // --allow-range CIDR (repeatable)
   bool ipv6 = false;                      // --ipv6
+  // Where builds may pull FROM images (sandbox/registry_policy.h): --registry HOST[:PORT],
+  // --registry-mirror REGISTRY=HOST[:PORT], --insecure-registry HOST[:PORT], --registry-ca-file.
+  std::vector<std::string> registries;
+  std::vector<std::string> registry_mirrors;
+  std::vector<std::string> insecure_registries;
+  std::string registry_ca_file;
 };
 
 // The --network flags of `o` as the stack's config (state_dir and daemon_ports are filled in by
 // serve); EINVAL naming the flag and the value. Checks shapes only: whether the host can give
 // networking is Stack::Start's to say.
 Result<network::StackConfig> NetworkConfig(const ServeOptions& o);
+
+// The registry flags of `o` as the builder's policy; EINVAL naming the flag and the value.
+Result<sandbox::RegistryPolicy> RegistryPolicyOf(const ServeOptions& o);
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);
 

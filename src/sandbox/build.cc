@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <thread>
 
 #include "common/encoding.h"
@@ -38,6 +39,7 @@
 #include "common/thread_annotations.h"
 #include "protocol/client.h"
 #include "sandbox/session.h"
+#include "storage/registry.h"
 
 namespace sbx::sandbox {
 namespace {
@@ -486,6 +488,68 @@ Result<UniqueFd> OpenInContext(int root, const std::string& rel) {
 
 bool HasGlob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
+// ---- what FROM names ----
+
+// docs/build.md "FROM": "scratch"; else the local template of that name when there is one
+// (unless the spec says the base is an image); else an image to pull when the name reads as a
+// reference (it has a '/', a ':' tag or an '@' digest: a bare "python" is a template name, never
+// an implied docker.io/library/python:latest); else not found.
+struct Base {
+  enum class Kind { kScratch, kTemplate, kImage } kind = Kind::kScratch;
+  storage::ImageRef image;
+};
+
+Result<Base> ResolveBase(store::Store& st, const BuildSpec& spec) {
+  const std::string& name = spec.steps[0].args[0];
+  Base b;
+  if (!spec.from_registry) {
+    if (name == "scratch") return b;
+    auto t = st.GetTemplate(name);
+    if (!t.ok()) return t.status();
+    if (*t) {
+      b.kind = Base::Kind::kTemplate;
+      return b;
+    }
+    if (name.find_first_of("/:@") == std::string::npos)
+      return Status::Error("FROM " + name.substr(0, 256) +
+                               ": template not found (register, import or pull it first; an "
+                               "image of Docker Hub is written " +
+                               name.substr(0, 256) + ":latest)",
+                           EINVAL);
+  }
+  auto ref = storage::ParseImageRef(name, /*docker_hub=*/true);
+  if (!ref.ok()) return ref.status().Wrap("FROM");
+  b.kind = Base::Kind::kImage;
+  b.image = *ref;
+  return b;
+}
+
+// Pull and unpack progress as build log lines: one per blob as it ends ("fetch 3f4e1a2b9c0d:
+// 1.0 MiB / 1.0 MiB, 4.2 MiB/s, done"), as `sbx template pull` prints when not on a terminal.
+class ProgressLog {
+ public:
+  ProgressLog(std::string verb, std::function<void(const std::string&)> log)
+      : verb_(std::move(verb)), log_(std::move(log)) {}
+  void operator()(const storage::Progress& p) {
+    auto now = std::chrono::steady_clock::now();
+    auto [it, added] = started_.try_emplace(p.what, now, p.done);
+    if (p.total < 0 || p.done < p.total || !ended_.insert(p.what).second) return;
+    double secs = std::chrono::duration<double>(now - it->second.first).count();
+    std::string rate =
+        secs > 0.05
+            ? ", " + FormatBytes(static_cast<int64_t>((p.done - it->second.second) / secs)) + "/s"
+            : "";
+    log_(verb_ + " " + p.what + ": " + FormatBytes(p.done) + " / " + FormatBytes(p.total) + rate +
+         ", done");
+  }
+
+ private:
+  std::string verb_;
+  std::function<void(const std::string&)> log_;
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point, int64_t>> started_;
+  std::set<std::string> ended_;
+};
+
 // ---- one build ----
 
 struct Image {
@@ -542,7 +606,7 @@ class Build {
   std::string Key(const BuildStep& s, const std::string& extra) const {
     Sha256 h;
     h.Field("sbx-build-1");
-    h.Field(img_.layers.empty() ? "scratch" : img_.layers.front());
+    h.Field(Parent());
     h.Field(std::to_string(static_cast<int>(s.kind)));
     h.Field(s.text);
     for (const auto& a : s.args) h.Field(a);
@@ -561,6 +625,17 @@ class Build {
     return "build-" + h.Hex();
   }
 
+  // What the layers so far are: a build layer's id names its whole chain (its key hashed its
+  // parent's), an image's topmost layer (named by its own content) does not, so the base's
+  // layers are all named.
+  std::string Parent() const {
+    if (img_.layers.empty()) return "scratch";
+    if (img_.layers.front().rfind("build-", 0) == 0) return img_.layers.front();
+    Sha256 h;
+    for (const auto& l : img_.layers) h.Field(l);
+    return "base-" + h.Hex();
+  }
+
   // The layer `key` when a build made it before (pinned for this build from now on).
   bool Cached(const std::string& key) {
     if (spec_.no_cache) return false;
@@ -577,6 +652,7 @@ class Build {
   }
 
   Status From(const BuildStep& s);
+  Status Pull(const storage::ImageRef& ref);
   Status RunStep(const BuildStep& s, const std::string& where);
   Status Copy(const BuildStep& s);
   Result<const storage::IgnoreRules*> Ignore(int ctx);
@@ -591,6 +667,7 @@ class Build {
   const BuildSpec& spec_;
   const std::function<void(const BuildLogLine&)>& log_;
   std::string nonce_ = RandomId(16);
+  std::string pulled_;  // " from REF@MANIFEST" of a pulled base, for the template's source
   Image img_;
   std::optional<storage::IgnoreRules> ignore_;  // read at the first COPY
 };
@@ -605,7 +682,10 @@ struct Staging {
 
 Status Build::From(const BuildStep& s) {
   const std::string& name = s.args.empty() ? "" : s.args[0];
-  if (name == "scratch") return {};
+  auto base = ResolveBase(st_, spec_);
+  if (!base.ok()) return base.status();
+  if (base->kind == Base::Kind::kScratch) return {};
+  if (base->kind == Base::Kind::kImage) return Pull(base->image);
   auto t = storage::ResolveTemplate(ts_, st_, name, id_);
   if (!t.ok()) {
     if (storage::IsTemplateNotFound(t.status()))
@@ -628,6 +708,54 @@ Status Build::From(const BuildStep& s) {
   img_.config.entrypoint = t->entrypoint;
   img_.config.cmd = t->cmd;
   if (!img_.layers.empty()) Log(" ---> " + ShortId(img_.layers.front()));
+  return {};
+}
+
+// The image `ref` as the base: its manifest and config fetched with the spec's credentials every
+// time (a layer in the cache is no licence to an image the registry would refuse this caller),
+// its layers only when the cache lacks one of them; unpacked, pinned for this build.
+Status Build::Pull(const storage::ImageRef& ref) {
+  auto options = PullOptionsFor(c_.registries, ref);
+  if (!options.ok()) return options.status();
+  storage::PullOptions o = std::move(*options);
+  o.username = spec_.registry_username;
+  o.password = spec_.registry_password;
+  o.max_total_bytes = ts_.cache_bytes;
+  std::optional<storage::UnpackedImage> cached;
+  o.have_layers = [&](const std::string& config_json) {
+    auto img = storage::CachedImage(ts_, st_, config_json, id_);
+    if (img.ok()) cached = std::move(*img);
+    return img.ok();
+  };
+  // In a staging directory: the cache's sweep removes it if this process dies mid-pull.
+  auto dir = storage::MakeStagingDir(ts_);
+  if (!dir.ok()) return dir.status();
+  Staging staging{*dir};
+  auto log = [this](const std::string& line) { Log(line); };
+  ProgressLog fetch("fetch", log);
+  const std::string what = ref.String();
+  Log("Pulling " + what);
+  auto pulled = storage::PullImage(o, what, staging.path + "/layout",
+                                   [&](const storage::Progress& p) { fetch(p); });
+  if (!pulled.ok()) return pulled.status();
+  storage::UnpackedImage image;
+  if (!pulled->layers_fetched && cached) {
+    Log(" ---> Using cached layers of " + pulled->manifest_digest);
+    image = std::move(*cached);
+  } else {
+    ProgressLog unpack("unpack", log);
+    auto unpacked = storage::UnpackImage(ts_, st_, staging.path + "/layout", pulled->ref_name, id_,
+                                         [&](const storage::Progress& p) { unpack(p); });
+    if (!unpacked.ok()) return unpacked.status().Wrap("FROM " + what);
+    image = std::move(*unpacked);
+    Log("Pulled " + what + " (" + pulled->manifest_digest + ", " +
+        FormatBytes(pulled->fetched_bytes) + " fetched)");
+  }
+  img_.layers = std::move(image.layers);
+  img_.config = std::move(image.config);
+  pulled_ = " from " + what + " (" + pulled->manifest_digest + ")";
+  if (img_.config.user == "root") img_.config.user.clear();
+  Log(" ---> " + ShortId(img_.layers.front()));
   return {};
 }
 
@@ -907,13 +1035,13 @@ class BuilderImpl : public Builder {
     for (size_t i = 1; i < spec.steps.size(); ++i)
       if (spec.steps[i].kind == Kind::kFrom)
         return Status::Error("build: only the first step may be FROM", EINVAL);
-    const std::string& base = spec.steps[0].args[0];
-    if (base != "scratch") {
-      auto t = c_.store->GetTemplate(base);
-      if (!t.ok()) return t.status();
-      if (!*t)
-        return Status::Error(
-            "FROM " + base + ": template not found (register, import or pull it first)", EINVAL);
+    // The base as From will see it; a registry the policy refuses is refused now, before any
+    // connection and before the build starts.
+    auto base = ResolveBase(*c_.store, spec);
+    if (!base.ok()) return base.status();
+    if (base->kind == Base::Kind::kImage) {
+      auto o = PullOptionsFor(c_.registries, base->image);
+      if (!o.ok()) return o.status().Wrap("FROM " + base->image.String());
     }
     bool copies = false;
     for (const auto& s : spec.steps) {
@@ -1181,8 +1309,8 @@ Result<store::TemplateRecord> Build::Run() {
   }
   if (img_.layers.empty())
     return Status::Error("build: the image has no layers (FROM scratch and no COPY)", EINVAL);
-  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild, "build " + id_,
-                                       img_.layers, img_.config, true);
+  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild,
+                                       "build " + id_ + pulled_, img_.layers, img_.config, true);
   if (!rec.ok()) {
     Log(rec.status().what(), "error");
     return rec.status();

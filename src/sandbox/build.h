@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "network/network.h"
 #include "runtime/runtime.h"
+#include "sandbox/registry_policy.h"
 #include "storage/dockerfile.h"
 #include "storage/image.h"
 #include "storage/template.h"
@@ -39,6 +40,14 @@ struct BuildSpec {
   bool no_cache = false;
   std::string start_cmd;  // E2B startCmd / readyCmd, kept with the template
   std::string ready_cmd;
+  // The FROM step names an image to pull, never a local template (E2B's fromImage: an image
+  // must not be shadowed by a template some key made under its name). Otherwise FROM X is the
+  // template X when there is one, else pulled when X reads as an image reference (docs/build.md).
+  bool from_registry = false;
+  // Credentials of that pull (basic, or for a bearer token). Secret: never in a log line, an
+  // error, the store or an answer; they live as long as the build.
+  std::string registry_username;
+  std::string registry_password;
 };
 
 enum class BuildState { kBuilding, kReady, kError };
@@ -62,7 +71,8 @@ class Builder {
  public:
   virtual ~Builder() = default;
   // Starts a build; EINVAL for a bad spec (no FROM, an unknown base template, a COPY source
-  // outside the context), nothing started then.
+  // outside the context), EPERM for a FROM image of a registry BuilderConfig::registries does not
+  // allow, nothing started then.
   virtual Result<std::string> Start(BuildSpec spec) = 0;
   // A build's state and its log lines from index `offset` on; ENOENT for an unknown id.
   virtual Result<BuildStatus> Get(const std::string& id, int64_t offset) = 0;
@@ -87,6 +97,9 @@ struct BuilderConfig {
   // The owner kind of the RUN steps' boxes (runtime::BoxSpec::owner): each Run first removes
   // the boxes of that owner whose process died (a builder killed mid-step).
   std::string box_owner = "build";
+  // Where FROM may pull images from (the daemon: what `sbx serve --registry` lists; `sbx build`:
+  // anywhere). Checked by Start/Run before anything starts: EPERM for a registry not allowed.
+  RegistryPolicy registries;
   size_t max_log_lines = 10000;  // per build kept for Get (the oldest go first)
   size_t max_finished = 64;      // finished builds kept for Get
 };

@@ -526,7 +526,10 @@ struct ImagePlan {
   ImageConfig config;
 };
 
-Status PlanFromConfig(const std::string& config_text, const std::string& what, ImagePlan* plan) {
+// `check_count`: the config's layers must be as many as plan->blobs (off when no manifest was
+// read: CachedImage).
+Status PlanFromConfig(const std::string& config_text, const std::string& what, ImagePlan* plan,
+                      bool check_count = true) {
   auto cfg = ParseJson(config_text, what + ": image config");
   if (!cfg.ok()) return cfg.status();
   if (!cfg->is_object()) return Status::Error(what + ": the image config is not an object", EINVAL);
@@ -544,11 +547,11 @@ Status PlanFromConfig(const std::string& config_text, const std::string& what, I
   auto config = FromOciConfig(c == cfg->end() ? json() : *c);
   if (!config.ok()) return config.status().Wrap(what);
   plan->config = std::move(*config);
-  if (plan->diff_ids.size() != plan->blobs.size())
+  if (check_count && plan->diff_ids.size() != plan->blobs.size())
     return Status::Error(what + ": the config lists " + std::to_string(plan->diff_ids.size()) +
                              " layers, the manifest " + std::to_string(plan->blobs.size()),
                          EINVAL);
-  if (plan->blobs.size() > kMaxLayers)
+  if (plan->diff_ids.size() > kMaxLayers)
     return Status::Error(what + ": more than " + std::to_string(kMaxLayers) + " layers", EINVAL);
   return {};
 }
@@ -986,26 +989,28 @@ Result<std::vector<store::LayerRecord>> GcLayers(const TemplateStore& ts, store:
   return removed;
 }
 
-Result<store::TemplateRecord> ImportImage(const TemplateStore& ts, store::Store& st,
-                                          const std::string& name, const std::string& path,
-                                          const std::string& ref, bool replace,
-                                          const ProgressFn& progress) {
-  std::string what = "import " + name;
-  if (!IsValidTemplateName(name))
-    return Status::Error(what + ": a name is [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG", EINVAL);
-  if (name == kHostTemplate) return Status::Error(what + ": host is built in", EPERM);
-  if (!replace) {
-    auto existing = st.GetTemplate(name);
-    if (!existing.ok()) return existing.status();
-    if (*existing) return Status::Error(what + ": a template of that name exists", EEXIST);
-  }
+namespace {
+
+// Topmost first. A layer listed twice is kept where it is highest: the lower copy shows nothing
+// the upper one does not (and overlayfs refuses a directory twice).
+void PushLayer(std::vector<std::string>* layers, const std::string& id) {
+  layers->erase(std::remove(layers->begin(), layers->end(), id), layers->end());
+  layers->insert(layers->begin(), id);
+}
+
+}  // namespace
+
+Result<UnpackedImage> UnpackImage(const TemplateStore& ts, store::Store& st,
+                                  const std::string& path, const std::string& ref,
+                                  const std::string& pin_for, const ProgressFn& progress) {
+  std::string what = "unpack " + (ref.empty() ? std::string("the image") : ref);
   struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0) return Status::Errno(what + ": " + path);
   std::string stage;
   auto cleanup = [&] {
     if (!stage.empty()) (void)RemoveTree(stage);  // else the sweep takes it
   };
-  auto result = [&]() -> Result<store::TemplateRecord> {
+  auto result = [&]() -> Result<UnpackedImage> {
     ImageFiles files = ImageFiles::Dir(path);
     if (S_ISREG(sb.st_mode)) {
       auto dir = MakeStagingDir(ts);
@@ -1036,25 +1041,63 @@ Result<store::TemplateRecord> ImportImage(const TemplateStore& ts, store::Store&
     else if (files.Has("index.json"))
       plan = PlanOciLayout(files, ref, what);
     if (!plan.ok()) return plan.status();
-    auto lease = PinLease::Take(ts, st, "pull_import_" + RandomId(12));
-    if (!lease.ok()) return lease.status();
-    std::vector<std::string> layers;
+    UnpackedImage out;
     for (size_t i = 0; i < plan->blobs.size(); ++i) {
       auto l = AddLayerFromBlob(ts, st, plan->blobs[i], plan->digests[i], plan->diff_ids[i],
-                                lease->id(), progress);
+                                pin_for, progress);
       if (!l.ok()) return l.status().Wrap(what);
-      // Topmost first. A layer listed twice is kept where it is highest: the lower copy shows
-      // nothing the upper one does not (and overlayfs refuses a directory twice).
-      layers.erase(std::remove(layers.begin(), layers.end(), l->id), layers.end());
-      layers.insert(layers.begin(), l->id);
+      PushLayer(&out.layers, l->id);
     }
-    if (layers.empty()) return Status::Error(what + ": the image has no layers", EINVAL);
-    std::string source = path + (ref.empty() ? "" : " (" + ref + ")");
-    return PutImageTemplate(ts, st, name, store::kTemplateOci, source, layers, plan->config,
-                            replace);
+    if (out.layers.empty()) return Status::Error(what + ": the image has no layers", EINVAL);
+    out.config = std::move(plan->config);
+    return out;
   }();
   cleanup();
   return result;
+}
+
+Result<UnpackedImage> CachedImage(const TemplateStore& ts, store::Store& st,
+                                  const std::string& config_json, const std::string& pin_for) {
+  ImagePlan plan;
+  SBX_RETURN_IF_ERROR(PlanFromConfig(config_json, "the cached image", &plan, false));
+  UnpackedImage out;
+  for (const auto& diff_id : plan.diff_ids) {
+    auto id = LayerIdForDiffId(diff_id);
+    if (!id.ok()) return id.status();
+    // Pinned first, then looked for: eviction skips a pinned layer, so once both hold it stays.
+    SBX_RETURN_IF_ERROR(st.PinLayer(pin_for, *id));
+    struct stat sb {};
+    if (::stat(LayerDir(ts, *id).c_str(), &sb) != 0)
+      return Status::Error("layer " + *id + " is not in the cache", ENOENT);
+    PushLayer(&out.layers, *id);
+  }
+  if (out.layers.empty()) return Status::Error("the cached image has no layers", EINVAL);
+  out.config = std::move(plan.config);
+  return out;
+}
+
+Result<store::TemplateRecord> ImportImage(const TemplateStore& ts, store::Store& st,
+                                          const std::string& name, const std::string& path,
+                                          const std::string& ref, bool replace,
+                                          const ProgressFn& progress) {
+  std::string what = "import " + name;
+  if (!IsValidTemplateName(name))
+    return Status::Error(what + ": a name is [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG", EINVAL);
+  if (name == kHostTemplate) return Status::Error(what + ": host is built in", EPERM);
+  if (!replace) {
+    auto existing = st.GetTemplate(name);
+    if (!existing.ok()) return existing.status();
+    if (*existing) return Status::Error(what + ": a template of that name exists", EEXIST);
+  }
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0) return Status::Errno(what + ": " + path);
+  auto lease = PinLease::Take(ts, st, "pull_import_" + RandomId(12));
+  if (!lease.ok()) return lease.status();
+  auto image = UnpackImage(ts, st, path, ref, lease->id(), progress);
+  if (!image.ok()) return image.status().Wrap(what);
+  std::string source = path + (ref.empty() ? "" : " (" + ref + ")");
+  return PutImageTemplate(ts, st, name, store::kTemplateOci, source, image->layers, image->config,
+                          replace);
 }
 
 }  // namespace sbx::storage

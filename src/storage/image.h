@@ -139,6 +139,25 @@ Result<ImageConfig> GetImageConfig(store::Store& st, const std::string& name);
 // of what dead processes left), returning what it removed.
 Result<std::vector<store::LayerRecord>> GcLayers(const TemplateStore& ts, store::Store& st);
 
+// An image's layers in the cache and its config, for a build's FROM (sandbox/build.h).
+struct UnpackedImage {
+  std::vector<std::string> layers;  // layer ids, topmost first, pinned for the caller's id
+  ImageConfig config;
+};
+
+// What ImportImage does short of registering a template: the image at `path` (as ImportImage;
+// `ref` picks the manifest) unpacked into the cache, its layers pinned for `pin_for` (a build's
+// id, under its PinLease).
+Result<UnpackedImage> UnpackImage(const TemplateStore& ts, store::Store& st,
+                                  const std::string& path, const std::string& ref,
+                                  const std::string& pin_for, const ProgressFn& progress = {});
+
+// The image whose config (the image config blob's JSON) is `config_json`, from layers already in
+// the cache: each diff_id's layer pinned for `pin_for`. ENOENT when one is not in the cache (those
+// found stay pinned until the lease goes), EINVAL for a config that does not parse.
+Result<UnpackedImage> CachedImage(const TemplateStore& ts, store::Store& st,
+                                  const std::string& config_json, const std::string& pin_for);
+
 // Imports an OCI image layout directory (index.json; `ref` picks the manifest whose
 // org.opencontainers.image.ref.name annotation matches, empty: the only one) or a docker-archive
 // tarball (`docker save`: manifest.json; `ref` picks the RepoTags entry) as template `name`.

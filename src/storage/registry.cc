@@ -224,14 +224,17 @@ Status NetError(const std::string& what, const error_code& ec) {
 // ---- HTTP: one request per connection, blocking, each network step bounded ----
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
+using ConnectCheck = std::function<Status(const std::string& host, uint16_t port,
+                                          const std::vector<std::string>& addresses)>;
 
 // One response whose body is read on demand. Owns its connection and its private io_context:
 // asynchronous operations with Beast's timeouts, run to completion one at a time, give a blocking
 // client whose every step is bounded.
 class HttpResponse {
  public:
-  HttpResponse(ssl::context& tls_ctx, bool tls, std::chrono::milliseconds timeout)
-      : timeout_(timeout) {
+  HttpResponse(ssl::context& tls_ctx, bool tls, std::chrono::milliseconds timeout,
+               const ConnectCheck& check)
+      : timeout_(timeout), check_(check) {
     if (tls)
       tls_.emplace(ioc_, tls_ctx);
     else
@@ -251,6 +254,12 @@ class HttpResponse {
                              });
     });
     if (ec) return NetError("resolve " + url.Authority(), ec);
+    if (check_) {
+      // Checked on what is connected to below: no second resolution can change it.
+      std::vector<std::string> addresses;
+      for (const auto& e : endpoints) addresses.push_back(e.endpoint().address().to_string());
+      SBX_RETURN_IF_ERROR(check_(url.host, url.port, addresses));
+    }
     tcp.expires_after(timeout_);
     ec = Wait([&](auto done) {
       tcp.async_connect(endpoints, [done](error_code e, const auto&) { done(e); });
@@ -379,6 +388,7 @@ class HttpResponse {
   beast::flat_buffer buf_;
   bhttp::response_parser<bhttp::buffer_body> parser_;
   std::chrono::milliseconds timeout_;
+  const ConnectCheck& check_;
   std::string what_;
 };
 
@@ -418,6 +428,10 @@ class Registry {
   Status Init() {
     auto hp = ParseHostPort(ref_.registry);
     if (!hp.ok()) return Status::Error("registry host '" + ref_.registry + "'", EINVAL);
+    if (!o_.endpoint.empty()) {
+      hp = ParseHostPort(o_.endpoint);
+      if (!hp.ok()) return Status::Error("registry endpoint '" + o_.endpoint + "'", EINVAL);
+    }
     base_.host = hp->host == "docker.io" ? "registry-1.docker.io" : hp->host;
     base_.tls = !Insecure(hp->host, hp->port);
     base_.port = hp->port != 0 ? hp->port : (base_.tls ? 443 : 80);
@@ -456,7 +470,7 @@ class Registry {
         auth = Authorization();
         if (!auth.empty()) h.emplace_back("Authorization", auth);
       }
-      auto r = std::make_unique<HttpResponse>(tls_ctx_, url.tls, o_.timeout);
+      auto r = std::make_unique<HttpResponse>(tls_ctx_, url.tls, o_.timeout, o_.check_connect);
       if (Status sent = r->Send(url, h); !sent.ok()) {
         if (url.tls && on_registry && sent.what().rfind("TLS", 0) == 0)
           return Status::Error(sent.what() +
@@ -568,9 +582,10 @@ class Registry {
       token_url.target += (token_url.target.find('?') == std::string::npos ? "?" : "&") + q;
     Headers h;
     if (!user_.empty()) h.emplace_back("Authorization", BasicCredentials());
-    HttpResponse r(tls_ctx_, token_url.tls, o_.timeout);
+    HttpResponse r(tls_ctx_, token_url.tls, o_.timeout, o_.check_connect);
     Status sent = r.Send(token_url, h);
-    if (!sent.ok()) return Status::Error("token from " + realm->Authority(), sent.err());
+    if (!sent.ok())
+      return Status::Error("token from " + realm->Authority() + ": " + sent.message(), sent.err());
     if (r.status() == 401 || r.status() == 403)
       return Status::Error("the token server of registry " + name() +
                                (user_.empty() ? " wants credentials: pass --username and "
@@ -941,7 +956,7 @@ std::string ImageRef::String() const {
   return s;
 }
 
-Result<ImageRef> ParseImageRef(std::string_view in) {
+Result<ImageRef> ParseImageRef(std::string_view in, bool docker_hub) {
   auto bad = [&](const std::string& why) {
     return Status::Error("image reference '" + std::string(in.substr(0, 300)) + "': " + why,
                          EINVAL);
@@ -960,13 +975,21 @@ Result<ImageRef> ParseImageRef(std::string_view in) {
   bool host = slash != std::string_view::npos &&
               (first.find('.') != std::string_view::npos ||
                first.find(':') != std::string_view::npos || first == "localhost");
-  if (!host)
+  if (!host && !docker_hub)
     return bad(
         "name the registry: sbx has no default registry, write HOST[:PORT]/NAME[:TAG] (e.g. "
         "127.0.0.1:5000/python:3.12)");
-  if (!ParseHostPort(first).ok()) return bad("'" + std::string(first) + "' is not a host[:port]");
-  r.registry = std::string(first);
-  std::string_view rest = name.substr(slash + 1);
+  if (host && !ParseHostPort(first).ok())
+    return bad("'" + std::string(first) + "' is not a host[:port]");
+  r.registry = host ? std::string(first) : "docker.io";
+  std::string_view rest = host ? name.substr(slash + 1) : name;
+  // Docker Hub's official images live under library/.
+  std::string library;
+  if (r.registry == "docker.io" && docker_hub && rest.find('/') == std::string_view::npos &&
+      !rest.empty()) {
+    library = "library/" + std::string(rest);
+    rest = library;
+  }
   if (size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
     r.tag = std::string(rest.substr(colon + 1));
     rest = rest.substr(0, colon);
@@ -1161,7 +1184,7 @@ Result<PulledImage> PullImage(const PullOptions& o, const std::string& ref_text,
   if (mj["layers"].size() > kMaxLayers)
     return Status::Error(what + ": more than " + std::to_string(kMaxLayers) + " layers", EINVAL);
   out.config_digest = config->digest;
-  std::vector<Descriptor> jobs = {*config};
+  std::vector<Descriptor> jobs;
   out.total_bytes = config->size;
   for (const auto& l : mj["layers"]) {
     auto d = ParseDescriptor(l, "a layer of the manifest");
@@ -1182,7 +1205,18 @@ Result<PulledImage> PullImage(const PullOptions& o, const std::string& ref_text,
   SBX_RETURN_IF_ERROR(WriteBlob(blobs_dir, manifest.digest, manifest.body).Wrap(what));
   Blobs blobs(reg, *ref, blobs_dir, progress);
   blobs.set_attempts(o.blob_attempts);
-  Status fetched = FetchAll(blobs, jobs, o.parallel);
+  // The config first: it says which layers (diff_ids) the image is, which the caller may have.
+  Status fetched = FetchAll(blobs, {*config}, 1);
+  out.fetched_bytes = blobs.fetched();
+  if (!fetched.ok()) return fetched.Wrap(what);
+  auto config_json = ReadFile(blobs_dir + "/" + config->digest.substr(7), kMaxManifestBytes);
+  if (!config_json.ok()) return config_json.status().Wrap(what + ": read the image config");
+  out.config_json = std::move(*config_json);
+  if (o.have_layers && o.have_layers(out.config_json)) {
+    out.layers_fetched = false;
+    return out;
+  }
+  fetched = FetchAll(blobs, jobs, o.parallel);
   out.fetched_bytes = blobs.fetched();
   if (!fetched.ok()) return fetched.Wrap(what);
 

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,9 +38,11 @@ inline constexpr int64_t kMaxManifestBytes = int64_t{4} << 20;  // manifests, in
 inline constexpr int kMaxRedirects = 5;
 inline constexpr char kRefNameAnnotation[] = "org.opencontainers.image.ref.name";
 
-// A parsed image reference: REGISTRY/REPOSITORY[:TAG][@sha256:HEX]. sbx has no default registry
-// (the machine may have no internet and docker.io is not implied): the first component must be a
-// registry host, that is contain a '.' or a ':' or be "localhost".
+// A parsed image reference: REGISTRY/REPOSITORY[:TAG][@sha256:HEX]. `sbx template pull` has no
+// default registry (the machine may have no internet and docker.io is not implied): the first
+// component must be a registry host, that is contain a '.' or a ':' or be "localhost". Builds
+// (FROM, E2B's fromImage) parse with `docker_hub` instead: a reference without a registry host is
+// Docker Hub's, as Docker reads it ("python:3.12" is docker.io/library/python:3.12).
 struct ImageRef {
   std::string registry;    // "127.0.0.1:5000", "registry.example.com", "[::1]:5000"
   std::string repository;  // "python", "ns/name"
@@ -52,7 +55,9 @@ struct ImageRef {
 // EINVAL with a sentence saying what is wrong ("name the registry: ...") for anything that is not
 // a reference as above: repository components [a-z0-9]+ separated by '.', '_', '__' or '-'s,
 // tags [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}, digests sha256 only.
-Result<ImageRef> ParseImageRef(std::string_view ref);
+// With `docker_hub`, a first component that is no host is a repository on "docker.io", and a
+// one-component repository there is "library/<name>".
+Result<ImageRef> ParseImageRef(std::string_view ref, bool docker_hub = false);
 
 struct PullOptions {
   // Registries reachable over plain HTTP, as "host" (any port) or "host:port"; every other host
@@ -79,6 +84,24 @@ struct PullOptions {
   int64_t max_total_bytes = 0;
   std::string os = "linux";
   std::string architecture = "amd64";
+  // Where to connect instead of the reference's registry, "host[:port]" (a mirror: the
+  // repository path and the credentials are the reference's). Empty: the registry itself
+  // (docker.io's API is registry-1.docker.io).
+  std::string endpoint;
+  // The SSRF guard of daemon pulls (sandbox/registry_policy.h): when set, called for every
+  // connection the pull makes (the registry, its token realm, every redirect target) with the
+  // host, the port and the addresses the host resolved to, before connecting to them; a non-ok
+  // Status refuses the connection (and fails the pull with it). The addresses checked are the
+  // ones connected to, so a name that resolves differently the second time cannot slip past.
+  std::function<Status(const std::string& host, uint16_t port,
+                       const std::vector<std::string>& addresses)>
+      check_connect;
+  // Called once the manifest and the image config are fetched and verified, before any layer,
+  // with the config's JSON: true when the caller has every layer already (in the layer store, by
+  // the config's diff_ids), and then no layer is fetched and no index.json written
+  // (PulledImage::layers_fetched false). The manifest is always fetched with these options'
+  // credentials, so a cached layer is never handed to someone the registry would refuse.
+  std::function<bool(const std::string& config_json)> have_layers;
 };
 
 struct PulledImage {
@@ -90,6 +113,8 @@ struct PulledImage {
   std::vector<std::string> layers;  // layer digests, bottom first, as in the manifest
   int64_t total_bytes = 0;          // the manifest's blobs (config and layers)
   int64_t fetched_bytes = 0;        // what this call downloaded (less when resumed or cached)
+  std::string config_json;          // the image config blob
+  bool layers_fetched = true;       // false when PullOptions::have_layers said they are there
 };
 
 // Pulls `ref` into the OCI image layout directory `layout_dir` (made if missing; an existing
@@ -102,7 +127,7 @@ struct PulledImage {
 // some), EPERM for plain HTTP to a host not named insecure, EBADMSG for a digest mismatch (the
 // partial blob is removed), EFBIG for a manifest or blob larger than allowed, ENOSPC past
 // max_total_bytes, EBUSY for another pull into `layout_dir`, EPROTO for registry answers that
-// make no sense, and network errors as their errno.
+// make no sense, what PullOptions::check_connect answers, and network errors as their errno.
 Result<PulledImage> PullImage(const PullOptions& options, const std::string& ref,
                               const std::string& layout_dir, const ProgressFn& progress = {});
 

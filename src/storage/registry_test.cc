@@ -51,6 +51,27 @@ TEST(ParseImageRef, NoRegistryIsAnErrorThatSaysToNameOne) {
   }
 }
 
+// Builds read references as Docker does: no registry host is Docker Hub, official images under
+// library/.
+TEST(ParseImageRef, DockerHubDefaultForBuilds) {
+  auto r = ParseImageRef("python:3.12", true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->String(), "docker.io/library/python:3.12");
+  r = ParseImageRef("ns/app", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->String(), "docker.io/ns/app:latest");
+  r = ParseImageRef("docker.io/python", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->String(), "docker.io/library/python:latest");
+  r = ParseImageRef("127.0.0.1:5000/python:3.12", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->String(), "127.0.0.1:5000/python:3.12");
+  r = ParseImageRef("alpine@sha256:" + std::string(64, 'a'), true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->repository, "library/alpine");
+  EXPECT_EQ(ParseImageRef("Python:3", true).status().err(), EINVAL);
+}
+
 TEST(ParseImageRef, RejectsMalformed) {
   for (const std::string& ref :
        {std::string(""), std::string("reg.io/"), std::string("reg.io/Upper"),

@@ -3,7 +3,9 @@
 // storage, images pushed into it with skopeo; and tests/registry/fake_registry.py for what a real
 // registry will not do (tampered and oversized blobs, oversized manifests, dropped connections,
 // bearer tokens, redirects). Every image is made here: an OCI layout of gzip'd tar layers written
-// with libarchive. Only 127.0.0.1 is ever contacted.
+// with libarchive. Only 127.0.0.1 is ever contacted. Also builds FROM a registry image: `sbx
+// build`, and the daemon's E2B builds under its registry policy (mirror, allowlist, redirects to
+// unlisted loopback, credentials per key).
 #include "storage/registry.h"
 
 #include <archive.h>
@@ -27,8 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "api/http/client.h"
+#include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "daemon_process.h"
 #include "sbx_process.h"
 #include "store/store.h"
 
@@ -844,6 +849,316 @@ TEST(RegistryPull, SbxTemplatePullRegistersATemplateABoxRunsOn) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "pulled\n") << r.err;
   test::ExpectNoCgroupsAndRemoveParent("sbx-registry-test-" + std::to_string(::getpid()));
+}
+
+// An image a box can run: busybox as /bin/busybox and /bin/sh (busybox picks its applet by
+// argv[0]), and `files` in a second layer.
+Layout::Image BusyboxImage(Layout& layout,
+                           const std::vector<std::pair<std::string, std::string>>& files) {
+  auto busybox = ReadFile("/bin/busybox");
+  EXPECT_TRUE(busybox.ok()) << "busybox-static is in DEB_PACKAGES";
+  return layout.AddImage({{{"bin/busybox", *busybox}, {"bin/sh", *busybox}}, files});
+}
+
+// ---- builds FROM a registry image (docs/build.md "Images from registries") ----
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// `sbx build` with FROM REGISTRY/NAME:TAG: pulled (a progress line per layer), unpacked, run; the
+// template runs in a box; a rebuild fetches the manifest and config again but no layer.
+TEST(RegistryBuild, SbxBuildFromARegistryImage) {
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0711), 0);
+  Layout src(t.path + "/src");
+  auto img = BusyboxImage(src, {{"etc/hello", "pulled\n"}});
+  src.Tag(img.manifest, "v1");
+  RealRegistry reg;
+  ASSERT_GT(reg.port(), 0);
+  Push(src.dir(), "v1", reg.host() + "/bb:v1");
+  const std::string data = t.path + "/data", ctx = t.path + "/ctx";
+  ASSERT_EQ(::mkdir(data.c_str(), 0711), 0);
+  ASSERT_EQ(::mkdir(ctx.c_str(), 0755), 0);
+  Write(ctx + "/Dockerfile", "FROM " + reg.host() +
+                                 "/bb:v1\n"
+                                 "RUN cat /etc/hello > /etc/copied && echo ran-in-build\n");
+  ProcessOptions po;
+  po.env = {"SBX_CGROUP_PARENT=sbx-registry-test-" + std::to_string(::getpid()), "HOME=" + t.path};
+
+  // Plain HTTP to a registry not named insecure: refused, saying which flag.
+  auto r = RunProcess({SBX_BIN, "--data-dir", data, "build", "-t", "built", ctx}, po);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--insecure-registry"), std::string::npos) << r.err << r.out;
+
+  r = RunProcess(
+      {SBX_BIN, "--data-dir", data, "build", "-t", "built", "--insecure-registry", reg.host(), ctx},
+      po);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  for (const auto& l : img.layers)
+    EXPECT_NE(r.out.find("fetch " + l.digest.substr(7, 12) + ": "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Pulled " + reg.host() + "/bb:v1 (" + img.manifest.digest),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ran-in-build"), std::string::npos) << r.out;
+  r = RunProcess({SBX_BIN, "--data-dir", data, "run", "--template", "built", "--", "/bin/busybox",
+                  "cat", "/etc/copied"},
+                 po);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "pulled\n") << r.err;
+  // The template records what was pulled.
+  r = RunProcess({SBX_BIN, "--data-dir", data, "template", "inspect", "built"}, po);
+  EXPECT_NE(r.out.find("from " + reg.host() + "/bb:v1 (" + img.manifest.digest + ")"),
+            std::string::npos)
+      << r.out;
+
+  // Again: the layers are in the cache (no blob but the config is fetched), the RUN is cached.
+  r = RunProcess(
+      {SBX_BIN, "--data-dir", data, "build", "-t", "built", "--insecure-registry", reg.host(), ctx},
+      po);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("Using cached layers of " + img.manifest.digest), std::string::npos)
+      << r.out;
+  EXPECT_EQ(Count(r.out, "Using cache\n"), 1u) << r.out;
+  for (const auto& l : img.layers)
+    EXPECT_EQ(r.out.find("fetch " + l.digest.substr(7, 12)), std::string::npos) << r.out;
+
+  // A bare name that is no template is not an implied docker.io/library/NAME:latest.
+  Write(ctx + "/Dockerfile", "FROM nosuchtemplate\n");
+  r = RunProcess({SBX_BIN, "--data-dir", data, "build", "-t", "other", ctx}, po);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("template not found"), std::string::npos) << r.err;
+  // A local template "name:tag" wins over the registry reading of it (docker.io/library/...).
+  Write(ctx + "/Dockerfile", "FROM built\nRUN true\n");
+  r = RunProcess({SBX_BIN, "--data-dir", data, "build", "-t", "mine:v2", ctx}, po);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  Write(ctx + "/Dockerfile", "FROM mine:v2\nRUN test -f /etc/copied\n");
+  r = RunProcess({SBX_BIN, "--data-dir", data, "build", "-t", "other", ctx}, po);
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(r.out.find("Pulling"), std::string::npos) << r.out;
+  test::ExpectNoCgroupsAndRemoveParent("sbx-registry-test-" + std::to_string(::getpid()));
+}
+
+// Daemon builds: E2B's template build with fromImage through --registry-mirror, the registry
+// allowlist (a ref to a host not allowed, a redirect to loopback not listed: refused, with no
+// request reaching them), credentials per key, none of them in a log, the audit or the store.
+class DaemonBuild : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(::chmod(t_.path.c_str(), 0711), 0);
+    data_ = t_.path + "/data";
+    ASSERT_EQ(::mkdir(data_.c_str(), 0711), 0);
+    ::setenv("SBX_CGROUP_PARENT", Parent().c_str(), 1);
+  }
+  void TearDown() override {
+    if (d_) {
+      EXPECT_TRUE(d_->Alive()) << d_->log();
+      d_.reset();
+    }
+    test::ExpectNoCgroupsAndRemoveParent(Parent());
+  }
+  static std::string Parent() { return "sbx-registry-test-" + std::to_string(::getpid()); }
+  void Start(std::vector<std::string> flags) {
+    d_ = std::make_unique<test::DaemonProcess>(data_);
+    d_->set_serve_flags(std::move(flags));
+    d_->Start();
+  }
+  store::NewApiKey Key(const std::string& name) {
+    auto st = store::Store::Open(data_ + "/" + store::kDbFileName);
+    EXPECT_TRUE(st.ok()) << st.status().message();
+    auto k = (*st)->CreateApiKey(name, 0, 0, false);
+    EXPECT_TRUE(k.ok()) << k.status().message();
+    return k.ok() ? *k : store::NewApiKey{};
+  }
+  http::Response Call(const std::string& key, const std::string& method, const std::string& target,
+                      const std::string& body = "") {
+    http::ClientHeaders h = {{"Content-Type", "application/json"},
+                             {"X-API-Key", key},
+                             {"Authorization", "Bearer " + key}};
+    auto r = http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, method, target, h, body,
+                           std::chrono::seconds(60));
+    EXPECT_TRUE(r.ok()) << method << " " << target << ": " << r.status().message();
+    return r.ok() ? *r : http::Response{};
+  }
+  // POST /v3/templates then the build's start with `start`: the start's answer, and the
+  // template and build ids.
+  http::Response Build(const std::string& key, const std::string& name, const json& start,
+                       std::string* bid) {
+    auto made = Call(key, "POST", "/v3/templates", json{{"name", name}}.dump());
+    EXPECT_EQ(made.status, 202) << made.body;
+    json j = json::parse(made.body, nullptr, false);
+    *bid = j.value("buildID", "");
+    return Call(key, "POST", "/v2/templates/" + name + "/builds/" + *bid, start.dump());
+  }
+  // Polls the build's status until it is ready or error (bounded: 120 s); its last answer, with
+  // every log line in "all_logs".
+  json Wait(const std::string& key, const std::string& name, const std::string& bid) {
+    json last;
+    std::string logs;
+    size_t offset = 0;
+    for (int i = 0; i < 12000; ++i) {
+      auto r = Call(
+          key, "GET",
+          "/templates/" + name + "/builds/" + bid + "/status?logsOffset=" + std::to_string(offset));
+      last = json::parse(r.body, nullptr, false);
+      if (last.is_discarded()) break;
+      for (const auto& e : last.value("logEntries", json::array())) {
+        logs += e.value("message", "") + "\n";
+        ++offset;
+      }
+      std::string st = last.value("status", "");
+      if (st == "ready" || st == "error") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    last["all_logs"] = logs;
+    return last;
+  }
+
+  TempDir t_;
+  std::string data_;
+  std::unique_ptr<test::DaemonProcess> d_;
+};
+
+TEST_F(DaemonBuild, FromImageThroughAMirrorAndTheAllowlist) {
+  Layout src(t_.path + "/src");
+  auto img = BusyboxImage(src, {{"etc/hello", "mirrored\n"}});
+  src.Tag(img.manifest, "v1");
+  RealRegistry reg;
+  ASSERT_GT(reg.port(), 0);
+  Push(src.dir(), "v1", reg.host() + "/library/bb:v1");
+  FakeRegistry other(src.dir());  // allowed by nobody
+  FakeRegistry sink(src.dir());   // where a redirect would lead: loopback, not listed
+  FakeRegistry redirecting(
+      src.dir(), {"--redirect-to", "http://localhost:" + sink.host().substr(10) + "/storage/x"});
+  Start({"--registry-mirror", "docker.io=" + reg.host(), "--insecure-registry", reg.host(),
+         "--registry", redirecting.host(), "--insecure-registry", "127.0.0.1",
+         "--insecure-registry", "localhost"});
+  const std::string key = d_->key();
+
+  // fromImage "bb:v1" is docker.io/library/bb:v1: pulled from the mirror, then RUN on it.
+  std::string bid;
+  json start = {{"fromImage", "bb:v1"},
+                {"steps", {{{"type", "RUN"}, {"args", {"cat /etc/hello > /etc/copied"}}}}}};
+  auto r = Build(key, "mirrored", start, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  json done = Wait(key, "mirrored", bid);
+  ASSERT_EQ(done.value("status", ""), "ready") << done.dump();
+  EXPECT_NE(done["all_logs"].get<std::string>().find("Pulled docker.io/library/bb:v1"),
+            std::string::npos)
+      << done.dump();
+  auto box = Call(key, "POST", "/v1/sandboxes", R"({"template":"mirrored"})");
+  ASSERT_EQ(box.status, 201) << box.body;
+  std::string id = json::parse(box.body)["id"];
+  auto out = Call(key, "POST", "/v1/sandboxes/" + id + "/commands",
+                  json{{"argv", {"/bin/busybox", "cat", "/etc/copied"}}}.dump());
+  EXPECT_NE(out.body.find(Base64Encode("mirrored\n")), std::string::npos) << out.body;
+  Call(key, "DELETE", "/v1/sandboxes/" + id);
+
+  // A registry nobody allowed: 403 naming the flag, and not one request reaches it.
+  r = Build(key, "elsewhere", {{"fromImage", other.host() + "/bb:v1"}}, &bid);
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_NE(r.body.find("--registry"), std::string::npos) << r.body;
+  // Nor a raw IP, a name, a port of a listed host that is not the listed one.
+  for (const char* ref : {"198.18.0.1:5000/x:1", "example.com/x", "127.0.0.1:1/x:1"}) {
+    r = Build(key, "elsewhere", {{"fromImage", ref}}, &bid);
+    EXPECT_EQ(r.status, 403) << ref << ": " << r.body;
+  }
+  EXPECT_TRUE(other.Requests().empty());
+
+  // An allowed registry that redirects the blobs to loopback it was not listed for: the build
+  // fails, and the redirect's target hears nothing.
+  r = Build(key, "redirected", {{"fromImage", redirecting.host() + "/bb:v1"}}, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  done = Wait(key, "redirected", bid);
+  EXPECT_EQ(done.value("status", ""), "error") << done.dump();
+  EXPECT_NE(done.dump().find("not a registry the operator named"), std::string::npos)
+      << done.dump();
+  EXPECT_TRUE(sink.Requests().empty());
+  EXPECT_FALSE(redirecting.Requests().empty());
+
+  // Cloud registries' credentials are not something sbx exchanges.
+  for (const char* type : {"aws", "gcp"}) {
+    r = Build(key, "cloud",
+              {{"fromImage", "bb:v1"},
+               {"fromImageRegistry", {{"type", type}, {"awsAccessKeyId", "AKIDSECRETVALUE"}}}},
+              &bid);
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find(type), std::string::npos) << r.body;
+    EXPECT_EQ(r.body.find("AKIDSECRETVALUE"), std::string::npos) << r.body;
+  }
+}
+
+// A private image pulled with one key's credentials is not another key's by reference: every
+// pull fetches the manifest with the requester's credentials, even when the layers are cached.
+TEST_F(DaemonBuild, PrivateImagesNeedEachKeysCredentials) {
+  Layout src(t_.path + "/src");
+  auto img = BusyboxImage(src, {{"etc/hello", "private\n"}});
+  src.Tag(img.manifest, "v1");
+  const std::string password = "pw-Zq81-never-logged";
+  FakeRegistry reg(src.dir(), {"--basic", "alice:" + password});
+  Start({"--registry", reg.host(), "--insecure-registry", reg.host()});
+  store::NewApiKey a = Key("tenant-a"), b = Key("tenant-b");
+  const std::string ref = reg.host() + "/team/app:v1";
+
+  std::string bid;
+  json with = {
+      {"fromImage", ref},
+      {"fromImageRegistry", {{"type", "registry"}, {"username", "alice"}, {"password", password}}}};
+  auto r = Build(a.secret, "private-a", with, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  json done = Wait(a.secret, "private-a", bid);
+  ASSERT_EQ(done.value("status", ""), "ready") << done.dump();
+
+  // Key b: no credentials, then wrong ones. Refused by the registry, though every layer is cached.
+  size_t before = reg.Requests().size();
+  r = Build(b.secret, "private-b", {{"fromImage", ref}}, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  done = Wait(b.secret, "private-b", bid);
+  EXPECT_EQ(done.value("status", ""), "error") << done.dump();
+  EXPECT_NE(done.dump().find("wants credentials"), std::string::npos) << done.dump();
+  json wrong = {{"fromImage", ref},
+                {"fromImageRegistry",
+                 {{"type", "registry"}, {"username", "alice"}, {"password", "wrong-Kx7-guess"}}}};
+  r = Build(b.secret, "private-b2", wrong, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  done = Wait(b.secret, "private-b2", bid);
+  EXPECT_EQ(done.value("status", ""), "error") << done.dump();
+  EXPECT_NE(done.dump().find("refused the credentials"), std::string::npos) << done.dump();
+  EXPECT_EQ(done.dump().find("wrong-Kx7-guess"), std::string::npos) << done.dump();
+  auto requests = reg.Requests();
+  for (size_t i = before; i < requests.size(); ++i)
+    EXPECT_EQ(requests[i]["path"].get<std::string>().find("/blobs/"), std::string::npos)
+        << requests[i].dump();
+  // And key a again: the manifest with a's credentials, the layers from the cache.
+  before = reg.Requests().size();
+  r = Build(a.secret, "private-a", with, &bid);
+  ASSERT_EQ(r.status, 202) << r.body;
+  done = Wait(a.secret, "private-a", bid);
+  ASSERT_EQ(done.value("status", ""), "ready") << done.dump();
+  EXPECT_NE(done["all_logs"].get<std::string>().find("Using cached layers"), std::string::npos)
+      << done.dump();
+  requests = reg.Requests();
+  bool manifest = false;
+  for (size_t i = before; i < requests.size(); ++i) {
+    std::string path = requests[i]["path"];
+    manifest |= path.find("/manifests/") != std::string::npos;
+    bool layer = false;
+    for (const auto& l : img.layers) layer |= path.find(l.digest) != std::string::npos;
+    EXPECT_FALSE(layer) << path;
+  }
+  EXPECT_TRUE(manifest);
+
+  // The passwords are nowhere the daemon writes: its log, its store (and so the audit events).
+  d_->Stop();
+  std::string everything = d_->log();
+  auto files = RunProcess({"/bin/sh", "-c", "cat " + data_ + "/sbx.db* 2>/dev/null"});
+  everything += files.out;
+  EXPECT_EQ(everything.find(password), std::string::npos);
+  EXPECT_EQ(everything.find("wrong-Kx7-guess"), std::string::npos);
+  EXPECT_EQ(everything.find(Base64Encode("alice:" + password)), std::string::npos);
+  d_.reset();
 }
 
 }  // namespace

@@ -71,6 +71,30 @@ int LevelRank(const std::string& l) {
   return 1;  // info, and anything else
 }
 
+// fromImageRegistry (the SDK's RegistryConfig): {type: "registry", username, password} as the
+// pull's credentials; "aws" and "gcp" (ECR, Artifact Registry: credentials sbx would have to
+// exchange with a cloud) are not supported. No message echoes a credential.
+Status ParseImageRegistry(const json& j, sandbox::BuildSpec* spec) {
+  if (!j.is_object()) return Invalid("fromImageRegistry: must be an object");
+  auto type = OptionalString(j, "type", "fromImageRegistry.type");
+  if (!type.ok()) return type.status();
+  if (*type == "aws" || *type == "gcp")
+    return Invalid("fromImageRegistry: type '" + *type +
+                   "' is not supported by sbx (only 'registry', with a username and password)");
+  if (*type != "registry") return Invalid("fromImageRegistry.type: 'registry', 'aws' or 'gcp'");
+  auto user = OptionalString(j, "username", "fromImageRegistry.username");
+  if (!user.ok()) return user.status();
+  auto password = OptionalString(j, "password", "fromImageRegistry.password");
+  if (!password.ok()) return password.status();
+  if (user->empty() != password->empty())
+    return Invalid("fromImageRegistry: username and password go together");
+  if (user->size() > 1024 || password->size() > (64 << 10))
+    return Invalid("fromImageRegistry: username or password too long");
+  spec->registry_username = *user;
+  spec->registry_password = *password;
+  return {};
+}
+
 }  // namespace
 
 Result<TemplateRequest> ParseTemplateRequest(const json& body) {
@@ -122,6 +146,13 @@ Result<BuildStart> ParseBuildStart(const json& body) {
       out.from_image = *image;
   }
   if (base.empty() && out.from_image.empty()) return Invalid("fromImage or fromTemplate: required");
+  if (auto reg = body.find("fromImageRegistry"); reg != body.end() && !reg->is_null()) {
+    if (out.from_image.empty())
+      return Invalid("fromImageRegistry: only with a fromImage other than " +
+                     std::string(kE2bDefaultImage));
+    SBX_RETURN_IF_ERROR(ParseImageRegistry(*reg, &out.spec));
+  }
+  out.spec.from_registry = !out.from_image.empty();
   BuildStep from{.kind = BuildStep::Kind::kFrom,
                  .text = "FROM " + (base.empty() ? out.from_image : base),
                  .args = {base.empty() ? out.from_image : base}};

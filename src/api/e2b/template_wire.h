@@ -33,6 +33,9 @@ struct BuildStart {
   std::vector<sandbox::UploadedCopy> copies;  // the archives the COPY steps read
   std::string from_image;  // set when the base is an image other than kE2bDefaultImage
 };
+// fromImage other than kE2bDefaultImage: spec.from_registry (the image is pulled, never a local
+// template of that name) and fromImageRegistry {type: "registry", username, password} as the
+// pull's credentials (spec.registry_username/password); types "aws" and "gcp" are EINVAL.
 // Steps: COPY [src, dest, user?, mode?] with filesHash (its source becomes
 // "<filesHash>/<src>"), RUN [command, user?] (a user runs it as USER user, RUN, USER back),
 // ENV [k, v, ...], WORKDIR [path], USER [user]. force (top level or any step's) rebuilds without

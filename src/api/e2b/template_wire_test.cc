@@ -96,6 +96,33 @@ TEST(E2bTemplateWire, BasesAndForce) {
   auto img = ParseBuildStart(json{{"fromImage", "python:3.12"}});
   ASSERT_TRUE(img.ok());
   EXPECT_EQ(img->from_image, "python:3.12");
+  EXPECT_TRUE(img->spec.from_registry);  // pulled, never a local template of that name
+  EXPECT_FALSE(def->spec.from_registry);
+  // fromImageRegistry: the pull's credentials; cloud types are refused without an echo.
+  auto creds = ParseBuildStart(
+      json{{"fromImage", "r.example/x:1"},
+           {"fromImageRegistry", {{"type", "registry"}, {"username", "u"}, {"password", "p4ss"}}}});
+  ASSERT_TRUE(creds.ok()) << creds.status().message();
+  EXPECT_EQ(creds->spec.registry_username, "u");
+  EXPECT_EQ(creds->spec.registry_password, "p4ss");
+  for (const char* type : {"aws", "gcp"}) {
+    auto cloud = ParseBuildStart(
+        json{{"fromImage", "x:1"},
+             {"fromImageRegistry", {{"type", type}, {"awsSecretAccessKey", "SECRETVALUE"}}}});
+    ASSERT_EQ(cloud.status().err(), EINVAL);
+    EXPECT_NE(cloud.status().message().find(type), std::string::npos);
+    EXPECT_EQ(cloud.status().message().find("SECRETVALUE"), std::string::npos);
+  }
+  EXPECT_EQ(ParseBuildStart(json{{"fromImage", "x:1"},
+                                 {"fromImageRegistry", {{"type", "registry"}, {"username", "u"}}}})
+                .status()
+                .err(),
+            EINVAL);
+  EXPECT_EQ(
+      ParseBuildStart(json{{"fromTemplate", "base"}, {"fromImageRegistry", {{"type", "registry"}}}})
+          .status()
+          .err(),
+      EINVAL);
   auto step_force = ParseBuildStart(json{
       {"fromTemplate", "base"}, {"steps", {{{"type", "RUN"}, {"args", {"x"}}, {"force", true}}}}});
   ASSERT_TRUE(step_force.ok());

@@ -169,16 +169,9 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
                   if (!known.ok()) co_return co_await Fail(ex, known.status());
                   auto start = ParseBuildStart(*j);
                   if (!start.ok()) co_return co_await Fail(ex, start.status());
-                  if (!start->from_image.empty()) {
-                    std::string reason =
-                        "fromImage '" + start->from_image +
-                        "' needs a registry; this sbx has none configured (build "
-                        "fromTemplate a template the operator pulled with `sbx template "
-                        "pull`)";
-                    Status s = ctx.manager.templates().Fail(key, bid, reason);
-                    if (!s.ok()) co_return co_await Fail(ex, s);
-                    co_return co_await ex.Respond(202, "");
-                  }
+                  // fromImage (other than e2bdev/base) is pulled by the builder, from the
+                  // registries the operator allows (`sbx serve --registry`): one it does not
+                  // is 403 from Start, before any connection.
                   auto started = co_await OnPool(ctx.blocking, [&] {
                     return ctx.manager.templates().Start(key, bid, std::move(start->spec),
                                                          start->copies);
