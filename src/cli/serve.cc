@@ -19,6 +19,7 @@
 #include "api/http/server.h"
 #include "api/mcp/mcp.h"
 #include "api/v1/api.h"
+#include "cli/net.h"
 #include "cli/template.h"
 #include "cli/units.h"
 #include "common/fs.h"
@@ -112,6 +113,24 @@ Result<network::StackConfig> NetworkConfig(const ServeOptions& o) {
   return c;
 }
 
+namespace {
+
+// --build-network as a policy (sandbox::ManagerConfig::e2b_build_network); EINVAL naming it.
+Result<network::Policy> BuildNetwork(const ServeOptions& o) {
+  if (o.build_network.empty()) return network::Policy{};
+  auto j = ParseNetFlags(o.build_network);
+  auto p = j.ok() ? network::Policy::FromJson(j->dump()) : Result<network::Policy>(j.status());
+  if (!p.ok())
+    return Status::Error(
+        "--build-network: " + p.status().message() + " (none, open, or allow=NAME,...)", EINVAL);
+  if (p->mode != network::Mode::kNone && o.network == "off")
+    return Status::Error("--build-network: builds get a network only with --network auto or on",
+                         EINVAL);
+  return p;
+}
+
+}  // namespace
+
 int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (::geteuid() != 0) {
     std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
@@ -124,6 +143,11 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   net_config->state_dir = global.data_dir + "/network";
+  auto build_network = BuildNetwork(o);
+  if (!build_network.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", build_network.status().message().c_str());
+    return kExitSbxError;
+  }
   auto colon = o.listen.rfind(':');
   if (colon == std::string::npos) {
     std::fprintf(stderr, "sbx: --listen: expected HOST:PORT, got '%s'\n", o.listen.c_str());
@@ -295,6 +319,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   bc.no_network_files = mc.no_network_files;
   std::unique_ptr<sandbox::Builder> builder = sandbox::MakeBuilder(bc);
   mc.builder = builder.get();
+  mc.e2b_build_network = *build_network;
+  if (!stack && build_network->mode != network::Mode::kNone)
+    spdlog::warn("--build-network {}: networking is off, so E2B builds fail until it is on",
+                 build_network->Describe());
   sandbox::Manager manager(mc, **rt, templates, **st);
   audit_to = &manager;
   struct AuditOff {

@@ -36,6 +36,9 @@ struct ServeOptions {
   std::string upstream_ca;                // --upstream-ca FILE
   std::vector<std::string> allow_ranges;  // --allow-range CIDR (repeatable)
   bool ipv6 = false;                      // --ipv6
+  // --build-network: the RUN steps' policy of E2B template builds, in `--net`'s grammar
+  // (none, open, allow=NAME,...; cli/net.h). Empty: none.
+  std::vector<std::string> build_network;
 };
 
 // The --network flags of `o` as the stack's config (state_dir and daemon_ports are filled in by

@@ -179,6 +179,8 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
                     if (!s.ok()) co_return co_await Fail(ex, s);
                     co_return co_await ex.Respond(202, "");
                   }
+                  // E2B's wire has no policy for builds: the operator's (--build-network).
+                  start->spec.network = ctx.manager.e2b_build_network();
                   auto started = co_await OnPool(ctx.blocking, [&] {
                     return ctx.manager.templates().Start(key, bid, std::move(start->spec),
                                                          start->copies);
