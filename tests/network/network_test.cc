@@ -895,7 +895,10 @@ TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
     std::string bid = t.value("buildID", "");
     auto started =
         Call("POST", "/v2/templates/" + name + "/builds/" + bid,
-             json{{"fromTemplate", "host"}, {"steps", {{{"type", "RUN"}, {"args", {run}}}}}}.dump(),
+             json{{"fromTemplate", "host"},
+                  {"force", true},  // the same step as dnet's: its layer is cached otherwise
+                  {"steps", {{{"type", "RUN"}, {"args", {run}}}}}}
+                 .dump(),
              true);
     EXPECT_EQ(started.status, 202) << started.body;
     json st;
@@ -919,6 +922,23 @@ TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
   d_->Start();
   json opened = e2b_build("eopen", fetch);
   EXPECT_EQ(opened.value("status", ""), "ready") << opened.dump();
+  EXPECT_EQ(HostLinks(), "");
+  EXPECT_EQ(BoxChains(), "");
+
+  // A daemon killed mid-step: its start removes the step's box and its network (Reconcile).
+  auto made = Call("POST", "/v3/templates", json{{"name", "eslow"}}.dump(), true);
+  std::string bid = json::parse(made.body, nullptr, false).value("buildID", "");
+  auto started = Call(
+      "POST", "/v2/templates/eslow/builds/" + bid,
+      json{{"fromTemplate", "host"}, {"steps", {{{"type", "RUN"}, {"args", {"sleep 60"}}}}}}.dump(),
+      true);
+  EXPECT_EQ(started.status, 202) << started.body;
+  // A bounded poll for the step's chain in the daemon's table.
+  for (int i = 0; i < 600 && BoxChains().find("box-build-") == std::string::npos; ++i)
+    ::usleep(100000);
+  EXPECT_NE(BoxChains().find("box-build-"), std::string::npos) << "the step never got a network";
+  d_->Stop(SIGKILL);
+  d_->Start();
   EXPECT_EQ(HostLinks(), "");
   EXPECT_EQ(BoxChains(), "");
 }
