@@ -7,12 +7,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "cli/run_net.h"
 #include "cli/template.h"
 #include "cli/units.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "common/thread_annotations.h"
 #include "network/box_files.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/build.h"
@@ -25,12 +31,61 @@ namespace {
 
 constexpr int64_t kMaxDockerfileBytes = 1 << 20;
 
+// The network of `sbx build --net`'s RUN steps, as the Builder's stack: each step's box gets a
+// network of its own exactly as a `sbx run --net` box does (RunNetwork: its own stack, lock,
+// nftables table, link and slot), made at the step's Prepare and removed at its Release. A build
+// killed mid-step leaves what a killed run leaves, and the next `sbx build` or `sbx run` reaps it
+// (ReapKilledRuns).
+class StepNetworks final : public network::Stack {
+ public:
+  StepNetworks(const GlobalOptions& global, store::Store& store, RunNetOptions options)
+      : global_(global), store_(store), options_(std::move(options)) {}
+
+  Result<network::BoxNetPlan> Prepare(const std::string& box_id,
+                                      const network::BoxNetRequest& request) override {
+    auto n = RunNetwork::Start(global_.data_dir, store_, box_id, request.policy, options_,
+                               global_.verbose);
+    if (!n.ok()) return n.status();
+    network::BoxNetPlan plan = (*n)->plan();
+    MutexLock lock(mu_);
+    nets_[box_id] = std::move(*n);
+    return plan;
+  }
+  Status Attach(const std::string& box_id, pid_t init_pid) override {
+    MutexLock lock(mu_);
+    auto it = nets_.find(box_id);
+    if (it == nets_.end()) return Status::Error("network of " + box_id + ": not prepared", ENOENT);
+    return it->second->Attach(init_pid);
+  }
+  Status Update(const std::string& box_id, const network::BoxNetRequest&) override {
+    return Status::Error("network of " + box_id + ": a build's policy is fixed", ENOTSUP);
+  }
+  Status Release(const std::string& box_id) override {
+    std::unique_ptr<RunNetwork> n;  // removed outside the lock (its destructor logs failures)
+    MutexLock lock(mu_);
+    auto it = nets_.find(box_id);
+    if (it == nets_.end()) return {};
+    n = std::move(it->second);
+    nets_.erase(it);
+    return {};
+  }
+  Status Reconcile(const std::set<std::string>&) override { return {}; }  // ReapKilledRuns's
+  std::vector<std::string> HostObjects() override { return {}; }
+
+ private:
+  const GlobalOptions& global_;
+  store::Store& store_;
+  const RunNetOptions options_;
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<RunNetwork>> nets_ GUARDED_BY(mu_);
+};
+
 struct BuildOptions {
   std::string tag;
   std::string file;  // empty: DIR/Dockerfile
   std::vector<std::string> build_args;
   bool no_cache = false;
-  std::string net;
+  RunNetOptions network;
   std::string memory, cpus;
   std::string context;
   // A FROM image's pull (as `sbx template pull`'s flags).
@@ -40,14 +95,8 @@ struct BuildOptions {
 };
 
 int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
-  if (!o.net.empty() && o.net != "none") {
-    // The daemon's network stack owns the host's sbx nftables table, the boxes' veths and the
-    // egress proxy; a second one in this process would fight it over them.
-    return Fail(Status::Error(
-        "--net: RUN steps of a local `sbx build` have no network (loopback only); fetch what the "
-        "build needs into the context directory and COPY it",
-        EINVAL));
-  }
+  auto policy = RunPolicy(o.network);
+  if (!policy.ok()) return Fail(policy.status());
   if (::geteuid() != 0)
     return Fail(Status::Error("sbx build needs root (it creates namespaces, cgroups and mounts)"));
   std::map<std::string, std::string> build_args;
@@ -117,6 +166,19 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   if (Status v = sandbox::ValidateRegistryPolicy(bc.registries); !v.ok()) return Fail(v);
   if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
     bc.no_network_files = std::move(*none);
+  // The networks of killed `sbx run --net`s and `sbx build --net`s (the Builder reaps their
+  // boxes); then this build's, declared before the builder that uses it.
+  if (auto reaped = ReapKilledRuns(global.data_dir, **db); !reaped.ok())
+    std::fprintf(stderr, "sbx: warning: %s\n", reaped.status().message().c_str());
+  else if (*reaped > 0 && global.verbose)
+    std::fprintf(stderr, "sbx: removed the networks of %d killed run(s) or build(s)\n", *reaped);
+  std::unique_ptr<StepNetworks> networks;
+  if (policy->mode != network::Mode::kNone) {
+    RunNetOptions net = o.network;
+    net.refusal_hint = "This box is a RUN step of `sbx build`: build again with another --net.";
+    networks = std::make_unique<StepNetworks>(global, **db, std::move(net));
+    bc.network = networks.get();
+  }
   auto builder = sandbox::MakeBuilder(bc);
 
   sandbox::BuildSpec spec;
@@ -126,6 +188,7 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   spec.no_cache = o.no_cache;
   spec.registry_username = o.username;
   spec.registry_password = password;
+  spec.network = *policy;
   if (!o.memory.empty()) {
     auto v = ParseSize(o.memory);
     if (!v.ok() || *v < (4 << 20))
@@ -162,7 +225,7 @@ void RegisterBuildVerb(CLI::App& app, const GlobalOptions& global, ClientVerbs& 
   b->add_option("--build-arg", o->build_args,
                 "Set an ARG: K=V, or K to take it from the environment");
   b->add_flag("--no-cache", o->no_cache, "Run every step again instead of reusing earlier layers");
-  b->add_option("--net", o->net, "Network of RUN steps: not available for local builds (none)");
+  AddRunNetFlags(b, o->network, "each RUN step");
   b->add_option("--memory", o->memory, "Memory limit of each RUN step, e.g. 2G");
   b->add_option("--cpus", o->cpus, "CPU quota of each RUN step in cores");
   b->add_option("--insecure-registry", o->insecure,

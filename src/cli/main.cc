@@ -7,6 +7,7 @@
 #include "cli/build.h"
 #include "cli/range_flags.h"
 #include "cli/run.h"
+#include "cli/run_net.h"
 #include "cli/serve.h"
 #include "cli/template.h"
 #include "cli/units.h"
@@ -43,16 +44,7 @@ int main(int argc, char** argv) {
   r->add_flag("-i,--interactive", run.interactive, "Pass stdin to the command");
   r->add_flag("-t,--tty", run.tty, "Run the command on a terminal");
   r->add_flag("--timings", run.timings, "Print how long each phase took to stderr");
-  r->add_option("--net", run.network.net,
-                "Give the box a network: allow=NAME,... (an allowlist), open, deny=CIDR,... (with "
-                "open); as sbx create --net (repeatable)");
-  r->add_option("--upstream-dns", run.network.upstream_dns,
-                "With --net: DNS servers names are resolved with, ADDR:PORT (repeatable; default: "
-                "the host's)");
-  r->add_option("--upstream-ca", run.network.upstream_ca,
-                "With --net: the CA file upstream TLS is verified with (default: the host's)");
-  r->add_option("--box-subnet", run.network.box_subnet,
-                "With --net: the pool box addresses come from (default 10.213.0.0/16)");
+  sbx::cli::AddRunNetFlags(r, run.network, "the box");
   r->add_option("command", run.command, "Command and arguments (after --)")->required();
   r->positionals_at_end(true);
 
@@ -116,6 +108,9 @@ int main(int argc, char** argv) {
                  "Speak plain HTTP to this registry, HOST or HOST:PORT (repeatable)");
   sv->add_option("--registry-ca-file", serve.registry_ca_file,
                  "Verify registries with this PEM bundle instead of the host's CAs");
+  sv->add_option("--build-network", serve.build_network,
+                 "Network of the RUN steps of E2B template builds (their API has no policy): "
+                 "none (default), open, or allow=NAME,... as sbx create --net (repeatable)");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

@@ -221,11 +221,6 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     return kExitSbxError;
   }
   const bool networked = policy->mode != network::Mode::kNone;
-  if (!networked && (!o.network.upstream_dns.empty() || !o.network.upstream_ca.empty() ||
-                     !o.network.box_subnet.empty())) {
-    Error("--upstream-dns, --upstream-ca and --box-subnet need --net (allow=NAME,... or open)");
-    return kExitSbxError;
-  }
   if (::geteuid() != 0) {
     Error("sbx run needs root (it creates namespaces, cgroups and mounts)");
     return kExitSbxError;

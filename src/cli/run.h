@@ -22,6 +22,9 @@ struct RunNetOptions {
   std::vector<std::string> upstream_dns;  // --upstream-dns ADDR:PORT (as sbx serve)
   std::string upstream_ca;                // --upstream-ca FILE (as sbx serve)
   std::string box_subnet;                 // --box-subnet CIDR (as sbx serve)
+  // Not a flag: the last sentence of a refused connection's 403 (network::StackConfig::
+  // refusal_hint); empty: sbx run's ("run the command again with another --net").
+  std::string refusal_hint;
 };
 
 struct RunOptions {

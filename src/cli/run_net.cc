@@ -34,9 +34,10 @@ std::string BundleOf(const std::string& data_dir, const std::string& id) {
   return NetDir(data_dir) + "/ca-bundle-" + TableOf(id) + ".crt";
 }
 
+// A run's box id, or a `sbx build --net` step's ("build-" + random).
 bool ValidId(const std::string& id) {
-  return !id.empty() && id.size() <= 32 &&
-         id.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") == std::string::npos;
+  return !id.empty() && id.size() <= 32 && id.front() != '-' &&
+         id.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
 }
 
 // The run's lock: flock'd before it has its final name, so that no reaper ever sees the file
@@ -72,7 +73,10 @@ Result<network::StackConfig> RunStackConfig(const std::string& data_dir, const s
   c->table = TableOf(id);
   c->link_prefix = kRunLinkPrefix;
   c->owns_link_prefix = false;
-  c->refusal_hint = "This box was made by `sbx run`: run the command again with another --net.";
+  c->refusal_hint =
+      o.refusal_hint.empty()
+          ? "This box was made by `sbx run`: run the command again with another --net."
+          : o.refusal_hint;
   return c;
 }
 
@@ -91,12 +95,34 @@ std::optional<DeadLock> LockIfDead(const std::string& path) {
 
 }  // namespace
 
+void AddRunNetFlags(CLI::App* cmd, RunNetOptions& o, const std::string& what) {
+  cmd->add_option("--net", o.net,
+                  "Give " + what +
+                      " a network: allow=NAME,... (an allowlist), open, deny=CIDR,... (with "
+                      "open); as sbx create --net (repeatable)");
+  cmd->add_option("--upstream-dns", o.upstream_dns,
+                  "With --net: DNS servers names are resolved with, ADDR:PORT (repeatable; "
+                  "default: the host's)");
+  cmd->add_option("--upstream-ca", o.upstream_ca,
+                  "With --net: the CA file upstream TLS is verified with (default: the host's)");
+  cmd->add_option("--box-subnet", o.box_subnet,
+                  "With --net: the pool box addresses come from (default 10.213.0.0/16)");
+}
+
 Result<network::Policy> RunPolicy(const RunNetOptions& o) {
-  if (o.net.empty()) return network::Policy{};
-  auto j = ParseNetFlags(o.net);
-  if (!j.ok()) return j.status();
-  auto p = network::Policy::FromJson(j->dump());
-  if (!p.ok()) return p.status().Wrap("--net");
+  network::Policy p;
+  if (!o.net.empty()) {
+    auto j = ParseNetFlags(o.net);
+    if (!j.ok()) return j.status();
+    auto parsed = network::Policy::FromJson(j->dump());
+    if (!parsed.ok()) return parsed.status().Wrap("--net");
+    p = std::move(*parsed);
+  }
+  if (p.mode == network::Mode::kNone &&
+      (!o.upstream_dns.empty() || !o.upstream_ca.empty() || !o.box_subnet.empty()))
+    return Status::Error(
+        "--upstream-dns, --upstream-ca and --box-subnet need --net (allow=NAME,... or open)",
+        EINVAL);
   return p;
 }
 
@@ -127,7 +153,7 @@ Result<std::unique_ptr<RunNetwork>> RunNetwork::Start(const std::string& data_di
   auto secret = InstallSecret::LoadOrCreate(data_dir);
   if (!secret.ok()) return secret.status();
   auto stack = network::Stack::Start(*config, *secret);
-  if (!stack.ok()) return stack.status().Wrap("sbx run --net needs networking on this host");
+  if (!stack.ok()) return stack.status().Wrap("--net needs networking on this host");
   n->stack_ = std::move(*stack);
   network::BoxNetRequest req;
   req.policy = policy;

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,8 +28,13 @@
 
 namespace sbx::cli {
 
+// --net, --upstream-dns, --upstream-ca and --box-subnet on `cmd` (sbx run, sbx build), into `o`;
+// `what` says who gets the network ("the box", "RUN steps").
+void AddRunNetFlags(CLI::App* cmd, RunNetOptions& o, const std::string& what);
+
 // The policy the flags ask for; mode none when there is no --net (or --net none). EINVAL naming
-// the flag for bad input (nothing is made).
+// the flag for bad input, and for --upstream-dns, --upstream-ca or --box-subnet without a
+// network (nothing is made).
 Result<network::Policy> RunPolicy(const RunNetOptions& o);
 
 class RunNetwork {

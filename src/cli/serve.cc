@@ -19,6 +19,7 @@
 #include "api/http/server.h"
 #include "api/mcp/mcp.h"
 #include "api/v1/api.h"
+#include "cli/net.h"
 #include "cli/template.h"
 #include "cli/units.h"
 #include "common/fs.h"
@@ -133,6 +134,24 @@ Result<sandbox::RegistryPolicy> RegistryPolicyOf(const ServeOptions& o) {
   return p;
 }
 
+namespace {
+
+// --build-network as a policy (sandbox::ManagerConfig::e2b_build_network); EINVAL naming it.
+Result<network::Policy> BuildNetwork(const ServeOptions& o) {
+  if (o.build_network.empty()) return network::Policy{};
+  auto j = ParseNetFlags(o.build_network);
+  auto p = j.ok() ? network::Policy::FromJson(j->dump()) : Result<network::Policy>(j.status());
+  if (!p.ok())
+    return Status::Error(
+        "--build-network: " + p.status().message() + " (none, open, or allow=NAME,...)", EINVAL);
+  if (p->mode != network::Mode::kNone && o.network == "off")
+    return Status::Error("--build-network: builds get a network only with --network auto or on",
+                         EINVAL);
+  return p;
+}
+
+}  // namespace
+
 int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (::geteuid() != 0) {
     std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
@@ -148,6 +167,11 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   auto registries = RegistryPolicyOf(o);
   if (!registries.ok()) {
     std::fprintf(stderr, "sbx: %s\n", registries.status().message().c_str());
+    return kExitSbxError;
+  }
+  auto build_network = BuildNetwork(o);
+  if (!build_network.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", build_network.status().message().c_str());
     return kExitSbxError;
   }
   auto colon = o.listen.rfind(':');
@@ -322,6 +346,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   bc.registries = *registries;
   std::unique_ptr<sandbox::Builder> builder = sandbox::MakeBuilder(bc);
   mc.builder = builder.get();
+  mc.e2b_build_network = *build_network;
+  if (!stack && build_network->mode != network::Mode::kNone)
+    spdlog::warn("--build-network {}: networking is off, so E2B builds fail until it is on",
+                 build_network->Describe());
   sandbox::Manager manager(mc, **rt, templates, **st);
   audit_to = &manager;
   struct AuditOff {

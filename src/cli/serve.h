@@ -43,6 +43,9 @@ struct ServeOptions {
   std::vector<std::string> registry_mirrors;
   std::vector<std::string> insecure_registries;
   std::string registry_ca_file;
+  // --build-network: the RUN steps' policy of E2B template builds, in `--net`'s grammar
+  // (none, open, allow=NAME,...; cli/net.h). Empty: none.
+  std::vector<std::string> build_network;
 };
 
 // The --network flags of `o` as the stack's config (state_dir and daemon_ports are filled in by

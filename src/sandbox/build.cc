@@ -58,6 +58,14 @@ int64_t NowMs() {
       .count();
 }
 
+// Whether a build's policy lets anything out (a policy that allows nothing is taken as none, as
+// a create's is on a daemon without networking).
+bool Networked(const BuildSpec& spec) {
+  const network::Policy& p = spec.network;
+  return p.mode == network::Mode::kOpen ||
+         (p.mode == network::Mode::kAllowlist && !p.allow.empty());
+}
+
 // The part of a layer id people read: "build-<hex>" -> 12 hex digits.
 std::string ShortId(const std::string& id) {
   size_t dash = id.find('-');
@@ -1058,15 +1066,11 @@ class BuilderImpl : public Builder {
           !S_ISDIR(sb.st_mode))
         return Status::Error("build: COPY needs a build context directory", EINVAL);
     }
-    if ((spec.net_open || !spec.net_allow.empty()) && c_.network == nullptr)
+    if (Networked(spec) && c_.network == nullptr)
       return Status::Error(
-          "build: RUN steps with a network need the daemon's network stack; "
-          "this builder has none",
+          "network: networking is not enabled here (sbx serve --network on, or sbx build --net); "
+          "the RUN steps of this build would have no network",
           EINVAL);
-    for (const auto& a : spec.net_allow) {
-      auto r = network::ParseRule(a);
-      if (!r.ok()) return r.status().Wrap("build: --net allow");
-    }
     return {};
   }
 
@@ -1143,18 +1147,16 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   box.owner = c_.box_owner;
   NetGuard net;
   std::map<std::string, std::string> env;
-  bool networked = spec_.net_open || !spec_.net_allow.empty();
+  // With a stack even a policy that allows nothing gets one (and its refusals say why).
+  bool networked = c_.network != nullptr && spec_.network.mode != network::Mode::kNone;
   if (networked) {
     network::BoxNetRequest want;
-    want.policy.mode = spec_.net_open ? network::Mode::kOpen : network::Mode::kAllowlist;
-    for (const auto& a : spec_.net_allow) {
-      auto r = network::ParseRule(a);
-      if (!r.ok()) return r.status();
-      want.policy.allow.push_back(*r);
-    }
+    want.policy = spec_.network;
     auto plan = c_.network->Prepare(box.id, want);
     if (!plan.ok()) return plan.status().Wrap("the network of RUN");
-    net = {c_.network, box.id};
+    // Set in place: assigning a temporary guard would Release the network as it dies.
+    net.stack = c_.network;
+    net.id = box.id;
     for (const auto& [host, inside] : plan->files) box.binds.push_back({host, inside, true, {}});
     env = plan->env;
     network::Stack* stack = c_.network;
@@ -1167,7 +1169,8 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   auto made = c_.runtime->Create(box);
   if (!made.ok()) return made.status().Wrap("RUN");
   guard.box = *made;
-  Log(" ---> Running in " + box.id);
+  Log(" ---> Running in " + box.id +
+      (networked ? " (network: " + spec_.network.Describe() + ")" : ""));
 
   // The step's command: ENV over ARG (as Docker), the image's user and workdir so far.
   CommandSpec cmd;

@@ -32,9 +32,10 @@ struct BuildSpec {
   std::string name;                       // the template to make (replaced when it exists)
   std::string owner_key_id;               // who asked (audited; operator builds: "")
   std::vector<storage::BuildStep> steps;  // the first is kFrom
-  std::string context_dir;             // host directory COPY sources are read from (only below it)
-  std::vector<std::string> net_allow;  // the network policy of RUN steps (empty: no network)
-  bool net_open = false;
+  std::string context_dir;  // host directory COPY sources are read from (only below it)
+  // The network policy of every RUN step's box (docs/build.md "Network"); mode none: loopback
+  // only. Not part of a step's cache key (as Docker): --no-cache runs a step again.
+  network::Policy network;
   int64_t memory_bytes = 0;  // per RUN step (0: the daemon's default)
   double cpus = 0;
   bool no_cache = false;
@@ -87,8 +88,10 @@ struct BuilderConfig {
   runtime::Runtime* runtime = nullptr;  // makes the boxes of RUN steps (no disk limit)
   storage::TemplateStore templates;
   store::Store* store = nullptr;
-  // RUN steps of a spec with a network policy get it through this stack (the daemon's);
-  // nullptr: such specs are refused (EINVAL) and RUN steps have loopback only.
+  // RUN steps of a spec with a network policy get it through this stack (the daemon's, or
+  // `sbx build --net`'s): Prepare before the step's box, Attach at its sync point, Release
+  // after it. nullptr: a spec whose policy lets anything out is refused (EINVAL) and RUN steps
+  // have loopback only.
   network::Stack* network = nullptr;
   // Host file -> path inside, bound into the boxes of RUN steps without a network (the
   // daemon's resolv.conf that says so; sandbox::ManagerConfig::no_network_files).

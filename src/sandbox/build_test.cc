@@ -281,6 +281,18 @@ TEST_F(BuildTest, StartAndGetRunInTheBackgroundWithPagedLogs) {
   EXPECT_EQ(builder_->Get("bld_nope", 0).status().err(), ENOENT);
   // A bad spec is refused at once.
   EXPECT_EQ(builder_->Start(Spec("bg2", "FROM nosuchtemplate\n")).status().err(), EINVAL);
+  // So is a network policy on a builder without a network stack (a policy that lets nothing
+  // out is none).
+  BuildSpec open = Spec("bg3", "FROM host\nRUN true\n");
+  open.network.mode = network::Mode::kOpen;
+  auto refused = builder_->Start(open);
+  EXPECT_EQ(refused.status().err(), EINVAL);
+  EXPECT_NE(refused.status().message().find("networking is not enabled"), std::string::npos)
+      << refused.status().message();
+  BuildSpec nothing = Spec("bg3", "FROM host\nRUN true\n");
+  nothing.network.mode = network::Mode::kAllowlist;
+  auto r = Run(nothing);
+  EXPECT_TRUE(r.rec.ok()) << r.rec.status().message();
 }
 
 TEST_F(BuildTest, CopyStaysInsideTheContext) {

@@ -120,6 +120,9 @@ struct ManagerConfig {
   // Runs template builds (sandbox/build.h); must outlive the manager. Null: builds are refused
   // (ENOSYS) until templates().SetBuilder gives one.
   Builder* builder = nullptr;
+  // The network of the RUN steps of E2B template builds, whose wire has no policy (sbx serve
+  // --build-network; default none). docs/build.md "Network".
+  network::Policy e2b_build_network;
 };
 
 // A secret as a facade gives it (sandbox/secrets.cc). `value` is write-only: no answer of the
@@ -234,6 +237,8 @@ class Manager {
   network::BoxRefusals NetworkRefusals(const std::string& id, int64_t since_ms);
   // Whether this daemon has networking (a stack): the E2B facade's default depends on it.
   bool networking_enabled() const { return config_.network != nullptr; }
+  // The policy of E2B builds' RUN steps (ManagerConfig::e2b_build_network).
+  const network::Policy& e2b_build_network() const { return config_.e2b_build_network; }
 
   // Sets the timeout to `timeout_ms` from now (resets the TTL); EINVAL outside the key's range.
   // With `extend_only`, a running sandbox's expiry only ever moves later (E2B's refresh), read

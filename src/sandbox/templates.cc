@@ -158,20 +158,21 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
     builds_[id].context_dir = *dir;
   }
   std::string name = spec.name;
+  std::string net = spec.network.Describe();
   auto started = b->Start(std::move(spec));
   if (!started.ok()) return fail(started.status());
   {
     MutexLock lock(mu_);
     builds_[id].builder_id = *started;
   }
-  audit_("template.build", key.id, {{"template", name}, {"build", id}});
+  audit_("template.build", key.id, {{"template", name}, {"build", id}, {"network", net}});
   return id;
 }
 
 Result<std::string> TemplateBuilds::StartDockerfile(
     const store::ApiKeyRecord& key, const std::string& name, const std::string& context_hash,
     const std::string& dockerfile, const std::map<std::string, std::string>& build_args,
-    bool no_cache) {
+    bool no_cache, const network::Policy& network) {
   if (!enabled()) return Status::Error("this sbx has no template builder", ENOSYS);
   auto id = Reserve(key, name);
   if (!id.ok()) return id.status();
@@ -214,6 +215,7 @@ Result<std::string> TemplateBuilds::StartDockerfile(
   BuildSpec spec;
   spec.steps = std::move(*steps);
   spec.no_cache = no_cache;
+  spec.network = network;
   spec.context_dir = *dir;
   {
     MutexLock lock(mu_);

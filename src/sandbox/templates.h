@@ -92,13 +92,14 @@ class TemplateBuilds {
                             BuildSpec spec, const std::vector<UploadedCopy>& copies = {});
   // A native build of `name` (reserved now) from the context archive `context_hash` (an upload
   // of `key`, unpacked at the context's root and then forgotten) with the Dockerfile at path
-  // `dockerfile` inside it (read without leaving the context), parsed with `build_args`.
-  // EINVAL for a Dockerfile that is missing, too large or outside the subset; as Start otherwise.
+  // `dockerfile` inside it (read without leaving the context), parsed with `build_args`; its RUN
+  // steps get `network` (BuildSpec::network). EINVAL for a Dockerfile that is missing, too large
+  // or outside the subset; as Start otherwise.
   Result<std::string> StartDockerfile(const store::ApiKeyRecord& key, const std::string& name,
                                       const std::string& context_hash,
                                       const std::string& dockerfile,
                                       const std::map<std::string, std::string>& build_args,
-                                      bool no_cache);
+                                      bool no_cache, const network::Policy& network = {});
   // Ends a reserved build in error before it starts (a base the daemon cannot provide), with
   // `reason` as its error and log line.
   Status Fail(const store::ApiKeyRecord& key, const std::string& build_id,

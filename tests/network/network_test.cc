@@ -100,7 +100,10 @@ class NetworkTest : public ::testing::Test {
         {"ABoxCannotReachAnotherBox", "37"},
         {"APolicyIsLiveAndSurvivesPauseAndRestart", "39"},
         {"ASecretNeverEntersTheBoxAndReachesOnlyItsHost", "36"},
-        {"WithoutAPolicyThereIsNoNetworkAndTheBoxSaysSo", "32"}};
+        {"WithoutAPolicyThereIsNoNetworkAndTheBoxSaysSo", "32"},
+        {"SbxBuildNetFetchesFromItsAllowlistAndADeniedHostFailsTheStep", "33"},
+        {"AKilledSbxBuildNetIsCleanedUpByTheNextBuild", "leak"},
+        {"DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack", "33"}};
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     std::string name = info->name();
     std::string row = kRows.count(name) ? kRows.at(name) : "-";
@@ -176,9 +179,41 @@ class NetworkTest : public ::testing::Test {
     return InNs("nft list table inet sbx 2>/dev/null | grep -o 'chain box-[a-z0-9-]*' || true");
   }
 
+  // `sbx ARGS` in the daemon's namespace on its data directory; `net_flags` adds the fake
+  // internet's DNS and CA after the verb (args[0]).
+  ProcessResult Sbx(const std::vector<std::string>& args, bool net_flags = false,
+                    ProcessOptions o = {}) {
+    std::vector<std::string> argv = {"/usr/bin/nsenter", "--net=/run/netns/" + DaemonNs(), SBX_BIN,
+                                     "--data-dir", dir_ + "/data"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    if (net_flags)
+      argv.insert(argv.begin() + 6, {"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca()});
+    return RunProcess(argv, o);
+  }
+  // A build context under the test's directory holding `dockerfile`.
+  std::string Context(const std::string& name, const std::string& dockerfile) {
+    std::string ctx = dir_ + "/" + name;
+    EXPECT_EQ(::mkdir(ctx.c_str(), 0755), 0);
+    EXPECT_TRUE(WriteFile(ctx + "/Dockerfile", dockerfile).ok());
+    return ctx;
+  }
+  // Nothing of a build's networks left: no run table, no box link, no lock or box files.
+  void ExpectNoBuildNetworkLeft() {
+    EXPECT_EQ(RunTables(), "");
+    EXPECT_EQ(HostLinks(), "");
+    EXPECT_EQ(BoxChains(), "");
+    auto left = InNs("ls -A " + dir_ + "/data/network/runs " + dir_ +
+                     "/data/network/boxes 2>/dev/null; ls " + dir_ +
+                     "/data/network | grep ca-bundle-sbxrun || true");
+    EXPECT_EQ(left.find("build-"), std::string::npos) << left;
+    EXPECT_EQ(left.find(".lock"), std::string::npos) << left;
+  }
+
   http::Response Call(const std::string& method, const std::string& target,
-                      const std::string& body = "") {
-    http::ClientHeaders h = {{"Authorization", "Bearer " + d_->key()}};
+                      const std::string& body = "", bool e2b = false) {
+    http::ClientHeaders h = {
+        e2b ? http::ClientHeaders::value_type{"X-API-Key", d_->key()}
+            : http::ClientHeaders::value_type{"Authorization", "Bearer " + d_->key()}};
     if (!body.empty()) h.push_back({"Content-Type", "application/json"});
     auto r = http::Request(http::Endpoint{"", 0, d_->unix_socket()}, method, target, h, body,
                            std::chrono::seconds(120));
@@ -779,6 +814,212 @@ TEST_F(NetworkTest, AnEgressLimitPacesDownloads) {
   Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}},
        200);
   EXPECT_GE(timed("pypi.test"), min_secs);
+}
+
+// Issue 13 item 3: `sbx build --net` gives each RUN step's box the policy through a network
+// stack of its own, as `sbx run --net` does: pip downloads from the allowed index, a name not
+// allowed is never resolved upstream and fails its step, named; nothing is left afterwards; the
+// policy is not part of the step cache's key.
+TEST_F(NetworkTest, SbxBuildNetFetchesFromItsAllowlistAndADeniedHostFailsTheStep) {
+  std::string ok_ctx = Context(
+      "ok",
+      "FROM host\n"
+      "RUN python3 -m pip download -q --retries 0 --no-deps --index-url https://pypi.test/simple/ "
+      "-d /opt/dl sbxdemo\n"
+      "RUN curl -sS --max-time 20 --resolve denied.test:443:198.18.2.10 https://denied.test/; "
+      "true\n");
+  auto ok = Sbx({"build", "-t", "netok", "--net", "allow=pypi.test,*.pypi.test", ok_ctx}, true);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("(network: allowlist: pypi.test, *.pypi.test)"), std::string::npos)
+      << ok.out;
+  // The refusal names the policy and says what a build does about it.
+  EXPECT_NE(ok.out.find("sbx: egress to denied.test:443 denied by this sandbox's network policy "
+                        "(mode allowlist; allowed: pypi.test, *.pypi.test)"),
+            std::string::npos)
+      << ok.out;
+  EXPECT_NE(ok.out.find("build again with another --net"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("Successfully built netok"), std::string::npos) << ok.out;
+  ExpectNoBuildNetworkLeft();
+  // The download is in the template's layers.
+  auto ls = Sbx({"run", "--template", "netok", "--", "ls", "/opt/dl"});
+  EXPECT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("sbxdemo-1.0-py3-none-any.whl"), std::string::npos) << ls.out;
+
+  // The cache's key has no policy in it (as Docker's): the same steps without --net are reused.
+  auto cached = Sbx({"build", "-t", "netok2", ok_ctx});
+  EXPECT_EQ(cached.exit_code, 0) << cached.out << cached.err;
+  size_t uses = 0;
+  for (size_t at = cached.out.find("Using cache"); at != std::string::npos;
+       at = cached.out.find("Using cache", at + 1))
+    ++uses;
+  EXPECT_EQ(uses, 2u) << cached.out;
+
+  // A step fetching from a name the policy does not allow: sbx's resolver answers NXDOMAIN
+  // without asking upstream, the step fails and the build says which.
+  std::string bad_ctx = Context("bad",
+                                "FROM host\n"
+                                "RUN echo before\n"
+                                "RUN curl -fsS --max-time 20 https://registry.test/sbxdemo\n");
+  auto bad = Sbx({"build", "-t", "netbad", "--net", "allow=pypi.test", bad_ctx}, true);
+  EXPECT_NE(bad.exit_code, 0) << bad.out;
+  EXPECT_NE(bad.err.find("step 3/3 (RUN curl -fsS --max-time 20 https://registry.test/sbxdemo)"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_NE(bad.err.find("non-zero code: 6"), std::string::npos) << bad.err;  // unresolved
+  EXPECT_EQ(DnsQueriesFor("registry.test"), 0);
+  ExpectNoBuildNetworkLeft();
+  // Without --net the same RUN has no network at all (and the network flags alone are refused).
+  auto none = Sbx({"build", "-t", "netnone", "--no-cache", bad_ctx});
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(Sbx({"build", "-t", "netnone", bad_ctx}, true).exit_code, 0);
+}
+
+// A `sbx build --net` killed mid-step leaves what a killed `sbx run --net` leaves (its table,
+// its slot, its lock); the next build removes them.
+TEST_F(NetworkTest, AKilledSbxBuildNetIsCleanedUpByTheNextBuild) {
+  std::string ctx = Context("slow", "FROM host\nRUN sleep 60\n");
+  std::vector<std::string> argv = {"/usr/bin/nsenter",
+                                   "--net=/run/netns/" + DaemonNs(),
+                                   SBX_BIN,
+                                   "--data-dir",
+                                   dir_ + "/data",
+                                   "build",
+                                   "--upstream-dns",
+                                   "198.18.0.53:53",
+                                   "--upstream-ca",
+                                   Ca(),
+                                   "--net",
+                                   "allow=allowed.test",
+                                   "-t",
+                                   "slow",
+                                   ctx};
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ), 0);
+  // A bounded poll for the step's link (the build may take long to start on a busy machine).
+  for (int i = 0; i < 600 && HostLinks().find(": sbr") == std::string::npos; ++i) ::usleep(100000);
+  EXPECT_NE(HostLinks().find(": sbr"), std::string::npos) << "the step never attached its box";
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_NE(RunTables(), "") << "a killed build left no table: the clean-up below proves nothing";
+  auto next = Sbx({"build", "-t", "next", Context("next", "FROM host\nRUN true\n")});
+  EXPECT_EQ(next.exit_code, 0) << next.out << next.err;
+  ExpectNoBuildNetworkLeft();
+}
+
+// Item 2 of this piece: builds through the daemon go through its network stack (resolver,
+// proxy, audit; Prepare/Attach/Release): the /v1 body's "network" for native builds, the
+// operator's --build-network for E2B's (whose wire has none). Nothing is left after either.
+TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
+  auto build = [&](const std::string& name, const json& body) {
+    auto r = Call("POST", "/v1/templates/" + name + "/builds", body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    json last;
+    std::istringstream lines(r.body);
+    std::string line, log;
+    while (std::getline(lines, line)) {
+      json e = json::parse(line, nullptr, false);
+      if (e.is_discarded()) continue;
+      if (e.value("type", "") == "log") log += e.value("text", "") + "\n";
+      if (e.value("type", "") == "result") last = e;
+    }
+    last["log"] = log;
+    return last;
+  };
+  json ok = build("dnet",
+                  {{"dockerfile",
+                    "FROM host\nRUN python3 -m pip download -q --retries 0 --no-deps --index-url "
+                    "https://pypi.test/simple/ -d /opt/dl sbxdemo\n"},
+                   {"network", {{"mode", "allowlist"}, {"allow", {"pypi.test", "*.pypi.test"}}}}});
+  EXPECT_EQ(ok.value("state", ""), "ready") << ok.dump();
+  json s = Json("POST", "/v1/sandboxes", {{"template", "dnet"}}, 201);
+  auto ls = Exec(s.value("id", ""), "ls /opt/dl");
+  EXPECT_NE(ls.out.find("sbxdemo-1.0-py3-none-any.whl"), std::string::npos) << ls.out << ls.err;
+  Call("DELETE", "/v1/sandboxes/" + s.value("id", ""));
+
+  json bad = build("dbad", {{"dockerfile",
+                             "FROM host\nRUN echo before\n"
+                             "RUN curl -fsS --max-time 20 --resolve denied.test:443:198.18.2.10 "
+                             "https://denied.test/\n"},
+                            {"network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}}}});
+  EXPECT_EQ(bad.value("state", ""), "error") << bad.dump();
+  EXPECT_NE(bad.value("error", "").find("step 3/3 (RUN curl"), std::string::npos) << bad.dump();
+  // The daemon's proxy refused it, and audited it for the step's box.
+  // (A bounded poll: the audit queue is written to the store in the background.)
+  bool audited = false;
+  json events;
+  for (int i = 0; i < 100 && !audited; ++i) {
+    if (i > 0) ::usleep(100000);
+    events = Json("GET", "/v1/audit?type=net.connect_denied&limit=1000");
+    for (const auto& e : events["events"])
+      if (e.value("sandbox_id", "").rfind("build-", 0) == 0) audited = true;
+  }
+  EXPECT_TRUE(audited) << events.dump();
+  // A policy of the wrong shape is refused before anything is built.
+  EXPECT_EQ(Call("POST", "/v1/templates/dshape/builds",
+                 json{{"dockerfile", "FROM host\nRUN true\n"}, {"network", "open"}}.dump())
+                .status,
+            400);
+  EXPECT_EQ(HostLinks(), "");
+  EXPECT_EQ(BoxChains(), "");
+
+  // E2B builds: none unless the operator opens it.
+  auto e2b_build = [&](const std::string& name, const std::string& run) {
+    auto made = Call("POST", "/v3/templates", json{{"name", name}}.dump(), true);
+    EXPECT_EQ(made.status, 202) << made.body;
+    json t = json::parse(made.body, nullptr, false);
+    std::string bid = t.value("buildID", "");
+    auto started =
+        Call("POST", "/v2/templates/" + name + "/builds/" + bid,
+             json{{"fromTemplate", "host"},
+                  {"force", true},  // the same step as dnet's: its layer is cached otherwise
+                  {"steps", {{{"type", "RUN"}, {"args", {run}}}}}}
+                 .dump(),
+             true);
+    EXPECT_EQ(started.status, 202) << started.body;
+    json st;
+    // A bounded poll of the build's state (E2B's SDK polls the same way).
+    for (int i = 0; i < 1200; ++i) {
+      auto r = Call("GET", "/templates/" + name + "/builds/" + bid + "/status", "", true);
+      st = json::parse(r.body, nullptr, false);
+      if (!st.is_object() || st.value("status", "") != "building") break;
+      ::usleep(100000);
+    }
+    return st;
+  };
+  const std::string fetch =
+      "python3 -m pip download -q --retries 0 --no-deps --index-url https://pypi.test/simple/ "
+      "-d /opt/dl sbxdemo";
+  json closed = e2b_build("enone", fetch);
+  EXPECT_EQ(closed.value("status", ""), "error") << closed.dump();
+  d_->Stop();
+  d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(), "--build-network",
+                       "allow=pypi.test,*.pypi.test"});
+  d_->Start();
+  json opened = e2b_build("eopen", fetch);
+  EXPECT_EQ(opened.value("status", ""), "ready") << opened.dump();
+  EXPECT_EQ(HostLinks(), "");
+  EXPECT_EQ(BoxChains(), "");
+
+  // A daemon killed mid-step: its start removes the step's box and its network (Reconcile).
+  auto made = Call("POST", "/v3/templates", json{{"name", "eslow"}}.dump(), true);
+  std::string bid = json::parse(made.body, nullptr, false).value("buildID", "");
+  auto started = Call(
+      "POST", "/v2/templates/eslow/builds/" + bid,
+      json{{"fromTemplate", "host"}, {"steps", {{{"type", "RUN"}, {"args", {"sleep 60"}}}}}}.dump(),
+      true);
+  EXPECT_EQ(started.status, 202) << started.body;
+  // A bounded poll for the step's chain in the daemon's table.
+  for (int i = 0; i < 600 && BoxChains().find("box-build-") == std::string::npos; ++i)
+    ::usleep(100000);
+  EXPECT_NE(BoxChains().find("box-build-"), std::string::npos) << "the step never got a network";
+  d_->Stop(SIGKILL);
+  d_->Start();
+  EXPECT_EQ(HostLinks(), "");
+  EXPECT_EQ(BoxChains(), "");
 }
 
 }  // namespace

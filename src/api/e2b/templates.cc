@@ -172,6 +172,8 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
                   // fromImage (other than e2bdev/base) is pulled by the builder, from the
                   // registries the operator allows (`sbx serve --registry`): one it does not
                   // is 403 from Start, before any connection.
+                  // E2B's wire has no policy for builds: the operator's (--build-network).
+                  start->spec.network = ctx.manager.e2b_build_network();
                   auto started = co_await OnPool(ctx.blocking, [&] {
                     return ctx.manager.templates().Start(key, bid, std::move(start->spec),
                                                          start->copies);

@@ -57,7 +57,15 @@ json LogJson(const sandbox::BuildLogLine& l) {
   return {{"type", "log"}, {"time", IsoTime(l.at_ms)}, {"level", l.level}, {"text", l.text}};
 }
 
-// A JSON build body: {"dockerfile": "...", "build_args": {...}, "no_cache": bool}.
+// A build's "network": the policy of its RUN steps, of the same shape and limits as a create's
+// (ParseNetwork); absent or null: none.
+Result<network::Policy> BuildNetwork(const json& j) {
+  if (j.is_null()) return network::Policy{};
+  return ParseNetwork(j);
+}
+
+// A JSON build body: {"dockerfile": "...", "build_args": {...}, "no_cache": bool,
+// "network": {...}}.
 Result<sandbox::BuildSpec> ParseJsonBuild(const json& j) {
   if (!j.is_object()) return Status::Error("body: a JSON object", EINVAL);
   auto it = j.find("dockerfile");
@@ -67,11 +75,14 @@ Result<sandbox::BuildSpec> ParseJsonBuild(const json& j) {
   if (!args.ok()) return args.status();
   auto no_cache = BoolField(j, "no_cache", false);
   if (!no_cache.ok()) return no_cache.status();
+  auto net = BuildNetwork(j.value("network", json()));
+  if (!net.ok()) return net.status();
   auto steps = storage::ParseDockerfile(it->get<std::string>(), *args);
   if (!steps.ok()) return steps.status();
   sandbox::BuildSpec spec;
   spec.steps = std::move(*steps);
   spec.no_cache = *no_cache;
+  spec.network = std::move(*net);
   return spec;
 }
 
@@ -185,6 +196,17 @@ void Templates(http::Router& r, ApiContext& ctx) {
                       if (!m.ok()) co_return co_await Fail(ex, m.status());
                       args = std::move(*m);
                     }
+                    // ?network=<the JSON body's "network" object>
+                    network::Policy net;
+                    if (auto q = ex.query().Get("network"); q && !q->empty()) {
+                      json n = json::parse(*q, nullptr, false);
+                      auto p = n.is_discarded()
+                                   ? Result<network::Policy>(Status::Error(
+                                         "network: a JSON object (URL-encoded)", EINVAL))
+                                   : BuildNetwork(n);
+                      if (!p.ok()) co_return co_await Fail(ex, p.status());
+                      net = std::move(*p);
+                    }
                     // The context is stored as this key's upload, named by a fresh random id.
                     std::string hash = sandbox::Sha256Hex(RandomId(32));
                     auto up = ctx.manager.templates().BeginUpload(key, hash);
@@ -202,7 +224,7 @@ void Templates(http::Router& r, ApiContext& ctx) {
                     bool no_cache = ex.query().Get("no_cache").value_or("") == "true";
                     id = co_await OnPool(ctx.blocking, [&] {
                       return ctx.manager.templates().StartDockerfile(key, name, hash, dockerfile,
-                                                                     args, no_cache);
+                                                                     args, no_cache, net);
                     });
                   }
                   if (!id.ok()) co_return co_await Fail(ex, id.status());
