@@ -545,9 +545,9 @@ class ProgressLog {
     double secs = std::chrono::duration<double>(now - it->second.first).count();
     std::string rate =
         secs > 0.05
-            ? ", " + FormatBytes(static_cast<int64_t>((p.done - it->second.second) / secs)) + "/s"
+            ? ", " + FormatSize(static_cast<int64_t>((p.done - it->second.second) / secs)) + "/s"
             : "";
-    log_(verb_ + " " + p.what + ": " + FormatBytes(p.done) + " / " + FormatBytes(p.total) + rate +
+    log_(verb_ + " " + p.what + ": " + FormatSize(p.done) + " / " + FormatSize(p.total) + rate +
          ", done");
   }
 
@@ -757,7 +757,7 @@ Status Build::Pull(const storage::ImageRef& ref) {
     if (!unpacked.ok()) return unpacked.status().Wrap("FROM " + what);
     image = std::move(*unpacked);
     Log("Pulled " + what + " (" + pulled->manifest_digest + ", " +
-        FormatBytes(pulled->fetched_bytes) + " fetched)");
+        FormatSize(pulled->fetched_bytes) + " fetched)");
   }
   img_.layers = std::move(image.layers);
   img_.config = std::move(image.config);
