@@ -14,6 +14,9 @@ DEB_PACKAGES += nftables openssl
 # Image import and registry tests: Debian's distribution registry and skopeo (OCI layouts from
 # docker-archives the tests write, pushes into the registry).
 DEB_PACKAGES += docker-registry skopeo
+# make bench's template rows (bench/templates.py): umoci, the unpack peer of `sbx template
+# pull`; mmdebstrap, the Debian root of the image they pull.
+DEB_PACKAGES += umoci mmdebstrap
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
