@@ -74,7 +74,8 @@ run: build
 	$(BUILD)/sbx serve
 
 # Benchmarks (issue 5), not part of `make test`: sbx against bwrap, runc, crun and fork+exec,
-# density; writes bench/results/*.json and docs/benchmarks.md. Under 20 minutes on 2 cores.
+# density, networking (issue 12), templates (issue 13: about 10 more minutes; the first run also
+# makes their image with mmdebstrap); writes bench/results/*.json and docs/benchmarks.md.
 bench: build
 	python3 bench/run.py --build $(BUILD)
 
