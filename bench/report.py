@@ -760,8 +760,13 @@ def _templates_section(results, w):
                 w(f"| {label} | {s['n']} | {_ms(s['p50'])} | {_ms(s['p95'])} | "
                   f"{_ms(s['p99'])} | {_ms(s['max'])} |")
             im = cr.get("import_s", {})
+            idm = {True: "the boxes' layers were idmapped mounts (nothing is copied on a "
+                         "template's first use)",
+                   False: "the boxes ran without idmapped mounts: a template's first create "
+                          "also makes the shifted copies of its layers (docs/isolation.md, "
+                          "\"Fallback\")"}.get(cr.get("idmapped"), "")
             w(f"\nThe import before each first create took {_sec(im.get('p50'))} s (P50), "
-              f"{_sec(im.get('p95'))} s (P95).\n")
+              f"{_sec(im.get('p95'))} s (P95)" + (f"; {idm}" if idm else "") + ".\n")
             _ratio_table(w, cr.get("ratios", {}))
             for e in cr.get("errors", []):
                 w(f"- failure: `{_one_line(e)}`")

@@ -509,6 +509,7 @@ class TemplateBench:
     def run_create(self, layout):
         n, used_n = self.cfg["create_rounds"], self.cfg["used_per_round"]
         first, used, import_s, errors = [], [], [], []
+        idmapped = None
         for r in range(n):
             # A daemon of its own per round, on a new data directory: the template's layers are
             # unpacked afresh by the import (no removal between rounds, see the docstring). The
@@ -531,6 +532,13 @@ class TemplateBench:
             ms2, err = self.create_batch(name, used_n)
             used += ms2
             errors += err
+            if r == 0:  # what the rows measured: idmapped layers, or shifted copies of them
+                status, text = self.daemon.request("POST", "/v1/sandboxes",
+                                                   {"template": name, "limits": LIMITS})
+                if status == 201:
+                    box = json.loads(text)
+                    idmapped = box.get("idmapped")
+                    self.daemon.request("DELETE", f"/v1/sandboxes/{box['id']}")
             notes = self.stop_daemon()
             if notes:
                 errors += notes
@@ -538,7 +546,8 @@ class TemplateBench:
                      f"{ms[0] if ms else float('nan'):.1f} ms, used P50 "
                      f"{summarize(ms2)['p50'] or float('nan'):.1f} ms ({len(ms2)} runs)")
         res = {"first": summarize(first), "used": summarize(used), "import_s": summarize(import_s),
-               "first_samples_ms": first, "used_samples_ms": used, "errors": errors[:10]}
+               "first_samples_ms": first, "used_samples_ms": used, "errors": errors[:10],
+               "idmapped": idmapped}
         res["ratios"] = {"first / used": _ratios(res["first"], res["used"])}
         return res
 
