@@ -711,18 +711,22 @@ def _templates_section(results, w):
           "the blobs (skopeo then fetches only the manifest); umoci has no layer store, so it "
           "unpacks every layer again. The page cache is not dropped between rounds (the "
           "machine is shared), so the registry's blobs are read from memory. The four kinds "
-          "rotate within each round.\n")
+          "rotate within each round. **CPU**: user + system seconds of the commands (all their "
+          "threads), which the load of other work on the machine does not inflate as it does "
+          "wall time.\n")
         if pl.get("error"):
             w(f"**Failed**: `{_one_line(pl['error'])}`\n")
         else:
-            w("| | rounds | P50 | P95 | min | max |")
-            w("|---|---:|---:|---:|---:|---:|")
+            w("| | rounds | P50 | P95 | min | max | CPU P50 |")
+            w("|---|---:|---:|---:|---:|---:|---:|")
             parts = pl.get("parts_s", {})
+            cpu = pl.get("cpu_s", {})
             for k, label in (("sbx_cold", "sbx, cold"), ("peer_cold", "skopeo + umoci, cold"),
                              ("sbx_warm", "sbx, warm"), ("peer_warm", "skopeo + umoci, warm")):
                 s = pl[k]
                 w(f"| {label} | {s['n']} | {_sec(s['p50'])} | {_sec(s['p95'])} | "
-                  f"{_sec(s['min'])} | {_sec(s['max'])} |")
+                  f"{_sec(s['min'])} | {_sec(s['max'])} | "
+                  f"{_sec((cpu.get(k) or {}).get('p50'))} |")
                 if k in parts:
                     a, b = ("copy", "unpack") if "copy" in parts[k] else ("fetch", "unpack")
                     c, u = parts[k][a], parts[k][b]
@@ -730,7 +734,7 @@ def _templates_section(results, w):
                             "fetch / unpack and register")
                     w(f"| &nbsp;&nbsp;of which {what} | | "
                       f"{_sec(c['p50'])} / {_sec(u['p50'])} | {_sec(c['p95'])} / "
-                      f"{_sec(u['p95'])} | | |")
+                      f"{_sec(u['p95'])} | | | |")
             w("")
             _ratio_table(w, pl.get("ratios", {}))
             w("The rows' files are on a scratch ext4 filesystem loop-mounted without `discard` "

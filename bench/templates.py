@@ -28,6 +28,7 @@ import io
 import json
 import os
 import random
+import resource
 import shutil
 import socket
 import subprocess
@@ -78,6 +79,12 @@ def _timed(argv, timeout=900, env=None):
     t0 = time.monotonic()
     _sh(argv, timeout=timeout, env=env)
     return time.monotonic() - t0
+
+
+def _cpu():
+    """CPU seconds (user + system) of the waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _version(argv):
@@ -442,6 +449,7 @@ class TemplateBench:
         n = self.cfg["pull_rounds"]
         kinds = ["sbx_cold", "peer_cold", "sbx_warm", "peer_warm"]
         got = {k: [] for k in kinds}
+        cpu = {k: [] for k in kinds}
         parts = {"peer_cold": {"copy": [], "unpack": []}, "peer_warm": {"copy": [], "unpack": []},
                  "sbx_cold": {"fetch": [], "unpack": []}, "sbx_warm": {"fetch": [], "unpack": []}}
         # Warm: a data directory that holds the image's layers, and a layout holding its blobs.
@@ -452,6 +460,7 @@ class TemplateBench:
              f"docker://{self.ref}", f"oci:{warm_layout}:{TAG}"], env=self.env)
         for r in range(n):
             for k in kinds[r % 4:] + kinds[:r % 4]:  # rotate who goes first
+                c0 = _cpu()
                 if k.startswith("sbx"):
                     data = self._fresh("cold-data") if k == "sbx_cold" else warm_data
                     s, f = self.sbx_pull(data, "bench-cold" if k == "sbx_cold" else "bench-warm")
@@ -469,14 +478,21 @@ class TemplateBench:
                     parts[k]["copy"].append(c)
                     parts[k]["unpack"].append(u)
                 got[k].append(s)
-                self.log(f"templates: pull round {r + 1}/{n}: {k.replace('_', ' ')}: {s:.2f} s")
+                cpu[k].append(_cpu() - c0)
+                self.log(f"templates: pull round {r + 1}/{n}: {k.replace('_', ' ')}: {s:.2f} s "
+                         f"({cpu[k][-1]:.2f} s of CPU)")
         res = {k: summarize(v) for k, v in got.items()}
         res["samples_s"] = got
+        res["cpu_s"] = {k: summarize(v) for k, v in cpu.items()}
         res["parts_s"] = {k: {p: summarize(v) for p, v in d.items()} for k, d in parts.items()}
         res["ratios"] = {
             "cold: sbx / skopeo+umoci": _ratios(res["sbx_cold"], res["peer_cold"]),
             "warm: sbx / skopeo+umoci": _ratios(res["sbx_warm"], res["peer_warm"]),
             "sbx: warm / cold": _ratios(res["sbx_warm"], res["sbx_cold"]),
+            "CPU seconds, cold: sbx / skopeo+umoci": _ratios(res["cpu_s"]["sbx_cold"],
+                                                              res["cpu_s"]["peer_cold"]),
+            "CPU seconds, warm: sbx / skopeo+umoci": _ratios(res["cpu_s"]["sbx_warm"],
+                                                              res["cpu_s"]["peer_warm"]),
         }
         return res
 
@@ -583,7 +599,7 @@ class TemplateBench:
                 t0 = time.monotonic()
                 p = _sh(a, env=self.env)
                 s = time.monotonic() - t0
-                if k == "cached" and "Running in" in p.stdout:
+                if k == "cached" and "Running in" in p.stdout + p.stderr:
                     raise RuntimeError("a cached rebuild ran a step: " + p.stdout[-500:])
                 got[k].append(s)
                 self.log(f"templates: build round {r + 1}/{n}: {k}: {s:.2f} s")
