@@ -17,6 +17,9 @@ DEB_PACKAGES += docker-registry skopeo
 # `sbx template debian` (mmdebstrap); its test's local apt repository (dpkg-deb, dpkg-scanpackages
 # of dpkg-dev, apt-ftparchive of apt-utils).
 DEB_PACKAGES += mmdebstrap dpkg-dev apt-utils
+# make bench's template rows (bench/templates.py): umoci, the unpack peer of `sbx template
+# pull` (mmdebstrap, above, makes the Debian root of the image they pull).
+DEB_PACKAGES += umoci
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
@@ -74,7 +77,8 @@ run: build
 	$(BUILD)/sbx serve
 
 # Benchmarks (issue 5), not part of `make test`: sbx against bwrap, runc, crun and fork+exec,
-# density; writes bench/results/*.json and docs/benchmarks.md. Under 20 minutes on 2 cores.
+# density, networking (issue 12), templates (issue 13: about 10 more minutes; the first run also
+# makes their image with mmdebstrap); writes bench/results/*.json and docs/benchmarks.md.
 bench: build
 	python3 bench/run.py --build $(BUILD)
 

@@ -27,8 +27,11 @@ interpreter in the timed path), `bench/net.py` (the network rows of section 6, a
 internet of `tests/network/fakenet.sh`: the daemon with networking runs only inside its
 namespace, which has no route off the machine; everything is removed at the end, also on
 failure), `bench/zeroserve.c` (`sbx-bench-zeroserve`, the upstream that streams zeros for the
-throughput row), `bench/report.py` (this page and the SVG). `python3 bench/run.py --only net`
-runs only section 6 and merges it into `bench/results/latest.json`.
+throughput row), `bench/templates.py` (the template rows of section 7: a local docker-registry,
+`sbx template pull` beside `skopeo copy` + `umoci unpack`, first and later creates, cached and
+first `sbx build`), `bench/report.py` (this page and the SVG). `python3 bench/run.py --only net`
+(or `--only templates`, `--only net,templates`) runs only those sections and merges them into
+`bench/results/latest.json`.
 """
 
 PHASE_DOC = {
@@ -277,6 +280,7 @@ def markdown(results, svg_rel, json_rel):
 
     _api_ratio_section(results, w)
     _net_section(results, w)
+    _templates_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -634,6 +638,180 @@ def _net_section(results, w):
             for k, e in errs:
                 w(f"- {k}: `{_one_line(e)}`")
             w("")
+
+
+def _when(sec, results, how):
+    """When a separately run section was measured, and whether the machine was loaded."""
+    when = (f"Measured {sec.get('started', '?')} to {sec.get('finished', '?')} "
+            f"({sec.get('duration_s', '?')} s; load average {sec.get('load_at_start', '?')} at the "
+            f"start, {sec.get('load_at_end', '?')} at the end)")
+    if sec.get("json"):
+        when += (f", by `bench/run.py {how}`, separately from the sections above; its raw "
+                 f"results: `{sec['json']}`")
+    when += "."
+    if sec.get("quick"):
+        when += " **Quick mode: fewer runs than the published configuration.**"
+    cores = (sec.get("machine") or results.get("machine") or {}).get("cores") or 1
+    try:
+        busy = max(float(str(sec.get(k, "0")).split()[0])
+                   for k in ("load_at_start", "load_at_end")) > cores
+    except ValueError:
+        busy = False
+    if busy:
+        when += (f" **Taken on a loaded machine** (1-minute load above its {cores} cores: "
+                 "other work was running): absolute figures are slower and noisier than on a "
+                 "quiet machine; compare the ratios, whose two sides were measured in "
+                 "alternating rounds.")
+    return when + "\n"
+
+
+def _sec(v):
+    return "–" if v is None else f"{v:.2f}"
+
+
+def _templates_section(results, w):
+    """Section 7: the template rows of bench/templates.py (issue 13, item 8)."""
+    t = results.get("templates")
+    w("## 7. Templates (issue 13)\n")
+    if not t:
+        w("Not measured in this run (`--only` without `templates`).\n")
+        return
+    w(_when(t, results, "--only templates"))
+    img = t.get("image")
+    if img:
+        w(f"The image: {len(img['layers'])} gzip layers, {img['bytes'] / 1e6:.0f} MB compressed, "
+          f"{img['unpacked_bytes'] / 1e6:.0f} MB unpacked (" +
+          ", ".join(f"{l['name']} {l['bytes'] / 1e6:.0f} MB ({l['unpacked_bytes'] / 1e6:.0f} MB)"
+                    for l in img["layers"]) +
+          f"): a Debian root from `{_one_line(img['source'])}` cut into layers by path (the base, "
+          "`/usr/share`, Python and git), and an application layer (800 small Python modules "
+          "and 16 MiB of incompressible data). It is pushed with `skopeo copy` from an OCI "
+          "layout to Debian's `docker-registry` on 127.0.0.1 (plain HTTP, storage on the same "
+          "disk), which both sides pull from. Versions: " +
+          ", ".join(f"{k} {v}" for k, v in (t.get("versions") or {}).items() if v) + ".\n")
+    if t.get("error"):
+        w(f"**Failed**: `{_one_line(t['error'])}`\n")
+    for n in t.get("cleanup_notes", []):
+        w(f"- cleanup: `{_one_line(n)}`")
+    if t.get("cleanup_notes"):
+        w("")
+
+    pl = t.get("pull")
+    if pl:
+        w("### Pull and unpack: `sbx template pull` versus `skopeo copy` + `umoci unpack`\n")
+        w("Wall time of the commands, seconds. **sbx**: `sbx template pull --insecure-registry "
+          "127.0.0.1:PORT NAME REF`, which fetches the blobs into a pull directory (3 at a time, "
+          "sha256 checked while streaming), unpacks each layer into the layer store and "
+          "registers the template (its fetch part ends with its `sbx: pulled REF` line, "
+          "timestamped by the harness as it arrives). **skopeo + umoci**: `skopeo copy docker://REF oci:DIR:bench` "
+          "then `umoci unpack --image DIR:bench BUNDLE` (a runtime bundle with the rootfs; umoci "
+          "checks the digests too). **Cold**: an empty data directory for sbx, an empty "
+          "destination layout for skopeo. **Warm**: the layers already there, i.e. sbx's layer "
+          "store holds them (`--replace` of the same template), skopeo's destination layout holds "
+          "the blobs (skopeo then fetches only the manifest); umoci has no layer store, so it "
+          "unpacks every layer again. The page cache is not dropped between rounds (the "
+          "machine is shared), so the registry's blobs are read from memory. The four kinds "
+          "rotate within each round. **CPU**: user + system seconds of the commands (all their "
+          "threads), which the load of other work on the machine does not inflate as it does "
+          "wall time.\n")
+        if pl.get("error"):
+            w(f"**Failed**: `{_one_line(pl['error'])}`\n")
+        else:
+            w("| | rounds | P50 | P95 | min | max | CPU P50 |")
+            w("|---|---:|---:|---:|---:|---:|---:|")
+            parts = pl.get("parts_s", {})
+            cpu = pl.get("cpu_s", {})
+            for k, label in (("sbx_cold", "sbx, cold"), ("peer_cold", "skopeo + umoci, cold"),
+                             ("sbx_warm", "sbx, warm"), ("peer_warm", "skopeo + umoci, warm")):
+                s = pl[k]
+                w(f"| {label} | {s['n']} | {_sec(s['p50'])} | {_sec(s['p95'])} | "
+                  f"{_sec(s['min'])} | {_sec(s['max'])} | "
+                  f"{_sec((cpu.get(k) or {}).get('p50'))} |")
+                if k in parts:
+                    a, b = ("copy", "unpack") if "copy" in parts[k] else ("fetch", "unpack")
+                    c, u = parts[k][a], parts[k][b]
+                    what = ("skopeo copy / umoci unpack" if a == "copy" else
+                            "fetch / unpack and register")
+                    w(f"| &nbsp;&nbsp;of which {what} | | "
+                      f"{_sec(c['p50'])} / {_sec(u['p50'])} | {_sec(c['p95'])} / "
+                      f"{_sec(u['p95'])} | | | |")
+            w("")
+            _ratio_table(w, pl.get("ratios", {}))
+            w("The rows' files are on a scratch ext4 filesystem loop-mounted without `discard` "
+              "(see bench/templates.py: removing files on this host's root filesystem issues a "
+              "synchronous discard per file); nothing is removed between rounds.\n")
+
+    cr = t.get("create")
+    if cr:
+        w("### First create from a new template versus a create from a used one\n")
+        w("Create to first command through the REST API, as in section 1 (`sbx-bench-api`: "
+          "`POST /v1/sandboxes` with `{\"template\": NAME}` and the limits of section 1, until "
+          "the `exit` event of `true`). Each round starts a `sbx serve` of its own on a new data "
+          "directory, creates two boxes from the `host` template (so that the daemon's own "
+          "first box is behind it), imports the image's layout as a new template (`sbx template "
+          "import`, every layer unpacked afresh, the page cache holding what it wrote), times "
+          "the first create from it, then "
+          f"{t.get('config', {}).get('used_per_round', '?')} more creates from the same "
+          "template (\"used\"). Milliseconds.\n")
+        if cr.get("error"):
+            w(f"**Failed**: `{_one_line(cr['error'])}`\n")
+        else:
+            w("| | runs | P50 | P95 | P99 | max |")
+            w("|---|---:|---:|---:|---:|---:|")
+            for k, label in (("first", "first create from a new template"),
+                             ("used", "create from a used template")):
+                s = cr[k]
+                w(f"| {label} | {s['n']} | {_ms(s['p50'])} | {_ms(s['p95'])} | "
+                  f"{_ms(s['p99'])} | {_ms(s['max'])} |")
+            im = cr.get("import_s", {})
+            idm = {True: "the boxes' layers were idmapped mounts (nothing is copied on a "
+                         "template's first use)",
+                   False: "the boxes ran without idmapped mounts: a template's first create "
+                          "also makes the shifted copies of its layers (docs/isolation.md, "
+                          "\"Fallback\")"}.get(cr.get("idmapped"), "")
+            w(f"\nThe import before each first create took {_sec(im.get('p50'))} s (P50), "
+              f"{_sec(im.get('p95'))} s (P95)" + (f"; {idm}" if idm else "") + ".\n")
+            _ratio_table(w, cr.get("ratios", {}))
+            for e in cr.get("errors", []):
+                w(f"- failure: `{_one_line(e)}`")
+            if cr.get("errors"):
+                w("")
+
+    bd = t.get("build")
+    if bd:
+        w("### A cached rebuild versus the first build\n")
+        w("`sbx build -t bench-app DIR` of the Dockerfile below, FROM the benchmark image "
+          "(imported as `bench-base`), with a context of 300 Python files and 4 MiB of data. "
+          "**First**: `--no-cache`, every step runs (COPY, two RUN steps in boxes, the "
+          "template registered). **Cached**: the same command without `--no-cache`, every step "
+          "found in the cache (the harness checks that no step ran). Rounds alternate which goes "
+          "first. Seconds.\n")
+        w("```dockerfile\n" + bd.get("dockerfile", "").rstrip() + "\n```\n")
+        if bd.get("error"):
+            w(f"**Failed**: `{_one_line(bd['error'])}`\n")
+        else:
+            w("| | rounds | P50 | P95 | min | max |")
+            w("|---|---:|---:|---:|---:|---:|")
+            for k, label in (("first", "first build (`--no-cache`)"),
+                             ("cached", "cached rebuild")):
+                s = bd[k]
+                w(f"| {label} | {s['n']} | {_sec(s['p50'])} | {_sec(s['p95'])} | "
+                  f"{_sec(s['min'])} | {_sec(s['max'])} |")
+            w("")
+            _ratio_table(w, bd.get("ratios", {}))
+            d = bd.get("docker") or {}
+            if d.get("error"):
+                w(f"`docker build`: not measured: {_one_line(d['error'])}.\n")
+
+
+def _ratio_table(w, ratios):
+    if not ratios:
+        return
+    w("| ratio | P50 | P95 |")
+    w("|---|---:|---:|")
+    for name, r in ratios.items():
+        w(f"| {name} | {_ratio(r.get('p50'))} | {_ratio(r.get('p95'))} |")
+    w("")
 
 
 def _pct(v):

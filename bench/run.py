@@ -16,14 +16,19 @@ Measures, in one run on one machine:
   6. networking (bench/net.py, issue 12): create to first command with an `allowlist` policy
      versus `none`, download throughput through the egress proxy versus a direct veth, and the
      time to first byte the proxy adds (HTTP, HTTPS spliced, HTTPS through the interceptor),
-     all against the fake internet of tests/network (nothing leaves the machine).
+     all against the fake internet of tests/network (nothing leaves the machine);
+  7. templates (bench/templates.py, issue 13): pull and unpack of an image from a local
+     docker-registry by `sbx template pull` versus `skopeo copy` + `umoci unpack`, cold and warm;
+     the first create from a new template versus one from a used template; a cached `sbx build`
+     versus the first build.
 Writes bench/results/<timestamp>.json, bench/results/latest.json, bench/results/latency.svg and
 docs/benchmarks.md (keeping its hand-written intro). The E2B SDK row is listed as not measured,
 with the reason (the facade does not exist yet).
 
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
-  --only takes contender keys and `net` (the network rows). `--only net` runs only those and
-  merges them into bench/results/latest.json, keeping the other sections of the run there.
+  --only takes contender keys, `net` (the network rows) and `templates` (the template rows).
+  `--only net`, `--only templates` or `--only net,templates` runs only those sections and merges
+  them into bench/results/latest.json, keeping the other sections of the run there.
 """
 
 import argparse
@@ -42,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon as daemon_mod  # noqa: E402
 import net as net_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
+import templates as templates_mod  # noqa: E402
 import report  # noqa: E402
 from stats import ratio, summarize  # noqa: E402
 
@@ -639,7 +645,8 @@ def run_e2b(daemon, build_dir, cfg):
 def cleanup_cgroups(pid):
     """Removes the per-run cgroup trees this harness (and sbx under it) made. Processes still in
     them (boxes left by a daemon that died) are killed first; returns how many."""
-    names = [f"sbx-bench-bwrap-{pid}", f"sbx-bench-{pid}", f"sbx-bench-{pid}-net"]
+    names = [f"sbx-bench-bwrap-{pid}", f"sbx-bench-{pid}", f"sbx-bench-{pid}-net",
+             f"sbx-bench-{pid}-tmpl"]
     killed = set()
     for rnd in range(2):
         for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", ""):
@@ -695,8 +702,8 @@ def main():
         sys.exit(f"bench: {err}")
     log("helpers built")
     launcher = os.path.join(build, "bench", "sbx-bench-launch")
-    if keep is not None and keep <= {"net"}:
-        run_net_only(build, args)
+    if keep is not None and keep <= set(SECTIONS):
+        run_sections_only(build, args, [k for k in SECTIONS if k in keep])
         return
     install_peers()
 
@@ -740,6 +747,8 @@ def main():
         results["load_after_api"] = loadavg()
         if keep is None or "net" in keep:
             results["net"] = net_mod.run_net(build, tmp, pid, log, args.quick)
+        if keep is None or "templates" in keep:
+            results["templates"] = templates_mod.run_templates(build, tmp, pid, log, args.quick)
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -769,42 +778,51 @@ def main():
     write_outputs(results, args, started.strftime("%Y%m%dT%H%M%SZ"))
 
 
-def run_net_only(build, args):
-    """`--only net`: the network rows alone, merged into the previous results
+# The sections `--only` can run alone: key -> the function that runs it.
+SECTIONS = {"net": net_mod.run_net, "templates": templates_mod.run_templates}
+
+
+def run_sections_only(build, args, keys):
+    """`--only net` / `--only templates`: those sections alone, merged into the previous results
     (bench/results/latest.json) so that docs/benchmarks.md keeps the other sections of that run.
-    The rows' own results go to bench/results/<timestamp>-net.json."""
+    Each section's own results go to bench/results/<timestamp>-<key>.json."""
     started = datetime.datetime.now(datetime.timezone.utc)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     tmp = tempfile.mkdtemp(prefix="sbx-bench-")
     os.chmod(tmp, 0o711)
     pid = os.getpid()
+    got = {}
     try:
-        net = net_mod.run_net(build, tmp, pid, log, args.quick)
+        for key in keys:
+            got[key] = SECTIONS[key](build, tmp, pid, log, args.quick)
     finally:
         killed = cleanup_cgroups(pid)
         if killed:
             log(f"cleanup: killed {killed} processes left in the benchmark's cgroups")
         shutil.rmtree(tmp, ignore_errors=True)
-    net["quick"] = args.quick
-    net["machine"] = machine_info()
-    net["sbx"] = peers_mod._git_describe()
-    own = os.path.join(args.results, f"{stamp}-net.json")
-    os.makedirs(args.results, exist_ok=True)
-    with open(own, "w") as f:
-        json.dump(net, f, indent=1)
-        f.write("\n")
-    net["json"] = f"bench/results/{stamp}-net.json"
     latest = os.path.join(args.results, "latest.json")
     try:
         with open(latest) as f:
             results = json.load(f)
     except (OSError, ValueError):
         results = {"schema": 1, "started": started.isoformat(timespec="seconds"),
-                   "machine": net["machine"], "config": dict(QUICK if args.quick else FULL),
+                   "machine": machine_info(), "config": dict(QUICK if args.quick else FULL),
                    "quick": args.quick, "latency": {}, "density": {"error": "not run"},
                    "load_at_start": loadavg(), "load_at_end": loadavg(),
                    "not_measured": NOT_MEASURED}
-    results["net"] = net
+    os.makedirs(args.results, exist_ok=True)
+    own = []
+    for key, res in got.items():
+        res["quick"] = args.quick
+        res["machine"] = machine_info()
+        res["sbx"] = peers_mod._git_describe()
+        path = os.path.join(args.results, f"{stamp}-{key}.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+        res["json"] = f"bench/results/{stamp}-{key}.json"
+        own.append(path)
+        results[key] = res
     with open(latest, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
@@ -812,8 +830,9 @@ def run_net_only(build, args):
     svg_path = os.path.join(args.results, "latency.svg")
     report.write_markdown(results, args.doc, os.path.relpath(svg_path, os.path.dirname(args.doc)),
                           f"bench/results/{base}.json")
-    log(f"wrote {args.doc}, {own} and the merged bench/results/latest.json "
-        f"({net.get('duration_s', 0):.0f} s of benchmarking)")
+    secs = sum(r.get("duration_s", 0) for r in got.values())
+    log(f"wrote {args.doc}, {', '.join(own)} and the merged bench/results/latest.json "
+        f"({secs:.0f} s of benchmarking)")
 
 
 def write_outputs(results, args, stamp):
