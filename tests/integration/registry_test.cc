@@ -893,7 +893,7 @@ TEST(RegistryPull, KilledPullsAreSweptAtDaemonStartAndALiveOneIsKept) {
   ASSERT_TRUE(live->Running());
   // A dead writer's build staging directory and upload temp file (pid 1's start time is not 1).
   const std::string staging = data + "/templates/staging/1-1-deadbeef";
-  ASSERT_EQ(::mkdir(staging.c_str(), 0700), 0);
+  ASSERT_TRUE(MakeDirs(staging, 0700).ok());
   ASSERT_TRUE(MakeDirs(data + "/build-files/key_deadwriter1", 0700).ok());
   const std::string upload = data + "/build-files/key_deadwriter1/.tmp-1-1-abcdef";
   Write(upload, "half an upload");
