@@ -224,12 +224,15 @@ TEST_F(ImageImportLowFdLimit, TheDaemonRaisesItsSoftLimitAndA500LayerCreateWorks
                     "tar -C r$i --numeric-owner -cf $i/layer.tar . && rm -rf r$i; done";
   ASSERT_EQ(Sh(cmd).exit_code, 0) << cmd;
   json diff_ids = json::array(), layers = json::array();
-  for (int i = 0; i < kLayers; ++i) {
-    auto sum = Sh("sha256sum " + out + "/" + std::to_string(i) + "/layer.tar");
-    ASSERT_GE(sum.out.size(), 64u);
-    diff_ids.push_back("sha256:" + sum.out.substr(0, 64));
-    layers.push_back(std::to_string(i) + "/layer.tar");
+  auto sums = Sh("cd " + out + " && for i in $(seq 0 " + std::to_string(kLayers - 1) +
+                 "); do sha256sum $i/layer.tar; done");
+  std::istringstream lines(sums.out);
+  for (std::string line; std::getline(lines, line);) {
+    ASSERT_GE(line.size(), 64u) << sums.out;
+    diff_ids.push_back("sha256:" + line.substr(0, 64));
+    layers.push_back(line.substr(66));  // "<hex>  N/layer.tar", in layer order
   }
+  ASSERT_EQ(layers.size(), static_cast<size_t>(kLayers));
   json config = {{"architecture", "amd64"},
                  {"os", "linux"},
                  {"config", {{"Env", {"PATH=/bin"}}}},
