@@ -9,7 +9,7 @@ build=$1
 shift
 seconds=${FUZZ_SECONDS:-60}
 src=$(cd "$(dirname "$0")" && pwd)
-targets=${*:-"http_request json_body e2b_fields connect_envelope agent_frames_daemon agent_frames_agent tar_unpack tls_client_hello dns_message dockerfile"}
+targets=${*:-"http_request json_body e2b_fields connect_envelope agent_frames_daemon agent_frames_agent tar_unpack layer_blob tls_client_hello dns_message dockerfile"}
 failed=0
 summary=""
 for t in $targets; do

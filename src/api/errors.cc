@@ -21,6 +21,8 @@ ErrorAnswer AnswerFor(int err) {
     case ENXIO:    // a FIFO without a reader, a socket: not a file to open
     case ENOBUFS:  // a reply larger than the daemon takes (a listing too long): ask for less
       return {400, "invalid_argument", "invalid_argument"};
+    case EFBIG:  // an upload past its size limit
+      return {413, "payload_too_large", "resource_exhausted"};
     case EACCES:
     case EPERM:
       return {403, "permission_denied", "permission_denied"};

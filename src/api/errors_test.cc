@@ -31,6 +31,7 @@ TEST(ErrorsTest, EachErrnoHasOneAnswer) {
       {ENOBUFS, 400, "invalid_argument", "invalid_argument"},
       {EACCES, 403, "permission_denied", "permission_denied"},
       {EPERM, 403, "permission_denied", "permission_denied"},
+      {EFBIG, 413, "payload_too_large", "resource_exhausted"},
       {EBUSY, 409, "conflict", "failed_precondition"},
       {EPIPE, 409, "conflict", "failed_precondition"},
       {EROFS, 409, "conflict", "failed_precondition"},

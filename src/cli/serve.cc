@@ -196,12 +196,18 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: %s\n", bounds.what().c_str());
     return kExitSbxError;
   }
-  // Every connection is a descriptor, and so is much of what a sandbox holds: the soft limit
-  // (often 1024) would make accept fail before max_connections is reached.
-  if (rlimit nofile{};
-      ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+  // Every connection is a descriptor, and so is much of what a sandbox holds (a create of a
+  // 500-layer template opens each layer): the soft limit (often 1024, or less where the daemon
+  // was started from) would make accept or a mount fail long before the hard limit.
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    rlim_t inherited = nofile.rlim_cur;
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) nofile.rlim_cur = inherited;
+    }
+    spdlog::info("open files: soft limit {} (inherited {}, hard {})",
+                 static_cast<uint64_t>(nofile.rlim_cur), static_cast<uint64_t>(inherited),
+                 static_cast<uint64_t>(nofile.rlim_max));
   }
 
   // SIGTERM/SIGINT end the daemon through a signalfd; SIGPIPE never kills it.
@@ -295,6 +301,15 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: template cache: %s\n", s.message().c_str());
     return kExitSbxError;
   }
+  // What killed pulls, builds and uploads left (a pull running beside the daemon keeps its
+  // directory). No upload is running yet: every temp file is a dead one's.
+  auto swept = storage::SweepAbandoned(templates, **st);
+  if (!swept.ok()) spdlog::warn("template cache sweep: {}", swept.status().message());
+  int swept_pulls = swept.ok() ? *swept : 0;
+  int swept_uploads = sandbox::TemplateBuilds::SweepUploads(global.data_dir, true);
+  if (swept_pulls > 0 || swept_uploads > 0)
+    spdlog::info("swept {} abandoned pull directories and {} upload temp files", swept_pulls,
+                 swept_uploads);
   // The network stack: it must outlive the manager, which calls it on every create and destroy.
   // Its audit events go to the manager once there is one (AuditNetwork), never after it.
   std::unique_ptr<network::Stack> stack;

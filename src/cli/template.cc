@@ -12,6 +12,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "sandbox/templates.h"
 #include "storage/image.h"
 #include "store/store.h"
 
@@ -263,6 +264,8 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
     if (!st.ok()) return Fail(st.status());
     auto removed = storage::GcLayers(CliTemplateStore(g.data_dir, 0), **st);
     if (!removed.ok()) return Fail(removed.status());
+    // A daemon may be running: only the upload temp files of dead writers go.
+    (void)sandbox::TemplateBuilds::SweepUploads(g.data_dir, false);
     int64_t freed = 0;
     for (const auto& l : *removed) {
       std::printf("%s\t%s\n", l.id.c_str(), FormatSize(l.size_bytes).c_str());

@@ -142,6 +142,10 @@ void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& g, ClientVerb
     // Named by the reference, so that pulling it again continues what an interrupted pull left.
     std::string dir = ts.dir + "/pulls/" + store::Sha256Hex(ref->String()).substr(0, 32);
     if (Status s = MakeDirs(ts.dir + "/pulls", 0700); !s.ok()) return Fail(s);
+    // Held until the directory is imported and removed: the sweep of a daemon start or a gc
+    // beside this pull leaves it alone.
+    auto hold = storage::PullHold::Take(dir);
+    if (!hold.ok()) return Fail(hold.status());
 
     ProgressLines fetch("fetch");
     auto pulled = storage::PullImage(o, f->ref, dir, [&](const storage::Progress& p) { fetch(p); });

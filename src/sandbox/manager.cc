@@ -146,6 +146,7 @@ Manager::Manager(ManagerConfig config, runtime::Runtime& runtime, storage::Templ
         Audit(type, "", key_id, std::move(detail));
       },
       clock_);
+  builds_->SetDiskReserve(config_.disk_reserve_bytes, config_.disk_reserve_percent);
 }
 
 // ---- per-sandbox transitions ----

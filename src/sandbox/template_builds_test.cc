@@ -292,5 +292,54 @@ TEST_F(TemplatesTest, UploadsArePerKeyAndUnpackedIntoTheBuildsContext) {
   EXPECT_EQ(missing.status().message().find(dir_), std::string::npos);
 }
 
+// The tenant rules around names and uploads that the daemon's battery (tests/security/
+// tenant_test.cc, rows 13a-13f) drives over HTTP, here against the store directly.
+TEST_F(TemplatesTest, TagsUploadsAndIdsFollowTheTenantRules) {
+  TemplateBuilds t = Make(nullptr);
+  ASSERT_TRUE(t.Reserve(a_, "app").ok());
+  // A tag of A's name, the built-ins' or the operator's is nobody else's to publish.
+  auto tag = t.Reserve(b_, "app:v2");
+  EXPECT_EQ(tag.status().err(), EPERM);
+  EXPECT_NE(tag.status().message().find("'app' was built by another key"), std::string::npos)
+      << tag.status().message();
+  EXPECT_EQ(t.Reserve(b_, "base:v2").status().err(), EPERM);
+  EXPECT_TRUE(t.Reserve(a_, "app:v2").ok());  // A's own
+  EXPECT_TRUE(t.MayBuild(a_, "app", "upload").ok());
+  EXPECT_EQ(t.MayBuild(b_, "app", "upload").err(), EPERM);
+  EXPECT_EQ(t.MayBuild(b_, "../app").err(), EINVAL);
+  // Ids and names that are not ones are EINVAL before anything is looked up.
+  EXPECT_EQ(t.Get(a_, "../../etc", 0).status().err(), EINVAL);
+  EXPECT_EQ(t.Info(a_, "a/b").status().err(), EINVAL);
+  EXPECT_EQ(t.Delete(a_, std::string(300, 'a')).err(), EINVAL);
+
+  // An upload is kept as first stored: a second PUT of the hash does not replace it.
+  ASSERT_TRUE(t.PutUpload(a_, kHash, Reader("first")).ok());
+  ASSERT_TRUE(t.PutUpload(a_, kHash, Reader("second")).ok());
+  std::ifstream f(dir_ + "/data/build-files/" + a_.id + "/" + kHash + ".tar");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), "first");
+  // Past the size limit, declared: refused before a file is made.
+  EXPECT_EQ(t.BeginUpload(a_, std::string(64, 'c'), kMaxUploadBytes + 1).status().err(), EFBIG);
+  // Past the disk reserve: ENOSPC.
+  t.SetDiskReserve(int64_t{1} << 62, 0);
+  EXPECT_EQ(t.BeginUpload(a_, std::string(64, 'c'), 1).status().err(), ENOSPC);
+  t.SetDiskReserve(0, 0);
+  // An upload URL's key must still be there and active.
+  EXPECT_TRUE(t.UploadKey(a_.id).ok());
+  EXPECT_EQ(t.UploadKey("key_nosuchkey1").status().err(), EACCES);
+  EXPECT_EQ(t.UploadKey("../" + a_.id).status().err(), EACCES);
+  ASSERT_TRUE(store_->RevokeApiKey(a_.id).ok());
+  EXPECT_EQ(t.UploadKey(a_.id).status().err(), EACCES);
+
+  // Upload temp files: a dead writer's go, a live one's stays (unless every one is asked for).
+  std::string dir = dir_ + "/data/build-files/" + b_.id;
+  ASSERT_TRUE(MakeDirs(dir, 0700).ok());
+  std::ofstream(dir + "/.tmp-1-1-dead") << "x";
+  std::ofstream(dir + "/.tmp-" + storage::MakerPrefix() + "live") << "x";
+  EXPECT_EQ(TemplateBuilds::SweepUploads(dir_ + "/data", false), 1);
+  EXPECT_EQ(TemplateBuilds::SweepUploads(dir_ + "/data", true), 1);
+}
+
 }  // namespace
 }  // namespace sbx::sandbox

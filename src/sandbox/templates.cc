@@ -5,6 +5,7 @@
 #include <ftw.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -26,6 +27,40 @@ constexpr size_t kBuildIdChars = 20;
 Status NoBuild(const std::string& id) {
   return Status::Error("build '" + id + "' not found", ENOENT);
 }
+
+// The names, ids and hashes of requests are checked before any store lookup or path: the error
+// echoes at most a bounded, printable prefix of what was sent.
+std::string Echo(const std::string& v) {
+  std::string out;
+  for (char c : v.substr(0, 80)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return v.size() > 80 ? out + "..." : out;
+}
+
+Status BadName(const std::string& name) {
+  return Status::Error("template name '" + Echo(name) +
+                           "': [a-z0-9][a-z0-9._-]{0,63}, optionally with ':' and a tag",
+                       EINVAL);
+}
+
+Status BadBuildId(const std::string& id) {
+  return Status::Error("build id '" + Echo(id) + "': 'bld_' and 20 [a-z0-9]", EINVAL);
+}
+
+// ENOSPC when `need` more bytes would leave the filesystem `fs` less free space than the reserve
+// (the larger of `reserve_bytes` and `reserve_percent` of it).
+Status CheckRoom(const struct statvfs& fs, int64_t reserve_bytes, double reserve_percent,
+                 int64_t need) {
+  auto unit = static_cast<int64_t>(fs.f_frsize);
+  int64_t total = static_cast<int64_t>(fs.f_blocks) * unit;
+  int64_t reserve = std::max(
+      reserve_bytes, static_cast<int64_t>(static_cast<double>(total) * reserve_percent / 100.0));
+  if (static_cast<int64_t>(fs.f_bavail) * unit - need >= reserve) return {};
+  return Status::Error(
+      "upload: the daemon's disk is full (it keeps " + std::to_string(reserve >> 20) + " MiB free)",
+      ENOSPC);
+}
+
+Status BadHash() { return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL); }
 
 bool IsBuiltIn(const store::TemplateRecord& r) {
   return r.kind == store::kTemplateHost || r.kind == store::kTemplateAlias;
@@ -84,6 +119,95 @@ TemplateBuilds::TemplateBuilds(store::Store& store, storage::TemplateStore templ
   if (!data_dir_.empty()) (void)RemoveTree(data_dir_ + "/build-contexts");
 }
 
+int TemplateBuilds::SweepUploads(const std::string& data_dir, bool all) {
+  int removed = 0;
+  std::string root = data_dir + "/build-files";
+  for (const auto& key : storage::DirEntries(root)) {
+    std::string dir = root + "/" + key;
+    for (const auto& n : storage::DirEntries(dir)) {
+      if (!n.starts_with(".tmp-")) continue;
+      if (!all && storage::MakerAlive(n.substr(5))) continue;
+      if (::unlink((dir + "/" + n).c_str()) == 0) ++removed;
+    }
+  }
+  return removed;
+}
+
+Status TemplateBuilds::Refused(const store::ApiKeyRecord& key, const std::string& name,
+                               const std::string& op) {
+  auto rec = store_.GetTemplate(name);
+  bool builtin = rec.ok() && *rec && IsBuiltIn(**rec);
+  auto owner = store_.GetTemplateOwner(name);
+  std::string whose = builtin                ? "is built in"
+                      : owner.ok() && *owner ? "was built by another key"
+                                             : "is the operator's";
+  audit_("template.denied", key.id, {{"template", name}, {"op", op}});
+  return Status::Error("template '" + name + "' " + whose + ": this key may not " +
+                           (op == "upload" ? "upload files for it" : "replace it"),
+                       EPERM);
+}
+
+Status TemplateBuilds::MayBuild(const store::ApiKeyRecord& key, const std::string& name,
+                                const std::string& op) {
+  if (!storage::IsValidTemplateName(name)) return BadName(name);
+  SBX_RETURN_IF_ERROR(MayUseFamily(key, name, op));
+  auto owner = store_.GetTemplateOwner(name);
+  if (!owner.ok()) return owner.status();
+  if (*owner) {
+    if ((*owner)->owner_key_id == key.id || key.is_operator) return {};
+    return Refused(key, name, op);
+  }
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  if (!*rec || (key.is_operator && !IsBuiltIn(**rec))) return {};
+  return Refused(key, name, op);
+}
+
+// A tag goes with its name: "app:v2" is built only by a key that may build every other "app[:tag]"
+// there is, so no key publishes a tag of another key's, the operator's or a built-in template
+// (which users of that template would take for one of its versions).
+Status TemplateBuilds::MayUseFamily(const store::ApiKeyRecord& key, const std::string& name,
+                                    const std::string& op) {
+  std::string base = name.substr(0, name.find(':'));
+  auto same = [&](const std::string& other) {
+    return other != name && other.substr(0, other.find(':')) == base;
+  };
+  auto refuse = [&](const std::string& other, const std::string& whose) {
+    audit_("template.denied", key.id, {{"template", name}, {"op", op}});
+    return Status::Error("template '" + name + "': '" + other + "' " + whose +
+                             ": this key may not build another tag of it",
+                         EPERM);
+  };
+  auto rows = store_.ListTemplateOwners("");
+  if (!rows.ok()) return rows.status();
+  for (const auto& r : *rows)
+    if (same(r.name) && r.owner_key_id != key.id && !key.is_operator)
+      return refuse(r.name, "was built by another key");
+  auto recs = store_.ListTemplates();
+  if (!recs.ok()) return recs.status();
+  for (const auto& r : *recs) {
+    if (!same(r.name)) continue;
+    if (IsBuiltIn(r)) return refuse(r.name, "is built in");
+    bool held = std::any_of(rows->begin(), rows->end(),
+                            [&](const store::TemplateOwnerRecord& o) { return o.name == r.name; });
+    if (!held && !key.is_operator) return refuse(r.name, "is the operator's");
+  }
+  return {};
+}
+
+Result<store::ApiKeyRecord> TemplateBuilds::UploadKey(const std::string& key_id) {
+  auto gone = Status::Error("upload URL: the key it was made for no longer exists", EACCES);
+  if (key_id.empty() || key_id.size() > 64 ||
+      !std::all_of(key_id.begin(), key_id.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      }))
+    return gone;
+  auto k = store_.GetApiKey(key_id);
+  if (!k.ok()) return k.status();
+  if (!*k || !(*k)->active()) return gone;
+  return **k;
+}
+
 TemplateBuilds::~TemplateBuilds() {
   MutexLock lock(mu_);
   for (auto& [id, e] : builds_)
@@ -92,23 +216,13 @@ TemplateBuilds::~TemplateBuilds() {
 
 Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key,
                                             const std::string& name) {
-  if (!storage::IsValidTemplateName(name))
-    return Status::Error(
-        "template name '" + name + "': [a-z0-9][a-z0-9._-]{0,63}, optionally with ':' and a tag",
-        EINVAL);
+  if (!storage::IsValidTemplateName(name)) return BadName(name);
+  SBX_RETURN_IF_ERROR(MayUseFamily(key, name, "build"));
   std::string id = kBuildPrefix + RandomId(kBuildIdChars);
   auto claim = store_.ClaimTemplate(name, key.id, id, key.is_operator);
   if (!claim.ok()) {
     if (claim.status().err() != EPERM) return claim.status();
-    auto rec = store_.GetTemplate(name);
-    bool builtin = rec.ok() && *rec && IsBuiltIn(**rec);
-    auto owner = store_.GetTemplateOwner(name);
-    std::string whose = builtin                ? "is built in"
-                        : owner.ok() && *owner ? "was built by another key"
-                                               : "is the operator's";
-    audit_("template.denied", key.id, {{"template", name}, {"op", "build"}});
-    return Status::Error("template '" + name + "' " + whose + ": this key may not replace it",
-                         EPERM);
+    return Refused(key, name, "build");
   }
   MutexLock lock(mu_);
   builds_[id] = Entry{name, key.id, "", "", false, "", clock_.NowMs()};
@@ -122,6 +236,7 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
   Builder* b = builder_.load();
   if (!b) return Status::Error("this sbx has no template builder", ENOSYS);
   std::string id = build_id;
+  if (!id.empty() && !IsBuildId(id)) return BadBuildId(id);
   if (id.empty()) {
     auto r = Reserve(key, spec.name);
     if (!r.ok()) return r.status();
@@ -173,11 +288,15 @@ Result<std::string> TemplateBuilds::StartDockerfile(
     const store::ApiKeyRecord& key, const std::string& name, const std::string& context_hash,
     const std::string& dockerfile, const std::map<std::string, std::string>& build_args,
     bool no_cache, const network::Policy& network) {
+  // The context is used once, and never kept for a build that does not start.
+  struct Forget {
+    std::string path;
+    ~Forget() { (void)::unlink(path.c_str()); }
+  } forget{IsFilesHash(context_hash) ? UploadDir(key) + "/" + context_hash + ".tar" : ""};
   if (!enabled()) return Status::Error("this sbx has no template builder", ENOSYS);
   auto id = Reserve(key, name);
   if (!id.ok()) return id.status();
   auto dir = PrepareContext(key, *id, {{context_hash, -1, true}});
-  (void)::unlink((UploadDir(key) + "/" + context_hash + ".tar").c_str());  // used once
   auto fail = [&](const Status& s) -> Status {
     if (dir.ok()) (void)RemoveTree(*dir);
     MutexLock lock(mu_);
@@ -226,6 +345,7 @@ Result<std::string> TemplateBuilds::StartDockerfile(
 
 Status TemplateBuilds::Fail(const store::ApiKeyRecord& key, const std::string& build_id,
                             const std::string& reason) {
+  if (!IsBuildId(build_id)) return BadBuildId(build_id);
   MutexLock lock(mu_);
   auto it = builds_.find(build_id);
   if (it == builds_.end() || (it->second.key_id != key.id && !key.is_operator))
@@ -239,6 +359,7 @@ Status TemplateBuilds::Fail(const store::ApiKeyRecord& key, const std::string& b
 
 Result<BuildStatus> TemplateBuilds::Get(const store::ApiKeyRecord& key, const std::string& build_id,
                                         int64_t offset) {
+  if (!IsBuildId(build_id)) return BadBuildId(build_id);
   if (offset < 0) offset = 0;
   std::string builder_id, context_dir;
   BuildStatus out;
@@ -306,6 +427,7 @@ Result<BuildStatus> TemplateBuilds::Get(const store::ApiKeyRecord& key, const st
 }
 
 Result<TemplateInfo> TemplateBuilds::Info(const store::ApiKeyRecord& key, const std::string& name) {
+  if (!storage::IsValidTemplateName(name)) return BadName(name);
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
   auto row = store_.GetTemplateOwner(name);
@@ -320,11 +442,12 @@ Result<TemplateInfo> TemplateBuilds::Info(const store::ApiKeyRecord& key, const 
   }
   if (*row) {
     info.owner = (*row)->owner_key_id == key.id ? TemplateOwner::kYou : TemplateOwner::kOtherKey;
-    info.build_id = (*row)->build_id;
     info.created_at = (*row)->created_at;
     info.updated_at = (*row)->updated_at;
-    // The latest build's state, for the key that ran it; others see the template as it is.
+    // The latest build (its id and state), for the key that ran it; others see the template as
+    // it is, and no id of another key's object.
     if (info.owner == TemplateOwner::kYou || key.is_operator) {
+      info.build_id = (*row)->build_id;
       store::ApiKeyRecord owner = key;
       owner.id = (*row)->owner_key_id;
       auto st = Get(owner, info.build_id, 0);
@@ -356,6 +479,7 @@ Result<std::vector<TemplateInfo>> TemplateBuilds::List(const store::ApiKeyRecord
 }
 
 Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string& name) {
+  if (!storage::IsValidTemplateName(name)) return BadName(name);
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
   auto row = store_.GetTemplateOwner(name);
@@ -414,8 +538,7 @@ std::string TemplateBuilds::UploadDir(const store::ApiKeyRecord& key) const {
 
 Result<bool> TemplateBuilds::HasUpload(const store::ApiKeyRecord& key,
                                        const std::string& files_hash) {
-  if (!IsFilesHash(files_hash))
-    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
+  if (!IsFilesHash(files_hash)) return BadHash();
   if (data_dir_.empty()) return false;
   struct stat st {};
   return ::stat((UploadDir(key) + "/" + files_hash + ".tar").c_str(), &st) == 0 &&
@@ -432,7 +555,15 @@ Status TemplateBuilds::Upload::Write(std::string_view data) {
   bytes_ += static_cast<int64_t>(data.size());
   if (bytes_ > kMaxUploadBytes)
     return Status::Error("upload: larger than " + std::to_string(kMaxUploadBytes >> 20) + " MiB",
-                         E2BIG);
+                         EFBIG);
+  // The disk is shared with every box: look at its free space every 16 MiB written.
+  if (bytes_ - checked_at_ >= (int64_t{16} << 20) || checked_at_ == 0) {
+    checked_at_ = bytes_;
+    struct statvfs fs {};
+    if (::fstatvfs(fd_, &fs) == 0)
+      SBX_RETURN_IF_ERROR(
+          CheckRoom(fs, reserve_bytes_, reserve_percent_, static_cast<int64_t>(data.size())));
+  }
   size_t off = 0;
   while (off < data.size()) {
     ssize_t w = ::write(fd_, data.data() + off, data.size() - off);
@@ -448,7 +579,11 @@ Status TemplateBuilds::Upload::Commit() {
   if (::fsync(fd_) != 0) return Status::Errno("sync upload");
   ::close(fd_);
   fd_ = -1;
-  if (::rename(tmp_.c_str(), final_.c_str()) != 0) return Status::Errno("store upload");
+  // Never over a stored one (see the top): the first upload of a hash is the one builds read.
+  if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_NOREPLACE) != 0) {
+    if (errno != EEXIST) return Status::Errno("store upload");
+    return {};  // the destructor removes this one
+  }
   tmp_.clear();
   // The key's uploads past the bound go, oldest first (the one just stored stays).
   struct Kept {
@@ -480,15 +615,24 @@ Status TemplateBuilds::Upload::Commit() {
 }
 
 Result<std::unique_ptr<TemplateBuilds::Upload>> TemplateBuilds::BeginUpload(
-    const store::ApiKeyRecord& key, const std::string& files_hash) {
-  if (!IsFilesHash(files_hash))
-    return Status::Error("files hash: 64 lowercase hex digits (sha256)", EINVAL);
+    const store::ApiKeyRecord& key, const std::string& files_hash, int64_t expected_bytes) {
+  if (!IsFilesHash(files_hash)) return BadHash();
   if (data_dir_.empty()) return Status::Error("this sbx keeps no uploads", ENOSYS);
+  if (expected_bytes > kMaxUploadBytes)
+    return Status::Error("upload: larger than " + std::to_string(kMaxUploadBytes >> 20) + " MiB",
+                         EFBIG);
   std::unique_ptr<Upload> u(new Upload());
+  u->reserve_bytes_ = reserve_bytes_.load();
+  u->reserve_percent_ = reserve_percent_.load();
+  if (expected_bytes > 0) {
+    struct statvfs fs {};
+    if (::statvfs(data_dir_.c_str(), &fs) == 0)
+      SBX_RETURN_IF_ERROR(CheckRoom(fs, u->reserve_bytes_, u->reserve_percent_, expected_bytes));
+  }
   u->dir_ = UploadDir(key);
   SBX_RETURN_IF_ERROR(MakeDirs(u->dir_, 0700));
   u->final_ = u->dir_ + "/" + files_hash + ".tar";
-  std::string tmp = u->dir_ + "/.tmp-" + RandomId(12);
+  std::string tmp = u->dir_ + "/.tmp-" + storage::MakerPrefix() + RandomId(12);
   u->fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (u->fd_ < 0) return Status::Errno("create upload");
   u->tmp_ = tmp;

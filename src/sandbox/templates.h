@@ -17,7 +17,14 @@
 //
 // Uploads are kept per key (<data>/build-files/<key id>/<sha256 hex>.tar): the E2B hash names the
 // files' content as the client computed it, which the daemon cannot check against the archive,
-// so one key's upload must never stand for another key's files.
+// so one key's upload must never stand for another key's files. An upload, once stored, is never
+// replaced (a second PUT of the hash keeps the first), so a leaked upload URL cannot swap the
+// files of a build that already found them present. One being written is
+// build-files/<key id>/.tmp-<pid>-<start time>-<random>: the start-up sweep (SweepUploads) tells
+// a dead writer's from a live one.
+//
+// Every name, build id and hash a caller passes is checked before it reaches the store or a path:
+// EINVAL (400) for anything else, naming the field.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -82,6 +89,10 @@ class TemplateBuilds {
   // the build is waiting until Start. EINVAL for an invalid name, EPERM when `key` may not build
   // it (see the top).
   Result<std::string> Reserve(const store::ApiKeyRecord& key, const std::string& name);
+  // Whether `key` may build (rebuild) `name`, or upload files for it (`op` "upload"), without
+  // claiming it: EINVAL for an invalid name, EPERM (audited as template.denied) as Reserve.
+  Status MayBuild(const store::ApiKeyRecord& key, const std::string& name,
+                  const std::string& op = "build");
   // Starts the build `build_id` (from Reserve; "" reserves spec.name now) of `key` with `spec`
   // (spec.name and spec.owner_key_id are set here). `copies` are the archives (UploadedCopy) the
   // COPY steps read: each is unpacked below spec.context_dir as <files_hash>/ (or at its root,
@@ -117,6 +128,18 @@ class TemplateBuilds {
   Status Delete(const store::ApiKeyRecord& key, const std::string& name);
 
   // ---- E2B's uploads (per key, see the top) ----
+  // The key an upload URL was signed for, as the store has it now: EACCES for an id that is not
+  // a key's or a key that was revoked since the URL was made (its URL stores nothing).
+  Result<store::ApiKeyRecord> UploadKey(const std::string& key_id);
+  // Uploads leave at least this much of the data directory's filesystem free (the daemon's disk
+  // reserve, ManagerConfig::disk_reserve_*): ENOSPC past it. Call before serving.
+  void SetDiskReserve(int64_t bytes, double percent) {
+    reserve_bytes_ = bytes;
+    reserve_percent_ = percent;
+  }
+  // Removes upload temp files (.tmp-*) below <data_dir>/build-files whose writer is gone (every
+  // one when `all`: at daemon start, when no upload can be running). Returns how many.
+  static int SweepUploads(const std::string& data_dir, bool all);
   // Whether `key` has uploaded the archive `files_hash`. EINVAL unless [a-f0-9]{64}.
   Result<bool> HasUpload(const store::ApiKeyRecord& key, const std::string& files_hash);
   // An archive being stored: staged in the key's directory, renamed into place by Commit, so a
@@ -124,9 +147,10 @@ class TemplateBuilds {
   class Upload {
    public:
     ~Upload();
-    // E2BIG past kMaxUploadBytes.
+    // EFBIG past kMaxUploadBytes; ENOSPC when the filesystem would keep less than the reserve.
     Status Write(std::string_view data);
-    // Makes it durable and visible; then evicts the key's oldest uploads past
+    // Makes it durable and visible, unless an upload of the same hash is stored already (which
+    // stays; this one is dropped); then evicts the key's oldest uploads past
     // kMaxUploadsBytesPerKey (this one stays).
     Status Commit();
 
@@ -136,10 +160,16 @@ class TemplateBuilds {
     std::string dir_, tmp_, final_;
     int fd_ = -1;
     int64_t bytes_ = 0;
+    int64_t reserve_bytes_ = 0;
+    double reserve_percent_ = 0;
+    int64_t checked_at_ = 0;  // bytes_ when free space was last looked at
   };
-  // Starts storing the archive `files_hash` of `key` (replacing one of the same hash on Commit).
+  // Starts storing the archive `files_hash` of `key`. `expected_bytes` (the request's
+  // Content-Length; -1 unknown) is refused up front, before anything is written: EFBIG past
+  // kMaxUploadBytes, ENOSPC past the free space above the reserve.
   Result<std::unique_ptr<Upload>> BeginUpload(const store::ApiKeyRecord& key,
-                                              const std::string& files_hash);
+                                              const std::string& files_hash,
+                                              int64_t expected_bytes = -1);
   // BeginUpload, Write of everything `read` gives (a buffer's byte count, 0 at the end, or an
   // error), Commit.
   Status PutUpload(const store::ApiKeyRecord& key, const std::string& files_hash,
@@ -155,7 +185,9 @@ class TemplateBuilds {
     std::string error;
     int64_t created_at = 0;
   };
-  Status MayBuild(const store::ApiKeyRecord& key, const std::string& name);
+  Status Refused(const store::ApiKeyRecord& key, const std::string& name, const std::string& op);
+  Status MayUseFamily(const store::ApiKeyRecord& key, const std::string& name,
+                      const std::string& op);
   void Trim() REQUIRES(mu_);
   Result<std::string> PrepareContext(const store::ApiKeyRecord& key, const std::string& build_id,
                                      const std::vector<UploadedCopy>& copies);
@@ -167,6 +199,8 @@ class TemplateBuilds {
   std::atomic<Builder*> builder_;
   AuditFn audit_;
   Clock& clock_;
+  std::atomic<int64_t> reserve_bytes_{0};
+  std::atomic<double> reserve_percent_{0};
   Mutex mu_;
   std::map<std::string, Entry> builds_ GUARDED_BY(mu_);  // by build id
 };

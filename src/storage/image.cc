@@ -980,9 +980,10 @@ Result<ImageConfig> GetImageConfig(store::Store& st, const std::string& name) {
 }
 
 Result<std::vector<store::LayerRecord>> GcLayers(const TemplateStore& ts, store::Store& st) {
+  auto swept = SweepAbandoned(ts, st);  // killed pulls' directories too
+  if (!swept.ok()) return swept.status();
   auto lock = CacheLock::Take(ts);
   if (!lock.ok()) return lock.status();
-  internal::SweepCache(ts, st);
   std::vector<store::LayerRecord> removed;
   auto freed = internal::EvictLocked(ts, st, 0, &removed);
   if (!freed.ok()) return freed.status();

@@ -964,6 +964,67 @@ Status RemoveTemplate(const TemplateStore& ts, store::Store& st, const std::stri
   return {};
 }
 
+std::string MakerPrefix() { return SelfStagingPrefix(); }
+bool MakerAlive(std::string_view name) { return StagingMakerAlive(std::string(name)); }
+std::vector<std::string> DirEntries(const std::string& dir) { return Entries(dir); }
+
+namespace {
+
+// An exclusive flock on `path` (made if missing) without waiting; invalid when another holds it.
+UniqueFd TryLockFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) fd.reset();
+  return fd;
+}
+
+}  // namespace
+
+Result<PullHold> PullHold::Take(const std::string& pull_dir) {
+  std::string path = pull_dir + ".lock";
+  for (;;) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return Status::Errno("open the pull's lock");
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0)
+      return Status::Error("another pull of this reference is running", EBUSY);
+    // A sweep may have removed the file between the open and the lock: then hold a new one.
+    struct stat held {
+    }, now{};
+    if (::fstat(fd.get(), &held) == 0 && ::stat(path.c_str(), &now) == 0 &&
+        held.st_ino == now.st_ino && held.st_dev == now.st_dev)
+      return PullHold(std::move(fd), path);
+  }
+}
+
+PullHold::~PullHold() {
+  if (fd_) (void)::unlink(path_.c_str());
+}
+
+Result<int> SweepAbandoned(const TemplateStore& ts, store::Store& st) {
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  SweepCache(ts, st);
+  std::string root = ts.dir + "/pulls";
+  int removed = 0;
+  for (const auto& n : Entries(root)) {
+    std::string path = root + "/" + n;
+    if (n.ends_with(".lock")) {
+      // A hold whose directory is gone (a pull killed before it made it, or after removing it).
+      std::string dir = path.substr(0, path.size() - 5);
+      struct stat sb {};
+      if (::lstat(dir.c_str(), &sb) != 0 && TryLockFile(path)) (void)::unlink(path.c_str());
+      continue;
+    }
+    UniqueFd hold = TryLockFile(path + ".lock");
+    if (!hold) continue;  // a live `sbx template pull`
+    // PullImage's own lock on the layout directory: a pull by a caller without a hold.
+    UniqueFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+    if (dir && ::flock(dir.get(), LOCK_EX | LOCK_NB) != 0) continue;
+    if (RemoveTree(path).ok()) ++removed;  // else retried by the next sweep
+    (void)::unlink((path + ".lock").c_str());
+  }
+  return removed;
+}
+
 Result<int64_t> UnpackTarball(const std::string& tarball, const std::string& dest,
                               int64_t limit_bytes) {
   ExtractOptions o;

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/fd.h"
 #include "common/status.h"
 #include "runtime/runtime.h"
 #include "store/store.h"
@@ -63,6 +64,38 @@ struct TemplateStore {
 // [a-z0-9][a-z0-9._-]{0,63}, optionally followed by ":" and a tag [a-z0-9][a-z0-9._-]{0,63}.
 // Never a path: no '/', no leading '.'.
 bool IsValidTemplateName(std::string_view name);
+
+// "<pid>-<start time>-" of this process: put before the names of what it is writing (staging
+// directories, upload temp files) so that a sweep can tell the leftovers of a dead writer
+// (MakerAlive false) from a live one's, even when the pid was reused.
+std::string MakerPrefix();
+bool MakerAlive(std::string_view name);
+// The names in directory `dir` but "." and ".." (none when it cannot be read).
+std::vector<std::string> DirEntries(const std::string& dir);
+
+// A pull's hold on its directory <templates dir>/pulls/<name>: a lock file beside it
+// (<name>.lock), taken before the pull fetches anything and kept until it has imported the image
+// and removed the directory, so SweepAbandoned never takes a live pull's directory (between
+// PullImage and ImportImage too). EBUSY while another process holds it.
+class PullHold {
+ public:
+  static Result<PullHold> Take(const std::string& pull_dir);
+  PullHold(PullHold&&) = default;
+  ~PullHold();  // removes the lock file, then lets go of it
+
+ private:
+  PullHold(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  UniqueFd fd_;
+  std::string path_;
+};
+
+// What dead processes left in the template cache, removed under the cache lock: the sweep of
+// every template action (layer directories the store does not know, staging directories of dead
+// makers, pins of dead builds and pulls), and pull directories nothing holds (a `sbx template
+// pull` killed mid-way: no PullHold and no PullImage lock on it). Run at daemon start and by
+// `sbx template gc`; a live pull beside it keeps its directory. Returns the pull directories
+// removed.
+Result<int> SweepAbandoned(const TemplateStore& ts, store::Store& st);
 
 // The error every facade turns into 400 with the message "template not found: NAME", exactly
 // (its what(); errno EINVAL). IsTemplateNotFound tells it from other errors.

@@ -4,6 +4,7 @@
 // env, user ("name:group", resolved in the box's /etc/passwd and /etc/group) and workdir; both
 // templates share the one layer; `template gc` frees it once neither uses it.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -186,6 +187,73 @@ TEST_F(ImageImportTest, AnImportedImagesConfigIsEveryCommandsDefault) {
   EXPECT_NE(r.out.find(layer), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("freed"), std::string::npos) << r.err;
   EXPECT_NE(::access((data_ + "/templates/layers/" + layer).c_str(), F_OK), 0);
+}
+
+// The daemon started with a low inherited soft limit of open files (128, where a shell or unit
+// may leave it) raises it to the hard limit and says so in its log; a create of a 500-layer
+// image (overlayfs' most, a descriptor per layer while the box's root is assembled) then works,
+// and every layer is visible in the box.
+class ImageImportLowFdLimit : public ImageImportTest {
+ protected:
+  void SetUp() override {
+    rlimit saved{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+    ASSERT_GT(saved.rlim_max, 1024u) << "the hard limit is too low to test the raise";
+    rlimit low = saved;
+    low.rlim_cur = 128;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    ImageImportTest::SetUp();  // the daemon inherits the low soft limit
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+    hard_ = saved.rlim_max;
+  }
+  rlim_t hard_ = 0;
+};
+
+TEST_F(ImageImportLowFdLimit, TheDaemonRaisesItsSoftLimitAndA500LayerCreateWorks) {
+  EXPECT_NE(d_->log().find("open files: soft limit " + std::to_string(hard_) +
+                           " (inherited 128, hard " + std::to_string(hard_) + ")"),
+            std::string::npos)
+      << d_->log();
+  constexpr int kLayers = 500;
+  // A docker-archive of kLayers layers: busybox in the first, one file in each.
+  std::string out = dir_ + "/many";
+  std::string cmd = "set -e; mkdir -p " + out + "/r0/bin && cp /bin/busybox " + out +
+                    "/r0/bin/ && ln -s busybox " + out + "/r0/bin/sh && cd " + out +
+                    " && for i in $(seq 0 " + std::to_string(kLayers - 1) +
+                    "); do mkdir -p r$i/stack $i && echo $i > r$i/stack/$i && "
+                    "tar -C r$i --numeric-owner -cf $i/layer.tar . && rm -rf r$i; done";
+  ASSERT_EQ(Sh(cmd).exit_code, 0) << cmd;
+  json diff_ids = json::array(), layers = json::array();
+  auto sums = Sh("cd " + out + " && for i in $(seq 0 " + std::to_string(kLayers - 1) +
+                 "); do sha256sum $i/layer.tar; done");
+  std::istringstream lines(sums.out);
+  for (std::string line; std::getline(lines, line);) {
+    ASSERT_GE(line.size(), 64u) << sums.out;
+    diff_ids.push_back("sha256:" + line.substr(0, 64));
+    layers.push_back(line.substr(66));  // "<hex>  N/layer.tar", in layer order
+  }
+  ASSERT_EQ(layers.size(), static_cast<size_t>(kLayers));
+  json config = {{"architecture", "amd64"},
+                 {"os", "linux"},
+                 {"config", {{"Env", {"PATH=/bin"}}}},
+                 {"rootfs", {{"type", "layers"}, {"diff_ids", diff_ids}}}};
+  ASSERT_TRUE(WriteFile(out + "/config.json", config.dump(), 0644).ok());
+  std::string cfg = Sh("sha256sum " + out + "/config.json").out.substr(0, 64) + ".json";
+  ASSERT_EQ(::rename((out + "/config.json").c_str(), (out + "/" + cfg).c_str()), 0);
+  json manifest =
+      json::array({{{"Config", cfg}, {"RepoTags", {"many/layers:1"}}, {"Layers", layers}}});
+  ASSERT_TRUE(WriteFile(out + "/manifest.json", manifest.dump(), 0644).ok());
+  std::string tarball = dir_ + "/many.tar";
+  ASSERT_EQ(Sh("tar -C " + out + " -cf " + tarball + " .").exit_code, 0);
+  (void)RemoveTree(out);
+  auto r = Sbx({"template", "import", "many", tarball});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json box = Json("POST", "/v1/sandboxes", json{{"template", "many"}}.dump(), 201);
+  ASSERT_TRUE(box.is_object());
+  std::string id = box.value("id", "");
+  EXPECT_EQ(Exec(id, "ls /stack | wc -l; cat /stack/0 /stack/499"),
+            std::to_string(kLayers) + "\n0\n499\nexit=0");
+  Call("DELETE", "/v1/sandboxes/" + id);
 }
 
 }  // namespace

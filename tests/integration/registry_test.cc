@@ -84,6 +84,13 @@ class Child {
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
   bool Running() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+  // SIGKILL now, and reap: a process killed at an arbitrary instant.
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
 
  private:
   pid_t pid_ = -1;
@@ -1159,6 +1166,77 @@ TEST_F(DaemonBuild, PrivateImagesNeedEachKeysCredentials) {
   EXPECT_EQ(everything.find("wrong-Kx7-guess"), std::string::npos);
   EXPECT_EQ(everything.find(Base64Encode("alice:" + password)), std::string::npos);
   d_.reset();
+
+// ---- sweeps: what killed pulls, builds and uploads leave ----
+
+// `sbx template pull` SIGKILLed mid-blob leaves its directory (the partial blob, kept for a
+// resume); a daemon start removes it, and the staging directory and upload temp file of dead
+// writers, while a pull still running beside the daemon keeps its directory through the daemon's
+// start and a `sbx template gc`, which takes it once that pull is killed too.
+TEST(RegistryPull, KilledPullsAreSweptAtDaemonStartAndALiveOneIsKept) {
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0711), 0);
+  Layout src(t.path + "/src");
+  auto img = src.AddImage({{{"data/noise", Noise(4 << 20, 11)}}});
+  src.Tag(img.manifest, "v1");
+  src.Tag(img.manifest, "v2");
+  FakeRegistry fake(src.dir(), {"--stall", img.layers[0].digest});
+  const std::string data = t.path + "/data";
+  ASSERT_EQ(::mkdir(data.c_str(), 0711), 0);
+  const std::string pulls = data + "/templates/pulls/";
+  auto pull = [&](const std::string& name, const std::string& tag, std::string* dir) {
+    std::string ref = fake.host() + "/img:" + tag;
+    *dir = pulls + store::Sha256Hex(ref).substr(0, 32);
+    auto c = std::make_unique<Child>(
+        std::vector<std::string>{SBX_BIN, "--data-dir", data, "template", "pull", name, ref,
+                                 "--insecure-registry", fake.host()},
+        t.path + "/pull-" + tag + ".log");
+    // Mid-way: the stalled layer's partial blob has bytes.
+    std::string partial = *dir + "/blobs/sha256/" + img.layers[0].digest.substr(7) + ".partial";
+    EXPECT_TRUE(WaitFor([&] {
+      struct stat st {};
+      return ::stat(partial.c_str(), &st) == 0 && st.st_size > 0;
+    })) << Slurp(t.path + "/pull-" + tag + ".log");
+    return c;
+  };
+  std::string killed_dir, live_dir;
+  auto killed = pull("killed", "v1", &killed_dir);
+  killed->Kill();
+  auto live = pull("live", "v2", &live_dir);
+  ASSERT_TRUE(live->Running());
+  // A dead writer's build staging directory and upload temp file (pid 1's start time is not 1).
+  const std::string staging = data + "/templates/staging/1-1-deadbeef";
+  ASSERT_TRUE(MakeDirs(staging, 0700).ok());
+  ASSERT_TRUE(MakeDirs(data + "/build-files/key_deadwriter1", 0700).ok());
+  const std::string upload = data + "/build-files/key_deadwriter1/.tmp-1-1-abcdef";
+  Write(upload, "half an upload");
+  ASSERT_TRUE(Exists(killed_dir));
+
+  {
+    test::DaemonProcess d(data);
+    d.Start();
+    EXPECT_FALSE(Exists(killed_dir)) << d.log();
+    EXPECT_FALSE(Exists(killed_dir + ".lock"));
+    EXPECT_FALSE(Exists(staging));
+    EXPECT_FALSE(Exists(upload));
+    EXPECT_TRUE(Exists(live_dir)) << "the live pull's directory went";
+    EXPECT_NE(d.log().find("swept 1 abandoned pull directories and 1 upload temp files"),
+              std::string::npos)
+        << d.log();
+    // gc beside the daemon and the live pull: the pull keeps its directory.
+    auto gc = RunProcess({SBX_BIN, "--data-dir", data, "template", "gc"});
+    EXPECT_EQ(gc.exit_code, 0) << gc.err;
+    EXPECT_TRUE(Exists(live_dir));
+    EXPECT_TRUE(live->Running());
+    d.Stop();
+  }
+  live->Kill();
+  auto gc = RunProcess({SBX_BIN, "--data-dir", data, "template", "gc"});
+  EXPECT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_FALSE(Exists(live_dir));
+  EXPECT_FALSE(Exists(live_dir + ".lock"));
+  auto left = RunProcess({"/usr/bin/find", data + "/templates/pulls", "-mindepth", "1"});
+  EXPECT_EQ(left.out, "");
 }
 
 }  // namespace

@@ -11,6 +11,8 @@ Modes (any combination):
   --tamper DIGEST       serve blob DIGEST with its last byte flipped
   --long DIGEST         serve blob DIGEST with 10 bytes more than it has
   --drop-once DIGEST    the first GET of blob DIGEST sends half of it and drops the connection
+  --stall DIGEST        every GET of blob DIGEST sends half of it, then nothing more until the
+                        client goes away (at most 120 s): a pull that stays mid-way
   --big-manifest        every manifest is a 5 MiB JSON document
   --redirect            blobs answer 307 to /storage/<digest> on this server
   --redirect-to URL     blobs answer 307 to URL
@@ -37,6 +39,7 @@ ap.add_argument("--log", required=True)
 ap.add_argument("--tamper", default="")
 ap.add_argument("--long", default="")
 ap.add_argument("--drop-once", default="")
+ap.add_argument("--stall", default="")
 ap.add_argument("--big-manifest", action="store_true")
 ap.add_argument("--redirect", action="store_true")
 ap.add_argument("--redirect-to", default="")
@@ -177,6 +180,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(data) - 1, len(data)))
         self.send_header("Content-Length", str(len(part)))
         self.end_headers()
+        if digest == args.stall:
+            self.wfile.write(part[: len(part) // 2])
+            self.wfile.flush()
+            self.connection.settimeout(120)
+            try:
+                while self.connection.recv(4096):
+                    pass
+            except OSError:
+                pass
+            self.close_connection = True
+            return
         if drop:
             self.wfile.write(part[: len(part) // 2])
             self.wfile.flush()

@@ -5,7 +5,9 @@
 
 // The daemon half of the security battery (threats.md rows 38, 41, 43-45): a real `sbx serve` on
 // loopback with two tenants' keys, driven as a hostile tenant or an anonymous client would drive
-// it. Each case asserts an exact answer and is followed by the host-side leak check (no box
+// it, on the sandbox routes and on issue 13's template routes (rows 13a-13f: builds, uploads and
+// deletions of another key's, the operator's and built-in templates; names that are paths; huge
+// uploads). Each case asserts an exact answer and is followed by the host-side leak check (no box
 // directories, cgroups or mounts of the daemon's once its sandboxes are gone). Figures go to
 // tenant-report.txt beside battery-report.txt; `make test` prints both and their total.
 //
@@ -27,6 +29,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -210,6 +213,7 @@ class Tenants : public ::testing::Test {
   void Row44();
   void Row45();
   void RowNetworkAndSecrets();
+  void RowTemplates();
 
   std::string dir_, parent_, operator_key_, a_key_, b_key_;
   std::set<std::string> links_before_;  // another sbx's on this machine: not ours to count
@@ -829,6 +833,463 @@ void Tenants::RowNetworkAndSecrets() {
                    "as for no object, audited where an id of A's is named");
 }
 
+// ---- Issue 13's template routes (native /v1/templates and E2B's template API) ----
+
+// Every path below the data dir but the database, the log and the boxes' run directory: what a
+// request that must touch nothing may not change.
+std::set<std::string> DataFiles(const std::string& dir) {
+  std::set<std::string> out;
+  FILE* f =
+      ::popen(("cd " + dir + " && find . -xdev -not -path './run/*' 2>/dev/null").c_str(), "r");
+  char line[4096];
+  while (f && fgets(line, sizeof line, f)) {
+    std::string p = line;
+    if (!p.empty() && p.back() == '\n') p.pop_back();
+    if (p.find(".db") != std::string::npos || p.find(".log") != std::string::npos) continue;
+    out.insert(p);
+  }
+  if (f) ::pclose(f);
+  return out;
+}
+
+// The message of an error answer in either API's shape.
+std::string ErrorText(const http::Response& r) {
+  json j = json::parse(r.body, nullptr, false);
+  if (!j.is_object()) return r.body.substr(0, 200);
+  if (j.contains("error") && j["error"].is_object()) return j["error"].value("message", "");
+  return j.value("message", r.body.substr(0, 200));
+}
+
+// A query parameter of a URL.
+std::string QueryParam(const std::string& url, const std::string& name) {
+  size_t p = url.find("?" + name + "=");
+  if (p == std::string::npos) p = url.find("&" + name + "=");
+  if (p == std::string::npos) return "";
+  p += name.size() + 2;
+  return url.substr(p, url.find('&', p) - p);
+}
+
+// What a PUT to `target` of `body` with no key answers.
+http::Response PutAnon(uint16_t port, const std::string& target, const std::string& body) {
+  auto r =
+      http::Request(http::Endpoint{"127.0.0.1", port, ""}, "PUT", target,
+                    {{"Content-Type", "application/octet-stream"}}, body, std::chrono::seconds(60));
+  return r.ok() ? *r : http::Response{};
+}
+
+// A raw request whose head is `head` (ending in the blank line) followed by up to `body_bytes`
+// zeros (chunked when `chunked`), stopping early when the daemon answers or closes; its status
+// line. The daemon may answer before the body is sent: that is what is measured.
+std::string RawUpload(uint16_t port, const std::string& head, int64_t body_bytes, bool chunked) {
+  int fd = Dial(port);
+  if (fd < 0) return "";
+  std::string got;
+  bool ok = ::write(fd, head.data(), head.size()) == static_cast<ssize_t>(head.size());
+  std::string piece(1 << 20, '\0');
+  char hex[32];
+  snprintf(hex, sizeof hex, "%zx\r\n", piece.size());
+  for (int64_t sent = 0; ok && sent < body_bytes; sent += static_cast<int64_t>(piece.size())) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) break;  // answered (or closed) before the end of the body
+    std::string out = chunked ? hex + piece + "\r\n" : piece;
+    ok = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size());
+  }
+  if (ok && chunked) (void)!::send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL);
+  got = ReadAll(fd, 10000);
+  ::close(fd);
+  return got.substr(0, got.find("\r\n")) + " " +
+         (got.find("\r\n\r\n") != std::string::npos ? got.substr(got.find("\r\n\r\n") + 4, 200)
+                                                    : "");
+}
+
+void Tenants::RowTemplates() {
+  std::vector<std::string> failures;
+  int probes = 0;
+  // expect(what, answer, status, text the error must contain)
+  auto expect = [&](const std::string& what, const http::Response& r, int status,
+                    const std::string& text) {
+    ++probes;
+    if (r.status != status || (!text.empty() && ErrorText(r).find(text) == std::string::npos))
+      failures.push_back(what + ": expected " + std::to_string(status) + " '" + text + "', got " +
+                         std::to_string(r.status) + " " + r.body.substr(0, 200));
+  };
+  auto jbody = [](const http::Response& r) { return json::parse(r.body, nullptr, false); };
+
+  // A's template, built through E2B's API with one COPY of uploaded files.
+  std::string ctx_dir = dir_ + "/a-files";
+  ASSERT_EQ(::system(("mkdir -p " + ctx_dir + " && echo 'tenant A file' > " + ctx_dir +
+                      "/hello.txt && tar -C " + ctx_dir + " -cf " + dir_ + "/a-files.tar hello.txt")
+                         .c_str()),
+            0);
+  std::string a_tar = Slurp(dir_ + "/a-files.tar");
+  ::system(("rm -rf " + ctx_dir + " " + dir_ + "/a-files.tar").c_str());
+  std::string hash_a = store::Sha256Hex("tenant A's files " + std::to_string(::getpid()));
+  auto reserved = E2b(a_key_, "POST", "/v3/templates", R"({"name":"tenant-a-app"})");
+  ASSERT_EQ(reserved.status, 202) << reserved.body;
+  std::string bid_a = jbody(reserved).value("buildID", "");
+  auto link = E2b(a_key_, "GET", "/templates/tenant-a-app/files/" + hash_a);
+  ASSERT_EQ(link.status, 201) << link.body;
+  std::string url_a = jbody(link).value("url", "");
+  std::string target_a = url_a.substr(url_a.find("/templates/"));
+  std::string a_id = QueryParam(url_a, "key");
+  ASSERT_EQ(PutAnon(d_->port(), target_a, a_tar).status, 200);
+  auto start = E2b(
+      a_key_, "POST", "/v2/templates/tenant-a-app/builds/" + bid_a,
+      json{{"fromTemplate", "base"},
+           {"steps",
+            {{{"type", "COPY"}, {"args", {"hello.txt", "/opt/hello.txt"}}, {"filesHash", hash_a}}}}}
+          .dump());
+  ASSERT_EQ(start.status, 202) << start.body;
+  std::string state;
+  auto t0 = Clock::now();
+  while (SecondsSince(t0) < 120) {  // bounded poll of the build's state
+    auto st = E2b(a_key_, "GET", "/templates/tenant-a-app/builds/" + bid_a + "/status");
+    state = jbody(st).is_object() ? jbody(st).value("status", "") : st.body;
+    if (state != "building" && state != "waiting") break;
+    ::usleep(100 * 1000);
+  }
+  ASSERT_EQ(state, "ready");
+  std::string a_upload = dir_ + "/build-files/" + a_id + "/" + hash_a + ".tar";
+  ASSERT_EQ(Slurp(a_upload), a_tar);
+  // B's own template name, for its own uploads and builds.
+  auto b_res = E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-b-app"})");
+  ASSERT_EQ(b_res.status, 202) << b_res.body;
+  std::string bid_b = jbody(b_res).value("buildID", "");
+  auto b_link = E2b(b_key_, "GET", "/templates/tenant-b-app/files/" + hash_a);
+  ASSERT_EQ(b_link.status, 201) << b_link.body;
+  std::string b_id = QueryParam(jbody(b_link).value("url", ""), "key");
+  std::string b_files = dir_ + "/build-files/" + b_id;
+
+  // 13a: B against A's template on every route.
+  {
+    const std::string other = "template 'tenant-a-app' was built by another key";
+    expect("B's POST /v3/templates tenant-a-app",
+           E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-a-app"})"), 403,
+           other + ": this key may not replace it");
+    expect("B's POST /v3/templates tenant-a-app:v2 (a tag of A's)",
+           E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-a-app:v2"})"), 403,
+           "template 'tenant-a-app:v2': 'tenant-a-app' was built by another key: this key may not "
+           "build another tag of it");
+    expect("B's POST /v2/templates/tenant-a-app/builds/<A's build>",
+           E2b(b_key_, "POST", "/v2/templates/tenant-a-app/builds/" + bid_a,
+               R"({"fromTemplate":"base"})"),
+           404, "build '" + bid_a + "' not found");
+    expect("B's POST /v2/templates/tenant-b-app/builds/<A's build>",
+           E2b(b_key_, "POST", "/v2/templates/tenant-b-app/builds/" + bid_a,
+               R"({"fromTemplate":"base"})"),
+           404, "build '" + bid_a + "' not found");
+    expect("B's GET status of A's build",
+           E2b(b_key_, "GET", "/templates/tenant-a-app/builds/" + bid_a + "/status"), 404,
+           "build '" + bid_a + "' not found");
+    expect("B's E2B DELETE /templates/tenant-a-app",
+           E2b(b_key_, "DELETE", "/templates/tenant-a-app"), 403, other);
+    expect("B's GET /templates/tenant-a-app/files/<hash> (an upload link for A's template)",
+           E2b(b_key_, "GET", "/templates/tenant-a-app/files/" + hash_a), 403,
+           other + ": this key may not upload files for it");
+    expect("B's DELETE /v1/templates/tenant-a-app",
+           Call(b_key_, "DELETE", "/v1/templates/tenant-a-app"), 403, other);
+    expect("B's POST /v1/templates/tenant-a-app/builds (JSON)",
+           Call(b_key_, "POST", "/v1/templates/tenant-a-app/builds",
+                R"({"dockerfile":"FROM base\nENV B=1\n"})"),
+           403, other + ": this key may not replace it");
+    auto tar = http::Request(
+        http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST", "/v1/templates/tenant-a-app/builds",
+        {{"Authorization", "Bearer " + b_key_}, {"Content-Type", "application/x-tar"}}, a_tar,
+        std::chrono::seconds(60));
+    expect("B's POST /v1/templates/tenant-a-app/builds (a tar context)",
+           tar.ok() ? *tar : http::Response{}, 403, other + ": this key may not replace it");
+    // What B sees of A's template: that it is another key's, and no id of A's build.
+    auto v1 = Call(b_key_, "GET", "/v1/templates/tenant-a-app");
+    ++probes;
+    if (v1.status != 200 || jbody(v1).value("owner", "") != "another key" ||
+        v1.body.find(bid_a) != std::string::npos)
+      failures.push_back("B's GET /v1/templates/tenant-a-app: " + std::to_string(v1.status) + " " +
+                         v1.body.substr(0, 200));
+    auto e2 = E2b(b_key_, "GET", "/templates/tenant-a-app");
+    ++probes;
+    if (e2.status != 200 || e2.body.find(bid_a) != std::string::npos)
+      failures.push_back("B's GET /templates/tenant-a-app names A's build: " + e2.body);
+    auto list = E2b(b_key_, "GET", "/templates");
+    ++probes;
+    if (list.status != 200 || list.body.find("tenant-a-app") != std::string::npos)
+      failures.push_back("B's GET /templates lists A's: " + list.body.substr(0, 200));
+    // A's upload URL, bent: B's key id in it, another hash, no signature, no key at all.
+    auto bent = [&](const std::string& from, const std::string& to) {
+      std::string t = target_a;
+      t.replace(t.find(from), from.size(), to);
+      return t;
+    };
+    std::string other_hash = store::Sha256Hex("another hash");
+    const std::string badsig = "upload URL: bad or missing signature";
+    expect("A's upload URL with B's key id",
+           PutAnon(d_->port(), bent("key=" + a_id, "key=" + b_id), "B's files"), 403, badsig);
+    expect("A's upload URL for another hash",
+           PutAnon(d_->port(), bent(hash_a, other_hash), "B's files"), 403, badsig);
+    expect("A's upload URL without its signature",
+           PutAnon(d_->port(), target_a.substr(0, target_a.find("&signature=")), "B's files"), 403,
+           badsig);
+    expect("an upload PUT without any query",
+           PutAnon(d_->port(), "/templates/tenant-a-app/files/" + hash_a, "B's files"), 403,
+           badsig);
+    // A's URL itself, leaked to B: the stored upload is never replaced.
+    expect("A's own upload URL replayed with other files",
+           PutAnon(d_->port(), target_a, "B's files"), 200, "");
+    ++probes;
+    if (Slurp(a_upload) != a_tar) failures.push_back("A's upload was overwritten");
+    for (const auto& n : ListDirNames(b_files))
+      failures.push_back("B's upload dir holds " + n + " (nothing of B's was stored)");
+    for (const auto& n : ListDirNames(dir_ + "/build-files/" + a_id))
+      if (n != hash_a + ".tar") failures.push_back("A's upload dir holds " + n);
+    auto mine = E2b(a_key_, "GET", "/templates/tenant-a-app/builds/" + bid_a + "/status");
+    if (mine.status != 200 || jbody(mine).value("status", "") != "ready")
+      failures.push_back("A's build is no longer ready: " + mine.body.substr(0, 200));
+    RecordChecks("13a-template-other-key", "38", failures,
+                 std::to_string(probes) +
+                     " probes (rebuild, tag, build start, status, delete, upload link on E2B; "
+                     "delete, JSON and tar builds on v1; listings; A's upload URL bent 4 ways and "
+                     "replayed): refused with the exact answer; A's upload and build untouched, "
+                     "B's upload dir empty");
+    failures.clear();
+    probes = 0;
+  }
+
+  // 13b: B's own build whose COPY names A's files hash gets no files of A's.
+  {
+    expect("B's build COPYing A's files hash",
+           E2b(b_key_, "POST", "/v2/templates/tenant-b-app/builds/" + bid_b,
+               json{{"fromTemplate", "base"},
+                    {"steps",
+                     {{{"type", "COPY"},
+                       {"args", {"hello.txt", "/opt/hello.txt"}},
+                       {"filesHash", hash_a}}}}}
+                   .dump()),
+           404, "the files of hash " + hash_a + " were not uploaded");
+    auto st = E2b(b_key_, "GET", "/templates/tenant-b-app/builds/" + bid_b + "/status");
+    ++probes;
+    if (jbody(st).value("status", "") != "error")
+      failures.push_back("B's build after the refused COPY: " + st.body.substr(0, 200));
+    auto t = Call(b_key_, "GET", "/v1/templates/tenant-b-app");
+    ++probes;
+    if (t.status != 200 || jbody(t).value("built", true))
+      failures.push_back("tenant-b-app was built: " + t.body.substr(0, 200));
+    for (const auto& n : ListDirNames(dir_ + "/build-contexts"))
+      failures.push_back("build context left: " + n);
+    for (const auto& n : ListDirNames(b_files)) failures.push_back("B's upload dir holds " + n);
+    RecordChecks("13b-copy-other-keys-hash", "38", failures,
+                 "B's COPY of A's files hash: 404 'the files of hash ... were not uploaded', the "
+                 "build in error, no context left, nothing of A's in B's dir");
+    failures.clear();
+    probes = 0;
+  }
+
+  // 13c: names, build ids and hashes that are not ones: 400 naming the field, and no path made.
+  {
+    std::set<std::string> before = DataFiles(dir_);
+    std::vector<std::string> names = {
+        "..", "a%2Fb", "%2E%2E%2Fetc", std::string(300, 'a'), "%C3%A9t%C3%A9", ".hidden", "App"};
+    const std::string name_rule = "[a-z0-9][a-z0-9._-]{0,63}";
+    std::string h = store::Sha256Hex("x");
+    for (const auto& n : names) {
+      expect("GET /v1/templates/" + n.substr(0, 20), Call(b_key_, "GET", "/v1/templates/" + n), 400,
+             name_rule);
+      expect("DELETE /v1/templates/" + n.substr(0, 20),
+             Call(b_key_, "DELETE", "/v1/templates/" + n), 400, name_rule);
+      expect(
+          "POST /v1/templates/" + n.substr(0, 20) + "/builds",
+          Call(b_key_, "POST", "/v1/templates/" + n + "/builds", R"({"dockerfile":"FROM base\n"})"),
+          400, name_rule);
+      expect("E2B GET /templates/" + n.substr(0, 20), E2b(b_key_, "GET", "/templates/" + n), 400,
+             name_rule);
+      expect("E2B DELETE /templates/" + n.substr(0, 20), E2b(b_key_, "DELETE", "/templates/" + n),
+             400, name_rule);
+      expect("E2B GET /templates/" + n.substr(0, 20) + "/files/<hash>",
+             E2b(b_key_, "GET", "/templates/" + n + "/files/" + h), 400, name_rule);
+      expect("E2B PUT /templates/" + n.substr(0, 20) + "/files/<hash>",
+             PutAnon(d_->port(), "/templates/" + n + "/files/" + h, "x"), 400, name_rule);
+      expect("E2B GET /templates/aliases/" + n.substr(0, 20),
+             E2b(b_key_, "GET", "/templates/aliases/" + n), 400, name_rule);
+      expect("E2B GET /templates/" + n.substr(0, 20) + "/builds/<id>/status",
+             E2b(b_key_, "GET", "/templates/" + n + "/builds/" + bid_b + "/status"), 400,
+             name_rule);
+    }
+    for (const std::string& raw : std::vector<std::string>{
+             "../etc", "a/b", std::string(300, 'a'), "\xc3\xa9t\xc3\xa9", std::string("a\0b", 3)}) {
+      expect("E2B POST /v3/templates name " + raw.substr(0, 20),
+             E2b(b_key_, "POST", "/v3/templates", json{{"name", raw}}.dump()), 400, "name: ");
+    }
+    for (const std::string& id :
+         std::vector<std::string>{"..", "bld_%2E%2E%2F%2E%2E%2Fx", "bld_" + std::string(300, 'a'),
+                                  "BLD_AAAAAAAAAAAAAAAAAAAA"}) {
+      expect("status of build id " + id.substr(0, 24),
+             E2b(b_key_, "GET", "/templates/tenant-b-app/builds/" + id + "/status"), 400,
+             "build id");
+      expect("POST /v2 build id " + id.substr(0, 24),
+             E2b(b_key_, "POST", "/v2/templates/tenant-b-app/builds/" + id,
+                 R"({"fromTemplate":"base"})"),
+             400, "build id");
+    }
+    for (const std::string& hash : std::vector<std::string>{
+             "..", "%2E%2E%2F%2E%2E%2Fetc%2Fpasswd", h.substr(1), std::string(64, 'A'), h + "0"}) {
+      expect("files link of hash " + hash.substr(0, 24),
+             E2b(b_key_, "GET", "/templates/tenant-b-app/files/" + hash), 400, "files hash");
+      expect("PUT of hash " + hash.substr(0, 24),
+             PutAnon(d_->port(), "/templates/tenant-b-app/files/" + hash + "?key=" + b_id, "x"),
+             400, "files hash");
+    }
+    // An encoded NUL never reaches a route.
+    expect("GET /v1/templates/a%00b", Call(b_key_, "GET", "/v1/templates/a%00b"), 400,
+           "malformed request path");
+    expect("E2B GET /templates/a%00b/files/<hash>",
+           E2b(b_key_, "GET", "/templates/a%00b/files/" + h), 400, "malformed request path");
+    std::set<std::string> after = DataFiles(dir_);
+    for (const auto& p : after)
+      if (!before.count(p)) failures.push_back("made " + p);
+    for (const auto& p : before)
+      if (!after.count(p)) failures.push_back("removed " + p);
+    RecordChecks("13c-template-names-paths", "41", failures,
+                 std::to_string(probes) +
+                     " requests with '..', '/', NUL, 300 characters, unicode, upper case in "
+                     "names, build ids and hashes on v1 and E2B: 400 naming the field; no path "
+                     "under the data dir made or removed");
+    failures.clear();
+    probes = 0;
+  }
+
+  // 13d: a huge upload is refused by its size, and leaves nothing.
+  {
+    auto link2 = E2b(b_key_, "GET", "/templates/tenant-b-app/files/" + hash_a);
+    std::string url = jbody(link2).value("url", "");
+    std::string target = url.substr(url.find("/templates/"));
+    std::string head = "PUT " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    auto t1 = Clock::now();
+    std::string declared = RawUpload(d_->port(), head + "Content-Length: 2147483648\r\n\r\n",
+                                     int64_t{16} << 20, false);
+    double declared_s = SecondsSince(t1);
+    ++probes;
+    if (declared.rfind("HTTP/1.1 413", 0) != 0 ||
+        declared.find("upload: larger than 1024 MiB") == std::string::npos)
+      failures.push_back("a PUT declaring 2 GiB: " + declared);
+    t1 = Clock::now();
+    std::string chunked = RawUpload(d_->port(), head + "Transfer-Encoding: chunked\r\n\r\n",
+                                    (int64_t{1} << 30) + (int64_t{8} << 20), true);
+    double chunked_s = SecondsSince(t1);
+    ++probes;
+    if (chunked.rfind("HTTP/1.1 413", 0) != 0 ||
+        chunked.find("upload: larger than 1024 MiB") == std::string::npos)
+      failures.push_back("a chunked PUT of 1 GiB + 8 MiB: " + chunked);
+    std::string v1head =
+        "POST /v1/templates/tenant-b-big/builds HTTP/1.1\r\nHost: x\r\n"
+        "Authorization: Bearer " +
+        b_key_ + "\r\nContent-Type: application/x-tar\r\n";
+    std::string v1 = RawUpload(d_->port(), v1head + "Content-Length: 2147483648\r\n\r\n",
+                               int64_t{16} << 20, false);
+    ++probes;
+    if (v1.rfind("HTTP/1.1 413", 0) != 0 ||
+        v1.find("upload: larger than 1024 MiB") == std::string::npos)
+      failures.push_back("a v1 tar build declaring 2 GiB: " + v1);
+    for (const auto& n : ListDirNames(b_files)) failures.push_back("B's upload dir holds " + n);
+    for (const auto& n : ListDirNames(dir_ + "/build-contexts"))
+      failures.push_back("build context left: " + n);
+    char d[200];
+    snprintf(d, sizeof d,
+             "2 GiB declared: 413 in %.1f s; 1 GiB + 8 MiB chunked: 413 in %.1f s; v1 tar build "
+             "declaring 2 GiB: 413; no temp file or context left",
+             declared_s, chunked_s);
+    RecordChecks("13d-huge-upload", "45", failures, d);
+    failures.clear();
+    probes = 0;
+  }
+
+  // 13e: built-ins and the operator's templates are no tenant's to build over, tag or delete.
+  {
+    std::string src = dir_ + "/op-root";
+    ASSERT_EQ(::system(("mkdir -p " + src + "/etc && echo op > " + src + "/etc/op").c_str()), 0);
+    auto add = RunProcess({SBX_BIN, "--data-dir", dir_, "template", "add", "tenant-op", src});
+    ::system(("rm -rf " + src).c_str());
+    ASSERT_EQ(add.exit_code, 0) << add.err;
+    auto op_before = Call(operator_key_, "GET", "/v1/templates/tenant-op");
+    const std::string builtin = "is built in";
+    for (const std::string& n : std::vector<std::string>{"base", "host"}) {
+      expect("B's POST /v3/templates " + n,
+             E2b(b_key_, "POST", "/v3/templates", json{{"name", n}}.dump()), 403,
+             "template '" + n + "' is built in: this key may not replace it");
+      expect("B's E2B DELETE /templates/" + n, E2b(b_key_, "DELETE", "/templates/" + n), 403,
+             "template '" + n + "' is built in");
+      expect("B's DELETE /v1/templates/" + n, Call(b_key_, "DELETE", "/v1/templates/" + n), 403,
+             "template '" + n + "' is built in");
+      expect(
+          "B's POST /v1/templates/" + n + "/builds",
+          Call(b_key_, "POST", "/v1/templates/" + n + "/builds", R"({"dockerfile":"FROM base\n"})"),
+          403, "template '" + n + "' is built in: this key may not replace it");
+      expect("B's upload link for " + n, E2b(b_key_, "GET", "/templates/" + n + "/files/" + hash_a),
+             403, "template '" + n + "' is built in: this key may not upload files for it");
+    }
+    expect("B's POST /v3/templates base:mine",
+           E2b(b_key_, "POST", "/v3/templates", R"({"name":"base:mine"})"), 403,
+           "'base' is built in: this key may not build another tag of it");
+    const std::string op = "template 'tenant-op' is the operator's";
+    expect("B's POST /v3/templates tenant-op",
+           E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-op"})"), 403,
+           op + ": this key may not replace it");
+    expect("B's POST /v3/templates tenant-op:v2",
+           E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-op:v2"})"), 403,
+           "'tenant-op' is the operator's: this key may not build another tag of it");
+    expect(
+        "B's POST /v1/templates/tenant-op/builds",
+        Call(b_key_, "POST", "/v1/templates/tenant-op/builds", R"({"dockerfile":"FROM base\n"})"),
+        403, op + ": this key may not replace it");
+    expect("B's E2B DELETE /templates/tenant-op", E2b(b_key_, "DELETE", "/templates/tenant-op"),
+           403, op + ": only an operator key may delete it");
+    expect("B's DELETE /v1/templates/tenant-op", Call(b_key_, "DELETE", "/v1/templates/tenant-op"),
+           403, op + ": only an operator key may delete it");
+    expect("B's upload link for tenant-op",
+           E2b(b_key_, "GET", "/templates/tenant-op/files/" + hash_a), 403,
+           op + ": this key may not upload files for it");
+    auto op_after = Call(operator_key_, "GET", "/v1/templates/tenant-op");
+    ++probes;
+    if (op_after.status != 200 || op_after.body != op_before.body)
+      failures.push_back("the operator's template changed: " + op_before.body + " -> " +
+                         op_after.body);
+    auto base = E2b(b_key_, "POST", "/sandboxes", R"({"templateID":"base"})");
+    ++probes;
+    if (base.status != 201) failures.push_back("a create from base after it all: " + base.body);
+    Kill(b_key_, jbody(base).value("sandboxID", ""));
+    for (const auto& n : ListDirNames(b_files)) failures.push_back("B's upload dir holds " + n);
+    RecordChecks("13e-builtins-operator-templates", "41", failures,
+                 std::to_string(probes) +
+                     " builds, tags, deletions and upload links of base, host and an operator's "
+                     "template by a tenant key: 403 with the owner named; both unchanged");
+    failures.clear();
+    probes = 0;
+  }
+
+  // 13f: a deleted template's name is nobody's: another key may take it, its former holder then
+  // may not, and A's old build stays A's.
+  {
+    expect("A's DELETE /templates/tenant-a-app", E2b(a_key_, "DELETE", "/templates/tenant-a-app"),
+           204, "");
+    expect("A's GET /templates/tenant-a-app after it",
+           E2b(a_key_, "GET", "/templates/tenant-a-app"), 404, "template 'tenant-a-app' not found");
+    auto taken = E2b(b_key_, "POST", "/v3/templates", R"({"name":"tenant-a-app"})");
+    expect("B's POST /v3/templates tenant-a-app after A deleted it", taken, 202, "");
+    expect("A's POST /v3/templates tenant-a-app once B holds it",
+           E2b(a_key_, "POST", "/v3/templates", R"({"name":"tenant-a-app"})"), 403,
+           "template 'tenant-a-app' was built by another key: this key may not replace it");
+    expect("B's status of A's old build",
+           E2b(b_key_, "GET", "/templates/tenant-a-app/builds/" + bid_a + "/status"), 404,
+           "build '" + bid_a + "' not found");
+    auto present = E2b(b_key_, "GET", "/templates/tenant-a-app/files/" + hash_a);
+    ++probes;
+    if (present.status != 201 || jbody(present).value("present", true))
+      failures.push_back("A's files are present for B under A's old name: " + present.body);
+    expect("B's DELETE of its hold", E2b(b_key_, "DELETE", "/templates/tenant-a-app"), 204, "");
+    for (const auto& n : ListDirNames(b_files)) failures.push_back("B's upload dir holds " + n);
+    RecordChecks("13f-deleted-name", "38", failures,
+                 "A deletes its template: 204, then 404; B takes the name (202); A is refused it "
+                 "(403); A's old build is 404 to B; A's files are not present for B");
+  }
+}
+
 TEST_F(Tenants, AllCases) {
   ASSERT_EQ(::geteuid(), 0u) << "sbx serve needs root";
   ::signal(SIGPIPE, SIG_IGN);
@@ -839,6 +1300,7 @@ TEST_F(Tenants, AllCases) {
   Row44();
   Row45();
   RowNetworkAndSecrets();
+  RowTemplates();
   d_->Stop();
   Report(SecondsSince(t0));
   ExpectNoCgroupsAndRemoveParent(parent_);

@@ -714,6 +714,9 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
   r.Get("/templates/aliases/{alias}",
         Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord&) -> awaitable<void> {
           const std::string& alias = ex.Param("alias");
+          // Checked before the registry is asked: never a path, nothing unbounded.
+          if (!storage::IsValidTemplateName(alias))
+            co_return co_await Error(ex, 400, "alias: [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG");
           auto known = co_await http::OnPool(ctx.blocking,
                                              [&] { return ctx.manager.RegisteredTemplate(alias); });
           if (!known.ok()) co_return co_await Fail(ex, known.status());

@@ -76,6 +76,8 @@ Result<int64_t> QueryInt(const http::Exchange& ex, const char* field, int64_t de
 Result<sandbox::BuildStatus> BuildOf(ApiContext& ctx, const sandbox::ApiKeyRecord& key,
                                      const std::string& template_id, const std::string& build_id,
                                      int64_t offset) {
+  if (!storage::IsValidTemplateName(template_id))
+    return Status::Error("templateID: [a-z0-9][a-z0-9._-]{0,63}", EINVAL);
   auto st = ctx.manager.templates().Get(key, build_id, offset);
   if (!st.ok()) return st.status();
   if (BaseName(st->name) != template_id)
@@ -112,13 +114,19 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
       "/templates/{templateID}/files/{hash}",
       Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         const std::string& hash = ex.Param("hash");
+        std::string tid = ex.Param("templateID");
+        // Files for a template this key may build: not for another key's, a built-in or the
+        // operator's (the files themselves are per key either way, see sandbox/templates.h).
+        Status may = co_await OnPool(
+            ctx.blocking, [&] { return ctx.manager.templates().MayBuild(key, tid, "upload"); });
+        if (!may.ok()) co_return co_await Fail(ex, may);
         auto has = ctx.manager.templates().HasUpload(key, hash);
         if (!has.ok()) co_return co_await Fail(ex, has.status());
         std::string host = RequestHost(ex);
         if (host.empty()) co_return co_await Error(ex, 400, "Host: required");
         int64_t expires = NowMs() + kUploadUrlTtlMs;
-        std::string url = "http://" + host + "/templates/" + ex.Param("templateID") + "/files/" +
-                          hash + "?key=" + key.id + "&expires=" + std::to_string(expires) +
+        std::string url = "http://" + host + "/templates/" + tid + "/files/" + hash +
+                          "?key=" + key.id + "&expires=" + std::to_string(expires) +
                           "&signature=" + UploadSignature(ctx.secret, key.id, hash, expires);
         json body = {{"present", *has}, {"url", url}};
         co_await ex.RespondJson(201, body);
@@ -129,6 +137,10 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
       [&ctx](http::Exchange& ex) -> awaitable<void> {
         ctx.metrics.requests++;
         const std::string& hash = ex.Param("hash");
+        if (!storage::IsValidTemplateName(ex.Param("templateID")))
+          co_return co_await Error(ex, 400, "templateID: [a-z0-9][a-z0-9._-]{0,63}");
+        if (!sandbox::IsFilesHash(hash))
+          co_return co_await Error(ex, 400, "files hash: 64 lowercase hex digits (sha256)");
         std::string key_id = ex.query().Get("key").value_or("");
         std::string expires_s = ex.query().Get("expires").value_or("");
         std::string sig = ex.query().Get("signature").value_or("");
@@ -138,9 +150,15 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
                      ConstantTimeEquals(sig, UploadSignature(ctx.secret, key_id, hash, expires));
         if (!valid) co_return co_await Error(ex, 403, "upload URL: bad or missing signature");
         if (expires < NowMs()) co_return co_await Error(ex, 403, "upload URL: expired");
-        sandbox::ApiKeyRecord key;
-        key.id = key_id;  // signed by this daemon: the key it was made for
-        auto up = ctx.manager.templates().BeginUpload(key, hash);
+        // Signed by this daemon for that key, which must still be there: a deleted or revoked
+        // key's URL stores nothing.
+        auto key = co_await OnPool(ctx.blocking,
+                                   [&] { return ctx.manager.templates().UploadKey(key_id); });
+        if (!key.ok()) co_return co_await Fail(ex, key.status());
+        // A declared length past the limit is refused before a byte is stored.
+        int64_t declared = -1;
+        if (auto cl = ex.content_length()) declared = static_cast<int64_t>(*cl);
+        auto up = ctx.manager.templates().BeginUpload(*key, hash, declared);
         if (!up.ok()) co_return co_await Fail(ex, up.status());
         std::string buf(size_t{1} << 16, '\0');
         for (;;) {
@@ -148,10 +166,16 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
           if (!n.ok()) co_return;  // answered (or the client is gone); the staged file goes
           if (*n == 0) break;
           Status w = (*up)->Write(std::string_view(buf.data(), *n));
-          if (!w.ok()) co_return co_await Fail(ex, w);
+          if (!w.ok()) {
+            up->reset();  // the staged file goes before the answer
+            co_return co_await Fail(ex, w);
+          }
         }
         Status done = co_await OnPool(ctx.blocking, [&] { return (*up)->Commit(); });
-        if (!done.ok()) co_return co_await Fail(ex, done);
+        if (!done.ok()) {
+          up->reset();
+          co_return co_await Fail(ex, done);
+        }
         co_await ex.Respond(200, "");
       },
       http::RouteOptions{size_t{1} << 40});

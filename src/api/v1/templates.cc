@@ -196,6 +196,10 @@ void Templates(http::Router& r, ApiContext& ctx) {
                       if (!m.ok()) co_return co_await Fail(ex, m.status());
                       args = std::move(*m);
                     }
+                    // Refused before the context is read when this key may not build the name.
+                    Status may = co_await OnPool(
+                        ctx.blocking, [&] { return ctx.manager.templates().MayBuild(key, name); });
+                    if (!may.ok()) co_return co_await Fail(ex, may);
                     // ?network=<the JSON body's "network" object>
                     network::Policy net;
                     if (auto q = ex.query().Get("network"); q && !q->empty()) {
@@ -209,7 +213,9 @@ void Templates(http::Router& r, ApiContext& ctx) {
                     }
                     // The context is stored as this key's upload, named by a fresh random id.
                     std::string hash = sandbox::Sha256Hex(RandomId(32));
-                    auto up = ctx.manager.templates().BeginUpload(key, hash);
+                    int64_t declared = -1;
+                    if (auto cl = ex.content_length()) declared = static_cast<int64_t>(*cl);
+                    auto up = ctx.manager.templates().BeginUpload(key, hash, declared);
                     if (!up.ok()) co_return co_await Fail(ex, up.status());
                     std::string buf(size_t{1} << 16, '\0');
                     for (;;) {
@@ -217,10 +223,16 @@ void Templates(http::Router& r, ApiContext& ctx) {
                       if (!n.ok()) co_return;
                       if (*n == 0) break;
                       Status w = (*up)->Write(std::string_view(buf.data(), *n));
-                      if (!w.ok()) co_return co_await Fail(ex, w);
+                      if (!w.ok()) {
+                        up->reset();  // the staged file goes before the answer
+                        co_return co_await Fail(ex, w);
+                      }
                     }
                     Status done = co_await OnPool(ctx.blocking, [&] { return (*up)->Commit(); });
-                    if (!done.ok()) co_return co_await Fail(ex, done);
+                    if (!done.ok()) {
+                      up->reset();
+                      co_return co_await Fail(ex, done);
+                    }
                     bool no_cache = ex.query().Get("no_cache").value_or("") == "true";
                     id = co_await OnPool(ctx.blocking, [&] {
                       return ctx.manager.templates().StartDockerfile(key, name, hash, dockerfile,
