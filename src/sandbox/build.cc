@@ -1151,11 +1151,24 @@ Result<store::TemplateRecord> Build::Run() {
   }
   if (img_.layers.empty())
     return Status::Error("build: the image has no layers (FROM scratch and no COPY)", EINVAL);
+  if (!spec_.start_cmd.empty()) img_.config.start_cmd = spec_.start_cmd;
+  if (!spec_.ready_cmd.empty()) img_.config.ready_cmd = spec_.ready_cmd;
   auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild, "build " + id_,
                                        img_.layers, img_.config, true);
   if (!rec.ok()) {
     Log(rec.status().what(), "error");
     return rec.status();
+  }
+  // The other tags: records of their own (not aliases), so that each keeps this build when the
+  // others are rebuilt or removed; the layers are shared.
+  for (const auto& n : spec_.also_names) {
+    auto tagged = storage::PutImageTemplate(ts_, st_, n, store::kTemplateBuild, "build " + id_,
+                                            img_.layers, img_.config, true);
+    if (!tagged.ok()) {
+      Log(tagged.status().what(), "error");
+      return tagged.status();
+    }
+    Log("Tagged " + n);
   }
   Log("Successfully built " + spec_.name + " (" + FormatBytes(rec->size_bytes) + ")");
   return rec;

@@ -37,8 +37,12 @@ struct BuildSpec {
   int64_t memory_bytes = 0;  // per RUN step (0: the daemon's default)
   double cpus = 0;
   bool no_cache = false;
-  std::string start_cmd;  // E2B startCmd / readyCmd, kept with the template
+  // E2B startCmd / readyCmd, kept with the template (storage::ImageConfig); "" keeps the base's.
+  std::string start_cmd;
   std::string ready_cmd;
+  // More names the result is registered as, with the same layers and config (E2B's other tags
+  // of the build: "n:t2", ...). Each is replaced when it exists.
+  std::vector<std::string> also_names;
 };
 
 enum class BuildState { kBuilding, kReady, kError };
