@@ -43,7 +43,13 @@ struct BuildSpec {
   // More names the result is registered as, with the same layers and config (E2B's other tags
   // of the build: "n:t2", ...). Each is replaced when it exists.
   std::vector<std::string> also_names;
+  // The build id the records name as their source ("build <id>", BuildIdOf); "" = the
+  // builder's own id.
+  std::string record_id;
 };
+
+// The build id a template record was made by ("" for one not built).
+std::string BuildIdOf(const store::TemplateRecord& r);
 
 enum class BuildState { kBuilding, kReady, kError };
 
