@@ -103,6 +103,7 @@ Result<std::vector<std::string>> ParseTags(const json& body) {
     if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
   }
   if (out.empty()) return Invalid("tags: at least one tag is required");
+  if (out.size() > kMaxTags) return Invalid("tags: at most " + std::to_string(kMaxTags));
   return out;
 }
 
@@ -158,6 +159,7 @@ Result<TemplateRequest> ParseTemplateRequest(const json& body) {
     if (std::find(r.tags.begin(), r.tags.end(), t) == r.tags.end()) r.tags.push_back(t);
   }
   if (r.tags.empty()) r.tags.push_back("default");
+  if (r.tags.size() > kMaxTags) return Invalid("tags: at most " + std::to_string(kMaxTags));
   if (!storage::IsValidTemplateName(r.base))
     return Invalid("name: '" + r.base +
                    "' is not a template name ([a-z0-9][a-z0-9._-]{0,63}, optionally :tag)");

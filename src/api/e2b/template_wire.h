@@ -19,6 +19,9 @@ namespace sbx::api::e2b {
 // E2B's `base` template, which is sbx's base template too (the host's /usr, as for creates).
 inline constexpr char kE2bDefaultImage[] = "e2bdev/base";
 
+// Tags one request may name (each is a template record).
+inline constexpr size_t kMaxTags = 64;
+
 // POST /v3/templates {name: "n" | "n:tag", tags?, alias? (deprecated), cpuCount?, memoryMB?}.
 // As E2B (infra id.ParseName): tags are trimmed and lowercased, "n:default" is "n", and a build
 // without a tag gets the `default` one. Tag t of n is sbx's template "n:t"; `default` is "n".

@@ -64,6 +64,10 @@ TEST(E2bTemplateWire, TagBodies) {
   EXPECT_EQ(ParseTags(json{{"tags", json::array()}}).status().err(), EINVAL);
   EXPECT_EQ(ParseTags(json::object()).status().err(), EINVAL);
   EXPECT_EQ(ParseTags(json{{"tags", {1}}}).status().err(), EINVAL);
+  json many = json::array();
+  for (size_t i = 0; i <= kMaxTags; ++i) many.push_back("t" + std::to_string(i));
+  EXPECT_EQ(ParseTags(json{{"tags", many}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTemplateRequest(json{{"name", "a"}, {"tags", many}}).status().err(), EINVAL);
 
   std::vector<sandbox::TemplateBuilds::TagInfo> tags = {{"default", "bld_a", 1700000000000},
                                                         {"v1", "bld_b", 1700000001000}};
