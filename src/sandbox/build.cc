@@ -1312,11 +1312,25 @@ Result<store::TemplateRecord> Build::Run() {
   }
   if (img_.layers.empty())
     return Status::Error("build: the image has no layers (FROM scratch and no COPY)", EINVAL);
-  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild,
-                                       "build " + id_ + pulled_, img_.layers, img_.config, true);
+  if (!spec_.start_cmd.empty()) img_.config.start_cmd = spec_.start_cmd;
+  if (!spec_.ready_cmd.empty()) img_.config.ready_cmd = spec_.ready_cmd;
+  std::string source = "build " + (spec_.record_id.empty() ? id_ : spec_.record_id) + pulled_;
+  auto rec = storage::PutImageTemplate(ts_, st_, spec_.name, store::kTemplateBuild, source,
+                                       img_.layers, img_.config, true);
   if (!rec.ok()) {
     Log(rec.status().what(), "error");
     return rec.status();
+  }
+  // The other tags: records of their own (not aliases), so that each keeps this build when the
+  // others are rebuilt or removed; the layers are shared.
+  for (const auto& n : spec_.also_names) {
+    auto tagged = storage::PutImageTemplate(ts_, st_, n, store::kTemplateBuild, source,
+                                            img_.layers, img_.config, true);
+    if (!tagged.ok()) {
+      Log(tagged.status().what(), "error");
+      return tagged.status();
+    }
+    Log("Tagged " + n);
   }
   Log("Successfully built " + spec_.name + " (" + FormatSize(rec->size_bytes) + ")");
   return rec;
@@ -1327,6 +1341,11 @@ Result<store::TemplateRecord> BuilderImpl::Execute(
     const std::function<void(const BuildLogLine&)>& log) {
   Build b(c_, id, spec, log);
   return b.Run();
+}
+
+std::string BuildIdOf(const store::TemplateRecord& r) {
+  if (r.kind != store::kTemplateBuild || r.source.rfind("build ", 0) != 0) return "";
+  return r.source.substr(6);
 }
 
 std::unique_ptr<Builder> MakeBuilder(BuilderConfig config) {

@@ -39,7 +39,8 @@ struct BuildSpec {
   int64_t memory_bytes = 0;  // per RUN step (0: the daemon's default)
   double cpus = 0;
   bool no_cache = false;
-  std::string start_cmd;  // E2B startCmd / readyCmd, kept with the template
+  // E2B startCmd / readyCmd, kept with the template (storage::ImageConfig); "" keeps the base's.
+  std::string start_cmd;
   std::string ready_cmd;
   // The FROM step names an image to pull, never a local template (E2B's fromImage: an image
   // must not be shadowed by a template some key made under its name). Otherwise FROM X is the
@@ -49,7 +50,16 @@ struct BuildSpec {
   // error, the store or an answer; they live as long as the build.
   std::string registry_username;
   std::string registry_password;
+  // More names the result is registered as, with the same layers and config (E2B's other tags
+  // of the build: "n:t2", ...). Each is replaced when it exists.
+  std::vector<std::string> also_names;
+  // The build id the records name as their source ("build <id>", BuildIdOf); "" = the
+  // builder's own id.
+  std::string record_id;
 };
+
+// The build id a template record was made by ("" for one not built).
+std::string BuildIdOf(const store::TemplateRecord& r);
 
 enum class BuildState { kBuilding, kReady, kError };
 

@@ -19,6 +19,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 #include "sandbox/secrets.h"
+#include "sandbox/start_ready.h"
 #include "store/audit_queue.h"
 
 namespace sbx::sandbox {
@@ -659,6 +660,28 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     std::string error = "its box was made but could not be recorded: " + put.message();
     if (!destroyed.ok()) error += "; " + ForClients(rec.id, "destroy", destroyed).message();
     return failed(put, error);
+  }
+  // The template's start command, and the create answers once its ready command says so; a
+  // template that never gets ready leaves no box (start_ready.h).
+  if (!tmpl->start_cmd.empty() || !tmpl->ready_cmd.empty()) {
+    StartReadySpec sr;
+    sr.start_cmd = tmpl->start_cmd;
+    sr.ready_cmd = tmpl->ready_cmd;
+    sr.defaults = made.defaults;
+    sr.env = made.env;
+    if (config_.ready_timeout_ms > 0)
+      sr.timeout = std::chrono::milliseconds(config_.ready_timeout_ms);
+    Status ready = RunStartAndReady(made.agent_socket, sr, clock_);
+    if (!ready.ok()) {
+      Status destroyed = runtime_.Destroy(*box);
+      {
+        MutexLock g(mu_);
+        boxes_.erase(made.id);
+      }
+      std::string error = "template " + made.template_name + ": " + ready.message();
+      if (!destroyed.ok()) error += "; " + ForClients(rec.id, "destroy", destroyed).message();
+      return failed(Status::Error(error, ready.err()), error);
+    }
   }
   {
     MutexLock g(mu_);

@@ -90,6 +90,8 @@ struct ManagerConfig {
   // --min-memory/--max-memory ...); 0 fields: the host's (sandbox::HostRanges). Keys narrow them.
   store::LimitRanges ranges;
   std::string default_template = "host";
+  // How long a create waits for its template's ready command (start_ready.h); 0: its default.
+  int64_t ready_timeout_ms = 0;
   // Where disk images live (the data directory): a create with a disk limit must fit in its
   // filesystem's free space minus the reserve, or it is refused with ENOSPC (HTTP 507). Empty:
   // no free-space check.

@@ -341,5 +341,109 @@ TEST_F(TemplatesTest, TagsUploadsAndIdsFollowTheTenantRules) {
   EXPECT_EQ(TemplateBuilds::SweepUploads(dir_ + "/data", true), 1);
 }
 
+// What the builder writes at the end of a build of `name` with id `build` (build.cc): a record
+// of kind build whose source names the build.
+void Built(store::Store& st, const std::string& name, const std::string& build,
+           const std::string& layer) {
+  ASSERT_TRUE(st.PutLayer({layer, 100, 0, 0}).ok());
+  store::TemplateRecord r;
+  r.name = name;
+  r.kind = store::kTemplateBuild;
+  r.source = "build " + build;
+  r.layers = {layer};
+  r.config = "{}";
+  ASSERT_TRUE(st.PutTemplate(r).ok());
+}
+
+TEST_F(TemplatesTest, TagsPointAtOneBuildEachAndOnlyTheHolderChangesThem) {
+  TemplateBuilds t = Make(nullptr);
+  // A build of app:v1 tagged stable too: both names are claimed for A at once.
+  auto v1 = t.Reserve(a_, "app:v1", {"app:stable"});
+  ASSERT_TRUE(v1.ok()) << v1.status().message();
+  EXPECT_EQ((*store_->GetTemplateOwner("app:stable"))->owner_key_id, a_.id);
+  // B may not take a tag of A's name (MayUseFamily), and a build of A's whose other name is one
+  // of B's claims nothing.
+  EXPECT_EQ(t.Reserve(b_, "app:theirs").status().err(), EPERM);
+  ASSERT_TRUE(t.Reserve(b_, "other").ok());
+  EXPECT_EQ(t.Reserve(a_, "app:v9", {"other:x"}).status().err(), EPERM);
+  EXPECT_FALSE(*store_->GetTemplateOwner("app:v9"));
+  Built(*store_, "app:v1", *v1, "l1");
+  Built(*store_, "app:stable", *v1, "l1");
+
+  // A points default and prod at v1's build.
+  auto tagged = t.Tag(a_, "app:v1", {"default", "prod"});
+  ASSERT_TRUE(tagged.ok()) << tagged.status().message();
+  EXPECT_EQ(*tagged, *v1);
+  for (const char* n : {"app", "app:prod"}) {
+    auto rec = store_->GetTemplate(n);
+    ASSERT_TRUE(rec.ok() && *rec) << n;
+    EXPECT_EQ(BuildIdOf(**rec), *v1) << n;
+    EXPECT_EQ((*rec)->layers, std::vector<std::string>{"l1"});
+    EXPECT_EQ((*store_->GetTemplateOwner(n))->owner_key_id, a_.id) << n;
+  }
+  EXPECT_NE(audits_.back().find("template.tag " + a_.id), std::string::npos) << audits_.back();
+
+  // Refused, with nothing made: another key, a missing target, a built-in, a bad tag.
+  EXPECT_EQ(t.Tag(b_, "app:v1", {"mine"}).status().err(), EPERM);
+  EXPECT_EQ(t.Tag(a_, "app:nope", {"x"}).status().err(), ENOENT);
+  EXPECT_EQ(t.Tag(a_, "host", {"x"}).status().err(), EPERM);
+  EXPECT_EQ(t.Tag(op_, "base", {"x"}).status().err(), EPERM);
+  EXPECT_EQ(t.Tag(a_, "app:v1", {"Bad Tag"}).status().err(), EINVAL);
+  EXPECT_EQ(t.Tag(a_, "app:v1", {}).status().err(), EINVAL);
+  EXPECT_FALSE(*store_->GetTemplate("app:mine"));
+  EXPECT_FALSE(*store_->GetTemplate("host:x"));
+
+  // A rebuild of v1 moves v1 only: prod, stable and default stay on the first build.
+  auto v1b = t.Reserve(a_, "app:v1");
+  ASSERT_TRUE(v1b.ok());
+  Built(*store_, "app:v1", *v1b, "l2");
+  auto tags = t.Tags(b_, "app");  // every key sees the names
+  ASSERT_TRUE(tags.ok()) << tags.status().message();
+  std::map<std::string, std::string> by_tag;
+  for (const auto& x : *tags) by_tag[x.tag] = x.build_id;
+  EXPECT_EQ(by_tag, (std::map<std::string, std::string>{
+                        {"default", *v1}, {"prod", *v1}, {"stable", *v1}, {"v1", *v1b}}));
+  EXPECT_EQ(t.Tags(a_, "nothing").status().err(), ENOENT);
+
+  // Untag: never default, never with a tagged name, never another's; missing tags are fine.
+  EXPECT_EQ(t.Untag(a_, "app", {"default"}).err(), EINVAL);
+  EXPECT_EQ(t.Untag(a_, "app:v1", {"prod"}).err(), EINVAL);
+  EXPECT_EQ(t.Untag(a_, "app", {}).err(), EINVAL);
+  EXPECT_EQ(t.Untag(b_, "app", {"prod"}).err(), EPERM);
+  EXPECT_EQ(t.Untag(a_, "nothing", {"x"}).err(), ENOENT);
+  ASSERT_TRUE(t.Untag(a_, "app", {"prod", "never-was"}).ok());
+  EXPECT_FALSE(*store_->GetTemplate("app:prod"));
+  EXPECT_FALSE(*store_->GetTemplateOwner("app:prod"));
+
+  // Deleting the template takes A's names; B's other template stays B's.
+  EXPECT_EQ(t.DeleteWithTags(b_, "nothing").err(), ENOENT);
+  ASSERT_TRUE(t.DeleteWithTags(a_, "app").ok());
+  for (const char* n : {"app", "app:v1", "app:stable"}) {
+    EXPECT_FALSE(*store_->GetTemplate(n)) << n;
+    EXPECT_FALSE(*store_->GetTemplateOwner(n)) << n;
+  }
+  EXPECT_EQ((*store_->GetTemplateOwner("other"))->owner_key_id, b_.id);
+  EXPECT_EQ(t.DeleteWithTags(a_, "app").err(), ENOENT);
+}
+
+TEST_F(TemplatesTest, AnOperatorTagsAnOperatorsTemplateWhichStaysTheOperators) {
+  TemplateBuilds t = Make(nullptr);
+  ASSERT_TRUE(store_->PutLayer({"l1", 100, 0, 0}).ok());
+  store::TemplateRecord r;
+  r.name = "py";
+  r.kind = store::kTemplateOci;
+  r.source = "127.0.0.1:5000/python:3.12";
+  r.layers = {"l1"};
+  ASSERT_TRUE(store_->PutTemplate(r).ok());
+  EXPECT_EQ(t.Tag(a_, "py", {"v3"}).status().err(), EPERM);
+  auto b = t.Tag(op_, "py", {"v3"});
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_EQ(*b, "");  // not built through an API
+  EXPECT_TRUE(*store_->GetTemplate("py:v3"));
+  EXPECT_FALSE(*store_->GetTemplateOwner("py:v3"));  // the operator's, as its target
+  EXPECT_EQ(t.Untag(a_, "py", {"v3"}).err(), EPERM);
+  EXPECT_TRUE(t.Untag(op_, "py", {"v3"}).ok());
+}
+
 }  // namespace
 }  // namespace sbx::sandbox

@@ -214,8 +214,9 @@ TemplateBuilds::~TemplateBuilds() {
     if (!e.context_dir.empty()) (void)RemoveTree(e.context_dir);
 }
 
-Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key,
-                                            const std::string& name) {
+Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key, const std::string& name,
+                                            const std::vector<std::string>& also) {
+  for (const std::string& n : also) SBX_RETURN_IF_ERROR(MayBuild(key, n, "build"));
   if (!storage::IsValidTemplateName(name)) return BadName(name);
   SBX_RETURN_IF_ERROR(MayUseFamily(key, name, "build"));
   std::string id = kBuildPrefix + RandomId(kBuildIdChars);
@@ -224,8 +225,12 @@ Result<std::string> TemplateBuilds::Reserve(const store::ApiKeyRecord& key,
     if (claim.status().err() != EPERM) return claim.status();
     return Refused(key, name, "build");
   }
+  for (const std::string& n : also) {
+    auto c = store_.ClaimTemplate(n, key.id, id, key.is_operator);
+    if (!c.ok()) return c.status();  // lost a race with another key's claim since MayBuild
+  }
   MutexLock lock(mu_);
-  builds_[id] = Entry{name, key.id, "", "", false, "", clock_.NowMs()};
+  builds_[id] = Entry{name, also, key.id, "", "", false, "", clock_.NowMs()};
   Trim();
   return id;
 }
@@ -251,7 +256,9 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
       return Status::Error("build '" + id + "' was already started", EBUSY);
     it->second.builder_id = "starting";  // a second Start of the same id is EBUSY from now on
     spec.name = it->second.name;
+    spec.also_names = it->second.also_names;
   }
+  spec.record_id = id;
   spec.owner_key_id = key.id;
   auto fail = [&](const Status& s) -> Status {
     MutexLock lock(mu_);
@@ -478,7 +485,7 @@ Result<std::vector<TemplateInfo>> TemplateBuilds::List(const store::ApiKeyRecord
   return out;
 }
 
-Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string& name) {
+Status TemplateBuilds::MayDelete(const store::ApiKeyRecord& key, const std::string& name) {
   if (!storage::IsValidTemplateName(name)) return BadName(name);
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
@@ -497,12 +504,19 @@ Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string&
   } else if (!key.is_operator) {
     return denied("is the operator's: only an operator key may delete it");
   }
-  // Not while a build of it runs: its end would register the template again.
+  return {};
+}
+
+Status TemplateBuilds::NotBeingBuilt(const std::string& name) {
+  // Its end would register the template again.
   std::vector<std::string> running;
   {
     MutexLock lock(mu_);
-    for (const auto& [id, e] : builds_)
-      if (e.name == name && !e.failed && !e.builder_id.empty()) running.push_back(e.builder_id);
+    for (const auto& [id, e] : builds_) {
+      bool of_it = e.name == name ||
+                   std::find(e.also_names.begin(), e.also_names.end(), name) != e.also_names.end();
+      if (of_it && !e.failed && !e.builder_id.empty()) running.push_back(e.builder_id);
+    }
   }
   if (Builder* b = builder_.load()) {
     for (const auto& bid : running) {
@@ -512,6 +526,14 @@ Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string&
         return Status::Error("template '" + name + "' is being built", EBUSY);
     }
   }
+  return {};
+}
+
+Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string& name) {
+  SBX_RETURN_IF_ERROR(MayDelete(key, name));
+  SBX_RETURN_IF_ERROR(NotBeingBuilt(name));
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
   if (*rec) {
     Status s = storage::RemoveTemplate(templates_, store_, name);
     if (!s.ok() && s.err() != ENOENT) return s;
@@ -520,14 +542,177 @@ Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string&
   {
     // A reserved build of it that has not started would register the name without its hold.
     MutexLock lock(mu_);
-    for (auto& [id, e] : builds_)
-      if (e.name == name && e.builder_id.empty() && !e.failed) {
+    for (auto& [id, e] : builds_) {
+      bool of_it = e.name == name ||
+                   std::find(e.also_names.begin(), e.also_names.end(), name) != e.also_names.end();
+      if (of_it && e.builder_id.empty() && !e.failed) {
         e.failed = true;
         e.error = "the template was deleted before its build started";
       }
+    }
   }
   audit_("template.delete", key.id, {{"template", name}});
   return {};
+}
+
+Result<std::vector<std::string>> TemplateBuilds::NamesOf(const std::string& base) {
+  auto recs = store_.ListTemplates();
+  if (!recs.ok()) return recs.status();
+  auto rows = store_.ListTemplateOwners("");
+  if (!rows.ok()) return rows.status();
+  std::vector<std::string> out;
+  auto add = [&](const std::string& n) {
+    if ((n == base || n.rfind(base + ":", 0) == 0) &&
+        std::find(out.begin(), out.end(), n) == out.end())
+      out.push_back(n);
+  };
+  for (const auto& r : *recs) add(r.name);
+  for (const auto& r : *rows) add(r.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status TemplateBuilds::DeleteWithTags(const store::ApiKeyRecord& key, const std::string& base) {
+  auto names = NamesOf(base);
+  if (!names.ok()) return names.status();
+  if (names->empty()) return Status::Error("template '" + base + "' not found", ENOENT);
+  // Another key's tags of the same name are theirs: they stay. Nothing is deleted when the key
+  // may delete none, or when one of those it may is being built.
+  std::vector<std::string> mine;
+  Status refused;
+  for (const auto& n : *names) {
+    Status may = MayDelete(key, n);
+    if (may.err() == EPERM) {
+      refused = may;
+      continue;
+    }
+    SBX_RETURN_IF_ERROR(may);
+    SBX_RETURN_IF_ERROR(NotBeingBuilt(n));
+    mine.push_back(n);
+  }
+  if (mine.empty()) return refused;
+  for (const auto& n : mine) {
+    Status s = Delete(key, n);
+    if (!s.ok() && s.err() != ENOENT) return s;  // ENOENT: deleted meanwhile
+  }
+  return {};
+}
+
+// ---- tags ----
+
+namespace {
+
+Status CheckTag(const std::string& base, const std::string& tag) {
+  if (tag != "default" && !storage::IsValidTemplateName(base + ":" + tag))
+    return Status::Error("tag '" + tag + "': [a-z0-9][a-z0-9._-]{0,63}", EINVAL);
+  return {};
+}
+
+}  // namespace
+
+Result<std::string> TemplateBuilds::Tag(const store::ApiKeyRecord& key, const std::string& target,
+                                        const std::vector<std::string>& tags) {
+  if (!storage::IsValidTemplateName(target))
+    return Status::Error("target '" + target + "': a template name, optionally with ':' and a tag",
+                         EINVAL);
+  if (tags.empty()) return Status::Error("tags: at least one tag is required", EINVAL);
+  std::string base = target.substr(0, target.find(':'));
+  auto rec = store_.GetTemplate(target);
+  if (!rec.ok()) return rec.status();
+  if (!*rec) return Status::Error("template '" + target + "' not found", ENOENT);
+  auto row = store_.GetTemplateOwner(target);
+  if (!row.ok()) return row.status();
+  auto denied = [&](const std::string& why) {
+    audit_("template.denied", key.id, {{"template", target}, {"op", "tag"}});
+    return Status::Error("template '" + target + "' " + why, EPERM);
+  };
+  if (IsBuiltIn(**rec)) return denied("is built in: it has no tags to change");
+  if (*row && (*row)->owner_key_id != key.id && !key.is_operator)
+    return denied("was built by another key");
+  if (!*row && !key.is_operator)
+    return denied("is the operator's: only an operator key may tag it");
+  std::vector<std::string> dests;
+  for (const std::string& t : tags) {
+    SBX_RETURN_IF_ERROR(CheckTag(base, t));
+    std::string dest = t == "default" ? base : base + ":" + t;
+    if (dest == target || std::find(dests.begin(), dests.end(), dest) != dests.end()) continue;
+    SBX_RETURN_IF_ERROR(MayBuild(key, dest, "tag"));
+    SBX_RETURN_IF_ERROR(NotBeingBuilt(dest));
+    dests.push_back(dest);
+  }
+  std::string build_id = BuildIdOf(**rec);
+  if (build_id.empty() && *row) build_id = (*row)->build_id;
+  for (const std::string& dest : dests) {
+    store::TemplateRecord copy = **rec;
+    copy.name = dest;
+    copy.created_at = 0;  // now: when the tag was assigned
+    copy.last_used_at = 0;
+    SBX_RETURN_IF_ERROR(store_.PutTemplate(copy));
+    if (*row) {
+      auto c = store_.ClaimTemplate(dest, (*row)->owner_key_id,
+                                    build_id.empty() ? (*row)->build_id : build_id, true);
+      if (!c.ok()) return c.status();
+    } else {
+      SBX_RETURN_IF_ERROR(store_.DeleteTemplateOwner(dest));  // the operator's, as its target
+    }
+  }
+  audit_("template.tag", key.id, {{"template", target}, {"tags", tags}, {"build", build_id}});
+  return build_id;
+}
+
+Status TemplateBuilds::Untag(const store::ApiKeyRecord& key, const std::string& base,
+                             const std::vector<std::string>& tags) {
+  if (base.find(':') != std::string::npos)
+    return Status::Error("name '" + base + "': a template name without a tag (the tags go in tags)",
+                         EINVAL);
+  if (!storage::IsValidTemplateName(base))
+    return Status::Error("name '" + base + "': not a template name", EINVAL);
+  if (tags.empty()) return Status::Error("tags: at least one tag is required", EINVAL);
+  for (const std::string& t : tags) {
+    SBX_RETURN_IF_ERROR(CheckTag(base, t));
+    if (t == "default") return Status::Error("the 'default' tag cannot be removed", EINVAL);
+  }
+  auto names = NamesOf(base);
+  if (!names.ok()) return names.status();
+  if (names->empty()) return Status::Error("template '" + base + "' not found", ENOENT);
+  std::vector<std::string> gone;
+  for (const std::string& t : tags) {
+    std::string n = base + ":" + t;
+    if (std::find(names->begin(), names->end(), n) == names->end()) continue;  // as E2B: fine
+    SBX_RETURN_IF_ERROR(MayDelete(key, n));
+    SBX_RETURN_IF_ERROR(NotBeingBuilt(n));
+    gone.push_back(n);
+  }
+  for (const std::string& n : gone) {
+    Status s = Delete(key, n);
+    if (!s.ok() && s.err() != ENOENT) return s;
+  }
+  return {};
+}
+
+Result<std::vector<TemplateBuilds::TagInfo>> TemplateBuilds::Tags(const store::ApiKeyRecord&,
+                                                                  const std::string& base) {
+  auto names = NamesOf(base);
+  if (!names.ok()) return names.status();
+  std::vector<TagInfo> out;
+  for (const std::string& n : *names) {
+    auto rec = store_.GetTemplate(n);
+    if (!rec.ok()) return rec.status();
+    if (!*rec) continue;  // held by a build that has not made it (yet)
+    TagInfo t;
+    t.tag = n == base ? "default" : n.substr(base.size() + 1);
+    t.build_id = BuildIdOf(**rec);
+    if (t.build_id.empty()) {
+      auto row = store_.GetTemplateOwner(n);
+      if (!row.ok()) return row.status();
+      if (*row) t.build_id = (*row)->build_id;
+    }
+    t.created_at = (*rec)->created_at;
+    out.push_back(std::move(t));
+  }
+  if (out.empty() && names->empty())
+    return Status::Error("template '" + base + "' not found", ENOENT);
+  return out;
 }
 
 // ---- uploads ----

@@ -85,10 +85,12 @@ class TemplateBuilds {
   void SetBuilder(Builder* b) { builder_.store(b); }
   bool enabled() const { return builder_.load() != nullptr; }
 
-  // Claims `name` for a build by `key` and returns the new build's id ("bld_" + 20 [a-z0-9]);
-  // the build is waiting until Start. EINVAL for an invalid name, EPERM when `key` may not build
-  // it (see the top).
-  Result<std::string> Reserve(const store::ApiKeyRecord& key, const std::string& name);
+  // Claims `name` (and `also`, the build's other tags: BuildSpec::also_names) for a build by
+  // `key` and returns the new build's id ("bld_" + 20 [a-z0-9]); the build is waiting until
+  // Start. EINVAL for an invalid name, EPERM when `key` may not build one of them (see the top;
+  // nothing is claimed then).
+  Result<std::string> Reserve(const store::ApiKeyRecord& key, const std::string& name,
+                              const std::vector<std::string>& also = {});
   // Whether `key` may build (rebuild) `name`, or upload files for it (`op` "upload"), without
   // claiming it: EINVAL for an invalid name, EPERM (audited as template.denied) as Reserve.
   Status MayBuild(const store::ApiKeyRecord& key, const std::string& name,
@@ -126,6 +128,34 @@ class TemplateBuilds {
   // Deletes template `name` and its hold (see the top for who may). ENOENT when neither exists,
   // EPERM when `key` may not, EBUSY while a build of it runs.
   Status Delete(const store::ApiKeyRecord& key, const std::string& name);
+  // Deletes `base` and every tag of it ("base:*") that `key` may delete (another key's stay);
+  // EPERM when it may delete none of them, ENOENT when there are none, EBUSY (nothing deleted)
+  // while one of them is being built.
+  Status DeleteWithTags(const store::ApiKeyRecord& key, const std::string& base);
+
+  // ---- tags (E2B's; docs/api.md "Templates") ----
+  // Tag t of template n is the registered template "n:t", a record of its own (the same layers
+  // and config as the build it points at, BuildIdOf), so a rebuild or removal of one tag never
+  // moves another; n's `default` tag is "n" itself.
+  struct TagInfo {
+    std::string tag;       // "default" for the base name
+    std::string build_id;  // "" for a template not built through an API
+    int64_t created_at = 0;
+  };
+  // Points `tags` of `target`'s template (each "t" or "default") at the build `target` ("n" or
+  // "n:t") runs now, and returns that build's id. `key` must hold `target` (or be an operator
+  // key, for an operator's template) and be allowed to build each tag's name (the top's rules);
+  // built-ins never. ENOENT for a missing target, EINVAL for a bad tag, EPERM, EBUSY while a
+  // build of a tag's name runs. All or nothing for the permission checks.
+  Result<std::string> Tag(const store::ApiKeyRecord& key, const std::string& target,
+                          const std::vector<std::string>& tags);
+  // Removes `tags` of template `base` (a name without a tag); tags it does not have are skipped.
+  // EINVAL for `default` or a bad tag, ENOENT when `base` has neither a name nor a tag, EPERM
+  // (nothing removed) when `key` may not delete one of them, EBUSY while one is being built.
+  Status Untag(const store::ApiKeyRecord& key, const std::string& base,
+               const std::vector<std::string>& tags);
+  // The tags of `base` that are registered templates, by tag. ENOENT when there are none.
+  Result<std::vector<TagInfo>> Tags(const store::ApiKeyRecord& key, const std::string& base);
 
   // ---- E2B's uploads (per key, see the top) ----
   // The key an upload URL was signed for, as the store has it now: EACCES for an id that is not
@@ -178,6 +208,7 @@ class TemplateBuilds {
  private:
   struct Entry {
     std::string name;
+    std::vector<std::string> also_names;  // its other tags
     std::string key_id;
     std::string builder_id;   // "" until started
     std::string context_dir;  // made for it; removed when it ends
@@ -188,6 +219,12 @@ class TemplateBuilds {
   Status Refused(const store::ApiKeyRecord& key, const std::string& name, const std::string& op);
   Status MayUseFamily(const store::ApiKeyRecord& key, const std::string& name,
                       const std::string& op);
+  // ENOENT / EPERM as Delete would answer, without deleting.
+  Status MayDelete(const store::ApiKeyRecord& key, const std::string& name);
+  // EBUSY while a build of `name` (or with `name` as a tag) runs.
+  Status NotBeingBuilt(const std::string& name);
+  // `base` and its tags ("base:*") that are registered or held, by name.
+  Result<std::vector<std::string>> NamesOf(const std::string& base);
   void Trim() REQUIRES(mu_);
   Result<std::string> PrepareContext(const store::ApiKeyRecord& key, const std::string& build_id,
                                      const std::vector<UploadedCopy>& copies);

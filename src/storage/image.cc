@@ -721,6 +721,8 @@ std::string ImageConfigToJson(const ImageConfig& c) {
   if (!c.cmd.empty()) j["cmd"] = c.cmd;
   if (!c.exposed_ports.empty()) j["exposed_ports"] = c.exposed_ports;
   if (!c.labels.empty()) j["labels"] = c.labels;
+  if (!c.start_cmd.empty()) j["start_cmd"] = c.start_cmd;
+  if (!c.ready_cmd.empty()) j["ready_cmd"] = c.ready_cmd;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -738,6 +740,8 @@ Result<ImageConfig> ImageConfigFromJson(const std::string& text) {
   if (auto it = j.find("labels"); it != j.end() && it->is_object())
     for (const auto& [k, v] : it->items())
       if (v.is_string()) c.labels[k] = v.get<std::string>();
+  SBX_RETURN_IF_ERROR(StringFrom(j, "start_cmd", &c.start_cmd).Wrap("image config"));
+  SBX_RETURN_IF_ERROR(StringFrom(j, "ready_cmd", &c.ready_cmd).Wrap("image config"));
   return c;
 }
 
@@ -757,6 +761,8 @@ void ApplyImageConfig(const ImageConfig& c, Template* t) {
   t->workdir = c.workdir;
   t->entrypoint = c.entrypoint;
   t->cmd = c.cmd;
+  t->start_cmd = c.start_cmd;
+  t->ready_cmd = c.ready_cmd;
 }
 
 // ---- leases ----

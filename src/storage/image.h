@@ -37,15 +37,20 @@ struct ImageConfig {
   std::vector<std::string> cmd;
   std::vector<std::string> exposed_ports;  // "8080/tcp"
   std::map<std::string, std::string> labels;
+  // E2B's startCmd and readyCmd of a build (shell commands; "" = none): every create from the
+  // template runs the start command in the background and answers once the ready one exits 0
+  // (sandbox/start_ready.h). Not part of an OCI image's config.
+  std::string start_cmd;
+  std::string ready_cmd;
 };
 
 // The config as the `templates.config` column keeps it (a JSON object with the keys env, user,
-// workdir, entrypoint, cmd, exposed_ports, labels; absent keys are empty) and back. EINVAL for a
-// value of the wrong shape.
+// workdir, entrypoint, cmd, exposed_ports, labels, start_cmd, ready_cmd; absent keys are empty) and
+// back. EINVAL for a value of the wrong shape.
 std::string ImageConfigToJson(const ImageConfig& c);
 Result<ImageConfig> ImageConfigFromJson(const std::string& json);
 // Sets `t`'s defaults from `c`: its env over t's (a variable the image sets replaces t's, e.g.
-// PATH), its user (empty: root), workdir, entrypoint and cmd.
+// PATH), its user (empty: root), workdir, entrypoint, cmd, start and ready commands.
 void ApplyImageConfig(const ImageConfig& c, Template* t);
 
 // A build's or pull's hold on the pins of its id (store::IsLeasePinId: "bld_..." or "pull_...",

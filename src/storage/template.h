@@ -50,6 +50,9 @@ struct Template {
   // other kinds.
   std::vector<std::string> entrypoint;
   std::vector<std::string> cmd;
+  // E2B's start and ready commands of a build (ImageConfig::start_cmd, ready_cmd); "" = none.
+  std::string start_cmd;
+  std::string ready_cmd;
 };
 
 struct TemplateStore {

@@ -215,6 +215,9 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKe
   sandbox::CreateRequest req;
   req.template_name = (*j)["templateID"].get<std::string>();
   if (req.template_name.empty()) co_return co_await Error(ex, 400, "template not found: ");
+  // E2B's "n:default" is the template's default tag: sbx's "n" (api/e2b/template_wire.h).
+  if (req.template_name.ends_with(":default"))
+    req.template_name.resize(req.template_name.size() - 8);
   auto md = StringMap(*j, "metadata");
   if (!md.ok()) co_return co_await Fail(ex, md.status());
   auto env = StringMap(*j, "envVars");
@@ -732,14 +735,8 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
     const char* what;
   };
   static constexpr NotYet kNotYet[] = {
-      {"POST", "/sandboxes/{id}/fork", "fork"},
-      {"POST", "/sandboxes/{id}/snapshots", "snapshots"},
-      {"GET", "/snapshots", "snapshots"},
-      {"GET", "/templates/{templateID}/builds/{buildID}/logs", "template build logs"},
-      {"GET", "/templates/{templateID}/tags", "template tags"},
-      {"POST", "/templates/tags", "template tags"},
-      {"DELETE", "/templates/tags", "template tags"},
-      {"GET", "/volumes", "volumes"},
+      {"POST", "/sandboxes/{id}/fork", "fork"}, {"POST", "/sandboxes/{id}/snapshots", "snapshots"},
+      {"GET", "/snapshots", "snapshots"},       {"GET", "/volumes", "volumes"},
       {"POST", "/volumes", "volumes"},
   };
   for (const NotYet& n : kNotYet) {

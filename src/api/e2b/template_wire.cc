@@ -64,6 +64,16 @@ Result<int> ParseMode(const std::string& m, const std::string& field) {
   return v;
 }
 
+// As E2B's cleanAndValidate: surrounding spaces go, letters are lowercased.
+std::string Clean(std::string t) {
+  size_t b = t.find_first_not_of(" \t\r\n");
+  size_t e = t.find_last_not_of(" \t\r\n");
+  t = b == std::string::npos ? "" : t.substr(b, e - b + 1);
+  for (char& c : t)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return t;
+}
+
 int LevelRank(const std::string& l) {
   if (l == "debug") return 0;
   if (l == "warn") return 2;
@@ -97,6 +107,56 @@ Status ParseImageRegistry(const json& j, sandbox::BuildSpec* spec) {
 
 }  // namespace
 
+std::vector<std::string> TemplateRequest::also() const {
+  std::vector<std::string> out;
+  for (size_t i = 1; i < tags.size(); ++i) out.push_back(NameOf(tags[i]));
+  return out;
+}
+
+Result<std::vector<std::string>> ParseTags(const json& body) {
+  auto it = body.find("tags");
+  if (it == body.end() || it->is_null()) return Invalid("tags: at least one tag is required");
+  auto tags = StringArray(*it, "tags");
+  if (!tags.ok()) return tags.status();
+  std::vector<std::string> out;
+  for (auto t : *tags) {
+    t = Clean(t);
+    if (t.empty() || t.find(':') != std::string::npos ||
+        (t != "default" && !storage::IsValidTemplateName("x:" + t)))
+      return Invalid("tags: '" + t + "' is not a tag ([a-z0-9][a-z0-9._-]{0,63})");
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  }
+  if (out.empty()) return Invalid("tags: at least one tag is required");
+  if (out.size() > kMaxTags) return Invalid("tags: at most " + std::to_string(kMaxTags));
+  return out;
+}
+
+json BuildLogsJson(const sandbox::BuildStatus& st, std::optional<int64_t> cursor_ms, size_t limit,
+                   bool backward, const std::string& level) {
+  json logs = json::array();
+  int min_rank = level.empty() ? 0 : LevelRank(level);
+  auto take = [&](const sandbox::BuildLogLine& l) {
+    if (LevelRank(l.level) < min_rank) return;
+    if (cursor_ms && (backward ? l.at_ms > *cursor_ms : l.at_ms < *cursor_ms)) return;
+    logs.push_back({{"timestamp", Rfc3339(l.at_ms)},
+                    {"level", l.level.empty() ? "info" : l.level},
+                    {"message", l.text}});
+  };
+  if (backward) {
+    for (auto it = st.logs.rbegin(); it != st.logs.rend() && logs.size() < limit; ++it) take(*it);
+  } else {
+    for (auto it = st.logs.begin(); it != st.logs.end() && logs.size() < limit; ++it) take(*it);
+  }
+  return {{"logs", logs}};
+}
+
+json TagsJson(const std::vector<sandbox::TemplateBuilds::TagInfo>& tags) {
+  json out = json::array();
+  for (const auto& t : tags)
+    out.push_back({{"tag", t.tag}, {"buildID", t.build_id}, {"createdAt", Rfc3339(t.created_at)}});
+  return out;
+}
+
 Result<TemplateRequest> ParseTemplateRequest(const json& body) {
   auto name = OptionalString(body, "name", "name");
   if (!name.ok()) return name.status();
@@ -111,18 +171,24 @@ Result<TemplateRequest> ParseTemplateRequest(const json& body) {
   TemplateRequest r;
   size_t colon = n.find(':');
   r.base = n.substr(0, colon);
-  if (colon != std::string::npos) r.tags.push_back(n.substr(colon + 1));
+  std::vector<std::string> all;
+  if (colon != std::string::npos) all.push_back(n.substr(colon + 1));
   if (auto it = body.find("tags"); it != body.end() && !it->is_null()) {
     auto tags = StringArray(*it, "tags");
     if (!tags.ok()) return tags.status();
-    for (const auto& t : *tags)
-      if (std::find(r.tags.begin(), r.tags.end(), t) == r.tags.end()) r.tags.push_back(t);
+    all.insert(all.end(), tags->begin(), tags->end());
   }
+  for (auto& t : all) {
+    t = Clean(t);
+    if (std::find(r.tags.begin(), r.tags.end(), t) == r.tags.end()) r.tags.push_back(t);
+  }
+  if (r.tags.empty()) r.tags.push_back("default");
+  if (r.tags.size() > kMaxTags) return Invalid("tags: at most " + std::to_string(kMaxTags));
   if (!storage::IsValidTemplateName(r.base))
     return Invalid("name: '" + r.base +
                    "' is not a template name ([a-z0-9][a-z0-9._-]{0,63}, optionally :tag)");
   for (const auto& t : r.tags)
-    if (!storage::IsValidTemplateName(r.base + ":" + t))
+    if (t != "default" && !storage::IsValidTemplateName(r.base + ":" + t))
       return Invalid("tags: '" + t + "' is not a tag ([a-z0-9][a-z0-9._-]{0,63})");
   for (const char* f : {"cpuCount", "memoryMB"})
     if (auto it = body.find(f); it != body.end() && !it->is_null() && !it->is_number_integer())
@@ -289,7 +355,8 @@ json BuildInfoJson(const std::string& template_id, const sandbox::BuildStatus& s
 }
 
 json TemplateRequestJson(const TemplateRequest& r, const std::string& build_id) {
-  json names = json::array({r.target()});
+  // As E2B: names and aliases are the template's (untagged); its tags are listed apart.
+  json names = json::array({r.base});
   json aliases = json::array({r.base});
   return {{"templateID", r.base}, {"buildID", build_id}, {"public", false},
           {"names", names},       {"tags", r.tags},      {"aliases", aliases}};

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,22 @@ namespace sbx::api::e2b {
 // E2B's `base` template, which is sbx's base template too (the host's /usr, as for creates).
 inline constexpr char kE2bDefaultImage[] = "e2bdev/base";
 
+// Tags one request may name (each is a template record).
+inline constexpr size_t kMaxTags = 64;
+
 // POST /v3/templates {name: "n" | "n:tag", tags?, alias? (deprecated), cpuCount?, memoryMB?}.
+// As E2B (infra id.ParseName): tags are trimmed and lowercased, "n:default" is "n", and a build
+// without a tag gets the `default` one. Tag t of n is sbx's template "n:t"; `default` is "n".
 struct TemplateRequest {
   std::string base;               // "n": the E2B templateID
-  std::vector<std::string> tags;  // the name's tag first, then `tags`; empty: none
-  // The sbx template the build makes: "n", or "n:<first tag>" (the other tags become aliases).
-  std::string target() const { return tags.empty() ? base : base + ":" + tags.front(); }
+  std::vector<std::string> tags;  // the name's tag first, then `tags`, deduplicated; never empty
+  // The sbx template each tag names: "n" for default, else "n:<tag>".
+  std::string NameOf(const std::string& tag) const {
+    return tag == "default" ? base : base + ":" + tag;
+  }
+  // The build's own name (its first tag's) and its other tags' (BuildSpec::also_names).
+  std::string target() const { return NameOf(tags.front()); }
+  std::vector<std::string> also() const;
 };
 Result<TemplateRequest> ParseTemplateRequest(const nlohmann::json& body);
 
@@ -57,5 +68,19 @@ nlohmann::json TemplateJson(const sandbox::TemplateInfo& t);
 nlohmann::json TemplateWithBuildsJson(const sandbox::TemplateInfo& t);
 
 const char* BuildStatusName(sandbox::BuildState s);
+
+// The tags of POST /templates/tags {target, tags} and DELETE /templates/tags {name, tags}: at
+// least one, trimmed, lowercased, deduplicated (order kept). EINVAL naming the field.
+Result<std::vector<std::string>> ParseTags(const nlohmann::json& body);
+
+// GET /templates/{id}/builds/{buildID}/logs (TemplateBuildLogsResponse {logs: BuildLogEntry[]}):
+// of `st`'s lines (all of them, from offset 0), those at or above `level` ("" = all), at or
+// after `cursor_ms` oldest first (`backward`: at or before it, newest first; no cursor: from
+// the first or the last line), at most `limit`.
+nlohmann::json BuildLogsJson(const sandbox::BuildStatus& st, std::optional<int64_t> cursor_ms,
+                             size_t limit, bool backward, const std::string& level);
+
+// GET /templates/{id}/tags: TemplateTag[] {tag, buildID, createdAt}.
+nlohmann::json TagsJson(const std::vector<sandbox::TemplateBuilds::TagInfo>& tags);
 
 }  // namespace sbx::api::e2b

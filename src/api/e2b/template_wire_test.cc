@@ -16,8 +16,9 @@ TEST(E2bTemplateWire, TemplateRequestNamesAndTags) {
   auto r = ParseTemplateRequest(json{{"name", "my-app"}, {"cpuCount", 2}, {"memoryMB", 1024}});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->base, "my-app");
-  EXPECT_TRUE(r->tags.empty());
+  EXPECT_EQ(r->tags, std::vector<std::string>{"default"});  // as E2B's RegisterBuild
   EXPECT_EQ(r->target(), "my-app");
+  EXPECT_TRUE(r->also().empty());
   auto tagged = ParseTemplateRequest(json{{"name", "my-app:v1"}, {"tags", {"v1"}}});
   ASSERT_TRUE(tagged.ok());
   EXPECT_EQ(tagged->target(), "my-app:v1");
@@ -34,9 +35,67 @@ TEST(E2bTemplateWire, TemplateRequestNamesAndTags) {
   EXPECT_EQ(answer, (json{{"templateID", "my-app"},
                           {"buildID", "bld_x"},
                           {"public", false},
-                          {"names", {"my-app:v1"}},
+                          {"names", {"my-app"}},
                           {"tags", {"v1"}},
                           {"aliases", {"my-app"}}}));
+}
+
+TEST(E2bTemplateWire, ABuildsTagsAreItsNameTagThenTheOthersAndDefaultIsTheBareName) {
+  auto r = ParseTemplateRequest(
+      json{{"name", "app:V1"}, {"tags", {" prod ", "v1", "default", "latest"}}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->tags, (std::vector<std::string>{"v1", "prod", "default", "latest"}));
+  EXPECT_EQ(r->target(), "app:v1");
+  EXPECT_EQ(r->also(), (std::vector<std::string>{"app:prod", "app", "app:latest"}));
+  auto d = ParseTemplateRequest(json{{"name", "app:default"}});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->target(), "app");
+  EXPECT_EQ(ParseTemplateRequest(json{{"name", "app:"}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTemplateRequest(json{{"name", "app"}, {"tags", {"a:b"}}}).status().err(), EINVAL);
+}
+
+TEST(E2bTemplateWire, TagBodies) {
+  auto t = ParseTags(json{{"target", "app:v1"}, {"tags", {"Production", "stable", "production"}}});
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(*t, (std::vector<std::string>{"production", "stable"}));
+  // The SDK's own tests: a tag that starts with ':' and one that is "name:" are refused.
+  EXPECT_EQ(ParseTags(json{{"tags", {":invalid-tag"}}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTags(json{{"tags", {"e2b-tags-test:"}}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTags(json{{"tags", json::array()}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTags(json::object()).status().err(), EINVAL);
+  EXPECT_EQ(ParseTags(json{{"tags", {1}}}).status().err(), EINVAL);
+  json many = json::array();
+  for (size_t i = 0; i <= kMaxTags; ++i) many.push_back("t" + std::to_string(i));
+  EXPECT_EQ(ParseTags(json{{"tags", many}}).status().err(), EINVAL);
+  EXPECT_EQ(ParseTemplateRequest(json{{"name", "a"}, {"tags", many}}).status().err(), EINVAL);
+
+  std::vector<sandbox::TemplateBuilds::TagInfo> tags = {{"default", "bld_a", 1700000000000},
+                                                        {"v1", "bld_b", 1700000001000}};
+  EXPECT_EQ(TagsJson(tags), json::parse(R"([
+    {"tag": "default", "buildID": "bld_a", "createdAt": "2023-11-14T22:13:20.000Z"},
+    {"tag": "v1", "buildID": "bld_b", "createdAt": "2023-11-14T22:13:21.000Z"}])"));
+}
+
+TEST(E2bTemplateWire, BuildLogsPageByCursorDirectionLimitAndLevel) {
+  sandbox::BuildStatus st;
+  st.logs = {{1000, "info", "a"}, {2000, "error", "b"}, {3000, "info", "c"}, {4000, "debug", "d"}};
+  auto messages = [](const json& j) {
+    std::vector<std::string> out;
+    for (const auto& e : j.at("logs")) out.push_back(e.at("message"));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 100, false, "")), (V{"a", "b", "c", "d"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, 2000, 100, false, "")), (V{"b", "c", "d"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, 3000, 100, true, "")), (V{"c", "b", "a"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 2, true, "")), (V{"d", "c"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 1, false, "")), (V{"a"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 100, false, "info")), (V{"a", "b", "c"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 100, false, "error")), (V{"b"}));
+  EXPECT_EQ(messages(BuildLogsJson(st, std::nullopt, 0, false, "")), V{});
+  json first = BuildLogsJson(st, std::nullopt, 1, false, "")["logs"][0];
+  EXPECT_EQ(first,
+            (json{{"timestamp", "1970-01-01T00:00:01.000Z"}, {"level", "info"}, {"message", "a"}}));
 }
 
 TEST(E2bTemplateWire, TheSdksStepsBecomeBuildSteps) {

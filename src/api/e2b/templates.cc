@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <optional>
 
 #include "api/e2b/internal.h"
 #include "api/e2b/template_wire.h"
@@ -98,13 +99,10 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
           co_return co_await Error(ex, 501, "this sbx has no template builder");
         auto req = ParseTemplateRequest(*j);
         if (!req.ok()) co_return co_await Fail(ex, req.status());
-        if (req->tags.size() > 1)
-          co_return co_await Error(
-              ex, 400,
-              "tags: sbx builds one tag per build (got " + std::to_string(req->tags.size()) + ")");
         std::string target = req->target();
-        auto id = co_await OnPool(ctx.blocking,
-                                  [&] { return ctx.manager.templates().Reserve(key, target); });
+        std::vector<std::string> also = req->also();
+        auto id = co_await OnPool(
+            ctx.blocking, [&] { return ctx.manager.templates().Reserve(key, target, also); });
         if (!id.ok()) co_return co_await Fail(ex, id.status());
         co_await ex.RespondJson(202, TemplateRequestJson(*req, *id));
       }));
@@ -252,14 +250,95 @@ void RegisterTemplates(http::Router& r, ApiContext& ctx) {
         co_await ex.RespondJson(200, TemplateWithBuildsJson(*t));
       }));
 
+  // As E2B, the template goes with all its tags ("n:t"); a name with a tag, that tag alone.
   r.Delete(
       "/templates/{templateID}",
       Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         std::string tid = ex.Param("templateID");
-        Status s =
-            co_await OnPool(ctx.blocking, [&] { return ctx.manager.templates().Delete(key, tid); });
+        Status s = co_await OnPool(ctx.blocking, [&] {
+          auto& t = ctx.manager.templates();
+          return tid.find(':') == std::string::npos ? t.DeleteWithTags(key, tid)
+                                                    : t.Delete(key, tid);
+        });
         if (!s.ok()) co_return co_await Fail(ex, s);
         co_await ex.Respond(204, "");
+      }));
+
+  // Tags (E2B's AssignTemplateTagsRequest / AssignedTemplateTags, 201): `target` "n[:t]" (no tag:
+  // `default`) is the build the tags then point at.
+  r.Post(
+      "/templates/tags",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        auto tags = ParseTags(*j);
+        if (!tags.ok()) co_return co_await Fail(ex, tags.status());
+        auto it = j->find("target");
+        if (it == j->end() || !it->is_string() || it->get<std::string>().empty())
+          co_return co_await Error(ex, 400, "target: required, a template name \"name[:tag]\"");
+        std::string target = it->get<std::string>();
+        if (target.ends_with(":default")) target.resize(target.size() - 8);
+        auto build = co_await OnPool(
+            ctx.blocking, [&] { return ctx.manager.templates().Tag(key, target, *tags); });
+        if (!build.ok()) co_return co_await Fail(ex, build.status());
+        json body = {{"tags", *tags}, {"buildID", *build}};
+        co_await ex.RespondJson(201, body);
+      }));
+  r.Delete(
+      "/templates/tags",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        auto tags = ParseTags(*j);
+        if (!tags.ok()) co_return co_await Fail(ex, tags.status());
+        auto it = j->find("name");
+        if (it == j->end() || !it->is_string() || it->get<std::string>().empty())
+          co_return co_await Error(ex, 400, "name: required, a template name without a tag");
+        std::string name = it->get<std::string>();
+        Status s = co_await OnPool(ctx.blocking,
+                                   [&] { return ctx.manager.templates().Untag(key, name, *tags); });
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+  r.Get(
+      "/templates/{templateID}/tags",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        std::string tid = BaseName(ex.Param("templateID"));
+        auto tags =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.templates().Tags(key, tid); });
+        if (!tags.ok()) co_return co_await Fail(ex, tags.status());
+        co_await ex.RespondJson(200, TagsJson(*tags));
+      }));
+
+  // The build's log (TemplateBuildLogsResponse): what the daemon keeps of it in memory (the
+  // builder's last lines; after a restart, only how it ended).
+  r.Get(
+      "/templates/{templateID}/builds/{buildID}/logs",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        std::optional<int64_t> cursor;
+        if (auto c = ex.query().Get("cursor"); c && !c->empty()) {
+          auto v = QueryInt(ex, "cursor", 0, 0, INT64_MAX);
+          if (!v.ok()) co_return co_await Fail(ex, v.status());
+          cursor = *v;
+        }
+        auto limit = QueryInt(ex, "limit", kMaxLogEntries, 0, kMaxLogEntries);
+        if (!limit.ok()) co_return co_await Fail(ex, limit.status());
+        std::string direction = ex.query().Get("direction").value_or("");
+        if (!direction.empty() && direction != "forward" && direction != "backward")
+          co_return co_await Error(ex, 400, "direction: forward or backward");
+        std::string level = ex.query().Get("level").value_or("");
+        if (!level.empty() && level != "debug" && level != "info" && level != "warn" &&
+            level != "error")
+          co_return co_await Error(ex, 400, "level: debug, info, warn or error");
+        std::string source = ex.query().Get("source").value_or("");
+        if (!source.empty() && source != "temporary" && source != "persistent")
+          co_return co_await Error(ex, 400, "source: temporary or persistent");
+        std::string tid = ex.Param("templateID");
+        std::string bid = ex.Param("buildID");
+        auto st = BuildOf(ctx, key, tid, bid, 0);
+        if (!st.ok()) co_return co_await Fail(ex, st.status());
+        co_await ex.RespondJson(200, BuildLogsJson(*st, cursor, static_cast<size_t>(*limit),
+                                                   direction == "backward", level));
       }));
 }
 
