@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -700,6 +701,35 @@ TEST_F(NetworkTest, AnEgressLimitPacesDownloads) {
   Json("PUT", "/v1/sandboxes/" + id + "/network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}},
        200);
   EXPECT_GE(timed("pypi.test"), min_secs);
+}
+
+// Item 4 through the secrets interceptor: a box with a secret binding has its HTTPS terminated
+// by sbx (mitm.h), and limits.egress_mbps paces those connections too, from the same per-box
+// budget. Only a lower bound on the time, as above.
+TEST_F(NetworkTest, AnEgressLimitPacesInterceptedDownloads) {
+  Json("POST", "/v1/secrets",
+       {{"name", "paced"}, {"value", "paced-s3cr3t-0123456789"}, {"hosts", {"allowed.test"}}}, 201);
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test"}}}},
+               {"secrets", {{"API_KEY", "paced"}}},
+               {"limits", {{"egress_mbps", 8}}}};
+  json s = Json("POST", "/v1/sandboxes", body, 201);
+  std::string id = s.value("id", "");
+  ASSERT_FALSE(id.empty()) << s.dump();
+  constexpr double kRate = 1e6, kBurst = kRate / 4;
+  constexpr int kBytes = 3000000;
+  // Two downloads at once: one budget for the box, not one per connection.
+  std::string one =
+      "curl -sS --max-time 60 -o /dev/null -w '%{size_download}\\n' "
+      "-H \"X-Key: $API_KEY\" https://allowed.test/bytes/" +
+      std::to_string(kBytes);
+  auto start = std::chrono::steady_clock::now();
+  auto r = Exec(id, "(" + one + ") & (" + one + "); wait");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, std::to_string(kBytes) + "\n" + std::to_string(kBytes) + "\n") << r.out;
+  EXPECT_GE(secs, (2.0 * kBytes - 2 * kBurst) / kRate) << secs;
+  // They went through the interceptor (the value reached the host).
+  EXPECT_FALSE(Audit("secret.use", id).empty());
 }
 
 }  // namespace
