@@ -32,6 +32,7 @@
 #include "sandbox/id_pool.h"
 #include "sandbox/manager.h"
 #include "sandbox/net_slot_pool.h"
+#include "sandbox/run_networks.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -301,6 +302,15 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::atomic<sandbox::Manager*>& to;
     ~AuditOff() { to = nullptr; }
   } audit_off{audit_to};
+  // And the networks killed `sbx run --net`s left here (tables, links, slots, files): the clean-up
+  // every sbx run does first, so a host that runs no sbx run again is cleaned up too. Live runs
+  // (their lock held) are left alone.
+  if (stack) {
+    if (auto reaped = sandbox::ReapKilledRunNetworks(global.data_dir, **st); !reaped.ok())
+      spdlog::warn("{}", reaped.status().message());
+    else if (*reaped > 0)
+      spdlog::info("removed the networks of {} killed sbx run(s)", *reaped);
+  }
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "common/fs.h"
 #include "daemon_process.h"
 #include "sbx_process.h"
+#include "store/store.h"
 
 extern char** environ;
 
@@ -93,6 +95,7 @@ class NetworkTest : public ::testing::Test {
         {"RefusedHttpsIsAnswered403NamingThePolicyWithoutAnUpstreamConnection", "33"},
         {"SbxRunNetReachesItsAllowlistBesideARunningDaemon", "33"},
         {"AKilledSbxRunNetIsCleanedUpByTheNextRun", "leak"},
+        {"AKilledSbxRunNetIsCleanedUpByTheDaemonsStart", "leak"},
         {"AlwaysDeniedRangesAreRefusedEvenInOpenMode", "34"},
         {"UdpOnlyByRuleAndNoIpv6", "35"},
         {"UdpFlowsARemovedRuleAllowedStopAtOnce", "35"},
@@ -154,6 +157,44 @@ class NetworkTest : public ::testing::Test {
   }
   std::string RunTables() const {
     return InNs("nft list tables 2>/dev/null | grep -o 'sbxrun-[a-z0-9]*' || true");
+  }
+  // What a run keeps on the data directory while it lives: its lock, CA bundle and box files
+  // (the daemon's box `daemon_box` has its files there too).
+  std::string RunLeftovers(const std::string& daemon_box) const {
+    return InNs("cd " + dir_ +
+                "/data/network && { ls -A runs; ls -d ca-bundle-sbxrun-*; ls boxes "
+                "| grep -vx " +
+                daemon_box + "; } 2>/dev/null; true");
+  }
+  // Slots of the shared pool held by runs ("run:<id>").
+  int RunSlots() const {
+    auto st = store::Store::Open(dir_ + "/data/" + store::kDbFileName);
+    if (!st.ok()) return -1;
+    auto slots = (*st)->ListNetSlots();
+    if (!slots.ok()) return -1;
+    int n = 0;
+    for (const auto& s : *slots) n += s.box_id.rfind("run:", 0) == 0;
+    return n;
+  }
+  // `sbx run ARGS` as Run, in the background.
+  pid_t Spawn(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {"/usr/bin/nsenter",
+                                     "--net=/run/netns/" + DaemonNs(),
+                                     SBX_BIN,
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "run",
+                                     "--upstream-dns",
+                                     "198.18.0.53:53",
+                                     "--upstream-ca",
+                                     Ca()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    pid_t pid = -1;
+    if (::posix_spawn(&pid, c[0], nullptr, nullptr, c.data(), environ) != 0) return -1;
+    return pid;
   }
   // `sbx run ARGS` in the daemon's namespace, on the daemon's data directory (one store, one
   // slot pool), with the fake internet's DNS and CA.
@@ -438,6 +479,79 @@ TEST_F(NetworkTest, AKilledSbxRunNetIsCleanedUpByTheNextRun) {
   EXPECT_NE(BoxChains().find("box-" + id), std::string::npos)
       << id << ": " << BoxChains() << InNs("nft list tables; nft list table inet sbx | head -50");
   EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+}
+
+// The same clean-up at sbx serve's start: runs killed with SIGKILL at random instants (and one
+// while its command runs, so that there surely is something left) leave nothing once a daemon
+// starts, with no `sbx run` after them; a run alive beside the restarting daemon is not touched
+// and keeps working.
+TEST_F(NetworkTest, AKilledSbxRunNetIsCleanedUpByTheDaemonsStart) {
+  std::string id = Create({{"mode", "open"}});
+  d_->Stop();
+  std::random_device seed;
+  const unsigned s = seed();
+  std::mt19937 rng(s);
+  SCOPED_TRACE("seed " + std::to_string(s));
+  for (int i = 0; i < 4; ++i) {
+    ProcessOptions o;
+    o.signal = SIGKILL;
+    o.signal_after_ms = 1 + static_cast<int>(rng() % 1500);
+    auto killed = Run({"--net", "allow=allowed.test", "--", "sleep", "30"}, o);
+    EXPECT_EQ(killed.exit_code, 128 + SIGKILL) << o.signal_after_ms << ": " << killed.err;
+  }
+  // Killed while its command runs (the runs above may have left a link of their own, which this
+  // one removes first: its command's word says when it is up).
+  std::string w = dir_ + "/w";
+  ASSERT_EQ(::mkdir(w.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(w.c_str(), 0777), 0);  // the box's user writes there
+  pid_t pid = Spawn({"--volume", w + ":/w", "--net", "allow=allowed.test", "--", "sh", "-c",
+                     "touch /w/started; sleep 60"});
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 600 && ::access((w + "/started").c_str(), F_OK) != 0; ++i) ::usleep(100000);
+  EXPECT_NE(HostLinks().find(": sbr"), std::string::npos) << "the run never attached its box";
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_NE(RunTables(), "") << "a killed run left no table: the clean-up below proves nothing";
+
+  d_->Start();
+  EXPECT_EQ(RunTables(), "");
+  EXPECT_EQ(HostLinks().find("sbr"), std::string::npos) << HostLinks();
+  EXPECT_EQ(RunLeftovers(id), "");
+  EXPECT_EQ(RunSlots(), 0);
+  // The daemon's own box came through its Reconcile.
+  EXPECT_NE(BoxChains().find("box-" + id), std::string::npos) << BoxChains();
+  EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+
+  // A live run beside a restarting daemon: it fetched before, and fetches again after, through
+  // its own table and link, which the daemon's start left alone. The box waits (bounded) for the
+  // test's word through a volume.
+  std::string fetch = "curl -sS --max-time 20 https://allowed.test/headers";
+  pid = Spawn({"--volume", w + ":/w", "--net", "allow=allowed.test", "--", "sh", "-c",
+               fetch +
+                   " > /w/one; i=0; while [ ! -e /w/go ] && [ $i -lt 1200 ]; do sleep 0.1; "
+                   "i=$((i+1)); done; " +
+                   fetch + " > /w/two"});
+  ASSERT_GT(pid, 0);
+  auto fetched = [&](const std::string& f) {
+    auto text = ReadFile(w + "/" + f);
+    return text.ok() && text->find("allowed.test") != std::string::npos;
+  };
+  for (int i = 0; i < 600 && !fetched("one"); ++i) ::usleep(100000);
+  EXPECT_TRUE(fetched("one"));
+  std::string table = RunTables();
+  EXPECT_NE(table, "");
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(RunTables(), table) << "the daemon's start touched a live run's table";
+  EXPECT_EQ(RunSlots(), 1);
+  EXPECT_EQ(WriteFileAtomic(w + "/go", "go\n").ok(), true);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(fetched("two"));
+  EXPECT_EQ(RunTables(), "");
+  EXPECT_EQ(RunLeftovers(id), "");
+  EXPECT_EQ(RunSlots(), 0);
 }
 
 // Row 34: whatever the policy says, the host, private ranges and metadata are refused.
