@@ -147,6 +147,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: %s\n", bounds.what().c_str());
     return kExitSbxError;
   }
+  if (!(o.default_egress_mbps >= 0)) {
+    std::fprintf(stderr, "sbx: --default-egress-mbps: a rate in Mbit/s, 0 for none\n");
+    return kExitSbxError;
+  }
   // Every connection is a descriptor, and so is much of what a sandbox holds: the soft limit
   // (often 1024) would make accept fail before max_connections is reached.
   if (rlimit nofile{};
@@ -185,6 +189,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   sandbox::ManagerConfig mc;
   mc.default_timeout_ms = o.default_timeout_s * 1000;
   mc.ranges = o.ranges;
+  mc.default_limits.egress_mbps = o.default_egress_mbps;
   mc.data_dir = global.data_dir;
   mc.install_secret = &*secret;  // seals secret values (sandbox/secrets.h)
   if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {

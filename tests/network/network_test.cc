@@ -817,6 +817,34 @@ TEST_F(NetworkTest, AnEgressLimitPacesDownloads) {
   EXPECT_GE(timed("pypi.test"), min_secs);
 }
 
+// sbx serve --max-egress-mbps: a create asking more is refused naming the flag, one asking for
+// nothing gets the maximum; --default-egress-mbps is what a create asking for nothing gets below
+// it; a live policy change brings an older sandbox under a lowered maximum.
+TEST_F(NetworkTest, EgressRangeFlagsBoundCreatesAndLivePolicyChanges) {
+  json body = {{"network", {{"mode", "open"}}}, {"limits", {{"egress_mbps", 80}}}};
+  json old = Json("POST", "/v1/sandboxes", body, 201);
+  std::string old_id = old.value("id", "");
+  d_->Stop();
+  d_->set_serve_flags(
+      {"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(), "--max-egress-mbps", "50"});
+  d_->Start();
+  auto refused = Call("POST", "/v1/sandboxes", body.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("--max-egress-mbps"), std::string::npos) << refused.body;
+  json none = Json("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}}, 201);
+  EXPECT_EQ(none["limits"].value("egress_mbps", 0.0), 50.0) << none.dump();
+  Json("PUT", "/v1/sandboxes/" + old_id + "/network",
+       {{"mode", "allowlist"}, {"allow", {"x.test"}}}, 200);
+  json after = Json("GET", "/v1/sandboxes/" + old_id);
+  EXPECT_EQ(after["limits"].value("egress_mbps", 0.0), 50.0) << after.dump();
+  d_->Stop();
+  d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(),
+                       "--max-egress-mbps", "50", "--default-egress-mbps", "8"});
+  d_->Start();
+  json dflt = Json("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}}, 201);
+  EXPECT_EQ(dflt["limits"].value("egress_mbps", 0.0), 8.0) << dflt.dump();
+}
+
 // Item 4 through the secrets interceptor: a box with a secret binding has its HTTPS terminated
 // by sbx (mitm.h), and limits.egress_mbps paces those connections too, from the same per-box
 // budget. Only a lower bound on the time, as above.
