@@ -246,7 +246,9 @@ net::awaitable<void> RefuseTls(const std::shared_ptr<State>& st, const std::shar
                                const Attempt& a, const std::string& peeked,
                                const std::string& response) {
   std::string host = a.name ? *a.name : Unmap(a.dst.address()).to_string();
-  Result<std::shared_ptr<const Leaf>> leaf = st->config.ca->LeafFor(host);
+  // From the refusals' own cache: names a box is refused never evict the leaves of hosts it may
+  // reach (ca.h).
+  Result<std::shared_ptr<const Leaf>> leaf = st->config.ca->LeafFor(host, LeafUse::kRefusal);
   if (!leaf.ok()) co_return;
   std::unique_ptr<SSL, SslFree> ssl(SSL_new(st->refusal_tls.get()));
   if (!ssl) co_return;
