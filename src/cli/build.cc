@@ -23,6 +23,7 @@
 #include "runtime/native/native_runtime.h"
 #include "sandbox/build.h"
 #include "sandbox/id_pool.h"
+#include "sandbox/run_networks.h"
 #include "storage/dockerfile.h"
 #include "store/store.h"
 
@@ -35,7 +36,7 @@ constexpr int64_t kMaxDockerfileBytes = 1 << 20;
 // network of its own exactly as a `sbx run --net` box does (RunNetwork: its own stack, lock,
 // nftables table, link and slot), made at the step's Prepare and removed at its Release. A build
 // killed mid-step leaves what a killed run leaves, and the next `sbx build` or `sbx run` reaps it
-// (ReapKilledRuns).
+// (sandbox::ReapKilledRunNetworks).
 class StepNetworks final : public network::Stack {
  public:
   StepNetworks(const GlobalOptions& global, store::Store& store, RunNetOptions options)
@@ -69,7 +70,9 @@ class StepNetworks final : public network::Stack {
     nets_.erase(it);
     return {};
   }
-  Status Reconcile(const std::set<std::string>&) override { return {}; }  // ReapKilledRuns's
+  Status Reconcile(const std::set<std::string>&) override {
+    return {};
+  }  // sandbox::ReapKilledRunNetworks's
   std::vector<std::string> HostObjects() override { return {}; }
 
  private:
@@ -168,7 +171,7 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
     bc.no_network_files = std::move(*none);
   // The networks of killed `sbx run --net`s and `sbx build --net`s (the Builder reaps their
   // boxes); then this build's, declared before the builder that uses it.
-  if (auto reaped = ReapKilledRuns(global.data_dir, **db); !reaped.ok())
+  if (auto reaped = sandbox::ReapKilledRunNetworks(global.data_dir, **db); !reaped.ok())
     std::fprintf(stderr, "sbx: warning: %s\n", reaped.status().message().c_str());
   else if (*reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed the networks of %d killed run(s) or build(s)\n", *reaped);

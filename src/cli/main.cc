@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
   sbx::cli::RangeFlags serve_ranges;
   sbx::cli::AddRangeFlags(sv, serve_ranges,
                           "for every key (a key's own bounds narrow it; default: the host's)");
+  sbx::cli::AddEgressRangeFlags(sv, serve_ranges, "for every sandbox (default: 0.1 to 100000)");
+  sv->add_option("--default-egress-mbps", serve.default_egress_mbps,
+                 "Egress bandwidth limit of a create that asks for none, Mbit/s (default 0: no "
+                 "limit, or --max-egress-mbps when set)");
   sv->add_option("--max-connections", serve.max_connections, "Open HTTP connections at most")
       ->capture_default_str();
   sv->add_option("--max-connections-per-address", serve.max_connections_per_address,

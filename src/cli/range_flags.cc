@@ -30,6 +30,15 @@ void AddRangeFlags(CLI::App* app, RangeFlags& f, const std::string& whose) {
     app->add_option(flag.name, *flag.value, std::string(flag.what) + ", " + whose);
 }
 
+void AddEgressRangeFlags(CLI::App* app, RangeFlags& f, const std::string& whose) {
+  app->add_option("--min-egress-mbps", f.min_egress_mbps,
+                  "Smallest egress bandwidth limit, Mbit/s (1), " + whose);
+  app->add_option("--max-egress-mbps", f.max_egress_mbps,
+                  "Largest egress bandwidth limit, Mbit/s (100); a create without one then gets "
+                  "this much, " +
+                      whose);
+}
+
 Result<store::LimitRanges> ParseRangeFlags(const RangeFlags& f) {
   store::LimitRanges r;
   auto bad = [](const char* flag, const std::string& text, const char* want) {
@@ -49,15 +58,22 @@ Result<store::LimitRanges> ParseRangeFlags(const RangeFlags& f) {
     *out = *n;
     return {};
   };
-  auto cpus = [&](const char* flag, const std::string& text, double* out) -> Status {
+  auto number = [&](const char* flag, const std::string& text, double* out,
+                    const char* want) -> Status {
     if (text.empty()) return {};
     char* end = nullptr;
     errno = 0;
     double v = std::strtod(text.c_str(), &end);
     if (end == text.c_str() || *end != '\0' || errno != 0 || !std::isfinite(v) || v <= 0)
-      return bad(flag, text, "a number of CPUs such as 0.5 or 2");
+      return bad(flag, text, want);
     *out = v;
     return {};
+  };
+  auto cpus = [&](const char* flag, const std::string& text, double* out) {
+    return number(flag, text, out, "a number of CPUs such as 0.5 or 2");
+  };
+  auto mbps = [&](const char* flag, const std::string& text, double* out) {
+    return number(flag, text, out, "a rate in Mbit/s such as 8 or 0.5");
   };
   auto count = [&](const char* flag, const std::string& text, int64_t* out) -> Status {
     if (text.empty()) return {};
@@ -79,6 +95,8 @@ Result<store::LimitRanges> ParseRangeFlags(const RangeFlags& f) {
   SBX_RETURN_IF_ERROR(size("--max-disk", f.max_disk, &r.max_disk_bytes));
   SBX_RETURN_IF_ERROR(duration("--min-timeout", f.min_timeout, &r.min_timeout_ms));
   SBX_RETURN_IF_ERROR(duration("--max-timeout", f.max_timeout, &r.max_timeout_ms));
+  SBX_RETURN_IF_ERROR(mbps("--min-egress-mbps", f.min_egress_mbps, &r.min_egress_mbps));
+  SBX_RETURN_IF_ERROR(mbps("--max-egress-mbps", f.max_egress_mbps, &r.max_egress_mbps));
   return r;
 }
 

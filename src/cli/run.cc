@@ -24,6 +24,7 @@
 #include "protocol/client.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
+#include "sandbox/run_networks.h"
 #include "sandbox/session.h"
 #include "storage/template.h"
 #include "store/store.h"
@@ -273,7 +274,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (auto reaped = (*rt)->ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed %d box(es) left by killed runs\n", *reaped);
   // And the networks of killed `sbx run --net`s (their tables, links, slots).
-  if (auto reaped = ReapKilledRuns(global.data_dir, **db); !reaped.ok())
+  if (auto reaped = sandbox::ReapKilledRunNetworks(global.data_dir, **db); !reaped.ok())
     std::fprintf(stderr, "sbx: warning: %s\n", reaped.status().message().c_str());
   else if (*reaped > 0 && global.verbose)
     std::fprintf(stderr, "sbx: removed the networks of %d killed run(s)\n", *reaped);

@@ -1,15 +1,8 @@
 // The network of one `sbx run --net` box (issue 12; docs/network.md, "sbx run --net"). A run has
 // no daemon, so it starts a network stack of its own (network.h: resolver, egress proxy, CA
-// bundle) beside any `sbx serve` on the host, and beside other runs, without touching theirs:
-//   - its own nftables table, "sbxrun-<box id>", and host link "sbr<slot>" (sbx serve's are
-//     "sbx" and "sbx<slot>"; no table guards another's links);
-//   - its slot from the pool every process on the data directory shares (the store's
-//     net_slots), held as "run:<box id>", a scope sbx serve's Reconcile never frees;
-//   - a lock file, <data dir>/network/runs/<box id>.lock, made (flock'd, then renamed into place)
-//     before any of the above and removed after all of it: while its flock is held the run is
-//     alive. The kernel drops the flock when the run dies, SIGKILL included.
-// ReapKilledRuns removes what runs that died left (their table, link, box files, bundle and
-// slot), at any instant they may have died; every `sbx run` calls it first.
+// bundle) beside any `sbx serve` on the host, and beside other runs, without touching theirs: its
+// names, lock and the clean-up of runs that died are sandbox/run_networks.h's (sbx serve cleans
+// up with the same code at its start).
 #pragma once
 
 #include <sys/types.h>
@@ -70,14 +63,5 @@ class RunNetwork {
   bool prepared_ = false;
   network::BoxNetPlan plan_;
 };
-
-// Removes what runs that are gone left in this network namespace and on the data directory
-// (their nftables tables, host links, box files, CA bundles, slots and lock files). Live runs
-// (their lock held) are never touched. Returns how many dead runs it cleaned up.
-Result<int> ReapKilledRuns(const std::string& data_dir, store::Store& store);
-
-// The names a run's network uses, for the clean-up and for tests.
-inline constexpr char kRunTablePrefix[] = "sbxrun-";
-inline constexpr char kRunLinkPrefix[] = "sbr";
 
 }  // namespace sbx::cli

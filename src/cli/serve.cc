@@ -33,6 +33,7 @@
 #include "sandbox/id_pool.h"
 #include "sandbox/manager.h"
 #include "sandbox/net_slot_pool.h"
+#include "sandbox/run_networks.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -196,6 +197,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: %s\n", bounds.what().c_str());
     return kExitSbxError;
   }
+  if (!(o.default_egress_mbps >= 0)) {
+    std::fprintf(stderr, "sbx: --default-egress-mbps: a rate in Mbit/s, 0 for none\n");
+    return kExitSbxError;
+  }
   // Every connection is a descriptor, and so is much of what a sandbox holds (a create of a
   // 500-layer template opens each layer): the soft limit (often 1024, or less where the daemon
   // was started from) would make accept or a mount fail long before the hard limit.
@@ -240,6 +245,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   sandbox::ManagerConfig mc;
   mc.default_timeout_ms = o.default_timeout_s * 1000;
   mc.ranges = o.ranges;
+  mc.default_limits.egress_mbps = o.default_egress_mbps;
   mc.data_dir = global.data_dir;
   mc.install_secret = &*secret;  // seals secret values (sandbox/secrets.h)
   if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {
@@ -371,6 +377,15 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::atomic<sandbox::Manager*>& to;
     ~AuditOff() { to = nullptr; }
   } audit_off{audit_to};
+  // And the networks killed `sbx run --net`s left here (tables, links, slots, files): the clean-up
+  // every sbx run does first, so a host that runs no sbx run again is cleaned up too. Live runs
+  // (their lock held) are left alone.
+  if (stack) {
+    if (auto reaped = sandbox::ReapKilledRunNetworks(global.data_dir, **st); !reaped.ok())
+      spdlog::warn("{}", reaped.status().message());
+    else if (*reaped > 0)
+      spdlog::info("removed the networks of {} killed sbx run(s)", *reaped);
+  }
   s = manager.Reconcile();
   if (!s.ok()) {
     std::fprintf(stderr, "sbx: %s\n", s.message().c_str());

@@ -30,6 +30,7 @@ struct ServeOptions {
   size_t max_connections_per_address = 64;  // loopback clients are exempt
   // --min-memory/--max-memory ... (range_flags.h): the daemon-wide bounds; 0: the host's.
   store::LimitRanges ranges;
+  double default_egress_mbps = 0;  // --default-egress-mbps (0: none, or the maximum when set)
   // Networking (issue 12): --network on|off, and the stack's settings as the flags gave them.
   std::string network = "auto";
   std::string box_subnet;                 // --box-subnet CIDR

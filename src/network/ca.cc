@@ -144,12 +144,14 @@ Leaf::~Leaf() {
   EVP_PKEY_free(key);
 }
 
-Ca::Ca(std::string dir, EVP_PKEY* ca_key, X509* ca_cert, EVP_PKEY* leaf_key, size_t cache_size)
+Ca::Ca(std::string dir, EVP_PKEY* ca_key, X509* ca_cert, EVP_PKEY* leaf_key, size_t cache_size,
+       size_t refusal_cache_size)
     : dir_(std::move(dir)),
       ca_key_(ca_key),
       cert_(ca_cert),
       leaf_key_(leaf_key),
-      cache_size_(cache_size == 0 ? 1 : cache_size) {
+      intercepts_(cache_size),
+      refusals_(refusal_cache_size) {
   UniqueBio bio(BIO_new(BIO_s_mem()));
   if (bio && PEM_write_bio_X509(bio.get(), cert_) == 1) cert_pem_ = BioString(bio.get());
 }
@@ -160,7 +162,8 @@ Ca::~Ca() {
   EVP_PKEY_free(leaf_key_);
 }
 
-Result<std::unique_ptr<Ca>> Ca::LoadOrCreate(const std::string& dir, size_t cache_size) {
+Result<std::unique_ptr<Ca>> Ca::LoadOrCreate(const std::string& dir, size_t cache_size,
+                                             size_t refusal_cache_size) {
   std::string path = dir + "/" + kCaFile;
   auto pem = ReadPrivate(path);
   if (!pem.ok() && pem.status().err() == ENOENT) {
@@ -188,7 +191,7 @@ Result<std::unique_ptr<Ca>> Ca::LoadOrCreate(const std::string& dir, size_t cach
     X509_free(cert);
     return OpensslError("make the leaf key");
   }
-  std::unique_ptr<Ca> ca(new Ca(dir, key, cert, leaf_key, cache_size));
+  std::unique_ptr<Ca> ca(new Ca(dir, key, cert, leaf_key, cache_size, refusal_cache_size));
   if (ca->cert_pem_.empty()) return OpensslError("write the CA certificate");
   SBX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kCertFile, ca->cert_pem_, 0644));
   return ca;
@@ -211,12 +214,12 @@ Result<std::string> Ca::WriteBundle(const std::string& system_bundle,
   return path;
 }
 
-size_t Ca::cached() const {
+size_t Ca::cached(LeafUse use) const {
   MutexLock lock(mu_);
-  return lru_.size();
+  return (use == LeafUse::kRefusal ? refusals_ : intercepts_).lru.size();
 }
 
-Result<std::shared_ptr<const Leaf>> Ca::LeafFor(const std::string& host_in) {
+Result<std::shared_ptr<const Leaf>> Ca::LeafFor(const std::string& host_in, LeafUse use) {
   std::string host = host_in;
   for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   boost::system::error_code ec;
@@ -230,28 +233,30 @@ Result<std::shared_ptr<const Leaf>> Ca::LeafFor(const std::string& host_in) {
   int64_t now = static_cast<int64_t>(std::time(nullptr));
   {
     MutexLock lock(mu_);
-    auto it = by_host_.find(host);
-    if (it != by_host_.end()) {
+    Cache& c = CacheFor(use);
+    auto it = c.by_host.find(host);
+    if (it != c.by_host.end()) {
       auto leaf = it->second->second;
       if (leaf->not_after - now > kLeafValiditySeconds / 2) {
-        lru_.splice(lru_.begin(), lru_, it->second);
+        c.lru.splice(c.lru.begin(), c.lru, it->second);
         return leaf;
       }
-      lru_.erase(it->second);
-      by_host_.erase(it);
+      c.lru.erase(it->second);
+      c.by_host.erase(it);
     }
   }
   // Minted outside the lock: two callers racing for one host both mint, one is kept.
   auto leaf = Mint(host, ip);
   if (!leaf.ok()) return leaf.status();
   MutexLock lock(mu_);
-  auto it = by_host_.find(host);
-  if (it != by_host_.end()) return it->second->second;
-  lru_.emplace_front(host, *leaf);
-  by_host_[host] = lru_.begin();
-  while (lru_.size() > cache_size_) {
-    by_host_.erase(lru_.back().first);
-    lru_.pop_back();
+  Cache& c = CacheFor(use);
+  auto it = c.by_host.find(host);
+  if (it != c.by_host.end()) return it->second->second;
+  c.lru.emplace_front(host, *leaf);
+  c.by_host[host] = c.lru.begin();
+  while (c.lru.size() > c.size) {
+    c.by_host.erase(c.lru.back().first);
+    c.lru.pop_back();
   }
   return *leaf;
 }

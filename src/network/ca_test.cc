@@ -122,6 +122,24 @@ TEST_F(CaTest, CacheIsBoundedLeastRecentlyUsedFirst) {
   EXPECT_EQ((*ca)->cached(), 4u);
 }
 
+// A box churning through refused names (each one's 403 over TLS takes a leaf) fills only the
+// refusals' small cache: the leaves of intercepted hosts stay, and neither cache grows past its
+// bound.
+TEST_F(CaTest, RefusalLeavesNeverEvictInterceptedOnes) {
+  auto ca = Ca::LoadOrCreate(dir_, 4, 2);
+  ASSERT_TRUE(ca.ok());
+  auto api = *(*ca)->LeafFor("api.test");
+  for (int i = 0; i < 100; ++i)
+    ASSERT_TRUE((*ca)->LeafFor("x" + std::to_string(i) + ".evil.test", LeafUse::kRefusal).ok());
+  EXPECT_EQ((*ca)->cached(LeafUse::kRefusal), 2u);
+  EXPECT_EQ((*ca)->cached(), 1u);
+  EXPECT_EQ(*(*ca)->LeafFor("api.test"), api);  // the same leaf: never evicted
+  // A refusal's leaf is cached too (the same client retrying gets the same one).
+  auto r = *(*ca)->LeafFor("x99.evil.test", LeafUse::kRefusal);
+  EXPECT_EQ(*(*ca)->LeafFor("x99.evil.test", LeafUse::kRefusal), r);
+  EXPECT_EQ(Verify((*ca)->cert(), r->cert), 0);
+}
+
 TEST_F(CaTest, BundleIsTheSystemBundleAndTheCa) {
   auto ca = Ca::LoadOrCreate(dir_);
   ASSERT_TRUE(ca.ok());

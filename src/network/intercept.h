@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "network/bandwidth.h"
 #include "network/box_net.h"
 
 namespace sbx::network {
@@ -23,10 +24,13 @@ class Interceptor {
   // Takes over a connection the proxy has already allowed and connected: `client` is the box's
   // end, with `peeked` the bytes already read from it (a TLS ClientHello when `tls`, else the
   // start of an HTTP request); `upstream` is connected to the allowed destination for `name`.
-  // Runs on the sockets' executor; closes both when done; audits through the box's sink.
+  // `bandwidth` is the box's budget (limits.egress_mbps), shared with its other connections: what
+  // moves on both sockets is paced by it (null: unlimited). Runs on the sockets' executor; closes
+  // both when done; audits through the box's sink.
   virtual void Serve(boost::asio::ip::tcp::socket client, std::string peeked,
                      boost::asio::ip::tcp::socket upstream, std::string name, bool tls,
-                     std::shared_ptr<const BoxNet> box) = 0;
+                     std::shared_ptr<const BoxNet> box,
+                     std::shared_ptr<BoxBandwidth> bandwidth) = 0;
 };
 
 }  // namespace sbx::network

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/compose.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -20,6 +21,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_prefix.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <limits>
@@ -45,30 +47,30 @@ std::string Lower(std::string_view s) {
 }
 
 // A socket whose first reads return `prefix` (the bytes the proxy peeked: a ClientHello, the
-// start of a request), for streams layered on it (ssl::stream, Beast's parsers).
-class Prefixed {
+// start of a request), and whose reads after that are paced by the box's bandwidth budget in one
+// direction (`up`: what the box sends), for streams layered on it (ssl::stream, Beast's parsers).
+// Reads are what is paced: every byte read from one socket is written to the other, so this
+// bounds both, and a read never takes more than the budget grants.
+class PacedSocket {
  public:
   using executor_type = tcp::socket::executor_type;
   using lowest_layer_type = tcp::socket::lowest_layer_type;
-  Prefixed(tcp::socket s, std::string prefix) : s_(std::move(s)), prefix_(std::move(prefix)) {}
+  PacedSocket(tcp::socket s, std::string prefix, std::shared_ptr<BoxBandwidth> bandwidth, bool up)
+      : s_(std::move(s)),
+        timer_(s_.get_executor()),
+        prefix_(std::move(prefix)),
+        bandwidth_(std::move(bandwidth)),
+        up_(up) {}
   executor_type get_executor() { return s_.get_executor(); }
   lowest_layer_type& lowest_layer() { return s_.lowest_layer(); }
   const lowest_layer_type& lowest_layer() const { return s_.lowest_layer(); }
+  // Ends a read waiting for the budget (the session is closing; the socket is closed already).
+  void CancelWait() { timer_.cancel(); }
 
   template <class Buffers, class Token>
   auto async_read_some(const Buffers& buffers, Token&& token) {
-    return asio::async_initiate<Token, void(error_code, size_t)>(
-        [this](auto handler, const Buffers& b) {
-          if (prefix_.empty() || asio::buffer_size(b) == 0) {
-            s_.async_read_some(b, std::move(handler));
-            return;
-          }
-          size_t n = asio::buffer_copy(b, asio::buffer(prefix_));
-          prefix_.erase(0, n);
-          auto ex = asio::get_associated_executor(handler, s_.get_executor());
-          asio::post(ex, [h = std::move(handler), n]() mutable { h(error_code(), n); });
-        },
-        token, buffers);
+    return asio::async_compose<Token, void(error_code, size_t)>(ReadOp<Buffers>{this, buffers},
+                                                                token, s_);
   }
   template <class Buffers, class Token>
   auto async_write_some(const Buffers& buffers, Token&& token) {
@@ -76,9 +78,71 @@ class Prefixed {
   }
 
  private:
+  template <class Buffers>
+  struct ReadOp {
+    PacedSocket* p;
+    Buffers buffers;
+    enum { kStart, kPrefixed, kWaited, kRead } state = kStart;
+    size_t copied = 0;
+    int64_t granted = 0;  // taken from the budget for the read under way
+
+    template <class Self>
+    void operator()(Self& self, error_code ec = {}, size_t n = 0) {
+      switch (state) {
+        case kStart:
+          if (!p->prefix_.empty() && asio::buffer_size(buffers) > 0) {
+            copied = asio::buffer_copy(buffers, asio::buffer(p->prefix_));
+            p->prefix_.erase(0, copied);
+            state = kPrefixed;
+            asio::post(p->s_.get_executor(), std::move(self));  // never complete inline
+            return;
+          }
+          [[fallthrough]];
+        case kWaited: {
+          const int64_t want = static_cast<int64_t>(asio::buffer_size(buffers));
+          if (!p->bandwidth_ || want == 0) {
+            state = kRead;
+            p->s_.async_read_some(buffers, std::move(self));
+            return;
+          }
+          if (state == kWaited && !p->s_.is_open()) {
+            self.complete(asio::error::operation_aborted, 0);
+            return;
+          }
+          granted = p->bandwidth_->Take(p->up_, want);
+          if (granted == 0) {
+            state = kWaited;
+            p->timer_.expires_after(p->bandwidth_->Wait(p->up_, want));
+            p->timer_.async_wait(std::move(self));
+            return;
+          }
+          state = kRead;
+          p->s_.async_read_some(beast::buffers_prefix(static_cast<size_t>(granted), buffers),
+                                std::move(self));
+          return;
+        }
+        case kPrefixed:
+          self.complete(error_code(), copied);
+          return;
+        case kRead:
+          if (p->bandwidth_ && granted > static_cast<int64_t>(n))
+            p->bandwidth_->Give(p->up_, granted - static_cast<int64_t>(n));
+          granted = 0;
+          self.complete(ec, n);
+          return;
+      }
+    }
+  };
+
   tcp::socket s_;
+  asio::steady_timer timer_;
   std::string prefix_;
+  std::shared_ptr<BoxBandwidth> bandwidth_;  // null: unlimited
+  bool up_;
 };
+
+PacedSocket& Paced(PacedSocket& s) { return s; }
+PacedSocket& Paced(ssl::stream<PacedSocket>& s) { return s.next_layer(); }
 
 int SelectHttp11(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
                  unsigned int inlen, void*) {
@@ -180,6 +244,8 @@ struct Session : std::enable_shared_from_this<Session<Client, Upstream>> {
     client.lowest_layer().shutdown(tcp::socket::shutdown_both, ec);
     client.lowest_layer().close(ec);
     upstream.lowest_layer().close(ec);
+    Paced(client).CancelWait();
+    Paced(upstream).CancelWait();
   }
 
   awaitable<void> Watchdog() {
@@ -367,8 +433,8 @@ struct Session : std::enable_shared_from_this<Session<Client, Upstream>> {
   }
 };
 
-using TlsSession = Session<ssl::stream<Prefixed>, ssl::stream<tcp::socket>>;
-using PlainSession = Session<Prefixed, tcp::socket>;
+using TlsSession = Session<ssl::stream<PacedSocket>, ssl::stream<PacedSocket>>;
+using PlainSession = Session<PacedSocket, PacedSocket>;
 
 awaitable<void> RunTls(std::shared_ptr<TlsSession> s, std::string dst) {
   Mitm::Impl& impl = *s->impl;
@@ -484,7 +550,8 @@ Result<std::shared_ptr<Mitm>> Mitm::Make(MitmConfig config, std::shared_ptr<Ca> 
 bool Mitm::Wants(const BoxNet& box, std::string_view) const { return !box.secrets.empty(); }
 
 void Mitm::Serve(tcp::socket client, std::string peeked, tcp::socket upstream, std::string name,
-                 bool tls, std::shared_ptr<const BoxNet> box) {
+                 bool tls, std::shared_ptr<const BoxNet> box,
+                 std::shared_ptr<BoxBandwidth> bandwidth) {
   auto strand = asio::make_strand(client.get_executor());
   error_code ec;
   auto remote = upstream.remote_endpoint(ec);
@@ -496,15 +563,20 @@ void Mitm::Serve(tcp::socket client, std::string peeked, tcp::socket upstream, s
   if (tls) {
     auto s = std::make_shared<TlsSession>(
         impl_, strand, std::move(box), std::move(name),
-        ssl::stream<Prefixed>(Prefixed(std::move(client), std::move(peeked)), impl_->server_ctx),
-        ssl::stream<tcp::socket>(std::move(upstream), impl_->client_ctx));
+        ssl::stream<PacedSocket>(
+            PacedSocket(std::move(client), std::move(peeked), bandwidth, /*up=*/true),
+            impl_->server_ctx),
+        ssl::stream<PacedSocket>(PacedSocket(std::move(upstream), {}, bandwidth, /*up=*/false),
+                                 impl_->client_ctx));
     s->Touch(impl_->config.handshake_timeout);
     asio::co_spawn(strand, s->Watchdog(), asio::detached);
     asio::co_spawn(strand, Guarded(s, RunTls(s, dst)), asio::detached);
   } else {
-    auto s = std::make_shared<PlainSession>(impl_, strand, std::move(box), std::move(name),
-                                            Prefixed(std::move(client), std::move(peeked)),
-                                            std::move(upstream));
+    auto s = std::make_shared<PlainSession>(
+        impl_, strand, std::move(box), std::move(name),
+        PacedSocket(std::move(client), std::move(peeked), bandwidth, /*up=*/true),
+        PacedSocket(std::move(upstream), {}, bandwidth,
+                    /*up=*/false));
     s->Touch();
     asio::co_spawn(strand, s->Watchdog(), asio::detached);
     asio::co_spawn(strand, Guarded(s, RunPlain(s)), asio::detached);

@@ -15,7 +15,8 @@
 // placeholder of a binding not bound to the name is left as it is and audited secret.leak.
 // Bodies are relayed unchanged: a placeholder in a body is neither replaced nor reported. A
 // response 101 (a WebSocket) turns the connection into a plain two-way relay. Plain HTTP (!tls)
-// is the same without TLS.
+// is the same without TLS. Every byte read from either socket (TLS records as they are on the
+// wire) is paced by the box's bandwidth budget, the one its relayed connections share.
 //
 // No value is ever logged or audited: events carry the secret's name and the host.
 //
@@ -56,7 +57,7 @@ class Mitm : public Interceptor {
   bool Wants(const BoxNet& box, std::string_view name) const override;
   void Serve(boost::asio::ip::tcp::socket client, std::string peeked,
              boost::asio::ip::tcp::socket upstream, std::string name, bool tls,
-             std::shared_ptr<const BoxNet> box) override;
+             std::shared_ptr<const BoxNet> box, std::shared_ptr<BoxBandwidth> bandwidth) override;
 
   struct Impl;
 

@@ -235,14 +235,14 @@ class MitmTest : public ::testing::Test {
       });
       size_t n = proxied.read_some(asio::buffer(peeked));
       peeked.resize(n);
-      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, true, box_);
+      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, true, box_, bandwidth_);
       c.handshake = done.get();
     } else {
       c.plain = std::make_unique<tcp::socket>(std::move(box_side));
       asio::write(*c.plain, asio::buffer(plain_request));
       size_t n = proxied.read_some(asio::buffer(peeked));
       peeked.resize(n);
-      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, false, box_);
+      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, false, box_, bandwidth_);
     }
     return c;
   }
@@ -288,6 +288,7 @@ class MitmTest : public ::testing::Test {
   std::shared_ptr<spdlog::logger> old_logger_;
   std::shared_ptr<Mitm> mitm_;
   std::shared_ptr<BoxNet> box_;
+  std::shared_ptr<BoxBandwidth> bandwidth_;  // what Connect gives Serve (null: unlimited)
   asio::io_context ioc_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{
       ioc_.get_executor()};
@@ -415,6 +416,47 @@ TEST_F(MitmTest, OversizedHeadersCloseTheConnection) {
   http::read(*c.tls, buf_, res, ec);
   EXPECT_TRUE(ec);
   EXPECT_EQ(up.requests(), 0);
+}
+
+// limits.egress_mbps through the interceptor: two HTTPS connections of one box, each sending
+// and getting back 512 KiB, share the box's budget of 1 MiB/s. Over any time T the budget
+// grants at most its burst (256 KiB) plus 1 MiB/s * T per direction, and what the box sent (1
+// MiB, more on the wire) was all read through it: a lower bound on the time, which a slow
+// machine only makes easier to meet.
+TEST_F(MitmTest, InterceptedConnectionsArePacedByTheBoxsSharedBudget) {
+  const int64_t rate = 1 << 20;
+  const size_t each = 512 << 10;
+  Upstream up(*up_ca_, true);
+  auto start = std::chrono::steady_clock::now();
+  bandwidth_ = std::make_shared<BoxBandwidth>(rate);
+  BoxConn a = Connect(up, "api.test", true);
+  BoxConn b = Connect(up, "api.test", true);
+  ASSERT_FALSE(a.handshake) << a.handshake.message();
+  ASSERT_FALSE(b.handshake) << b.handshake.message();
+  std::string body(each, 'x');
+  auto post = [&](BoxConn& c) {
+    http::request<http::string_body> req{http::verb::post, "/up", 11};
+    req.set(http::field::host, "api.test");
+    req.body() = body;
+    req.prepare_payload();
+    req.keep_alive(false);
+    http::write(*c.tls, req);
+    beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    res.body().reserve(each + 4096);
+    http::response_parser<http::string_body> p(std::move(res));
+    p.body_limit(4 << 20);
+    http::read(*c.tls, buf, p);
+    return json::parse(p.get().body())["body"].get<std::string>().size();
+  };
+  auto other = std::async(std::launch::async, [&] { return post(b); });
+  EXPECT_EQ(post(a), each);
+  EXPECT_EQ(other.get(), each);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Both directions went through the budget: at least the bodies, each way.
+  EXPECT_GE(bandwidth_->granted(), 4 * each);
+  const double burst = 256 << 10;
+  EXPECT_GE(seconds, (2.0 * each - burst) / rate - 0.05) << seconds;
 }
 
 }  // namespace

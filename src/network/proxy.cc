@@ -52,7 +52,6 @@ using Strand = net::strand<net::any_io_executor>;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kChunk = 64 << 10;    // one splice: a default pipe's capacity
-constexpr int64_t kMinGrant = 4 << 10;  // a limited pump waits for at least this much
 constexpr size_t kMaxDrain = 64 << 10;  // what a refused HTTP client may still send us
 // A refused TLS client gets one handshake, bounded in bytes and time, then the 403.
 constexpr size_t kMaxRefusalHandshake = 64 << 10;
@@ -97,7 +96,8 @@ struct Conn {
 
 struct BoxState {
   int open = 0;
-  std::optional<TokenBucket> up, down;
+  // The box's budget, shared with the interceptor's sessions of its connections (bandwidth.h).
+  std::shared_ptr<BoxBandwidth> bandwidth;
 };
 
 }  // namespace
@@ -203,6 +203,7 @@ void ArmDeadline(const std::shared_ptr<Conn>& c, tcp::socket& s, Clock::time_poi
 // The box's address and entry; the registry entry is fixed for the connection's life.
 struct Attempt {
   std::shared_ptr<const BoxNet> box;
+  std::shared_ptr<BoxBandwidth> bandwidth;  // the box's budget, held for the connection's life
   tcp::endpoint dst;
   std::optional<std::string> name;
   bool http = false;
@@ -245,7 +246,9 @@ net::awaitable<void> RefuseTls(const std::shared_ptr<State>& st, const std::shar
                                const Attempt& a, const std::string& peeked,
                                const std::string& response) {
   std::string host = a.name ? *a.name : Unmap(a.dst.address()).to_string();
-  Result<std::shared_ptr<const Leaf>> leaf = st->config.ca->LeafFor(host);
+  // From the refusals' own cache: names a box is refused never evict the leaves of hosts it may
+  // reach (ca.h).
+  Result<std::shared_ptr<const Leaf>> leaf = st->config.ca->LeafFor(host, LeafUse::kRefusal);
   if (!leaf.ok()) co_return;
   std::unique_ptr<SSL, SslFree> ssl(SSL_new(st->refusal_tls.get()));
   if (!ssl) co_return;
@@ -354,17 +357,10 @@ net::awaitable<Result<std::vector<address>>> Resolve(const std::shared_ptr<State
   co_return std::move(*slot->result);
 }
 
-TokenBucket* Bucket(State& st, const std::string& box, bool up) {
-  auto it = st.box_state.find(box);
-  if (it == st.box_state.end()) return nullptr;
-  std::optional<TokenBucket>& b = up ? it->second.up : it->second.down;
-  return b ? &*b : nullptr;
-}
-
 // One direction: `from` to `to` through a pipe, until EOF (passed on as a half-close) or an
 // error (which ends both directions). Counts the bytes written to `to`.
-net::awaitable<void> Pump(const std::shared_ptr<State>& st, const std::shared_ptr<Conn>& c, bool up,
-                          const std::string& box_id, uint64_t* count) {
+net::awaitable<void> Pump(const std::shared_ptr<Conn>& c, bool up, BoxBandwidth& bandwidth,
+                          uint64_t* count) {
   tcp::socket& from = up ? c->client : c->upstream;
   tcp::socket& to = up ? c->upstream : c->client;
   net::steady_timer& pace = up ? c->up_timer : c->down_timer;
@@ -376,23 +372,20 @@ net::awaitable<void> Pump(const std::shared_ptr<State>& st, const std::shared_pt
   error_code ec;
   bool failed = false;
   while (!c->closed) {
-    int64_t want = kChunk;
-    TokenBucket* bucket = Bucket(*st, box_id, up);
-    if (bucket) {
-      int64_t got = bucket->Take(want, Clock::now());
-      while (got == 0 && !c->closed) {
-        pace.expires_after(bucket->Wait(want, Clock::now()));
-        co_await pace.async_wait(net::redirect_error(net::use_awaitable, ec));
-        bucket = Bucket(*st, box_id, up);
-        if (!bucket) break;
-        got = bucket->Take(want, Clock::now());
-      }
-      if (c->closed) break;
-      if (bucket) want = got;
+    // All of kChunk when the box is unlimited; else what its budget grants now, or a wait.
+    int64_t want = bandwidth.Take(up, kChunk);
+    while (want == 0 && !c->closed) {
+      pace.expires_after(bandwidth.Wait(up, kChunk));
+      co_await pace.async_wait(net::redirect_error(net::use_awaitable, ec));
+      want = bandwidth.Take(up, kChunk);
     }
     auto give_back = [&](int64_t unused) {
-      if (TokenBucket* b = Bucket(*st, box_id, up); b && bucket && unused > 0) b->Give(unused);
+      if (unused > 0) bandwidth.Give(up, unused);
     };
+    if (c->closed) {
+      give_back(want);
+      break;
+    }
     ssize_t n = splicing ? splice(from.native_handle(), nullptr, pipe_w.get(), nullptr,
                                   static_cast<size_t>(want), SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
                          : ::recv(from.native_handle(), buf.data(), static_cast<size_t>(want), 0);
@@ -462,12 +455,12 @@ net::awaitable<void> Relay(const std::shared_ptr<State>& st, const std::shared_p
     sent = peeked.size();
     // The upstream-to-box pump runs beside this coroutine; `timer` wakes this one when it ends.
     bool down_done = false;
-    net::co_spawn(st->strand, Pump(st, c, /*up=*/false, a.box->id, &received),
+    net::co_spawn(st->strand, Pump(c, /*up=*/false, *a.bandwidth, &received),
                   [c, &down_done](std::exception_ptr) {
                     down_done = true;
                     c->timer.cancel();
                   });
-    co_await Pump(st, c, /*up=*/true, a.box->id, &sent);
+    co_await Pump(c, /*up=*/true, *a.bandwidth, &sent);
     while (!down_done) {
       c->timer.expires_at(Clock::time_point::max());
       co_await c->timer.async_wait(net::redirect_error(net::use_awaitable, ec));
@@ -536,16 +529,13 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
   }
   ++bs.open;
   counted_box = a.box->id;
-  // The box's current limit paces all of its connections (a new entry's limit applies from its
-  // first connection on).
-  for (std::optional<TokenBucket>* b : {&bs.up, &bs.down}) {
-    if (a.box->egress_bytes_per_s <= 0)
-      b->reset();
-    else if (!*b)
-      b->emplace(a.box->egress_bytes_per_s, Clock::now());
-    else if ((*b)->rate() != a.box->egress_bytes_per_s)
-      (*b)->SetRate(a.box->egress_bytes_per_s);
-  }
+  // The box's current limit paces all of its connections, relayed here or intercepted (a new
+  // entry's limit applies from its first connection on, to those under way too).
+  if (!bs.bandwidth)
+    bs.bandwidth = std::make_shared<BoxBandwidth>(a.box->egress_bytes_per_s);
+  else
+    bs.bandwidth->SetRate(a.box->egress_bytes_per_s);
+  a.bandwidth = bs.bandwidth;
 
   // Peek: until the first bytes say what they are, kMaxPeek, or the peek timeout (a protocol
   // where the server speaks first: decided by address alone).
@@ -703,7 +693,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     // The interceptor owns the pair from here on (and audits it); the connection no longer
     // counts against the box's cap here.
     interceptor->Serve(std::move(c->client), std::move(peeked), std::move(c->upstream),
-                       a.name.value_or(""), a.tls, a.box);
+                       a.name.value_or(""), a.tls, a.box, a.bandwidth);
     co_return;
   }
   co_await Relay(st, c, a, peeked, to);
@@ -753,48 +743,6 @@ auto OnStrand(const std::shared_ptr<State>& st, Fn fn) {
 }
 
 }  // namespace
-
-TokenBucket::TokenBucket(int64_t rate, Time now)
-    : rate_(rate), burst_(std::max<int64_t>(rate / 4, 16 << 10)), tokens_(burst_), last_(now) {}
-
-void TokenBucket::Refill(Time now) {
-  if (now <= last_) return;
-  double seconds = std::chrono::duration<double>(now - last_).count();
-  tokens_ = std::min<double>(static_cast<double>(burst_), tokens_ + seconds * rate_);
-  last_ = now;
-}
-
-int64_t TokenBucket::Take(int64_t want, Time now) {
-  Refill(now);
-  int64_t floor = std::min(want, kMinGrant);
-  if (tokens_ < static_cast<double>(floor)) return 0;
-  int64_t got = std::min<int64_t>(want, static_cast<int64_t>(tokens_));
-  tokens_ -= static_cast<double>(got);
-  granted_ += static_cast<uint64_t>(got);
-  return got;
-}
-
-void TokenBucket::Give(int64_t unused) {
-  if (unused <= 0) return;
-  tokens_ = std::min<double>(static_cast<double>(burst_), tokens_ + static_cast<double>(unused));
-  granted_ -= std::min<uint64_t>(granted_, static_cast<uint64_t>(unused));
-}
-
-std::chrono::nanoseconds TokenBucket::Wait(int64_t want, Time now) const {
-  double tokens = tokens_;
-  if (now > last_)
-    tokens = std::min<double>(static_cast<double>(burst_),
-                              tokens + std::chrono::duration<double>(now - last_).count() * rate_);
-  double need = static_cast<double>(std::min(want, kMinGrant)) - tokens;
-  if (need <= 0) return std::chrono::nanoseconds(0);
-  return std::chrono::nanoseconds(static_cast<int64_t>(need / rate_ * 1e9) + 1);
-}
-
-void TokenBucket::SetRate(int64_t rate) {
-  rate_ = rate;
-  burst_ = std::max<int64_t>(rate / 4, 16 << 10);
-  tokens_ = std::min<double>(tokens_, static_cast<double>(burst_));
-}
 
 std::string RefusalResponse(const Policy& policy, const std::string& destination,
                             const std::string& reason, const std::string& hint) {
@@ -857,8 +805,7 @@ uint64_t EgressProxy::LimitedBytes(const std::string& box_id) {
   return OnStrand(state_, [st = state_.get(), &box_id]() -> uint64_t {
     auto it = st->box_state.find(box_id);
     if (it == st->box_state.end()) return 0;
-    return (it->second.up ? it->second.up->granted() : 0) +
-           (it->second.down ? it->second.down->granted() : 0);
+    return it->second.bandwidth ? it->second.bandwidth->granted() : 0;
   });
 }
 

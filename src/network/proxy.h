@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "network/bandwidth.h"
 #include "network/box_net.h"
 #include "network/ca.h"
 #include "network/intercept.h"
@@ -52,34 +53,6 @@ struct ProxyConfig {
   int64_t host_addresses_refresh_ms = 10000;  // how stale the host's own address list may be
 };
 
-// A token bucket for one box's bandwidth in one direction. `rate` bytes per second, at most
-// `burst` (a quarter of a second's worth, at least 16 KiB) saved up. Not thread-safe: the proxy
-// uses it on its strand. Over any interval of length T it grants at most burst + rate * T bytes.
-class TokenBucket {
- public:
-  using Time = std::chrono::steady_clock::time_point;
-  TokenBucket(int64_t rate, Time now);
-  // Up to `want` bytes that may be sent now (0 when empty); they are taken.
-  int64_t Take(int64_t want, Time now);
-  // Returns what a Take granted and was not used.
-  void Give(int64_t unused);
-  // How long until at least one chunk (min(want, burst)) can be taken.
-  std::chrono::nanoseconds Wait(int64_t want, Time now) const;
-  // A new rate (a registry change); keeps what is saved up, capped at the new burst.
-  void SetRate(int64_t rate);
-  int64_t rate() const { return rate_; }
-  int64_t burst() const { return burst_; }
-  uint64_t granted() const { return granted_; }  // all bytes taken and not given back
-
- private:
-  void Refill(Time now);
-  int64_t rate_;
-  int64_t burst_;
-  double tokens_;
-  Time last_;
-  uint64_t granted_ = 0;
-};
-
 class EgressProxy {
  public:
   // Listens on `listen` (port 0: any free port; a v6 "any" address also takes IPv4) and serves
@@ -100,7 +73,7 @@ class EgressProxy {
 
   // For tests and metrics (they block on the strand like Stop; before Stop only): connections the
   // proxy holds for `box_id` right now, and the bytes its bandwidth limiter granted that box, both
-  // directions.
+  // directions (the interceptor's connections included: they share the box's budget).
   int OpenConnections(const std::string& box_id);
   uint64_t LimitedBytes(const std::string& box_id);
 

@@ -32,6 +32,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -763,7 +764,12 @@ class TestInterceptor : public Interceptor {
  public:
   bool Wants(const BoxNet&, std::string_view name) const override { return name == "pypi.test"; }
   void Serve(net::ip::tcp::socket client, std::string peeked, net::ip::tcp::socket upstream,
-             std::string name, bool tls, std::shared_ptr<const BoxNet> box) override {
+             std::string name, bool tls, std::shared_ptr<const BoxNet> box,
+             std::shared_ptr<BoxBandwidth> bandwidth) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      budgets.push_back(std::move(bandwidth));
+    }
     boost::system::error_code ec;
     std::string upstream_at = upstream.remote_endpoint(ec).address().to_string();
     std::string line = "intercepted " + name + (tls ? " tls " : " http ") + box->id + " " +
@@ -772,6 +778,8 @@ class TestInterceptor : public Interceptor {
     ++served;
   }
   std::atomic<int> served{0};
+  std::mutex mu;
+  std::vector<std::shared_ptr<BoxBandwidth>> budgets;  // what each Serve was given
 };
 
 TEST_F(ProxyTest, AnInterceptorGetsTheConnectionsItWants) {
@@ -785,6 +793,34 @@ TEST_F(ProxyTest, AnInterceptorGetsTheConnectionsItWants) {
   // Names it does not want are relayed as usual.
   EXPECT_EQ(Body(Http("198.18.0.11", Get("a.files.test"))), "server 198.18.0.11 host a.files.test");
   EXPECT_EQ(interceptor.served, 1);
+}
+
+// limits.egress_mbps through the interceptor: it gets the box's one budget, the one the proxy's
+// own relays take from, with the box's current rate (and a rate change reaches it).
+TEST_F(ProxyTest, AnInterceptorSharesTheBoxsBandwidthBudget) {
+  Put({"pypi.test", "*.files.test"}, Mode::kAllowlist, 64, 1 << 20);
+  TestInterceptor interceptor;
+  StartProxy(200, &interceptor);
+  Http("198.18.0.10", Get("pypi.test"));
+  Http("198.18.0.10", Get("pypi.test"));
+  EXPECT_TRUE(Body(Http("198.18.0.11", Get("a.files.test"))).starts_with("server"));  // relayed
+  ASSERT_EQ(interceptor.served, 2);
+  std::vector<std::shared_ptr<BoxBandwidth>> budgets;
+  {
+    std::lock_guard<std::mutex> lock(interceptor.mu);
+    budgets = interceptor.budgets;
+  }
+  ASSERT_EQ(budgets.size(), 2u);
+  ASSERT_TRUE(budgets[0]);
+  EXPECT_EQ(budgets[0], budgets[1]);
+  EXPECT_EQ(budgets[0]->rate(), 1 << 20);
+  // What the relayed connection took came out of the same budget.
+  EXPECT_GT(budgets[0]->granted(), 0u);
+  EXPECT_EQ(budgets[0]->granted(), proxy_->LimitedBytes("box1"));
+  // A new entry's rate applies to the budget the intercepted connections hold.
+  Put({"pypi.test"}, Mode::kAllowlist, 64, 1 << 16);
+  Http("198.18.0.10", Get("pypi.test"));
+  EXPECT_EQ(budgets[0]->rate(), 1 << 16);
 }
 
 TEST(TokenBucket, GrantsAtMostBurstPlusRateTimesTime) {

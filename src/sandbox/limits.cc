@@ -251,15 +251,25 @@ Status Limits::Apply(const LimitRanges& key, const store::SandboxLimits& default
   SBX_RETURN_IF_ERROR(apply(kCpus, &limits->cpus, defaults.cpus, "the default"));
   SBX_RETURN_IF_ERROR(apply(kPids, &limits->pids, defaults.pids, "the default"));
   SBX_RETURN_IF_ERROR(apply(kDisk, &limits->disk_bytes, defaults.disk_bytes, "the default"));
-  // The egress rate is unlimited unless asked for: only a value given is checked, and 0 stays 0
-  // (its maximum is no default).
-  if (limits->egress_mbps != 0 &&
-      !InRange(limits->egress_mbps, r.min_egress_mbps, r.max_egress_mbps))
-    return Status::Error(std::string(kEgress.field) + ": " +
-                             RangeText(kEgress, r, key, daemon_, host_) + "; 0 for no limit (got " +
-                             Got(limits->egress_mbps, kEgress.unit) + ")",
-                         EINVAL);
+  // The egress rate: unlimited unless asked for, sbx serve has a --default-egress-mbps, or an
+  // operator set a maximum (which is then the default, as for disks; the host's is no limit).
+  double& egress = limits->egress_mbps;
+  if (egress != 0 && !InRange(egress, r.min_egress_mbps, r.max_egress_mbps))
+    return Status::Error(
+        std::string(kEgress.field) + ": " + RangeText(kEgress, r, key, daemon_, host_) +
+            "; 0 for " + (r.max_egress_mbps == host_.max_egress_mbps ? "no limit" : "the default") +
+            " (got " + Got(egress, kEgress.unit) + ")",
+        EINVAL);
+  if (egress == 0) egress = EgressWithin(key, defaults.egress_mbps);
   return apply(kTimeout, timeout_ms, default_timeout_ms, nullptr);
+}
+
+double Limits::EgressWithin(const LimitRanges& key, double mbps) const {
+  LimitRanges r = ForKey(key);
+  // None stays none unless an operator set a maximum.
+  if (!(mbps > 0)) return r.max_egress_mbps == host_.max_egress_mbps ? 0 : r.max_egress_mbps;
+  if (r.max_egress_mbps != 0) mbps = std::min(mbps, r.max_egress_mbps);
+  return std::max(mbps, r.min_egress_mbps);
 }
 
 Status Limits::CheckTimeout(const LimitRanges& key, int64_t timeout_ms) const {

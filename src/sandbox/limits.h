@@ -52,6 +52,10 @@ class Limits {
   // A new timeout for a sandbox of a key with bounds `key` (set-timeout, connect): EINVAL as in
   // Apply, and 0 is out of range too.
   Status CheckTimeout(const store::LimitRanges& key, int64_t timeout_ms) const;
+  // The egress rate a running sandbox of a key with bounds `key` keeps at a live policy change:
+  // `mbps` (0: none) moved into today's range (a daemon restarted with a lower --max-egress-mbps
+  // brings it down; with a maximum, none becomes the maximum).
+  double EgressWithin(const store::LimitRanges& key, double mbps) const;
 
  private:
   store::LimitRanges host_;

@@ -235,5 +235,44 @@ TEST(LimitsTest, AnEgressRateIsCheckedOnlyWhenAskedFor) {
   }
 }
 
+// sbx serve --max-egress-mbps and --default-egress-mbps: more than the maximum is refused naming
+// the flag; a create that asks for nothing gets the default, or the maximum; a live policy change
+// brings an older sandbox's rate into today's range.
+TEST(LimitsTest, AnEgressMaximumRefusesMoreNamingTheFlagAndIsTheDefault) {
+  LimitRanges configured;
+  configured.max_egress_mbps = 50;
+  Limits l(configured);
+  SandboxLimits more;
+  more.egress_mbps = 80;
+  int64_t timeout = 0;
+  Status s = l.Apply({}, {}, 0, &more, &timeout);
+  EXPECT_EQ(s.err(), EINVAL);
+  EXPECT_NE(s.message().find("limits.egress_mbps: from 0.1 to 50 Mbit/s, the maximum of sbx serve "
+                             "--max-egress-mbps; 0 for the default (got 80)"),
+            std::string::npos)
+      << s.message();
+  SandboxLimits none;
+  timeout = 0;
+  ASSERT_TRUE(l.Apply({}, {}, 0, &none, &timeout).ok());
+  EXPECT_EQ(none.egress_mbps, 50);
+  SandboxLimits dflt;
+  SandboxLimits defaults;
+  defaults.egress_mbps = 8;
+  timeout = 0;
+  ASSERT_TRUE(l.Apply({}, defaults, 0, &dflt, &timeout).ok());
+  EXPECT_EQ(dflt.egress_mbps, 8);
+  defaults.egress_mbps = 500;  // a default above the maximum is moved into the range
+  SandboxLimits big;
+  timeout = 0;
+  ASSERT_TRUE(l.Apply({}, defaults, 0, &big, &timeout).ok());
+  EXPECT_EQ(big.egress_mbps, 50);
+  EXPECT_EQ(l.EgressWithin({}, 0), 50);
+  EXPECT_EQ(l.EgressWithin({}, 200), 50);
+  EXPECT_EQ(l.EgressWithin({}, 20), 20);
+  // Without a maximum of the operator's, none stays none.
+  EXPECT_EQ(Limits().EgressWithin({}, 0), 0);
+  EXPECT_EQ(Limits().EgressWithin({}, 200), 200);
+}
+
 }  // namespace
 }  // namespace sbx::sandbox

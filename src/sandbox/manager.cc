@@ -943,6 +943,8 @@ Result<SandboxRecord> Manager::SetNetwork(const store::ApiKeyRecord& key, const 
   network::Policy before = PolicyOf(*rec);
   SandboxRecord next = *rec;
   next.network = policy.ToJson();
+  // The bandwidth limit in force today (sbx serve --max-egress-mbps may have come down since).
+  next.limits.egress_mbps = limits_.EgressWithin(key.ranges, next.limits.egress_mbps);
   if (egress_rules) next.egress_rules = egress_rules->empty() ? "{}" : *egress_rules;
   next.updated_at = 0;
   // New rules name this key's secrets, checked as at create; the env bindings stay as they are

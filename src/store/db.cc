@@ -86,17 +86,23 @@ int64_t WallMs() {
       .count();
 }
 
-// Sets `path` (if it exists) to mode 0600 without following a symlink.
+// Sets `path` (if it exists) to mode 0600 without following a symlink. Through an O_PATH
+// descriptor: closing it keeps the POSIX locks this process holds on the file (SQLite's,
+// of a connection already open here: see Db::Open), which closing any other descriptor drops.
 Status Tighten(const std::string& path, bool must_exist) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) {
     if (errno == ENOENT && !must_exist) return Status();
     return Status::Errno("open " + path);
   }
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Status::Errno("stat " + path);
+  // O_PATH | O_NOFOLLOW opens a symbolic link itself rather than failing as O_NOFOLLOW does.
+  if (S_ISLNK(st.st_mode)) return Status::Error("open " + path + ": a symbolic link", ELOOP);
   if (!S_ISREG(st.st_mode)) return Status::Error(path + " is not a regular file", EINVAL);
-  if ((st.st_mode & 07777) != 0600 && ::fchmod(fd.get(), 0600) != 0) {
+  // fchmod does not take an O_PATH descriptor; its /proc link names the very file opened.
+  std::string self = "/proc/self/fd/" + std::to_string(fd.get());
+  if ((st.st_mode & 07777) != 0600 && ::chmod(self.c_str(), 0600) != 0) {
     return Status::Errno("chmod 0600 " + path);
   }
   return Status();
@@ -210,9 +216,14 @@ std::string Statement::ColumnText(int column) const {
 Result<std::unique_ptr<Db>> Db::Open(const std::string& path) {
   // Create the file ourselves: SQLite would create it 0644 & ~umask, and the store holds key
   // hashes and every sandbox's environment. SQLite gives -wal and -shm the main file's mode.
+  // Only when it is not there: closing any descriptor of the file drops every POSIX lock this
+  // process holds on it, those of a connection already open included (a second Store::Open in
+  // one process, as sbx run does). Without its lock, another process closing the last connection
+  // it knows of checkpoints and removes the WAL under that connection, and what it commits
+  // afterwards is lost.
   {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd) return Status::Errno("open " + path);
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd && errno != EEXIST) return Status::Errno("open " + path);
   }
   SBX_RETURN_IF_ERROR(Tighten(path, /*must_exist=*/true));
   SBX_RETURN_IF_ERROR(Tighten(path + "-wal", /*must_exist=*/false));

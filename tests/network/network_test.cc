@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "common/fs.h"
 #include "daemon_process.h"
 #include "sbx_process.h"
+#include "store/store.h"
 
 extern char** environ;
 
@@ -94,6 +97,7 @@ class NetworkTest : public ::testing::Test {
         {"ARefusedDownloadIsToldToTheCallerNamingThePolicy", "33"},
         {"SbxRunNetReachesItsAllowlistBesideARunningDaemon", "33"},
         {"AKilledSbxRunNetIsCleanedUpByTheNextRun", "leak"},
+        {"AKilledSbxRunNetIsCleanedUpByTheDaemonsStart", "leak"},
         {"AlwaysDeniedRangesAreRefusedEvenInOpenMode", "34"},
         {"UdpOnlyByRuleAndNoIpv6", "35"},
         {"UdpFlowsARemovedRuleAllowedStopAtOnce", "35"},
@@ -158,6 +162,44 @@ class NetworkTest : public ::testing::Test {
   }
   std::string RunTables() const {
     return InNs("nft list tables 2>/dev/null | grep -o 'sbxrun-[a-z0-9]*' || true");
+  }
+  // What a run keeps on the data directory while it lives: its lock, CA bundle and box files
+  // (the daemon's box `daemon_box` has its files there too).
+  std::string RunLeftovers(const std::string& daemon_box) const {
+    return InNs("cd " + dir_ +
+                "/data/network && { ls -A runs; ls -d ca-bundle-sbxrun-*; ls boxes "
+                "| grep -vx " +
+                daemon_box + "; } 2>/dev/null; true");
+  }
+  // Slots of the shared pool held by runs ("run:<id>").
+  int RunSlots() const {
+    auto st = store::Store::Open(dir_ + "/data/" + store::kDbFileName);
+    if (!st.ok()) return -1;
+    auto slots = (*st)->ListNetSlots();
+    if (!slots.ok()) return -1;
+    int n = 0;
+    for (const auto& s : *slots) n += s.box_id.rfind("run:", 0) == 0;
+    return n;
+  }
+  // `sbx run ARGS` as Run, in the background.
+  pid_t Spawn(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {"/usr/bin/nsenter",
+                                     "--net=/run/netns/" + DaemonNs(),
+                                     SBX_BIN,
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "run",
+                                     "--upstream-dns",
+                                     "198.18.0.53:53",
+                                     "--upstream-ca",
+                                     Ca()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> c;
+    for (auto& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    pid_t pid = -1;
+    if (::posix_spawn(&pid, c[0], nullptr, nullptr, c.data(), environ) != 0) return -1;
+    return pid;
   }
   // `sbx run ARGS` in the daemon's namespace, on the daemon's data directory (one store, one
   // slot pool), with the fake internet's DNS and CA.
@@ -551,6 +593,79 @@ TEST_F(NetworkTest, AKilledSbxRunNetIsCleanedUpByTheNextRun) {
   EXPECT_NE(BoxChains().find("box-" + id), std::string::npos)
       << id << ": " << BoxChains() << InNs("nft list tables; nft list table inet sbx | head -50");
   EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+}
+
+// The same clean-up at sbx serve's start: runs killed with SIGKILL at random instants (and one
+// while its command runs, so that there surely is something left) leave nothing once a daemon
+// starts, with no `sbx run` after them; a run alive beside the restarting daemon is not touched
+// and keeps working.
+TEST_F(NetworkTest, AKilledSbxRunNetIsCleanedUpByTheDaemonsStart) {
+  std::string id = Create({{"mode", "open"}});
+  d_->Stop();
+  std::random_device seed;
+  const unsigned s = seed();
+  std::mt19937 rng(s);
+  SCOPED_TRACE("seed " + std::to_string(s));
+  for (int i = 0; i < 4; ++i) {
+    ProcessOptions o;
+    o.signal = SIGKILL;
+    o.signal_after_ms = 1 + static_cast<int>(rng() % 1500);
+    auto killed = Run({"--net", "allow=allowed.test", "--", "sleep", "30"}, o);
+    EXPECT_EQ(killed.exit_code, 128 + SIGKILL) << o.signal_after_ms << ": " << killed.err;
+  }
+  // Killed while its command runs (the runs above may have left a link of their own, which this
+  // one removes first: its command's word says when it is up).
+  std::string w = dir_ + "/w";
+  ASSERT_EQ(::mkdir(w.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(w.c_str(), 0777), 0);  // the box's user writes there
+  pid_t pid = Spawn({"--volume", w + ":/w", "--net", "allow=allowed.test", "--", "sh", "-c",
+                     "touch /w/started; sleep 60"});
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 600 && ::access((w + "/started").c_str(), F_OK) != 0; ++i) ::usleep(100000);
+  EXPECT_NE(HostLinks().find(": sbr"), std::string::npos) << "the run never attached its box";
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_NE(RunTables(), "") << "a killed run left no table: the clean-up below proves nothing";
+
+  d_->Start();
+  EXPECT_EQ(RunTables(), "");
+  EXPECT_EQ(HostLinks().find("sbr"), std::string::npos) << HostLinks();
+  EXPECT_EQ(RunLeftovers(id), "");
+  EXPECT_EQ(RunSlots(), 0);
+  // The daemon's own box came through its Reconcile.
+  EXPECT_NE(BoxChains().find("box-" + id), std::string::npos) << BoxChains();
+  EXPECT_EQ(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
+
+  // A live run beside a restarting daemon: it fetched before, and fetches again after, through
+  // its own table and link, which the daemon's start left alone. The box waits (bounded) for the
+  // test's word through a volume.
+  std::string fetch = "curl -sS --max-time 20 https://allowed.test/headers";
+  pid = Spawn({"--volume", w + ":/w", "--net", "allow=allowed.test", "--", "sh", "-c",
+               fetch +
+                   " > /w/one; i=0; while [ ! -e /w/go ] && [ $i -lt 1200 ]; do sleep 0.1; "
+                   "i=$((i+1)); done; " +
+                   fetch + " > /w/two"});
+  ASSERT_GT(pid, 0);
+  auto fetched = [&](const std::string& f) {
+    auto text = ReadFile(w + "/" + f);
+    return text.ok() && text->find("allowed.test") != std::string::npos;
+  };
+  for (int i = 0; i < 600 && !fetched("one"); ++i) ::usleep(100000);
+  EXPECT_TRUE(fetched("one"));
+  std::string table = RunTables();
+  EXPECT_NE(table, "");
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(RunTables(), table) << "the daemon's start touched a live run's table";
+  EXPECT_EQ(RunSlots(), 1);
+  EXPECT_EQ(WriteFileAtomic(w + "/go", "go\n").ok(), true);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(fetched("two"));
+  EXPECT_EQ(RunTables(), "");
+  EXPECT_EQ(RunLeftovers(id), "");
+  EXPECT_EQ(RunSlots(), 0);
 }
 
 // Row 34: whatever the policy says, the host, private ranges and metadata are refused.
@@ -1020,6 +1135,61 @@ TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
   d_->Start();
   EXPECT_EQ(HostLinks(), "");
   EXPECT_EQ(BoxChains(), "");
+// sbx serve --max-egress-mbps: a create asking more is refused naming the flag, one asking for
+// nothing gets the maximum; --default-egress-mbps is what a create asking for nothing gets below
+// it; a live policy change brings an older sandbox under a lowered maximum.
+TEST_F(NetworkTest, EgressRangeFlagsBoundCreatesAndLivePolicyChanges) {
+  json body = {{"network", {{"mode", "open"}}}, {"limits", {{"egress_mbps", 80}}}};
+  json old = Json("POST", "/v1/sandboxes", body, 201);
+  std::string old_id = old.value("id", "");
+  d_->Stop();
+  d_->set_serve_flags(
+      {"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(), "--max-egress-mbps", "50"});
+  d_->Start();
+  auto refused = Call("POST", "/v1/sandboxes", body.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("--max-egress-mbps"), std::string::npos) << refused.body;
+  json none = Json("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}}, 201);
+  EXPECT_EQ(none["limits"].value("egress_mbps", 0.0), 50.0) << none.dump();
+  Json("PUT", "/v1/sandboxes/" + old_id + "/network",
+       {{"mode", "allowlist"}, {"allow", {"x.test"}}}, 200);
+  json after = Json("GET", "/v1/sandboxes/" + old_id);
+  EXPECT_EQ(after["limits"].value("egress_mbps", 0.0), 50.0) << after.dump();
+  d_->Stop();
+  d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(),
+                       "--max-egress-mbps", "50", "--default-egress-mbps", "8"});
+  d_->Start();
+  json dflt = Json("POST", "/v1/sandboxes", {{"network", {{"mode", "open"}}}}, 201);
+  EXPECT_EQ(dflt["limits"].value("egress_mbps", 0.0), 8.0) << dflt.dump();
+}
+
+// Item 4 through the secrets interceptor: a box with a secret binding has its HTTPS terminated
+// by sbx (mitm.h), and limits.egress_mbps paces those connections too, from the same per-box
+// budget. Only a lower bound on the time, as above.
+TEST_F(NetworkTest, AnEgressLimitPacesInterceptedDownloads) {
+  Json("POST", "/v1/secrets",
+       {{"name", "paced"}, {"value", "paced-s3cr3t-0123456789"}, {"hosts", {"allowed.test"}}}, 201);
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test"}}}},
+               {"secrets", {{"API_KEY", "paced"}}},
+               {"limits", {{"egress_mbps", 8}}}};
+  json s = Json("POST", "/v1/sandboxes", body, 201);
+  std::string id = s.value("id", "");
+  ASSERT_FALSE(id.empty()) << s.dump();
+  constexpr double kRate = 1e6, kBurst = kRate / 4;
+  constexpr int kBytes = 3000000;
+  // Two downloads at once: one budget for the box, not one per connection.
+  std::string one =
+      "curl -sS --max-time 60 -o /dev/null -w '%{size_download}\\n' "
+      "-H \"X-Key: $API_KEY\" https://allowed.test/bytes/" +
+      std::to_string(kBytes);
+  auto start = std::chrono::steady_clock::now();
+  auto r = Exec(id, "(" + one + ") & (" + one + "); wait");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, std::to_string(kBytes) + "\n" + std::to_string(kBytes) + "\n") << r.out;
+  EXPECT_GE(secs, (2.0 * kBytes - 2 * kBurst) / kRate) << secs;
+  // They went through the interceptor (the value reached the host).
+  EXPECT_FALSE(Audit("secret.use", id).empty());
 }
 
 }  // namespace
