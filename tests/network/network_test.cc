@@ -1135,6 +1135,8 @@ TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
   d_->Start();
   EXPECT_EQ(HostLinks(), "");
   EXPECT_EQ(BoxChains(), "");
+}
+
 // sbx serve --max-egress-mbps: a create asking more is refused naming the flag, one asking for
 // nothing gets the maximum; --default-egress-mbps is what a create asking for nothing gets below
 // it; a live policy change brings an older sandbox under a lowered maximum.
