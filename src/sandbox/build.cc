@@ -1345,7 +1345,8 @@ Result<store::TemplateRecord> BuilderImpl::Execute(
 
 std::string BuildIdOf(const store::TemplateRecord& r) {
   if (r.kind != store::kTemplateBuild || r.source.rfind("build ", 0) != 0) return "";
-  return r.source.substr(6);
+  // "build <id>", or "build <id> from REF (DIGEST)" for a build FROM a pulled image.
+  return r.source.substr(6, r.source.find(' ', 6) - 6);
 }
 
 std::unique_ptr<Builder> MakeBuilder(BuilderConfig config) {

@@ -424,6 +424,12 @@ TEST_F(TemplatesTest, TagsPointAtOneBuildEachAndOnlyTheHolderChangesThem) {
   }
   EXPECT_EQ((*store_->GetTemplateOwner("other"))->owner_key_id, b_.id);
   EXPECT_EQ(t.DeleteWithTags(a_, "app").err(), ENOENT);
+
+  // The build id of a record built FROM a pulled image (its source names the image too).
+  store::TemplateRecord pulled;
+  pulled.kind = store::kTemplateBuild;
+  pulled.source = "build bld_x from 127.0.0.1:5000/a:b (sha256:00)";
+  EXPECT_EQ(BuildIdOf(pulled), "bld_x");
 }
 
 TEST_F(TemplatesTest, AnOperatorTagsAnOperatorsTemplateWhichStaysTheOperators) {

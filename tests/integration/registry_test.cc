@@ -1166,6 +1166,7 @@ TEST_F(DaemonBuild, PrivateImagesNeedEachKeysCredentials) {
   EXPECT_EQ(everything.find("wrong-Kx7-guess"), std::string::npos);
   EXPECT_EQ(everything.find(Base64Encode("alice:" + password)), std::string::npos);
   d_.reset();
+}
 
 // ---- sweeps: what killed pulls, builds and uploads leave ----
 
