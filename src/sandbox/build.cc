@@ -1324,8 +1324,8 @@ Result<store::TemplateRecord> Build::Run() {
   // The other tags: records of their own (not aliases), so that each keeps this build when the
   // others are rebuilt or removed; the layers are shared.
   for (const auto& n : spec_.also_names) {
-    auto tagged = storage::PutImageTemplate(ts_, st_, n, store::kTemplateBuild, source,
-                                            img_.layers, img_.config, true);
+    auto tagged = storage::PutImageTemplate(ts_, st_, n, store::kTemplateBuild, source, img_.layers,
+                                            img_.config, true);
     if (!tagged.ok()) {
       Log(tagged.status().what(), "error");
       return tagged.status();

@@ -573,6 +573,7 @@ Result<std::vector<std::string>> TemplateBuilds::NamesOf(const std::string& base
 }
 
 Status TemplateBuilds::DeleteWithTags(const store::ApiKeyRecord& key, const std::string& base) {
+  if (!storage::IsValidTemplateName(base)) return BadName(base);
   auto names = NamesOf(base);
   if (!names.ok()) return names.status();
   if (names->empty()) return Status::Error("template '" + base + "' not found", ENOENT);
@@ -662,6 +663,7 @@ Result<std::string> TemplateBuilds::Tag(const store::ApiKeyRecord& key, const st
 
 Status TemplateBuilds::Untag(const store::ApiKeyRecord& key, const std::string& base,
                              const std::vector<std::string>& tags) {
+  if (!storage::IsValidTemplateName(base)) return BadName(base);
   if (base.find(':') != std::string::npos)
     return Status::Error("name '" + base + "': a template name without a tag (the tags go in tags)",
                          EINVAL);
@@ -692,6 +694,7 @@ Status TemplateBuilds::Untag(const store::ApiKeyRecord& key, const std::string& 
 
 Result<std::vector<TemplateBuilds::TagInfo>> TemplateBuilds::Tags(const store::ApiKeyRecord&,
                                                                   const std::string& base) {
+  if (!storage::IsValidTemplateName(base)) return BadName(base);
   auto names = NamesOf(base);
   if (!names.ok()) return names.status();
   std::vector<TagInfo> out;

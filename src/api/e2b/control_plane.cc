@@ -23,19 +23,6 @@ using nlohmann::json;
 constexpr int64_t kV2DefaultTimeoutS = 300;
 constexpr int64_t kV1DefaultTimeoutS = 15;
 
-// E2B's error body: {"code": <status>, "message": ...}; the SDK reads `code`, not the status.
-awaitable<void> Error(http::Exchange& ex, int status, const std::string& message,
-                      const http::Headers& headers = {}) {
-  json body = {{"code", status}, {"message", message}};
-  co_await ex.RespondJson(status, body, headers);
-}
-
-awaitable<void> Fail(http::Exchange& ex, const Status& s) {
-  int status = AnswerFor(s.err()).status;  // the one errno table, api/errors.h
-  if (status == 500) spdlog::error("e2b {} {}: {}", ex.method(), ex.path(), s.message());
-  co_await Error(ex, status, s.message());
-}
-
 bool Live(const sandbox::SandboxRecord& r) { return sandbox::IsLiveState(r.state); }
 std::string E2bState(const sandbox::SandboxRecord& r) {
   return r.state == sandbox::kStatePaused ? "paused" : "running";
@@ -101,6 +88,18 @@ json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
 }  // namespace
 
 // `X-API-KEY` checked against sbx's own keys (through the manager); internal.h.
+awaitable<void> Error(http::Exchange& ex, int status, const std::string& message,
+                      const http::Headers& headers) {
+  json body = {{"code", status}, {"message", message}};
+  co_await ex.RespondJson(status, body, headers);
+}
+
+awaitable<void> Fail(http::Exchange& ex, const Status& s) {
+  int status = AnswerFor(s.err()).status;  // the one errno table, api/errors.h
+  if (status == 500) spdlog::error("e2b {} {}: {}", ex.method(), ex.path(), s.message());
+  co_await Error(ex, status, s.message());
+}
+
 http::Handler Authed(ApiContext& ctx, AuthedHandler h) {
   return [&ctx, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
     ctx.metrics.requests++;

@@ -35,6 +35,11 @@ using network::TrafficToken;
 using AuthedHandler =
     std::function<boost::asio::awaitable<void>(http::Exchange&, const sandbox::ApiKeyRecord&)>;
 http::Handler Authed(ApiContext& ctx, AuthedHandler h);
+// E2B's error body: {"code": <status>, "message": ...}; the SDK reads `code`, not the status.
+boost::asio::awaitable<void> Error(http::Exchange& ex, int status, const std::string& message,
+                                   const http::Headers& headers = {});
+// The error answer for `s`, its status from the one errno table (api/errors.h); a 500 is logged.
+boost::asio::awaitable<void> Fail(http::Exchange& ex, const Status& s);
 // The request body as a JSON object; an empty body is {}. Answers 400 itself on failure.
 boost::asio::awaitable<std::optional<nlohmann::json>> BodyObject(http::Exchange& ex);
 

@@ -26,17 +26,6 @@ using nlohmann::json;
 constexpr int64_t kUploadUrlTtlMs = int64_t{60} * 60 * 1000;  // as long as the SDK's PUT may take
 constexpr size_t kMaxLogEntries = 100;                        // per status answer, as E2B's
 
-awaitable<void> Error(http::Exchange& ex, int status, const std::string& message) {
-  json body = {{"code", status}, {"message", message}};
-  co_await ex.RespondJson(status, body);
-}
-
-awaitable<void> Fail(http::Exchange& ex, const Status& s) {
-  int status = s.err() == ENOSYS ? 501 : AnswerFor(s.err()).status;  // api/errors.h
-  if (status == 500) spdlog::error("e2b {} {}: {}", ex.method(), ex.path(), s.message());
-  co_await Error(ex, status, s.message());
-}
-
 // The upload URL's signature: the key may store this archive until `expires` (ms). The SDK PUTs
 // to the URL without its API key, as to E2B's object store.
 std::string UploadSignature(const InstallSecret& secret, const std::string& key_id,
