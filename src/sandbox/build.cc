@@ -483,10 +483,11 @@ Status CopyEntry(int src, const struct stat& st, int dest_dir, const std::string
 }
 
 // Opens `rel` (components) below the context `root` with RESOLVE_IN_ROOT: symlinks on the way
-// resolve inside the context, never outside it.
-Result<UniqueFd> OpenInContext(int root, const std::string& rel) {
+// resolve inside the context, never outside it; with `follow_final` false a final symlink is
+// opened itself (O_PATH | O_NOFOLLOW), not resolved.
+Result<UniqueFd> OpenInContext(int root, const std::string& rel, bool follow_final = true) {
   open_how how{};
-  how.flags = O_PATH | O_CLOEXEC;
+  how.flags = O_PATH | O_CLOEXEC | (follow_final ? 0 : O_NOFOLLOW);
   how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
   std::string path = rel.empty() ? "." : rel;
   long fd = ::syscall(SYS_openat2, root, path.c_str(), &how, sizeof how);
@@ -894,7 +895,7 @@ Status Build::Copy(const BuildStep& s) {
     Sha256 h;
     CopyState budget{ts_.cache_bytes, *ignore};
     for (const auto& rel : sources) {
-      auto fd = OpenInContext(ctx.get(), rel);
+      auto fd = OpenInContext(ctx.get(), rel, !s.copy_links);
       if (!fd.ok()) return fd.status().Wrap(std::string(kw) + " source");
       struct stat st {};
       if (::fstat(fd->get(), &st) != 0) return Status::Errno(std::string(kw) + " " + rel);

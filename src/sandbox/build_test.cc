@@ -342,6 +342,22 @@ TEST_F(BuildTest, DockerignoreKeepsFilesOutOfTheLayers) {
       << named.rec.status().what();
 }
 
+// E2B's COPY (BuildStep::copy_links) copies a source that is a link as the link, dangling or
+// absolute alike; a Dockerfile's follows it inside the context and fails on a dangling one.
+TEST_F(BuildTest, E2bCopyKeepsSourceLinksAsLinks) {
+  Write("folder/file.txt", "content\n");
+  ASSERT_EQ(::symlink("/etc/hostname", (ctx_ + "/folder/absolute").c_str()), 0);
+  ASSERT_EQ(::symlink("missing.txt", (ctx_ + "/folder/dangling").c_str()), 0);
+  auto docker = Run(Spec("links", "FROM host\nCOPY folder/* /dst/\n"));
+  EXPECT_EQ(docker.rec.status().err(), ENOENT) << docker.rec.status().message();
+  BuildSpec spec = Spec("links", "FROM host\nCOPY folder/* /dst/\n");
+  spec.steps[1].copy_links = true;
+  auto e2b = Run(std::move(spec));
+  ASSERT_TRUE(e2b.rec.ok()) << e2b.rec.status().message();
+  EXPECT_EQ(InBox("links", "cat /dst/file.txt; readlink /dst/absolute /dst/dangling"),
+            "content\n/etc/hostname\nmissing.txt\n");
+}
+
 TEST_F(BuildTest, AddOfALocalArchiveIsRefused) {
   Write("a.tar.gz", std::string("\x1f\x8b\x08\x00", 4) + "rest");
   auto b = Run(Spec("add", "FROM host\nADD a.tar.gz /x/\n"));

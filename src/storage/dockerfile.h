@@ -36,6 +36,9 @@ struct BuildStep {
   std::vector<std::string> args;
   bool exec_form = false;  // JSON array form of RUN/CMD/ENTRYPOINT
   std::string chown;       // COPY --chown=
+  // COPY: a source that is itself a symlink is copied as the link, as E2B's COPY does (its SDK
+  // uploads links as links); Docker's COPY, and so a Dockerfile's, follows it inside the context.
+  bool copy_links = false;
 };
 
 // Parses `text`. `build_args` are --build-arg values (ARG defaults otherwise). Variables

@@ -275,6 +275,7 @@ Result<BuildStart> ParseBuildStart(const json& body) {
                   .text = "COPY " + args[0] + " " + args[1],
                   .args = {*hash + "/" + args[0], args[1]}};
       if (args.size() > 2) c.chown = args[2];
+      c.copy_links = true;  // E2B copies a link the SDK uploaded as the link
       out.spec.steps.push_back(std::move(c));
       out.copies.push_back({*hash, *mode});
     } else if (*type == "RUN") {

@@ -126,6 +126,7 @@ TEST(E2bTemplateWire, TheSdksStepsBecomeBuildSteps) {
   EXPECT_EQ(s[1].kind, BuildStep::Kind::kCopy);
   EXPECT_EQ(s[1].args, (std::vector<std::string>{kHash + "/hello.txt", "/app/"}));
   EXPECT_EQ(s[1].chown, "");
+  EXPECT_TRUE(s[1].copy_links);  // E2B copies links as links
   ASSERT_EQ(b->copies.size(), 1u);
   EXPECT_EQ(b->copies[0].files_hash, kHash);
   EXPECT_EQ(b->copies[0].mode, 0644);
