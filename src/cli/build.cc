@@ -123,13 +123,8 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   if (!text.ok()) return Fail(text.status().Wrap("Dockerfile"));
   auto steps = storage::ParseDockerfile(*text, build_args);
   if (!steps.ok()) return Fail(steps.status());
-  if (o.password_stdin != !o.username.empty())
-    return Fail(Status::Error("--username and --password-stdin go together"));
-  std::string password;
-  if (o.password_stdin) {
-    std::getline(std::cin, password);
-    if (!password.empty() && password.back() == '\r') password.pop_back();
-  }
+  auto password = RegistryPassword(o.username, o.password_stdin);
+  if (!password.ok()) return Fail(password.status());
 
   // A Ctrl-C or SIGTERM ends the process: the step's box dies with it (die_with_parent) and the
   // next build removes its directory; staging directories and pins go by the cache's sweep.
@@ -162,10 +157,7 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   bc.registries.any_registry = true;
   bc.registries.insecure = o.insecure;
   bc.registries.ca_file = o.ca_file;
-  if (const char* dc = std::getenv("DOCKER_CONFIG"); dc != nullptr && *dc != '\0')
-    bc.registries.docker_config = std::string(dc) + "/config.json";
-  else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
-    bc.registries.docker_config = std::string(home) + "/.docker/config.json";
+  bc.registries.docker_config = DockerConfigPath();
   if (Status v = sandbox::ValidateRegistryPolicy(bc.registries); !v.ok()) return Fail(v);
   if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
     bc.no_network_files = std::move(*none);
@@ -190,7 +182,7 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   spec.context_dir = real;
   spec.no_cache = o.no_cache;
   spec.registry_username = o.username;
-  spec.registry_password = password;
+  spec.registry_password = *password;
   spec.network = *policy;
   if (!o.memory.empty()) {
     auto v = ParseSize(o.memory);

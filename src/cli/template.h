@@ -10,6 +10,7 @@
 
 #include "cli/run.h"
 #include "cli/verbs.h"
+#include "common/status.h"
 #include "storage/template.h"
 
 namespace sbx::cli {
@@ -24,6 +25,13 @@ Status RecordTemplateCacheBytes(const storage::TemplateStore& ts);
 void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& global, ClientVerbs& verbs);
 
 // `sbx template pull` (template_pull.cc), added to `sbx template` by RegisterTemplateVerbs.
+
+// The client side of a registry login, for `sbx template pull` and `sbx build` (template_pull.cc):
+// the docker config file to read credentials from ($DOCKER_CONFIG/config.json, else
+// ~/.docker/config.json; "" when neither variable is set), and the password --password-stdin
+// reads (the first line of stdin), which goes with --username (EINVAL when only one is given).
+std::string DockerConfigPath();
+Result<std::string> RegistryPassword(const std::string& username, bool password_stdin);
 void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& global, ClientVerbs& verbs);
 // `sbx template debian` (template_debian.cc), likewise.
 void RegisterTemplateDebianVerb(CLI::App* tmpl, const GlobalOptions& global, ClientVerbs& verbs);

@@ -82,6 +82,25 @@ class ProgressLines {
 
 }  // namespace
 
+std::string DockerConfigPath() {
+  if (const char* dc = std::getenv("DOCKER_CONFIG"); dc != nullptr && *dc != '\0')
+    return std::string(dc) + "/config.json";
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    return std::string(home) + "/.docker/config.json";
+  return "";
+}
+
+Result<std::string> RegistryPassword(const std::string& username, bool password_stdin) {
+  if (password_stdin != !username.empty())
+    return Status::Error("--username and --password-stdin go together", EINVAL);
+  std::string password;
+  if (password_stdin) {
+    std::getline(std::cin, password);
+    if (!password.empty() && password.back() == '\r') password.pop_back();
+  }
+  return password;
+}
+
 void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& g, ClientVerbs& verbs) {
   auto f = std::make_shared<PullFlags>();
   CLI::App* pull = tmpl->add_subcommand(
@@ -113,8 +132,8 @@ void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& g, ClientVerb
                                   f->cache_size + "'"));
       bound = *n;
     }
-    if (f->password_stdin != !f->username.empty())
-      return Fail(Status::Error("--username and --password-stdin go together"));
+    auto password = RegistryPassword(f->username, f->password_stdin);
+    if (!password.ok()) return Fail(password.status());
     if (!storage::IsValidTemplateName(f->name))
       return Fail(Status::Error("template name '" + f->name +
                                 "': expected [a-z0-9][a-z0-9._-]* with an optional :TAG"));
@@ -124,14 +143,8 @@ void RegisterTemplatePullVerb(CLI::App* tmpl, const GlobalOptions& g, ClientVerb
     o.insecure_registries = f->insecure;
     o.ca_file = f->ca_file;
     o.username = f->username;
-    if (f->password_stdin) {
-      std::getline(std::cin, o.password);
-      if (!o.password.empty() && o.password.back() == '\r') o.password.pop_back();
-    }
-    if (const char* dc = std::getenv("DOCKER_CONFIG"); dc != nullptr && *dc != '\0')
-      o.docker_config = std::string(dc) + "/config.json";
-    else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
-      o.docker_config = std::string(home) + "/.docker/config.json";
+    o.password = std::move(*password);
+    o.docker_config = DockerConfigPath();
     if (::geteuid() != 0)
       return Fail(Status::Error(
           "sbx template manages the daemon's template cache and store directly and needs root"));
