@@ -13,7 +13,9 @@
 //   * kSend, a quarter: the connections' send queues; charged as they fill, never refused. A
 //     connection is held (Full()) once its own queue passes a small floor while the pool is at
 //     SendThreshold(); the floors of all connections are set aside below the pool's size, so every
-//     connection can always make progress.
+//     connection can always make progress. A connection held that way is not woken by its own
+//     socket, so the pool remembers reaching the threshold and TakeSendRelief() tells the loop
+//     when it has fallen back under it.
 // Single-threaded, like the rest of the agent.
 #pragma once
 
@@ -47,12 +49,25 @@ class MemoryBudget {
     return true;
   }
   // Unconditional (send queues); bounded by the connections' own limits.
-  void Charge(Pool p, size_t n) { used_[p] += n; }
+  void Charge(Pool p, size_t n) {
+    used_[p] += n;
+    if (p == kSend && used_[p] >= SendThreshold()) send_held_ = true;
+  }
   void Release(Pool p, size_t n) { used_[p] -= n <= used_[p] ? n : used_[p]; }
+
+  // True once after the send pool, having reached SendThreshold() (even for an instant: a reply
+  // queued and flushed in one turn of the loop), is back under it: connections it held may have
+  // room again.
+  bool TakeSendRelief() {
+    if (!send_held_ || used_[kSend] >= SendThreshold()) return false;
+    send_held_ = false;
+    return true;
+  }
 
  private:
   size_t cap_, floors_;
   size_t used_[3] = {0, 0, 0};
+  bool send_held_ = false;
 };
 
 // Bytes taken from a MemoryBudget, given back when the owner goes.

@@ -108,8 +108,20 @@ int Agent::Run() {
       PruneFinished();
     }
     FlushAll();
+    if (budget_.TakeSendRelief()) OnSendRelief();
   }
   return 0;
+}
+
+void Agent::OnSendRelief() {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, c] : conns_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    Connection* c = FindConnection(id);
+    if (!c || c->Full() || c->closing) continue;
+    OnRoom(*c);
+    if ((c = FindConnection(id))) FlushConnection(*c);
+  }
 }
 
 int Agent::ComputeTimeoutMs() {

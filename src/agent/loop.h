@@ -116,6 +116,9 @@ class Agent {
   void UpdateProcessEvents(Process& p);
   void Unsubscribe(Process& p, uint64_t conn);
   void Reap();
+  // The send pool fell back under its threshold: every connection it held (its processes paused,
+  // its requests unread) gets its turn again, whether or not its own socket has room.
+  void OnSendRelief();
   void CheckDeadlines();
   void PruneFinished();
   // Drops finished processes no connection is receiving, oldest first, until `bytes` fit under
