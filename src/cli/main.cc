@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
   sv->add_option("--allow-range", serve.allow_ranges,
                  "Open this CIDR inside an always-denied range, e.g. 192.168.5.0/24 (repeatable)");
   sv->add_flag("--ipv6", serve.ipv6, "Give boxes IPv6 too (default: IPv4 only)");
+  sv->add_option("--box-subnet6", serve.box_subnet6,
+                 "With --ipv6: IPv6 pool of the boxes' addresses, a /126 each (default "
+                 "fd73:6278::/64)");
   sv->add_option("--registry", serve.registries,
                  "A registry builds may pull FROM images from, HOST or HOST:PORT (repeatable; "
                  "default: none)");

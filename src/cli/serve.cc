@@ -28,6 +28,7 @@
 #include "network/cares_lookup.h"
 #include "network/ingress.h"
 #include "network/policy.h"
+#include "network/slots.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/build.h"
 #include "sandbox/id_pool.h"
@@ -111,6 +112,19 @@ Result<network::StackConfig> NetworkConfig(const ServeOptions& o) {
     c.opened_ranges.push_back(*cidr);
   }
   c.ipv6 = o.ipv6;
+  if (!o.box_subnet6.empty()) {
+    if (!o.ipv6) return Status::Error("--box-subnet6 needs --ipv6", EINVAL);
+    auto six = network::ParseCidr(o.box_subnet6);
+    auto subnet = network::ParseCidr(c.box_subnet);
+    Status fits = !six.ok()     ? six.status()
+                  : subnet.ok() ? network::CheckSubnet6(*subnet, *six)
+                                : subnet.status();
+    if (!fits.ok())
+      return Status::Error("--box-subnet6: " + fits.message() + ", e.g. fd73:6278::/64 (got '" +
+                               o.box_subnet6 + "')",
+                           EINVAL);
+    c.box_subnet6 = six->ToString();
+  }
   return c;
 }
 

@@ -38,6 +38,7 @@ struct ServeOptions {
   std::string upstream_ca;                // --upstream-ca FILE
   std::vector<std::string> allow_ranges;  // --allow-range CIDR (repeatable)
   bool ipv6 = false;                      // --ipv6
+  std::string box_subnet6;                // --box-subnet6 CIDR (with --ipv6)
   // Where builds may pull FROM images (sandbox/registry_policy.h): --registry HOST[:PORT],
   // --registry-mirror REGISTRY=HOST[:PORT], --insecure-registry HOST[:PORT], --registry-ca-file.
   std::vector<std::string> registries;

@@ -11,17 +11,20 @@ address Key(const address& a) {
   return a;
 }
 
+std::vector<address> Addresses(const BoxNet& box) {
+  std::vector<address> out{Key(box.box_ip)};
+  if (!box.box_ip6.is_unspecified()) out.push_back(box.box_ip6);
+  return out;
+}
+
 }  // namespace
 
 void BoxRegistry::Put(std::shared_ptr<const BoxNet> box) {
   if (!box) return;
   MutexLock lock(mu_);
   auto old = by_id_.find(box->id);
-  if (old != by_id_.end()) {
-    auto at = by_address_.find(Key(old->second->box_ip));
-    if (at != by_address_.end() && at->second->id == box->id) by_address_.erase(at);
-  }
-  by_address_[Key(box->box_ip)] = box;
+  if (old != by_id_.end()) Unmap(*old->second);
+  for (const address& a : Addresses(*box)) by_address_[a] = box;
   by_id_[box->id] = std::move(box);
 }
 
@@ -29,10 +32,16 @@ void BoxRegistry::Remove(const std::string& id) {
   MutexLock lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
-  auto at = by_address_.find(Key(it->second->box_ip));
-  // Only this box's own mapping: an address reused by a newer box stays that box's.
-  if (at != by_address_.end() && at->second->id == id) by_address_.erase(at);
+  Unmap(*it->second);
   by_id_.erase(it);
+}
+
+void BoxRegistry::Unmap(const BoxNet& box) {
+  // Only this box's own mappings: an address reused by a newer box stays that box's.
+  for (const address& a : Addresses(box)) {
+    auto at = by_address_.find(a);
+    if (at != by_address_.end() && at->second->id == box.id) by_address_.erase(at);
+  }
 }
 
 std::shared_ptr<const BoxNet> BoxRegistry::ByAddress(const address& box_ip) const {

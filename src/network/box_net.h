@@ -40,13 +40,16 @@ struct BoxNet {
   std::string id;
   address box_ip;   // the box's end of its veth
   address host_ip;  // the host's end: the box's gateway, resolver and proxy address
+  // With IPv6 (--ipv6): the same ends' IPv6 addresses; unspecified (::) without.
+  address box_ip6 = boost::asio::ip::address_v6();
+  address host_ip6 = boost::asio::ip::address_v6();
   Policy policy;
   std::vector<SecretBinding> secrets;
   int64_t egress_bytes_per_s = 0;  // limits.egress_mbps; 0: unlimited
   int max_connections = 256;       // open proxied connections at once
 };
 
-// Thread-safe.
+// Thread-safe. A box is found by each of its addresses (box_ip, and box_ip6 when set).
 class BoxRegistry {
  public:
   void Put(std::shared_ptr<const BoxNet> box);
@@ -56,6 +59,7 @@ class BoxRegistry {
   std::vector<std::shared_ptr<const BoxNet>> All() const;
 
  private:
+  void Unmap(const BoxNet& box) REQUIRES(mu_);
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const BoxNet>> by_id_ GUARDED_BY(mu_);
   std::map<address, std::shared_ptr<const BoxNet>> by_address_ GUARDED_BY(mu_);

@@ -187,38 +187,61 @@ Status SetLink(NlSocket& nl, int index, bool up, bool no_addr_gen, const std::st
   return nl.Run(nlh, what);
 }
 
+// `ip`/`prefix` on link `index`. An IPv6 address skips duplicate address detection (sbx owns
+// both ends of the link), so it is usable at once instead of tentative for a second or more.
 Status AddAddress(NlSocket& nl, int index, const address& ip, int prefix, const std::string& what) {
   nlmsghdr* nlh = nl.Start(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL);
   auto* ifa = static_cast<ifaddrmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifaddrmsg)));
-  ifa->ifa_family = AF_INET;
+  ifa->ifa_family = ip.is_v4() ? AF_INET : AF_INET6;
   ifa->ifa_prefixlen = static_cast<uint8_t>(prefix);
   ifa->ifa_scope = RT_SCOPE_UNIVERSE;
   ifa->ifa_index = static_cast<uint32_t>(index);
-  auto bytes = ip.to_v4().to_bytes();
-  mnl_attr_put(nlh, IFA_LOCAL, bytes.size(), bytes.data());
-  mnl_attr_put(nlh, IFA_ADDRESS, bytes.size(), bytes.data());
+  if (ip.is_v4()) {
+    auto bytes = ip.to_v4().to_bytes();
+    mnl_attr_put(nlh, IFA_LOCAL, bytes.size(), bytes.data());
+    mnl_attr_put(nlh, IFA_ADDRESS, bytes.size(), bytes.data());
+  } else {
+    ifa->ifa_flags = IFA_F_NODAD;
+    auto bytes = ip.to_v6().to_bytes();
+    mnl_attr_put(nlh, IFA_LOCAL, bytes.size(), bytes.data());
+    mnl_attr_put(nlh, IFA_ADDRESS, bytes.size(), bytes.data());
+    mnl_attr_put_u32(nlh, IFA_FLAGS, IFA_F_NODAD);
+  }
   return nl.Run(nlh, what);
 }
 
 Status AddDefaultRoute(NlSocket& nl, int index, const address& gateway, const std::string& what) {
   nlmsghdr* nlh = nl.Start(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL);
   auto* rtm = static_cast<rtmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(rtmsg)));
-  rtm->rtm_family = AF_INET;
+  rtm->rtm_family = gateway.is_v4() ? AF_INET : AF_INET6;
   rtm->rtm_dst_len = 0;
   rtm->rtm_table = RT_TABLE_MAIN;
   rtm->rtm_protocol = RTPROT_STATIC;
   rtm->rtm_scope = RT_SCOPE_UNIVERSE;
   rtm->rtm_type = RTN_UNICAST;
-  auto bytes = gateway.to_v4().to_bytes();
-  mnl_attr_put(nlh, RTA_GATEWAY, bytes.size(), bytes.data());
+  if (gateway.is_v4()) {
+    auto bytes = gateway.to_v4().to_bytes();
+    mnl_attr_put(nlh, RTA_GATEWAY, bytes.size(), bytes.data());
+  } else {
+    auto bytes = gateway.to_v6().to_bytes();
+    mnl_attr_put(nlh, RTA_GATEWAY, bytes.size(), bytes.data());
+  }
   mnl_attr_put_u32(nlh, RTA_OIF, static_cast<uint32_t>(index));
   return nl.Run(nlh, what);
 }
 
+// Whether the plan gives the link IPv6 addresses.
+bool HasIpv6Addresses(const LinkPlan& plan) { return plan.ipv6 && !plan.box_ip6.is_unspecified(); }
+
+std::string WithPrefix(const address& a, int prefix) {
+  return a.to_string() + "/" + std::to_string(prefix);
+}
+
 // Writes a sysctl of the calling thread's network namespace (/proc/sys/net is per thread: it
 // shows the namespace of the task that opens it).
-Status WriteNetSysctl(const std::string& path) {
-  return WriteFile("/proc/sys/net/" + path, "1\n").Wrap("set net." + path + " = 1");
+Status WriteNetSysctl(const std::string& path, const char* value = "1") {
+  return WriteFile("/proc/sys/net/" + path, std::string(value) + "\n")
+      .Wrap("set net." + path + " = " + value);
 }
 
 // Runs `fn` on a new thread that joined the network namespace `netns_fd`; the caller's thread
@@ -252,13 +275,19 @@ Status ConfigureBoxSide(const LinkPlan& plan) {
   if (!lo.ok()) return lo.status().Wrap(what);
   const bool v6 = HostHasIpv6();
   SBX_RETURN_IF_ERROR(SetLink(*nl, *eth0, false, v6, what + ": turn off IPv6 address generation"));
-  SBX_RETURN_IF_ERROR(AddAddress(
-      *nl, *eth0, plan.box_ip, plan.prefix,
-      what + ": add address " + plan.box_ip.to_string() + "/" + std::to_string(plan.prefix)));
+  SBX_RETURN_IF_ERROR(AddAddress(*nl, *eth0, plan.box_ip, plan.prefix,
+                                 what + ": add address " + WithPrefix(plan.box_ip, plan.prefix)));
+  if (HasIpv6Addresses(plan))
+    SBX_RETURN_IF_ERROR(
+        AddAddress(*nl, *eth0, plan.box_ip6, plan.prefix6,
+                   what + ": add address " + WithPrefix(plan.box_ip6, plan.prefix6)));
   SBX_RETURN_IF_ERROR(SetLink(*nl, *eth0, true, false, what + ": set eth0 up"));
   SBX_RETURN_IF_ERROR(SetLink(*nl, *lo, true, false, what + ": set lo up"));
-  return AddDefaultRoute(*nl, *eth0, plan.host_ip,
-                         what + ": add default route via " + plan.host_ip.to_string());
+  SBX_RETURN_IF_ERROR(AddDefaultRoute(
+      *nl, *eth0, plan.host_ip, what + ": add default route via " + plan.host_ip.to_string()));
+  if (!HasIpv6Addresses(plan)) return Status();
+  return AddDefaultRoute(*nl, *eth0, plan.host_ip6,
+                         what + ": add default IPv6 route via " + plan.host_ip6.to_string());
 }
 
 Status ConfigureHostSide(NlSocket& nl, const LinkPlan& plan) {
@@ -268,14 +297,20 @@ Status ConfigureHostSide(NlSocket& nl, const LinkPlan& plan) {
   if (HostHasIpv6()) {
     SBX_RETURN_IF_ERROR(
         SetLink(nl, *index, false, true, what + ": turn off IPv6 address generation"));
-    // Router advertisements the box sends must not configure an address on the host end either.
+    // Router advertisements the box sends must not configure an address or a route on the host
+    // end either (the firewall drops them too: their source is link-local).
+    const std::string conf = "ipv6/conf/" + plan.host_ifname + "/";
     if (!plan.ipv6)
-      SBX_RETURN_IF_ERROR(
-          WriteNetSysctl("ipv6/conf/" + plan.host_ifname + "/disable_ipv6").Wrap(what));
+      SBX_RETURN_IF_ERROR(WriteNetSysctl(conf + "disable_ipv6").Wrap(what));
+    else
+      SBX_RETURN_IF_ERROR(WriteNetSysctl(conf + "accept_ra", "0").Wrap(what));
   }
-  SBX_RETURN_IF_ERROR(AddAddress(
-      nl, *index, plan.host_ip, plan.prefix,
-      what + ": add address " + plan.host_ip.to_string() + "/" + std::to_string(plan.prefix)));
+  SBX_RETURN_IF_ERROR(AddAddress(nl, *index, plan.host_ip, plan.prefix,
+                                 what + ": add address " + WithPrefix(plan.host_ip, plan.prefix)));
+  if (HasIpv6Addresses(plan))
+    SBX_RETURN_IF_ERROR(
+        AddAddress(nl, *index, plan.host_ip6, plan.prefix6,
+                   what + ": add address " + WithPrefix(plan.host_ip6, plan.prefix6)));
   return SetLink(nl, *index, true, false, what + ": set up");
 }
 
@@ -292,6 +327,23 @@ Status CheckPlan(const LinkPlan& plan) {
   uint32_t mask = ~uint32_t{0} << (32 - plan.prefix);
   if ((plan.host_ip.to_v4().to_uint() & mask) != (plan.box_ip.to_v4().to_uint() & mask))
     return Status::Error(what + ": the ends' addresses are in different networks", EINVAL);
+  if (!plan.ipv6 || (plan.host_ip6.is_unspecified() && plan.box_ip6.is_unspecified()))
+    return Status();
+  if (!plan.host_ip6.is_v6() || !plan.box_ip6.is_v6() || plan.host_ip6.to_v6().is_v4_mapped() ||
+      plan.box_ip6.to_v6().is_v4_mapped() || plan.host_ip6.is_unspecified() ||
+      plan.box_ip6.is_unspecified())
+    return Status::Error(what + ": IPv6 addresses must be IPv6, both or neither", EINVAL);
+  if (plan.prefix6 < 1 || plan.prefix6 > 126)
+    return Status::Error(what + ": IPv6 prefix must be 1..126", EINVAL);
+  if (plan.host_ip6 == plan.box_ip6)
+    return Status::Error(what + ": one IPv6 address for both ends", EINVAL);
+  auto h = plan.host_ip6.to_v6().to_bytes(), b = plan.box_ip6.to_v6().to_bytes();
+  for (int bit = 0; bit < plan.prefix6; ++bit) {
+    auto i = static_cast<size_t>(bit / 8);
+    int m = 0x80 >> (bit % 8);
+    if ((h[i] & m) != (b[i] & m))
+      return Status::Error(what + ": the ends' IPv6 addresses are in different networks", EINVAL);
+  }
   return Status();
 }
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -33,28 +34,41 @@ LinkPlan Plan(int slot = 3) {
   return p;
 }
 
-sockaddr_in Sockaddr(const address& ip, uint16_t port) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(ip.to_v4().to_uint());
-  return sa;
+// `ip`:`port` as a socket address of its family; *len gets its size.
+sockaddr_storage Sockaddr(const address& ip, uint16_t port, socklen_t* len) {
+  sockaddr_storage ss{};
+  if (ip.is_v4()) {
+    auto* sa = reinterpret_cast<sockaddr_in*>(&ss);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons(port);
+    sa->sin_addr.s_addr = htonl(ip.to_v4().to_uint());
+    *len = sizeof(sockaddr_in);
+  } else {
+    auto* sa = reinterpret_cast<sockaddr_in6*>(&ss);
+    sa->sin6_family = AF_INET6;
+    sa->sin6_port = htons(port);
+    auto bytes = ip.to_v6().to_bytes();
+    std::copy(bytes.begin(), bytes.end(), sa->sin6_addr.s6_addr);
+    *len = sizeof(sockaddr_in6);
+  }
+  return ss;
 }
 
 // A TCP listener on ip (any port) made in the namespace of the calling thread.
 UniqueFd Listen(const address& ip, uint16_t* port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in sa = Sockaddr(ip, 0);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) return UniqueFd();
+  UniqueFd fd(::socket(ip.is_v4() ? AF_INET : AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  socklen_t len = 0;
+  sockaddr_storage sa = Sockaddr(ip, 0, &len);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) return UniqueFd();
   if (::listen(fd.get(), 4) != 0) return UniqueFd();
-  socklen_t len = sizeof sa;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  *port = ntohs(sa.sin_port);
+  *port = ntohs(ip.is_v4() ? reinterpret_cast<sockaddr_in*>(&sa)->sin_port
+                           : reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port);
   return fd;
 }
 
-UniqueFd TcpSocket() {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+UniqueFd TcpSocket(int family) {
+  UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   timeval tv{30, 0};  // a hang would otherwise be the test's timeout, with no message
   ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -66,9 +80,11 @@ void ExpectTcp(int from_ns, int to_ns, const address& to_ip) {
   uint16_t port = 0;
   UniqueFd listener = RunInNetns(to_ns, [&] { return Listen(to_ip, &port); });
   ASSERT_TRUE(listener.valid()) << "listen on " << to_ip.to_string();
-  UniqueFd client = RunInNetns(from_ns, [] { return TcpSocket(); });
-  sockaddr_in sa = Sockaddr(to_ip, port);
-  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0)
+  const int family = to_ip.is_v4() ? AF_INET : AF_INET6;
+  UniqueFd client = RunInNetns(from_ns, [family] { return TcpSocket(family); });
+  socklen_t len = 0;
+  sockaddr_storage sa = Sockaddr(to_ip, port, &len);
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&sa), len), 0)
       << "connect to " << to_ip.to_string() << ": " << std::strerror(errno);
   UniqueFd server(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
   ASSERT_TRUE(server.valid());
@@ -174,6 +190,43 @@ TEST_F(NetlinkTest, WithIpv6TheBoxKeepsIpv6ButNeitherEndGetsAnAddress) {
   EXPECT_EQ(ShIn(box_ns_.get(), "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6"), "0\n");
   EXPECT_EQ(ShIn(box_ns_.get(), "ip -j -6 addr show dev eth0"), "[]\n");
   EXPECT_EQ(host_->Sh("ip -j -6 addr show dev sbx1"), "[]\n");
+}
+
+TEST_F(NetlinkTest, WithIpv6AddressesEachEndGetsItsOwnAndTheBoxARouteAndNothingElse) {
+  LinkPlan plan = Plan(2);
+  plan.ipv6 = true;
+  plan.host_ip6 = boost::asio::ip::make_address("fd73:6278::9");
+  plan.box_ip6 = boost::asio::ip::make_address("fd73:6278::a");
+  plan.prefix6 = 126;
+  Status st = host_->Run([&] { return CreateBoxLink(plan, box_->pid()); });
+  ASSERT_TRUE(st.ok()) << st.message();
+  // No link-local address on either end, and no tentative (DAD) state to wait for.
+  EXPECT_EQ(Addresses(host_->fd(), "sbx2"),
+            (std::vector<std::string>{"inet 10.213.0.9/30", "inet6 fd73:6278::9/126"}));
+  EXPECT_EQ(Addresses(box_ns_.get(), "eth0"),
+            (std::vector<std::string>{"inet 10.213.0.10/30", "inet6 fd73:6278::a/126"}));
+  EXPECT_EQ(ShIn(box_ns_.get(), "ip -6 addr show tentative"), "");
+  auto route =
+      nlohmann::json::parse(ShIn(box_ns_.get(), "ip -j -6 route show default"), nullptr, false);
+  ASSERT_TRUE(route.is_array() && route.size() == 1) << route.dump();
+  EXPECT_EQ(route[0].value("gateway", ""), "fd73:6278::9");
+  EXPECT_EQ(host_->Sh("cat /proc/sys/net/ipv6/conf/sbx2/accept_ra"), "0\n");
+  ExpectTcp(box_ns_.get(), host_->fd(), plan.host_ip6);
+  ExpectTcp(host_->fd(), box_ns_.get(), plan.box_ip6);
+}
+
+TEST_F(NetlinkTest, BadIpv6PlansAreRefusedAndMakeNothing) {
+  LinkPlan plan = Plan(2);
+  plan.ipv6 = true;
+  plan.host_ip6 = boost::asio::ip::make_address("fd73:6278::9");
+  plan.box_ip6 = boost::asio::ip::make_address("fd73:6278::19");  // another /126
+  Status st = host_->Run([&] { return CreateBoxLink(plan, box_->pid()); });
+  EXPECT_EQ(st.err(), EINVAL) << st.message();
+  plan.box_ip6 = boost::asio::ip::address_v6();  // one end only
+  EXPECT_EQ(host_->Run([&] { return CreateBoxLink(plan, box_->pid()); }).err(), EINVAL);
+  plan.box_ip6 = boost::asio::ip::make_address("::ffff:10.0.0.1");
+  EXPECT_EQ(host_->Run([&] { return CreateBoxLink(plan, box_->pid()); }).err(), EINVAL);
+  EXPECT_TRUE(Links(*host_, "sbx").empty());
 }
 
 TEST_F(NetlinkTest, TheBoxsNamespaceDyingRemovesTheHostEnd) {

@@ -34,14 +34,15 @@
 namespace sbx::network {
 
 struct StackConfig {
-  std::string box_subnet = "10.213.0.0/16";  // --box-subnet; each box takes a /30 of it
-  bool ipv6 = false;                         // --ipv6 (off: boxes get IPv4 only)
-  std::vector<std::string> upstream_dns;     // --upstream-dns ADDR:PORT...; empty: /etc/resolv.conf
-  std::string upstream_ca;                   // --upstream-ca FILE; empty: the host's CA store
-  std::vector<Cidr> opened_ranges;           // --allow-range CIDR (inside an always-denied one)
-  std::vector<uint16_t> daemon_ports;        // the daemon's own ports (always denied)
-  std::string state_dir;                     // <data dir>/network: CA, per-box files
-  EventSink on_event;                        // audit
+  std::string box_subnet = "10.213.0.0/16";    // --box-subnet; each box takes a /30 of it
+  bool ipv6 = false;                           // --ipv6 (off: boxes get IPv4 only)
+  std::string box_subnet6 = "fd73:6278::/64";  // --box-subnet6; with ipv6, a /126 per slot
+  std::vector<std::string> upstream_dns;  // --upstream-dns ADDR:PORT...; empty: /etc/resolv.conf
+  std::string upstream_ca;                // --upstream-ca FILE; empty: the host's CA store
+  std::vector<Cidr> opened_ranges;        // --allow-range CIDR (inside an always-denied one)
+  std::vector<uint16_t> daemon_ports;     // the daemon's own ports (always denied)
+  std::string state_dir;                  // <data dir>/network: CA, per-box files
+  EventSink on_event;                     // audit
   // The last sentence of a refused connection's 403 ("{id}": the box's id); empty: the daemon's
   // ("Change it with `sbx net {id}` or PUT /v1/sandboxes/{id}/network.").
   std::string refusal_hint;

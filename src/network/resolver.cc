@@ -4,6 +4,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/udp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -240,7 +241,10 @@ Status Resolver::Impl::Bind(const address& listen, uint16_t want) {
     udp_socket.close(ec);
     acceptor.close(ec);
     udp::endpoint uep(listen, want);
+    // An IPv6 wildcard takes IPv4 as well (boxes with --ipv6 ask over both).
+    const bool dual = listen.is_v6() && listen.is_unspecified();
     udp_socket.open(uep.protocol(), ec);
+    if (!ec && dual) udp_socket.set_option(asio::ip::v6_only(false), ec);
     if (!ec) udp_socket.bind(uep, ec);
     if (ec) return BindError("bind udp " + listen.to_string() + ":" + std::to_string(want), ec);
     uint16_t bound = udp_socket.local_endpoint(ec).port();
@@ -248,6 +252,7 @@ Status Resolver::Impl::Bind(const address& listen, uint16_t want) {
     tcp::endpoint tep(listen, bound);
     acceptor.open(tep.protocol(), ec);
     if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec && dual) acceptor.set_option(asio::ip::v6_only(false), ec);
     if (!ec) acceptor.bind(tep, ec);
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec == boost::system::errc::address_in_use && want == 0) continue;

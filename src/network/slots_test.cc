@@ -60,4 +60,45 @@ TEST(Slots, BadSubnetsAreRefused) {
 }
 
 }  // namespace
+TEST(Slots, WithAnIpv6SubnetSlotSIsAlsoTheSlash126AtNet6PlusFourS) {
+  Cidr six = C("fd73:6278::", 64);
+  auto a = SlotAddresses(C("10.213.0.0", 16), 70, &six);
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->host_ip6.to_string(), "fd73:6278::119");  // 4 * 70 + 1 = 0x119
+  EXPECT_EQ(a->box_ip6.to_string(), "fd73:6278::11a");
+  EXPECT_EQ(a->box_ip.to_string(), "10.213.1.26");
+  auto plan = SlotLinkPlan(C("10.213.0.0", 16), 70, &six);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->ipv6);
+  EXPECT_EQ(plan->box_ip6.to_string(), "fd73:6278::11a");
+  EXPECT_EQ(plan->prefix6, 126);
+  // Without one: no IPv6 addresses, IPv6 off.
+  auto v4 = SlotAddresses(C("10.213.0.0", 16), 70);
+  ASSERT_TRUE(v4.ok());
+  EXPECT_TRUE(v4->box_ip6.is_unspecified());
+  // The last slot of the largest IPv4 pool still fits a /104.
+  Cidr wide = C("fd00:1::", 104);
+  auto last = SlotAddresses(C("10.0.0.0", 8), *SlotCount(C("10.0.0.0", 8)) - 1, &wide);
+  ASSERT_TRUE(last.ok()) << last.status().message();
+  EXPECT_EQ(last->box_ip6.to_string(), "fd00:1::ff:fffe");
+}
+
+TEST(Slots, BadIpv6SubnetsAreRefusedNamingWhy) {
+  const Cidr v4 = C("10.213.0.0", 16);  // 16384 slots: 14 bits + 2 for the /126
+  EXPECT_TRUE(CheckSubnet6(v4, C("fd73:6278::", 64)).ok());
+  EXPECT_TRUE(CheckSubnet6(v4, C("2001:db8:5::", 112)).ok());
+  auto too_small = CheckSubnet6(v4, C("fd73:6278::", 113));
+  EXPECT_EQ(too_small.err(), EINVAL);
+  EXPECT_NE(too_small.message().find("16..112"), std::string::npos) << too_small.message();
+  EXPECT_EQ(CheckSubnet6(v4, C("10.1.0.0", 16)).err(), EINVAL);
+  EXPECT_EQ(CheckSubnet6(v4, C("fd73:6278::1", 64)).err(), EINVAL);  // host bits
+  for (const char* bad : {"::", "::ffff:0:0", "64:ff9b::", "2002::", "fe80::", "ff02::"}) {
+    Status st = CheckSubnet6(v4, C(bad, 96));
+    EXPECT_EQ(st.err(), EINVAL) << bad;
+    EXPECT_NE(st.message().find("overlaps"), std::string::npos) << bad << ": " << st.message();
+  }
+  Cidr bad = C("fe80::", 64);
+  EXPECT_FALSE(SlotAddresses(v4, 1, &bad).ok());
+}
+
 }  // namespace sbx::network

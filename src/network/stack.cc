@@ -35,7 +35,8 @@ constexpr char kBoxCaBundle[] = "/etc/sbx/ca-certificates.crt";
 
 class StackImpl final : public Stack {
  public:
-  StackImpl(StackConfig config, Cidr subnet) : config_(std::move(config)), subnet_(subnet) {}
+  StackImpl(StackConfig config, Cidr subnet, std::optional<Cidr> subnet6)
+      : config_(std::move(config)), subnet_(subnet), subnet6_(subnet6) {}
   ~StackImpl() override { Shutdown(); }
 
   Status Init() {
@@ -54,7 +55,11 @@ class StackImpl final : public Stack {
     rc.ipv6 = config_.ipv6;
     rc.on_event = config_.on_event;
     rc.refusals = &refusals_;
-    auto resolver = Resolver::Start(address(boost::asio::ip::address_v4::any()), 0, boxes_, rc);
+    // With IPv6, one dual-stack socket each for the resolver and the proxy: the nat rules
+    // redirect a box's IPv6 DNS and TCP to the host end's IPv6 address, on the same ports.
+    const address any =
+        config_.ipv6 ? address(asio::ip::address_v6::any()) : address(asio::ip::address_v4::any());
+    auto resolver = Resolver::Start(any, 0, boxes_, rc);
     if (!resolver.ok()) return resolver.status().Wrap("network: DNS resolver");
     resolver_ = std::move(*resolver);
     // The CA boxes with secrets trust (their HTTPS ends at the interceptor), and the bundle every
@@ -83,8 +88,8 @@ class StackImpl final : public Stack {
     pc.refusals = &refusals_;
     pc.ca = ca_;  // refused HTTPS gets its 403 inside a handshake with sbx's CA
     if (!config_.refusal_hint.empty()) pc.change_hint = config_.refusal_hint;
-    auto proxy = EgressProxy::Start(
-        io_.get_executor(), asio::ip::tcp::endpoint(asio::ip::address_v4::any(), 0), boxes_, pc);
+    auto proxy =
+        EgressProxy::Start(io_.get_executor(), asio::ip::tcp::endpoint(any, 0), boxes_, pc);
     if (!proxy.ok()) return proxy.status().Wrap("network: egress proxy");
     proxy_ = std::move(*proxy);
     FirewallConfig fc;
@@ -97,9 +102,10 @@ class StackImpl final : public Stack {
     auto fw = Firewall::Open(fc);
     if (!fw.ok()) return fw.status().Wrap("network: nftables");
     firewall_ = std::move(*fw);
-    spdlog::info("network: boxes get {} ({} slots), DNS on port {}, egress proxy on port {}",
-                 subnet_.ToString(), SlotCount(subnet_).ok() ? *SlotCount(subnet_) : 0,
-                 resolver_->port(), proxy_->port());
+    spdlog::info("network: boxes get {}{} ({} slots), DNS on port {}, egress proxy on port {}",
+                 subnet_.ToString(), subnet6_ ? " and " + subnet6_->ToString() : "",
+                 SlotCount(subnet_).ok() ? *SlotCount(subnet_) : 0, resolver_->port(),
+                 proxy_->port());
     return {};
   }
 
@@ -114,6 +120,8 @@ class StackImpl final : public Stack {
     net->id = box_id;
     net->box_ip = link->box_ip;
     net->host_ip = link->host_ip;
+    net->box_ip6 = link->box_ip6;
+    net->host_ip6 = link->host_ip6;
     net->policy = req.policy;
     net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
@@ -149,7 +157,7 @@ class StackImpl final : public Stack {
     }
     SBX_RETURN_IF_ERROR(CreateBoxLink(e.link, init_pid).Wrap("network: link of " + box_id));
     SBX_RETURN_IF_ERROR(
-        firewall_->AddBox(box_id, e.link.host_ifname, {e.net->box_ip}, e.net->policy));
+        firewall_->AddBox(box_id, e.link.host_ifname, BoxAddresses(e.link), e.net->policy));
     refusals_.Open(box_id);
     boxes_.Put(e.net);
     return {};
@@ -181,14 +189,17 @@ class StackImpl final : public Stack {
     net->id = box_id;
     net->box_ip = e.link.box_ip;
     net->host_ip = e.link.host_ip;
+    net->box_ip6 = e.link.box_ip6;
+    net->host_ip6 = e.link.host_ip6;
     net->policy = req.policy;
     // The request holds every binding the box has now: the owner (sandbox::Manager) opens the
     // recorded ones again with the placeholders the box's env holds, and E2B's rules change
     // with a policy change.
     net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
-    Status fw = known ? firewall_->UpdateBox(box_id, net->policy)
-                      : firewall_->AddBox(box_id, e.link.host_ifname, {net->box_ip}, net->policy);
+    Status fw =
+        known ? firewall_->UpdateBox(box_id, net->policy)
+              : firewall_->AddBox(box_id, e.link.host_ifname, BoxAddresses(e.link), net->policy);
     SBX_RETURN_IF_ERROR(fw);
     refusals_.Open(box_id);  // kept across policy changes: a command may span one
     boxes_.Put(net);
@@ -289,8 +300,13 @@ class StackImpl final : public Stack {
     return name.size() > p.size() && name.size() < 16 && name.rfind(p, 0) == 0 &&
            name.find_first_not_of("0123456789", p.size()) == std::string::npos;
   }
+  static std::vector<address> BoxAddresses(const LinkPlan& link) {
+    std::vector<address> out{link.box_ip};
+    if (link.ipv6 && !link.box_ip6.is_unspecified()) out.push_back(link.box_ip6);
+    return out;
+  }
   Result<LinkPlan> LinkFor(int slot) const {
-    auto link = SlotLinkPlan(subnet_, slot, config_.ipv6);
+    auto link = SlotLinkPlan(subnet_, slot, subnet6_ ? &*subnet6_ : nullptr);
     if (link.ok()) link->host_ifname = IfName(slot);
     return link;
   }
@@ -310,6 +326,7 @@ class StackImpl final : public Stack {
 
   const StackConfig config_;
   const Cidr subnet_;
+  const std::optional<Cidr> subnet6_;  // with --ipv6
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::thread thread_;
@@ -335,7 +352,14 @@ Result<std::unique_ptr<Stack>> Stack::Start(StackConfig config, const InstallSec
   auto subnet = ParseCidr(config.box_subnet);
   if (!subnet.ok()) return subnet.status().Wrap("--box-subnet");
   if (auto n = SlotCount(*subnet); !n.ok()) return n.status().Wrap("--box-subnet");
-  auto stack = std::make_unique<StackImpl>(std::move(config), *subnet);
+  std::optional<Cidr> subnet6;
+  if (config.ipv6) {
+    auto six = ParseCidr(config.box_subnet6);
+    if (!six.ok()) return six.status().Wrap("--box-subnet6");
+    SBX_RETURN_IF_ERROR(CheckSubnet6(*subnet, *six).Wrap("--box-subnet6"));
+    subnet6 = *six;
+  }
+  auto stack = std::make_unique<StackImpl>(std::move(config), *subnet, subnet6);
   SBX_RETURN_IF_ERROR(stack->Init());
   return std::unique_ptr<Stack>(std::move(stack));
 }

@@ -29,17 +29,33 @@ const zone = {
   'loopback.test': '127.0.0.1',
   'metadata.test': '169.254.169.254',
 }
-function lookup(name) {
+// name -> IPv6 address (AAAA); a name in neither table is NXDOMAIN.
+const zone6 = {
+  'six.test': '2001:2:0:1::30', // IPv6 only: echoes requests as allowed.test does
+}
+function lookup(name, table = zone) {
   name = name.toLowerCase().replace(/\.$/, '')
-  if (zone[name]) return zone[name]
+  if (table[name]) return table[name]
   for (let i = name.indexOf('.'); i >= 0; i = name.indexOf('.', i + 1)) {
-    const wild = zone['*' + name.slice(i)]
+    const wild = table['*' + name.slice(i)]
     if (wild) return wild
   }
   return null
 }
 
-// ---- DNS (RFC 1035): one question, A and TXT answered, AAAA empty, the rest NXDOMAIN ----
+// The 16 bytes of an IPv6 address written with at most one '::'.
+function v6Bytes(text) {
+  const [head, tail] = text.includes('::') ? text.split('::') : [text, null]
+  const groups = (s) => (s ? s.split(':').map((g) => parseInt(g, 16)) : [])
+  const h = groups(head)
+  const t = tail === null ? [] : groups(tail)
+  const all = [...h, ...Array(8 - h.length - t.length).fill(0), ...t]
+  const out = Buffer.alloc(16)
+  all.forEach((g, i) => out.writeUInt16BE(g, 2 * i))
+  return out
+}
+
+// ---- DNS (RFC 1035): one question, A, AAAA and TXT answered, the rest NXDOMAIN ----
 function parseName(buf, off) {
   const labels = []
   for (let jumps = 0; jumps < 16; ) {
@@ -58,11 +74,15 @@ function answer(query, proto) {
   const qtype = query.readUInt16BE(end)
   const question = query.subarray(12, end + 4)
   log('dns.jsonl', { name, qtype, proto })
-  const addr = lookup(name)
+  const addr4 = lookup(name)
+  const addr6 = lookup(name, zone6)
+  const addr = addr4 || addr6
   const records = []
-  if (addr && qtype === 1) {
-    const rdata = Buffer.from(addr.split('.').map(Number))
+  if (addr4 && qtype === 1) {
+    const rdata = Buffer.from(addr4.split('.').map(Number))
     records.push({ type: 1, rdata })
+  } else if (addr6 && qtype === 28) {
+    records.push({ type: 28, rdata: v6Bytes(addr6) })
   } else if (addr && qtype === 16) {
     const txt = Buffer.from('v=fake')
     records.push({ type: 16, rdata: Buffer.concat([Buffer.from([txt.length]), txt]) })
@@ -211,7 +231,7 @@ function handle(req, res, scheme) {
     scheme,
     host,
     sni: req.socket.servername || null,
-    local: req.socket.localAddress,
+    local: req.socket.localAddress.replace(/^::ffff:/, ''),
     method: req.method,
     url: req.url,
     headers: req.headers,
@@ -278,7 +298,12 @@ const secure = https.createServer(tls, (q, r) => handle(q, r, 'https'))
 // Every TCP connection, before any byte of it is read: a test proves that none was made.
 for (const [server, scheme] of [[plain, 'http'], [secure, 'https']])
   server.on('connection', (s) =>
-    log('conn.jsonl', { scheme, local: s.localAddress, from: s.remoteAddress }),
+    // (IPv4 peers of the dual-stack listeners are logged in their IPv4 form.)
+    log('conn.jsonl', {
+      scheme,
+      local: s.localAddress.replace(/^::ffff:/, ''),
+      from: s.remoteAddress.replace(/^::ffff:/, ''),
+    }),
   )
 
 // ---- UDP echo: what an explicit CIDR:port/udp rule lets through ----
@@ -296,8 +321,8 @@ const listening = (server, ...args) =>
   })
 await listening(udp, 53, '198.18.0.53')
 await listening(tcpDns, 53, '198.18.0.53')
-await listening(plain, 80, '0.0.0.0')
-await listening(secure, 443, '0.0.0.0')
+await listening(plain, 80, '::')
+await listening(secure, 443, '::')
 await listening(echo, 5000, '198.18.3.1')
 fs.writeFileSync(`${dir}/fakenet.ready`, `${process.pid}\n`)
 process.on('SIGTERM', () => process.exit(0))

@@ -1,13 +1,15 @@
 #!/bin/sh
 # A fake internet for the network tests (issue 12, item 9), so that nothing ever leaves the
 # machine: two network namespaces joined by a veth pair and nothing else.
-#   sbxt-TAG-d  where the daemon under test runs: loopback, and a route to 198.18.0.0/16 through
-#               the other namespace; no default route, so even a bug cannot send a packet out.
+#   sbxt-TAG-d  where the daemon under test runs: loopback, and routes to 198.18.0.0/16 and
+#               2001:2::/48 (the benchmarking ranges) through the other namespace; no default
+#               route, so even a bug cannot send a packet out.
 #               `ip netns exec` gives its processes /etc/netns/sbxt-TAG-d/resolv.conf, which
 #               names the fake DNS server: the daemon's "host resolvers" are the fake ones.
 #   sbxt-TAG-u  the "internet": fakenet.mjs serves DNS (198.18.0.53), HTTP and HTTPS (every
 #               address, certificates from a CA made here), a Python package index, an npm
-#               registry and a UDP echo (198.18.3.1:5000), and logs every query and request.
+#               registry and a UDP echo (198.18.3.1:5000), and logs every query and request;
+#               six.test (2001:2:0:1::30) is its one IPv6-only host.
 # The names it answers and what each serves: fakenet.mjs, "Zone".
 #
 # usage: fakenet.sh up TAG DIR     make both, start the servers; DIR gets ca.pem and the logs
@@ -42,7 +44,7 @@ certs() {
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
     -subj "/CN=fake internet" -keyout "$dir/server.key" -out "$dir/server.csr" 2>/dev/null
   # Wildcards of one label below a top-level domain (*.test) match nothing: every name is listed.
-  printf '%s\n' "subjectAltName=DNS:pypi.test,DNS:registry.test,DNS:allowed.test,DNS:denied.test,DNS:exfil.test,DNS:private.test,DNS:loopback.test,DNS:metadata.test,DNS:*.pypi.test,DNS:*.allowed.test,DNS:*.exfil.test,IP:198.18.1.10,IP:198.18.1.11,IP:198.18.1.20,IP:198.18.1.30,IP:198.18.2.10,IP:198.18.2.20" \
+  printf '%s\n' "subjectAltName=DNS:pypi.test,DNS:registry.test,DNS:allowed.test,DNS:denied.test,DNS:exfil.test,DNS:private.test,DNS:loopback.test,DNS:metadata.test,DNS:*.pypi.test,DNS:*.allowed.test,DNS:*.exfil.test,DNS:six.test,IP:2001:2:0:1::30,IP:198.18.1.10,IP:198.18.1.11,IP:198.18.1.20,IP:198.18.1.30,IP:198.18.2.10,IP:198.18.2.20" \
     >"$dir/san.ext"
   openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
     -CAcreateserial -days 2 -extfile "$dir/san.ext" -out "$dir/server.pem" 2>/dev/null
@@ -64,6 +66,11 @@ up)
   ip -n "$d" link set vd up
   ip -n "$u" link set vu up
   ip -n "$d" route add 198.18.0.0/16 via 198.19.255.1
+  # IPv6 (for daemons started with --ipv6): the benchmarking range, never routed on the internet.
+  ip -n "$d" addr add 2001:2:0:ffff::2/64 dev vd nodad
+  ip -n "$u" addr add 2001:2:0:ffff::1/64 dev vu nodad
+  ip -n "$d" route add 2001:2::/48 via 2001:2:0:ffff::1
+  ip -n "$u" addr add 2001:2:0:1::30/128 dev lo
   for a in 198.18.0.53 198.18.1.10 198.18.1.11 198.18.1.20 198.18.1.30 198.18.2.10 198.18.2.20 \
     198.18.3.1; do
     ip -n "$u" addr add "$a/32" dev lo

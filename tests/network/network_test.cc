@@ -100,6 +100,7 @@ class NetworkTest : public ::testing::Test {
         {"AKilledSbxRunNetIsCleanedUpByTheDaemonsStart", "leak"},
         {"AlwaysDeniedRangesAreRefusedEvenInOpenMode", "34"},
         {"UdpOnlyByRuleAndNoIpv6", "35"},
+        {"WithIpv6BoxesReachTheirPolicyOverIpv6AndNothingElse", "32-35, 37"},
         {"UdpFlowsARemovedRuleAllowedStopAtOnce", "35"},
         {"ABoxCannotReachAnotherBox", "37"},
         {"APolicyIsLiveAndSurvivesPauseAndRestart", "39"},
@@ -698,6 +699,89 @@ TEST_F(NetworkTest, UdpOnlyByRuleAndNoIpv6) {
   auto r = Exec(id, udp);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("ping"), std::string::npos);
+}
+
+// Rows 32-35 and 37 over IPv6 (`sbx serve --ipv6`): a box gets an address of --box-subnet6 and a
+// default route, and nothing else (no link-local address); an allowed name that has only an AAAA
+// record is reached through the proxy over IPv6; a raw IPv6 address, another box's IPv6 address,
+// the gateway's ports and UDP all stay inside, and the box cannot take a forged address.
+TEST_F(NetworkTest, WithIpv6BoxesReachTheirPolicyOverIpv6AndNothingElse) {
+  d_->Stop();
+  d_->set_serve_flags({"--upstream-dns", "198.18.0.53:53", "--upstream-ca", Ca(), "--ipv6",
+                       "--box-subnet6", "fd73:6278:0:1::/64"});
+  d_->Start();
+  std::string a = Create({{"mode", "allowlist"}, {"allow", {"six.test", "allowed.test"}}});
+  std::string b = Create({{"mode", "open"}});
+
+  auto addrs = Exec(a, "ip -6 -o addr show dev eth0 | awk '{print $4}'; ip -6 route");
+  EXPECT_EQ(addrs.exit_code, 0) << addrs.err;
+  EXPECT_NE(addrs.out.find("fd73:6278:0:1::"), std::string::npos) << addrs.out;
+  EXPECT_NE(addrs.out.find("/126"), std::string::npos) << addrs.out;
+  EXPECT_EQ(addrs.out.find("fe80:"), std::string::npos) << "a link-local address: " << addrs.out;
+  EXPECT_NE(addrs.out.find("default via fd73:6278:0:1::"), std::string::npos) << addrs.out;
+
+  // An IPv6-only name of the allowlist, over IPv6 (AAAA through sbx's resolver, the connection
+  // through the proxy), and IPv4 beside it in the same box.
+  size_t before = Log("conn").size();
+  auto six = Exec(a, std::string(kCurl) + "-6 https://six.test/headers");
+  EXPECT_EQ(six.exit_code, 0) << six.out << six.err;
+  EXPECT_NE(six.out.find("six.test"), std::string::npos) << six.out;
+  EXPECT_EQ(Exec(a, std::string(kCurl) + "-4 https://allowed.test/headers").exit_code, 0);
+  bool over_v6 = false;
+  for (const auto& r : Log("http"))
+    over_v6 |= r.value("host", "") == "six.test" && r.value("local", "") == "2001:2:0:1::30";
+  EXPECT_TRUE(over_v6) << "six.test was not reached at its IPv6 address";
+  // The connections the fake internet saw: both from the daemon's namespace (the proxy), none
+  // from a box address.
+  auto conns = Log("conn");
+  ASSERT_GE(conns.size(), before + 2);
+  for (size_t i = before; i < conns.size(); ++i) {
+    std::string from = conns[i].value("from", "");
+    EXPECT_TRUE(from == "2001:2:0:ffff::2" || from == "198.19.255.2") << conns[i].dump();
+  }
+
+  // A raw IPv6 address the policy does not name: refused by the proxy, no connection upstream.
+  before = Log("conn").size();
+  auto raw = Exec(a, "curl -sS --max-time 20 'http://[2001:2:0:1::30]/'");
+  EXPECT_NE(raw.out.find("denied by this sandbox's network policy"), std::string::npos)
+      << raw.out << raw.err;
+  // A name outside the allowlist: NXDOMAIN for AAAA too, and no query upstream.
+  int queries = DnsQueriesFor("denied.test");
+  EXPECT_NE(Exec(a, "getent ahostsv6 denied.test").exit_code, 0);
+  EXPECT_EQ(DnsQueriesFor("denied.test"), queries);
+  // UDP over IPv6 without a rule (an open box: only an explicit CIDR:port/udp rule lets UDP out).
+  std::string udp6 =
+      "python3 -c \"import socket; s=socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); "
+      "s.settimeout(2); s.sendto(b'ping', ('2001:2:0:1::30', 5000)); print(s.recv(9))\"";
+  EXPECT_NE(Exec(b, udp6).exit_code, 0) << "UDP over IPv6 went out without a rule";
+  // Another box's IPv6 address, and the gateway's IPv6 address on the daemon's port.
+  auto b6 = Exec(b, "ip -6 -o addr show dev eth0 | awk '{print $4}' | cut -d/ -f1");
+  std::string ip6 = b6.out.substr(0, b6.out.find('\n'));
+  ASSERT_FALSE(ip6.empty()) << b6.err;
+  Exec(b, "nohup python3 -m http.server --bind :: 8000 >/dev/null 2>&1 &");
+  auto other = Exec(a, "curl -sS --max-time 10 'http://[" + ip6 + "]:8000/'");
+  EXPECT_NE(other.out.find("denied by this sandbox's network policy"), std::string::npos)
+      << other.out << other.err;
+  auto gw = Exec(a, "ip -6 route | awk '/default/ {print $3}'");
+  std::string gw6 = gw.out.substr(0, gw.out.find('\n'));
+  ASSERT_FALSE(gw6.empty());
+  EXPECT_NE(Exec(a, std::string(kCurlF) + "'http://[" + gw6 + "]:7777/'").exit_code, 0);
+  // A forged source address: the box may not even take another one (it has no CAP_NET_ADMIN in
+  // its network namespace); the firewall drops forged IPv6 sources besides
+  // (FirewallTest.WithIPv6EnabledTheSameRulesHold).
+  std::string mine = addrs.out.substr(0, addrs.out.find('/'));
+  std::string forged = mine.substr(0, mine.size() - 1) + "3";
+  auto spoof = Exec(a, "ip -6 addr add " + forged + "/126 dev eth0 nodad");
+  EXPECT_NE(spoof.exit_code, 0) << spoof.out;
+  EXPECT_NE(spoof.err.find("Operation not permitted"), std::string::npos) << spoof.err;
+  EXPECT_EQ(Log("conn").size(), before) << "a refused connection went out";
+
+  // A daemon restart adopts the box with both of its addresses.
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(Exec(a, std::string(kCurl) + "-6 https://six.test/headers").exit_code, 0);
+  EXPECT_NE(Exec(a, "curl -sS --max-time 20 'http://[2001:2:0:1::30]/'").out.find("denied by"),
+            std::string::npos);
 }
 
 // Row 37: one box cannot reach another's address.
