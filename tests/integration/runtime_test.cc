@@ -170,6 +170,55 @@ TEST_F(RuntimeTest, TwoBoxesCannotSeeEachOther) {
   EXPECT_TRUE(rt_->Destroy(*b).ok());
 }
 
+// A command's stdout and exit code in `box`, through its agent.
+std::pair<std::string, int64_t> RunSh(const Box& box, const std::string& command) {
+  auto c = protocol::AgentConnection::Connect(box.agent_socket);
+  if (!c.ok()) return {"connect: " + c.status().message(), -1};
+  protocol::Writer w;
+  w.Str(Tag::kArgv, "/bin/sh").Str(Tag::kArgv, "-c").Str(Tag::kArgv, command);
+  if (auto r = c->Call(Type::kSpawn, w); !r.ok()) return {"spawn: " + r.status().message(), -1};
+  std::string out;
+  for (;;) {
+    auto f = c->Receive(10000);
+    if (!f.ok()) return {out + "receive: " + f.status().message(), -1};
+    if (f->type() == Type::kOutput && f->fields.Int(Tag::kStream) == 1)
+      out += f->fields.Str(Tag::kData);
+    if (f->type() == Type::kExit) return {out, f->fields.Int(Tag::kExitCode, -1)};
+  }
+}
+
+// Each box has a boot id of its own: not the host's (which names the host), not another box's,
+// the same for the box's whole life (a freeze included), and read-only inside.
+TEST_F(RuntimeTest, EachBoxHasItsOwnReadOnlyBootId) {
+  auto a = rt_->Create(Spec());
+  auto b = rt_->Create(Spec());
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string read = "cat /proc/sys/kernel/random/boot_id";
+  auto [id_a, code_a] = RunSh(*a, read);
+  auto [id_b, code_b] = RunSh(*b, read);
+  ASSERT_EQ(code_a, 0) << id_a;
+  ASSERT_EQ(code_b, 0) << id_b;
+  auto host = ReadFile("/proc/sys/kernel/random/boot_id");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(id_a.size(), 37u) << id_a;  // 36 characters and a newline, as the kernel's
+  EXPECT_EQ(id_a[14], '4') << "a version 4 UUID: " << id_a;
+  EXPECT_NE(id_a, *host);
+  EXPECT_NE(id_b, *host);
+  EXPECT_NE(id_a, id_b);
+  ASSERT_TRUE(rt_->Freeze(*a).ok());
+  ASSERT_TRUE(rt_->Thaw(*a).ok());
+  EXPECT_EQ(RunSh(*a, read).first, id_a);
+  // Not even the box's root can change it, or unmount it to see the host's.
+  auto [w, wcode] = RunSh(*a,
+                          "echo 00000000-0000-4000-8000-000000000000 > "
+                          "/proc/sys/kernel/random/boot_id 2>/dev/null; "
+                          "umount /proc/sys/kernel/random/boot_id 2>/dev/null; " +
+                              read);
+  EXPECT_EQ(w, id_a);
+  EXPECT_TRUE(rt_->Destroy(*a).ok());
+  EXPECT_TRUE(rt_->Destroy(*b).ok());
+}
+
 // Threat 24: the agent's file API resolves every path inside the box's own root, so traversal,
 // absolute paths and symlinks pointing out all stay in the box.
 // A regular file bound over a file of the layer (the network's /etc/resolv.conf) replaces it,

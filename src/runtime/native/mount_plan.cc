@@ -25,6 +25,7 @@ constexpr const char* kReadOnlyProcPaths[] = {
 constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom", "tty"};
 
 constexpr unsigned long kRoFlags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+constexpr char kBootIdPath[] = "/proc/sys/kernel/random/boot_id";
 
 MountOp Mount(std::string source, std::string target, std::string fstype, unsigned long flags,
               std::string data = "", bool optional = false) {
@@ -175,6 +176,12 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
     BindReadOnly(ops, p, MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
   for (const char* p : kMaskedProcFiles)
     ops.push_back(MountIn("/dev/null", p, "", MS_BIND, "", true));
+  // The host's boot id names the host (and would be the same in every box); the box's own is
+  // what tells a client a box was booted anew (E2B's SDK compares it across a pause).
+  if (!in.boot_id.empty()) {
+    ops.push_back(MountIn(in.boot_id, kBootIdPath, "", MS_BIND));
+    ops.push_back(MountIn("", kBootIdPath, "", MS_BIND | MS_REMOUNT | kRoFlags));
+  }
 
   // /sys of the box's own network namespace, read-only.
   ops.push_back(In(MountOp::Kind::kMkdir, "/sys"));

@@ -60,6 +60,9 @@ struct MountPlanInput {
   std::vector<std::string> layers;
   // Bind i arrives as detached mount layers.size() + i (its flags already set).
   std::vector<BindMount> binds;
+  // The box's own boot id (a file holding a random UUID, relative to the box's directory), bound
+  // read-only over /proc/sys/kernel/random/boot_id; empty: the kernel's.
+  std::string boot_id;
 };
 
 // The most lower layers one overlay stacks (the kernel's OVL_MAX_STACK).

@@ -88,6 +88,33 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
   }
 }
 
+// The box's boot id (a file of its own directory) is bound over the kernel's once /proc is there,
+// then made read-only; without one the kernel's stays.
+TEST(MountPlan, TheBoxsOwnBootIdIsBoundReadOnlyOverTheKernels) {
+  MountPlanInput in{"r", "upper", "work", {"/t/top"}, {}, "boot_id"};
+  auto ops = BuildMountPlan(in);
+  const std::string path = "/proc/sys/kernel/random/boot_id";
+  size_t proc_ro = ops.size(), bind = ops.size(), ro = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const MountOp& op = ops[i];
+    if (op.target == "/proc/sys" && (op.flags & MS_REMOUNT)) proc_ro = i;
+    if (op.target == path && (op.flags & MS_BIND) && !(op.flags & MS_REMOUNT)) bind = i;
+    if (op.target == path && (op.flags & MS_REMOUNT)) ro = i;
+  }
+  ASSERT_LT(bind, ops.size());
+  ASSERT_LT(ro, ops.size());
+  EXPECT_GT(bind, proc_ro);
+  EXPECT_EQ(ro, bind + 1);
+  EXPECT_EQ(ops[bind].source, "boot_id");
+  EXPECT_TRUE(ops[bind].in_root);
+  EXPECT_FALSE(ops[bind].source_in_root);  // the box's directory, which only the host writes
+  EXPECT_FALSE(ops[bind].optional);
+  EXPECT_TRUE(ops[ro].flags & MS_RDONLY);
+
+  in.boot_id.clear();
+  for (const auto& op : BuildMountPlan(in)) EXPECT_NE(op.target, path) << op.Describe("r");
+}
+
 // The mount point is one op: the child makes its missing parents itself, one component at a time
 // below the root's descriptor.
 TEST(MountPlan, BindMountPointsAreMadeInsideTheRoot) {
@@ -112,7 +139,8 @@ TEST(MountPlan, EveryPathAfterTheOverlayIsResolvedInsideTheRoot) {
                     "upper",
                     "work",
                     {"/t/top", "/t/base"},
-                    {{"/usr", "/usr", true, {"local/bin"}}, {"/etc/hostname", "/etc/hosts"}}};
+                    {{"/usr", "/usr", true, {"local/bin"}}, {"/etc/hostname", "/etc/hosts"}},
+                    "boot_id"};
   auto ops = BuildMountPlan(in);
   bool after = false;
   for (const auto& op : ops) {
@@ -128,7 +156,7 @@ TEST(MountPlan, EveryPathAfterTheOverlayIsResolvedInsideTheRoot) {
     EXPECT_TRUE(op.in_root) << op.Describe("r");
     EXPECT_EQ(op.target[0], '/') << op.Describe("r");
     if (op.kind == MountOp::Kind::kMount && (op.flags & MS_BIND) && !(op.flags & MS_REMOUNT) &&
-        !op.source_in_root) {
+        !op.source_in_root && op.source != in.boot_id) {
       EXPECT_EQ(op.source.rfind("/dev/", 0), 0u) << op.Describe("r");
     }
   }

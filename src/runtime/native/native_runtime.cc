@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -37,6 +38,26 @@
 
 namespace sbx::runtime {
 namespace {
+
+// The box's own boot id, in its fs/ directory (mount_plan.h, MountPlanInput::boot_id).
+constexpr char kBootIdFile[] = "boot_id";
+
+// A random (version 4) UUID in the kernel's boot_id form: 36 lowercase characters.
+Result<std::string> RandomUuid() {
+  unsigned char b[16];
+  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
+    return Status::Errno("getrandom for the box's boot id");
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[b[i] >> 4];
+    out += kHex[b[i] & 15];
+  }
+  return out;
+}
 
 int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
   auto now = std::chrono::steady_clock::now();
@@ -317,6 +338,9 @@ Status NativeRuntime::Prepare(Creation& c) {
     if (::mkdir(d.c_str(), 0700) != 0) return Status::Errno("mkdir " + d);
     if (::chown(d.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + d);
   }
+  auto boot_id = RandomUuid();
+  if (!boot_id.ok()) return boot_id.status();
+  SBX_RETURN_IF_ERROR(WriteFile(c.fs + "/" + kBootIdFile, *boot_id + "\n", 0444));
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
   // namespace has its own copy (HostMount, detached in AwaitChildSetup).
@@ -356,7 +380,7 @@ Status NativeRuntime::MakeCgroups(Creation& c) {
 
 Status NativeRuntime::Clone(Creation& c) {
   const BoxSpec& spec = c.spec;
-  c.mounts = {"rootfs", c.layer + "upper", c.layer + "work", spec.layers, spec.binds};
+  c.mounts = {"rootfs", c.layer + "upper", c.layer + "work", spec.layers, spec.binds, kBootIdFile};
   int status_pipe[2], setup[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
   c.status_r.reset(status_pipe[0]);
