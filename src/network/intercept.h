@@ -25,12 +25,13 @@ class Interceptor {
   // end, with `peeked` the bytes already read from it (a TLS ClientHello when `tls`, else the
   // start of an HTTP request); `upstream` is connected to the allowed destination for `name`.
   // `bandwidth` is the box's budget (limits.egress_mbps), shared with its other connections: what
-  // moves on both sockets is paced by it (null: unlimited). Runs on the sockets' executor; closes
-  // both when done; audits through the box's sink.
+  // moves on both sockets is paced by it (null: unlimited). `hold` keeps the connection counted
+  // against the box's connection cap: keep it until both sockets are closed. Runs on the
+  // sockets' executor; closes both when done; audits through the box's sink.
   virtual void Serve(boost::asio::ip::tcp::socket client, std::string peeked,
                      boost::asio::ip::tcp::socket upstream, std::string name, bool tls,
-                     std::shared_ptr<const BoxNet> box,
-                     std::shared_ptr<BoxBandwidth> bandwidth) = 0;
+                     std::shared_ptr<const BoxNet> box, std::shared_ptr<BoxBandwidth> bandwidth,
+                     std::shared_ptr<void> hold) = 0;
 };
 
 }  // namespace sbx::network

@@ -233,6 +233,7 @@ struct Session : std::enable_shared_from_this<Session<Client, Upstream>> {
   std::vector<const SecretBinding*> bound, unbound;
   std::chrono::steady_clock::time_point deadline;
   bool finished = false;
+  std::shared_ptr<void> hold;  // the connection's place in its box's cap, until the session ends
 
   void Touch(std::chrono::milliseconds d) { deadline = std::chrono::steady_clock::now() + d; }
   void Touch() { Touch(impl->config.idle_timeout); }
@@ -551,7 +552,7 @@ bool Mitm::Wants(const BoxNet& box, std::string_view) const { return !box.secret
 
 void Mitm::Serve(tcp::socket client, std::string peeked, tcp::socket upstream, std::string name,
                  bool tls, std::shared_ptr<const BoxNet> box,
-                 std::shared_ptr<BoxBandwidth> bandwidth) {
+                 std::shared_ptr<BoxBandwidth> bandwidth, std::shared_ptr<void> hold) {
   auto strand = asio::make_strand(client.get_executor());
   error_code ec;
   auto remote = upstream.remote_endpoint(ec);
@@ -568,6 +569,7 @@ void Mitm::Serve(tcp::socket client, std::string peeked, tcp::socket upstream, s
             impl_->server_ctx),
         ssl::stream<PacedSocket>(PacedSocket(std::move(upstream), {}, bandwidth, /*up=*/false),
                                  impl_->client_ctx));
+    s->hold = std::move(hold);
     s->Touch(impl_->config.handshake_timeout);
     asio::co_spawn(strand, s->Watchdog(), asio::detached);
     asio::co_spawn(strand, Guarded(s, RunTls(s, dst)), asio::detached);
@@ -577,6 +579,7 @@ void Mitm::Serve(tcp::socket client, std::string peeked, tcp::socket upstream, s
         PacedSocket(std::move(client), std::move(peeked), bandwidth, /*up=*/true),
         PacedSocket(std::move(upstream), {}, bandwidth,
                     /*up=*/false));
+    s->hold = std::move(hold);
     s->Touch();
     asio::co_spawn(strand, s->Watchdog(), asio::detached);
     asio::co_spawn(strand, Guarded(s, RunPlain(s)), asio::detached);

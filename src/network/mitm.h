@@ -57,7 +57,8 @@ class Mitm : public Interceptor {
   bool Wants(const BoxNet& box, std::string_view name) const override;
   void Serve(boost::asio::ip::tcp::socket client, std::string peeked,
              boost::asio::ip::tcp::socket upstream, std::string name, bool tls,
-             std::shared_ptr<const BoxNet> box, std::shared_ptr<BoxBandwidth> bandwidth) override;
+             std::shared_ptr<const BoxNet> box, std::shared_ptr<BoxBandwidth> bandwidth,
+             std::shared_ptr<void> hold) override;
 
   struct Impl;
 

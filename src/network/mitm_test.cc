@@ -235,14 +235,16 @@ class MitmTest : public ::testing::Test {
       });
       size_t n = proxied.read_some(asio::buffer(peeked));
       peeked.resize(n);
-      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, true, box_, bandwidth_);
+      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, true, box_, bandwidth_,
+                   hold_);
       c.handshake = done.get();
     } else {
       c.plain = std::make_unique<tcp::socket>(std::move(box_side));
       asio::write(*c.plain, asio::buffer(plain_request));
       size_t n = proxied.read_some(asio::buffer(peeked));
       peeked.resize(n);
-      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, false, box_, bandwidth_);
+      mitm_->Serve(std::move(proxied), peeked, std::move(upstream), name, false, box_, bandwidth_,
+                   hold_);
     }
     return c;
   }
@@ -289,6 +291,7 @@ class MitmTest : public ::testing::Test {
   std::shared_ptr<Mitm> mitm_;
   std::shared_ptr<BoxNet> box_;
   std::shared_ptr<BoxBandwidth> bandwidth_;  // what Connect gives Serve (null: unlimited)
+  std::shared_ptr<void> hold_;               // what Connect gives Serve as its hold
   asio::io_context ioc_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{
       ioc_.get_executor()};
@@ -401,6 +404,35 @@ TEST_F(MitmTest, PlainHttpIsRewrittenToo) {
   EXPECT_EQ(r["target"], "/q?key=" + kValue);
   EXPECT_EQ(r["headers"]["Authorization"], "Bearer " + kValue);
   EXPECT_TRUE(WaitEvent("secret.use", "secret", "openai"));
+}
+
+// The proxy's hold (the connection's place in its box's cap) is kept while the session serves
+// the connection, over keep-alive, and let go once both ends are closed.
+TEST_F(MitmTest, TheHoldIsKeptUntilTheSessionEnds) {
+  for (bool tls : {true, false}) {
+    SCOPED_TRACE(tls ? "tls" : "plain");
+    Upstream up(*up_ca_, tls);
+    auto marker = std::make_shared<int>(0);
+    std::weak_ptr<int> held = marker;
+    hold_ = std::move(marker);
+    std::string request = "GET /a HTTP/1.1\r\nHost: api.test\r\n\r\n";
+    BoxConn c = Connect(up, "api.test", tls, tls ? "" : request);
+    hold_.reset();  // only the session has it now
+    if (tls) {
+      ASSERT_FALSE(c.handshake) << c.handshake.message();
+      EXPECT_EQ(Get(*c.tls, "/a", "api.test")["target"], "/a");
+      EXPECT_EQ(Get(*c.tls, "/b", "api.test")["target"], "/b");
+    } else {
+      EXPECT_EQ(Read(*c.plain)["target"], "/a");
+    }
+    EXPECT_FALSE(held.expired()) << "let go while the connection is served";
+    beast::error_code ec;
+    if (tls) c.tls->lowest_layer().close(ec);
+    if (c.plain) c.plain->close(ec);
+    for (int i = 0; i < 3000 && !held.expired(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // bounded poll of a condition
+    EXPECT_TRUE(held.expired()) << "kept after the session ended";
+  }
 }
 
 TEST_F(MitmTest, OversizedHeadersCloseTheConnection) {

@@ -167,6 +167,25 @@ namespace {
 
 using State = EgressProxy::State;
 
+// One of box `box`'s open connections has ended (on the strand).
+void ReleaseOpen(State& st, const std::string& box) {
+  auto it = st.box_state.find(box);
+  if (it != st.box_state.end() && --it->second.open == 0 && !st.boxes.ById(box))
+    st.box_state.erase(it);
+}
+
+// An intercepted connection's place in its box's count: the interceptor keeps it while it serves
+// the connection, and its end gives the place back on the proxy's strand (the interceptor's
+// sessions run on strands of their own).
+struct OpenHold {
+  std::weak_ptr<State> st;
+  std::string box;
+  ~OpenHold() {
+    if (std::shared_ptr<State> s = st.lock())
+      net::post(s->strand, [s, b = std::move(box)] { ReleaseOpen(*s, b); });
+  }
+};
+
 Result<tcp::endpoint> OriginalDst(tcp::socket& s) {
   int fd = s.native_handle();
   error_code ec;
@@ -490,10 +509,7 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
     ~Done() {
       c->Close();
       st->conns.erase(id);
-      if (box->empty()) return;
-      auto it = st->box_state.find(*box);
-      if (it != st->box_state.end() && --it->second.open == 0 && !st->boxes.ById(*box))
-        st->box_state.erase(it);
+      if (!box->empty()) ReleaseOpen(*st, *box);
     }
   } done{st.get(), id, &counted_box, c};
 
@@ -690,10 +706,13 @@ net::awaitable<void> Handle(std::shared_ptr<State> st, std::shared_ptr<Conn> c) 
 
   Interceptor* interceptor = st->config.interceptor;
   if (interceptor && interceptor->Wants(*a.box, a.name.value_or(""))) {
-    // The interceptor owns the pair from here on (and audits it); the connection no longer
-    // counts against the box's cap here.
+    // The interceptor owns the pair from here on (and audits it); the connection counts against
+    // the box's cap until the interceptor lets go of its hold.
+    auto hold = std::make_shared<OpenHold>();
+    hold->st = st;
+    hold->box = std::exchange(counted_box, std::string());
     interceptor->Serve(std::move(c->client), std::move(peeked), std::move(c->upstream),
-                       a.name.value_or(""), a.tls, a.box, a.bandwidth);
+                       a.name.value_or(""), a.tls, a.box, a.bandwidth, std::move(hold));
     co_return;
   }
   co_await Relay(st, c, a, peeked, to);

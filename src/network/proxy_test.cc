@@ -765,10 +765,11 @@ class TestInterceptor : public Interceptor {
   bool Wants(const BoxNet&, std::string_view name) const override { return name == "pypi.test"; }
   void Serve(net::ip::tcp::socket client, std::string peeked, net::ip::tcp::socket upstream,
              std::string name, bool tls, std::shared_ptr<const BoxNet> box,
-             std::shared_ptr<BoxBandwidth> bandwidth) override {
+             std::shared_ptr<BoxBandwidth> bandwidth, std::shared_ptr<void> hold) override {
     {
       std::lock_guard<std::mutex> lock(mu);
       budgets.push_back(std::move(bandwidth));
+      holds.push_back(std::move(hold));  // as if every connection were still being served
     }
     boost::system::error_code ec;
     std::string upstream_at = upstream.remote_endpoint(ec).address().to_string();
@@ -780,6 +781,7 @@ class TestInterceptor : public Interceptor {
   std::atomic<int> served{0};
   std::mutex mu;
   std::vector<std::shared_ptr<BoxBandwidth>> budgets;  // what each Serve was given
+  std::vector<std::shared_ptr<void>> holds;
 };
 
 TEST_F(ProxyTest, AnInterceptorGetsTheConnectionsItWants) {
@@ -793,6 +795,30 @@ TEST_F(ProxyTest, AnInterceptorGetsTheConnectionsItWants) {
   // Names it does not want are relayed as usual.
   EXPECT_EQ(Body(Http("198.18.0.11", Get("a.files.test"))), "server 198.18.0.11 host a.files.test");
   EXPECT_EQ(interceptor.served, 1);
+}
+
+// Intercepted connections count against the box's cap for as long as the interceptor serves
+// them, as relayed ones do: a box with secrets cannot open more than its cap either.
+TEST_F(ProxyTest, InterceptedConnectionsCountAgainstTheBoxsCap) {
+  TestInterceptor interceptor;
+  Put({"pypi.test"}, Mode::kAllowlist, /*max_connections=*/2);
+  StartProxy(200, &interceptor);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(Http("198.18.0.10", Get("pypi.test")).find("intercepted"), std::string::npos);
+  EXPECT_EQ(proxy_->OpenConnections("box1"), 2);
+  EXPECT_EQ(Http("198.18.0.10", Get("pypi.test")).find("intercepted"), std::string::npos);
+  std::optional<NetEvent> e = events_.Wait("net.connect_denied");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->detail["reason"], "too many connections");
+  EXPECT_EQ(interceptor.served, 2);
+  {
+    std::lock_guard<std::mutex> lock(interceptor.mu);
+    interceptor.holds.clear();  // the interceptor lets go: the places come back
+  }
+  for (int i = 0; i < 3000 && proxy_->OpenConnections("box1") != 0; ++i)
+    std::this_thread::sleep_for(10ms);  // bounded poll of a condition
+  EXPECT_EQ(proxy_->OpenConnections("box1"), 0);
+  EXPECT_NE(Http("198.18.0.10", Get("pypi.test")).find("intercepted"), std::string::npos);
 }
 
 // limits.egress_mbps through the interceptor: it gets the box's one budget, the one the proxy's
