@@ -377,6 +377,9 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   bc.templates = templates;
   bc.store = st->get();
   bc.network = stack.get();
+  bc.refusal_hint =
+      "This box is a RUN step of a template build: build again with another network policy (the "
+      "build's \"network\" on /v1/templates, sbx serve --build-network for E2B builds).";
   bc.no_network_files = mc.no_network_files;
   bc.registries = *registries;
   std::unique_ptr<sandbox::Builder> builder = sandbox::MakeBuilder(bc);

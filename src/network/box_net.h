@@ -46,6 +46,7 @@ struct BoxNet {
   Policy policy;
   std::vector<SecretBinding> secrets;
   int64_t egress_bytes_per_s = 0;  // limits.egress_mbps; 0: unlimited
+  std::string refusal_hint;        // BoxNetRequest::refusal_hint; empty: the proxy's own
   int max_connections = 256;       // open proxied connections at once
 };
 

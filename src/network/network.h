@@ -64,6 +64,10 @@ struct BoxNetRequest {
   Policy policy;
   std::vector<SecretBinding> secrets;  // placeholders are made by Prepare when empty
   int64_t egress_bytes_per_s = 0;
+  // The last sentence of this box's refused connections' 403 ("{id}": the box's id); empty: the
+  // stack's (StackConfig::refusal_hint). A box whose policy is not changed with `sbx net` (a RUN
+  // step of a daemon build) says how its policy is changed instead.
+  std::string refusal_hint;
 };
 
 struct BoxNetPlan {

@@ -330,7 +330,7 @@ net::awaitable<void> Refuse(const std::shared_ptr<State>& st, const std::shared_
     st->config.refusals->Add(a.box->id, RefusalKind::kConnect, destination, reason);
   spdlog::debug("egress proxy: box {} to {} ({}) refused: {}", a.box->id, dst, a.name.value_or("-"),
                 reason);
-  std::string hint = st->config.change_hint;
+  std::string hint = a.box->refusal_hint.empty() ? st->config.change_hint : a.box->refusal_hint;
   for (size_t at = hint.find("{id}"); at != std::string::npos; at = hint.find("{id}", at))
     hint.replace(at, 4, a.box->id);
   if (a.http && !c->closed) {

@@ -125,6 +125,7 @@ class StackImpl final : public Stack {
     net->policy = req.policy;
     net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
+    net->refusal_hint = req.refusal_hint;
     std::string dir = BoxDir(box_id);
     auto files = WriteBoxNetFiles(dir, link->host_ip, link->box_ip, "sbx", config_.ipv6);
     if (!files.ok()) return Fail(box_id, files.status());
@@ -197,6 +198,7 @@ class StackImpl final : public Stack {
     // with a policy change.
     net->secrets = req.secrets;
     net->egress_bytes_per_s = req.egress_bytes_per_s;
+    if (!req.refusal_hint.empty()) net->refusal_hint = req.refusal_hint;  // else the one it had
     Status fw =
         known ? firewall_->UpdateBox(box_id, net->policy)
               : firewall_->AddBox(box_id, e.link.host_ifname, BoxAddresses(e.link), net->policy);

@@ -1153,6 +1153,7 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   if (networked) {
     network::BoxNetRequest want;
     want.policy = spec_.network;
+    want.refusal_hint = c_.refusal_hint;
     auto plan = c_.network->Prepare(box.id, want);
     if (!plan.ok()) return plan.status().Wrap("the network of RUN");
     // Set in place: assigning a temporary guard would Release the network as it dies.

@@ -103,6 +103,10 @@ struct BuilderConfig {
   // after it. nullptr: a spec whose policy lets anything out is refused (EINVAL) and RUN steps
   // have loopback only.
   network::Stack* network = nullptr;
+  // The last sentence of the 403 a RUN step's refused connection gets (BoxNetRequest::
+  // refusal_hint); empty: the stack's. The daemon's says how a build's policy is changed, since
+  // its stack's names `sbx net`, which does not apply to a build's box.
+  std::string refusal_hint;
   // Host file -> path inside, bound into the boxes of RUN steps without a network (the
   // daemon's resolv.conf that says so; sandbox::ManagerConfig::no_network_files).
   std::vector<std::pair<std::string, std::string>> no_network_files;

@@ -100,7 +100,7 @@ class NetworkTest : public ::testing::Test {
         {"AKilledSbxRunNetIsCleanedUpByTheDaemonsStart", "leak"},
         {"AlwaysDeniedRangesAreRefusedEvenInOpenMode", "34"},
         {"UdpOnlyByRuleAndNoIpv6", "35"},
-        {"WithIpv6BoxesReachTheirPolicyOverIpv6AndNothingElse", "32-35, 37"},
+        {"WithIpv6BoxesReachTheirPolicyOverIpv6AndNothingElse", "32-35,37"},
         {"UdpFlowsARemovedRuleAllowedStopAtOnce", "35"},
         {"ABoxCannotReachAnotherBox", "37"},
         {"APolicyIsLiveAndSurvivesPauseAndRestart", "39"},
@@ -1141,11 +1141,16 @@ TEST_F(NetworkTest, DaemonBuildsGetTheirNetworkPolicyThroughTheDaemonsStack) {
 
   json bad = build("dbad", {{"dockerfile",
                              "FROM host\nRUN echo before\n"
-                             "RUN curl -fsS --max-time 20 --resolve denied.test:443:198.18.2.10 "
-                             "https://denied.test/\n"},
+                             "RUN curl -sS --max-time 20 --resolve denied.test:443:198.18.2.10 "
+                             "https://denied.test/; exit 3\n"},
                             {"network", {{"mode", "allowlist"}, {"allow", {"pypi.test"}}}}});
   EXPECT_EQ(bad.value("state", ""), "error") << bad.dump();
   EXPECT_NE(bad.value("error", "").find("step 3/3 (RUN curl"), std::string::npos) << bad.dump();
+  // The refusal page says how a build's policy is changed (a build's box has no `sbx net`).
+  std::string page = bad.value("log", "");
+  EXPECT_NE(page.find("denied by this sandbox's network policy"), std::string::npos) << page;
+  EXPECT_NE(page.find("RUN step of a template build"), std::string::npos) << page;
+  EXPECT_EQ(page.find("sbx net build-"), std::string::npos) << page;
   // The daemon's proxy refused it, and audited it for the step's box.
   // (A bounded poll: the audit queue is written to the store in the background.)
   bool audited = false;
