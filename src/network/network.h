@@ -34,9 +34,9 @@
 namespace sbx::network {
 
 struct StackConfig {
-  std::string box_subnet = "10.213.0.0/16";    // --box-subnet; each box takes a /30 of it
-  bool ipv6 = false;                           // --ipv6 (off: boxes get IPv4 only)
-  std::string box_subnet6 = "fd73:6278::/64";  // --box-subnet6; with ipv6, a /126 per slot
+  std::string box_subnet = "10.213.0.0/16";      // --box-subnet; each box takes a /30 of it
+  bool ipv6 = false;                             // --ipv6 (off: boxes get IPv4 only)
+  std::string box_subnet6 = kDefaultBoxSubnet6;  // --box-subnet6; with ipv6, a /126 per slot
   std::vector<std::string> upstream_dns;  // --upstream-dns ADDR:PORT...; empty: /etc/resolv.conf
   std::string upstream_ca;                // --upstream-ca FILE; empty: the host's CA store
   std::vector<Cidr> opened_ranges;        // --allow-range CIDR (inside an always-denied one)
