@@ -187,6 +187,17 @@ Status SetLink(NlSocket& nl, int index, bool up, bool no_addr_gen, const std::st
   return nl.Run(nlh, what);
 }
 
+// Attribute `type` holding `ip` in its family's size (4 or 16 bytes).
+void PutAddress(nlmsghdr* nlh, uint16_t type, const address& ip) {
+  if (ip.is_v4()) {
+    auto bytes = ip.to_v4().to_bytes();
+    mnl_attr_put(nlh, type, bytes.size(), bytes.data());
+  } else {
+    auto bytes = ip.to_v6().to_bytes();
+    mnl_attr_put(nlh, type, bytes.size(), bytes.data());
+  }
+}
+
 // `ip`/`prefix` on link `index`. An IPv6 address skips duplicate address detection (sbx owns
 // both ends of the link), so it is usable at once instead of tentative for a second or more.
 Status AddAddress(NlSocket& nl, int index, const address& ip, int prefix, const std::string& what) {
@@ -196,15 +207,10 @@ Status AddAddress(NlSocket& nl, int index, const address& ip, int prefix, const 
   ifa->ifa_prefixlen = static_cast<uint8_t>(prefix);
   ifa->ifa_scope = RT_SCOPE_UNIVERSE;
   ifa->ifa_index = static_cast<uint32_t>(index);
-  if (ip.is_v4()) {
-    auto bytes = ip.to_v4().to_bytes();
-    mnl_attr_put(nlh, IFA_LOCAL, bytes.size(), bytes.data());
-    mnl_attr_put(nlh, IFA_ADDRESS, bytes.size(), bytes.data());
-  } else {
+  PutAddress(nlh, IFA_LOCAL, ip);
+  PutAddress(nlh, IFA_ADDRESS, ip);
+  if (ip.is_v6()) {
     ifa->ifa_flags = IFA_F_NODAD;
-    auto bytes = ip.to_v6().to_bytes();
-    mnl_attr_put(nlh, IFA_LOCAL, bytes.size(), bytes.data());
-    mnl_attr_put(nlh, IFA_ADDRESS, bytes.size(), bytes.data());
     mnl_attr_put_u32(nlh, IFA_FLAGS, IFA_F_NODAD);
   }
   return nl.Run(nlh, what);
@@ -219,13 +225,7 @@ Status AddDefaultRoute(NlSocket& nl, int index, const address& gateway, const st
   rtm->rtm_protocol = RTPROT_STATIC;
   rtm->rtm_scope = RT_SCOPE_UNIVERSE;
   rtm->rtm_type = RTN_UNICAST;
-  if (gateway.is_v4()) {
-    auto bytes = gateway.to_v4().to_bytes();
-    mnl_attr_put(nlh, RTA_GATEWAY, bytes.size(), bytes.data());
-  } else {
-    auto bytes = gateway.to_v6().to_bytes();
-    mnl_attr_put(nlh, RTA_GATEWAY, bytes.size(), bytes.data());
-  }
+  PutAddress(nlh, RTA_GATEWAY, gateway);
   mnl_attr_put_u32(nlh, RTA_OIF, static_cast<uint32_t>(index));
   return nl.Run(nlh, what);
 }
@@ -337,13 +337,8 @@ Status CheckPlan(const LinkPlan& plan) {
     return Status::Error(what + ": IPv6 prefix must be 1..126", EINVAL);
   if (plan.host_ip6 == plan.box_ip6)
     return Status::Error(what + ": one IPv6 address for both ends", EINVAL);
-  auto h = plan.host_ip6.to_v6().to_bytes(), b = plan.box_ip6.to_v6().to_bytes();
-  for (int bit = 0; bit < plan.prefix6; ++bit) {
-    auto i = static_cast<size_t>(bit / 8);
-    int m = 0x80 >> (bit % 8);
-    if ((h[i] & m) != (b[i] & m))
-      return Status::Error(what + ": the ends' IPv6 addresses are in different networks", EINVAL);
-  }
+  if (!Cidr{plan.host_ip6, plan.prefix6}.Contains(plan.box_ip6))
+    return Status::Error(what + ": the ends' IPv6 addresses are in different networks", EINVAL);
   return Status();
 }
 
