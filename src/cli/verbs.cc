@@ -297,6 +297,7 @@ struct IdFlags {
   ConnectionFlags conn;
   std::string id;
   std::string arg;
+  bool no_memory = false;  // pause --no-memory
 };
 
 void RegisterInspect(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
@@ -327,11 +328,16 @@ void RegisterLifecycle(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs
     auto f = std::make_shared<IdFlags>();
     CLI::App* v = app.add_subcommand(a.name, a.help);
     v->add_option("id", f->id, "Sandbox id")->required();
+    if (std::string(a.name) == "pause")
+      v->add_flag("--no-memory", f->no_memory,
+                  "Keep only its files: its processes end, resume boots it again from them");
     AddConnectionFlags(v, &f->conn);
     verbs.Add(v, [f, &g, a] {
       auto c = MakeClient(g, f->conn);
       if (!c.ok()) return Fail(c.status());
-      auto r = c->Call(a.method, SandboxPath(f->id) + a.suffix);
+      auto r = f->no_memory
+                   ? c->Call(a.method, SandboxPath(f->id) + a.suffix, json{{"memory", false}})
+                   : c->Call(a.method, SandboxPath(f->id) + a.suffix);
       if (!r.ok()) return Fail(r.status());
       if (f->conn.json && !r->is_null())
         PrintJson(*r);
@@ -699,6 +705,132 @@ Result<std::vector<std::pair<std::string, std::string>>> ParsePairs(
   return out;
 }
 
+namespace {
+
+// ---- snapshots and forks (docs/api.md "Snapshots", "Forks") ----
+
+struct SnapshotFlags {
+  ConnectionFlags conn;
+  std::string id, name, sandbox;
+  int count = 1;
+  std::string timeout;
+};
+
+std::string Names(const json& s) {
+  std::string out;
+  for (const auto& n : s.value("names", json::array()))
+    out += (out.empty() ? "" : ",") + n.get<std::string>();
+  return out;
+}
+
+void RegisterSnapshotVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  CLI::App* snap = app.add_subcommand(
+      "snapshot",
+      "Snapshot a sandbox's files as a template only this key sees (sbx create --template ID); "
+      "ls, rm");
+  snap->require_subcommand(0, 1);
+
+  // The subcommands first: Run takes the first verb parsed, and `snapshot` is parsed with them.
+  auto lf = std::make_shared<SnapshotFlags>();
+  CLI::App* ls = snap->add_subcommand("ls", "List this key's snapshots, newest first");
+  ls->alias("list");
+  ls->add_option("--sandbox", lf->sandbox, "Only those taken of this sandbox");
+  AddConnectionFlags(ls, &lf->conn);
+  verbs.Add(ls, [lf, &g] {
+    auto c = MakeClient(g, lf->conn);
+    if (!c.ok()) return Fail(c.status());
+    std::string target = "/v1/snapshots";
+    if (!lf->sandbox.empty()) target += "?sandbox=" + Q(lf->sandbox);
+    auto r = c->Call("GET", target);
+    if (!r.ok()) return Fail(r.status());
+    if (lf->conn.json) {
+      PrintJson(*r);
+      return 0;
+    }
+    Table t({"ID", "NAMES", "SANDBOX", "SIZE", "CREATED"});
+    for (const auto& s : (*r)["snapshots"])
+      t.Row({Str(s, "id"), Names(s), Str(s, "sandbox"),
+             std::to_string(s.value("size_bytes", int64_t{0}) >> 10) + "K",
+             Relative(s["created_at"])});
+    t.Print();
+    return 0;
+  });
+
+  auto rf = std::make_shared<SnapshotFlags>();
+  CLI::App* rm = snap->add_subcommand(
+      "rm", "Delete a snapshot and its names (sandboxes made from it keep their files)");
+  rm->add_option("id", rf->id, "Snapshot id or name")->required();
+  AddConnectionFlags(rm, &rf->conn);
+  verbs.Add(rm, [rf, &g] {
+    auto c = MakeClient(g, rf->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("DELETE", "/v1/snapshots/" + Q(rf->id));
+    if (!r.ok()) return Fail(r.status());
+    if (!rf->conn.json) std::printf("%s\n", rf->id.c_str());
+    return 0;
+  });
+
+  auto f = std::make_shared<SnapshotFlags>();
+  snap->add_option("id", f->id, "Sandbox id");
+  snap->add_option("--name", f->name, "Another name for it, e.g. my-env:v2");
+  AddConnectionFlags(snap, &f->conn);
+  verbs.Add(snap, [f, &g] {
+    if (f->id.empty()) return Fail(Status::Error("snapshot: give a sandbox id, or ls or rm"));
+    auto c = MakeClient(g, f->conn);
+    if (!c.ok()) return Fail(c.status());
+    json body = json::object();
+    if (!f->name.empty()) body["name"] = f->name;
+    std::fprintf(stderr, "sbx: snapshotting %s (its processes are frozen meanwhile)...\n",
+                 f->id.c_str());
+    auto r = c->Call("POST", SandboxPath(f->id) + "/snapshots", body);
+    if (!r.ok()) return Fail(r.status());
+    if (f->conn.json)
+      PrintJson(*r);
+    else
+      std::printf("%s\n", Str(*r, "id").c_str());
+    return 0;
+  });
+
+  auto ff = std::make_shared<SnapshotFlags>();
+  CLI::App* fork = app.add_subcommand(
+      "fork",
+      "New sandboxes from a snapshot of a running one, which keeps running; they get its files "
+      "and settings, not its processes");
+  fork->add_option("id", ff->id, "Sandbox id")->required();
+  fork->add_option("-n,--count", ff->count, "How many, 1 to 100")->check(CLI::Range(1, 100));
+  fork->add_option("--timeout", ff->timeout, "Their lifetime, e.g. 30m (default: the source's)");
+  AddConnectionFlags(fork, &ff->conn);
+  verbs.Add(fork, [ff, &g] {
+    json body = {{"count", ff->count}};
+    if (!ff->timeout.empty()) {
+      auto ms = ParseDuration(ff->timeout);
+      if (!ms.ok()) return Fail(ms.status().Wrap("--timeout"));
+      if (*ms <= 0) return Fail(Status::Error("--timeout: must be positive"));
+      body["timeout"] = static_cast<double>(*ms) / 1000.0;
+    }
+    auto c = MakeClient(g, ff->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("POST", SandboxPath(ff->id) + "/fork", body);
+    if (!r.ok()) return Fail(r.status());
+    if (ff->conn.json) {
+      PrintJson(*r);
+      return 0;
+    }
+    int failed = 0;
+    for (const auto& one : (*r)["forks"]) {
+      if (one.contains("sandbox")) {
+        std::printf("%s\n", Str(one["sandbox"], "id").c_str());
+      } else {
+        ++failed;
+        std::fprintf(stderr, "sbx: a fork failed: %s\n", Str(one["error"], "message").c_str());
+      }
+    }
+    return failed == 0 ? 0 : kExitSbxError;
+  });
+}
+
+}  // namespace
+
 void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterCreate(app, global, *this);
   RegisterLs(app, global, *this);
@@ -707,6 +839,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterCpVerb(app, global, *this);
   RegisterMcpVerb(app, global, *this);
   RegisterLifecycle(app, global, *this);
+  RegisterSnapshotVerbs(app, global, *this);
   RegisterPs(app, global, *this);
   RegisterAudit(app, global, *this);
   RegisterKey(app, global, *this);

@@ -128,6 +128,17 @@ class Runtime {
     return Status::Error("destroy box " + box.id + ": this runtime cannot keep its writable layer",
                          ENOTSUP);
   }
+  // Copies the box's writable layer (its overlay upper directory, in overlayfs' form: whiteouts,
+  // opaque marks, owners as the box's host ids, hard links) into `dest`, an empty directory, so
+  // that it can become a layer (a snapshot). The caller freezes the box first: a box that runs
+  // meanwhile gives a torn copy. ENOSPC past `limit_bytes` (what is copied is left in `dest`).
+  // ENOTSUP from runtimes that cannot.
+  virtual Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) {
+    (void)dest;
+    (void)limit_bytes;
+    return Status::Error("copy the writable layer of box " + box.id + ": this runtime cannot",
+                         ENOTSUP);
+  }
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.
   virtual Result<int> ReapOrphans(const std::string& owner) = 0;
   // Takes over a live box whose owning process died (a daemon restart): its processes kept

@@ -37,6 +37,13 @@ Status ForClients(const std::string& id, std::string_view op, const Status& s) {
 
 using store::SandboxRecord;
 
+// The layer ids of a resolved template, topmost first (its layer directories' names).
+std::vector<std::string> LayerIds(const storage::Template& t) {
+  std::vector<std::string> ids;
+  for (const auto& dir : t.layers) ids.push_back(dir.substr(dir.rfind('/') + 1));
+  return ids;
+}
+
 constexpr size_t kMaxMetadataEntries = 64;
 constexpr size_t kMaxKeyBytes = 256;
 constexpr size_t kMaxValueBytes = 4096;
@@ -309,9 +316,22 @@ Status Manager::Reconcile() {
   std::vector<SandboxRecord> adopted;
   for (auto& rec : *live) {
     std::string why;
-    if (rec.state == store::kStateCreating) {
+    if (rec.state == store::kStatePaused && rec.on_disk) {
+      // Paused without memory: no box, by design. One left means the daemon stopped between
+      // recording the pause and removing the box; its files are in the recorded layers.
+      Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
+      if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
+      spdlog::info("reconcile: sandbox {} stays paused without memory", rec.id);
+      continue;
+    } else if (rec.state == store::kStateCreating) {
       why = "the daemon stopped while it was being created";
     } else if (auto box = runtime_.Adopt(rec.id); box.ok()) {
+      // A running sandbox's box may have been left frozen by a snapshot the daemon did not
+      // finish: it runs, as its record says.
+      if (rec.state == store::kStateRunning) {
+        if (Status thawed = runtime_.Thaw(*box); !thawed.ok())
+          spdlog::warn("reconcile: sandbox {}: thaw: {}", rec.id, thawed.message());
+      }
       MutexLock g(mu_);
       boxes_[rec.id] = *box;
       kept.insert(rec.id);
@@ -517,9 +537,14 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   // for this sandbox id, so removing the template leaves them until the sandbox has ended.
   SandboxRecord rec;
   rec.id = RandomId(20);
+  // Another key's snapshot does not exist for this one.
+  auto hidden = builds_->Hidden(key, tmpl_name);
+  if (!hidden.ok()) return hidden.status();
+  if (*hidden) return storage::TemplateNotFound(tmpl_name);
   auto tmpl = storage::ResolveTemplate(templates_, store_, tmpl_name, rec.id);
   if (!tmpl.ok()) return tmpl.status();
   rec.template_name = tmpl->name;
+  rec.layers = LayerIds(*tmpl);
   rec.state = store::kStateCreating;
   rec.owner_key_id = key.id;
   rec.metadata = req.metadata;
@@ -527,6 +552,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.limits = WithDefaults(req.limits, config_.default_limits);
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
+  rec.pause_memory = req.pause_memory;
   rec.public_ports = req.public_ports;
   rec.network = req.network.ToJson();
   rec.egress_rules = req.egress_rules;
@@ -594,48 +620,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return why;
   };
 
-  runtime::BoxSpec spec;
-  spec.id = rec.id;
-  spec.layers = tmpl->layers;
-  spec.binds = tmpl->binds;
-  spec.limits = ToRuntime(rec.limits);
-  spec.owner = "serve";
-  if (!networked) {
-    for (const auto& [host, inside] : config_.no_network_files)
-      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
-  }
-  if (networked) {
-    // The box's network is planned before the box exists (its files are bound into it) and
-    // attached at the runtime's sync point, before anything of the box's own runs.
-    network::BoxNetRequest want;
-    want.policy = req.network;
-    // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
-    want.secrets = std::move(bound_secrets);
-    want.egress_bytes_per_s = EgressBytesPerSecond(rec.limits);
-    auto plan = config_.network->Prepare(rec.id, want);
-    if (!plan.ok()) {
-      Status why = plan.status().Wrap("network of sandbox " + rec.id);
-      return failed(why, why.message());
-    }
-    {
-      MutexLock g(mu_);
-      networked_[rec.id] = key.id;
-    }
-    for (const auto& [host, inside] : plan->files)
-      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
-    // The network's variables (CA bundle paths, secret placeholders) win over the client's.
-    for (const auto& [k, v] : plan->env) rec.env[k] = v;
-    network::Stack* stack = config_.network;
-    spec.at_sync_point = [stack, id = rec.id](pid_t init_pid) {
-      return stack->Attach(id, init_pid);
-    };
-  }
-  auto box = runtime_.Create(spec);
+  auto box = MakeBox(rec, *tmpl, req.network, std::move(bound_secrets));
   int64_t now = clock_.NowMs();
-  if (!box.ok()) {
-    Status why = ForClients(rec.id, "create", box.status());
-    return failed(why, why.message());
-  }
+  if (!box.ok()) return failed(box.status(), box.status().message());
   SandboxRecord made = rec;
   made.state = store::kStateRunning;
   made.init_pid = box->init_pid;
@@ -704,6 +691,48 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
          {"pids", made.limits.pids},
          {"network", network::ModeName(req.network.mode)}});
   return made;
+}
+
+Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Template& tmpl,
+                                      const network::Policy& policy,
+                                      std::vector<network::SecretBinding> secrets) {
+  bool networked = config_.network && policy.mode != network::Mode::kNone;
+  runtime::BoxSpec spec;
+  spec.id = rec.id;
+  spec.layers = tmpl.layers;
+  spec.binds = tmpl.binds;
+  spec.limits = ToRuntime(rec.limits);
+  spec.owner = "serve";
+  if (!networked) {
+    for (const auto& [host, inside] : config_.no_network_files)
+      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
+  }
+  if (networked) {
+    // The box's network is planned before the box exists (its files are bound into it) and
+    // attached at the runtime's sync point, before anything of the box's own runs.
+    network::BoxNetRequest want;
+    want.policy = policy;
+    // Placeholders for the box, the values for the proxy only (sandbox/secrets.cc).
+    want.secrets = std::move(secrets);
+    want.egress_bytes_per_s = EgressBytesPerSecond(rec.limits);
+    auto plan = config_.network->Prepare(rec.id, want);
+    if (!plan.ok()) return plan.status().Wrap("network of sandbox " + rec.id);
+    {
+      MutexLock g(mu_);
+      networked_[rec.id] = rec.owner_key_id;
+    }
+    for (const auto& [host, inside] : plan->files)
+      spec.binds.push_back(runtime::BindMount{host, inside, true, {}});
+    // The network's variables (CA bundle paths, secret placeholders) win over the client's.
+    for (const auto& [k, v] : plan->env) rec.env[k] = v;
+    network::Stack* stack = config_.network;
+    spec.at_sync_point = [stack, id = rec.id](pid_t init_pid) {
+      return stack->Attach(id, init_pid);
+    };
+  }
+  auto box = runtime_.Create(spec);
+  if (!box.ok()) return ForClients(rec.id, "create", box.status());
+  return box;
 }
 
 Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::string& id,
@@ -852,6 +881,7 @@ Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
 }
 
 Status Manager::ResumeLocked(SandboxRecord& rec, const std::string& key_id) {
+  if (rec.on_disk) return ResumeFromDiskLocked(rec, key_id);
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   SBX_RETURN_IF_ERROR(ForClients(rec.id, "thaw", runtime_.Thaw(*box)));
@@ -871,7 +901,7 @@ Status Manager::ResumeLocked(SandboxRecord& rec, const std::string& key_id) {
   return {};
 }
 
-Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
+Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id, bool keep_memory) {
   auto owned = Owned(key, id, Access::kUse);
   if (!owned.ok()) return owned.status();
   Transition t(*this, id, "pause");
@@ -883,7 +913,7 @@ Status Manager::Pause(const store::ApiKeyRecord& key, const std::string& id) {
   if ((*rec)->state != store::kStateRunning)
     return Status::Error(
         "sandbox " + id + " is " + (*rec)->state + "; only a running sandbox can be paused", EBUSY);
-  return PauseLocked(**rec, key.id);
+  return keep_memory ? PauseLocked(**rec, key.id) : PauseToDiskLocked(**rec, key.id);
 }
 
 Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
@@ -895,6 +925,244 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
   if (!*rec || (*rec)->state != store::kStatePaused)
     return Status::Error("sandbox " + id + " is not paused; there is nothing to resume", EBUSY);
   return ResumeLocked(**rec, key.id);
+}
+
+// ---- pause without memory, snapshots, forks ----
+
+Status Manager::CaptureLayer(const SandboxRecord& rec, const std::string& layer_id,
+                             bool stay_frozen) {
+  auto box = BoxOf(rec.id);
+  if (!box.ok()) return box.status();
+  // The copy goes into the template cache: within its bound, and never into the daemon's disk
+  // reserve.
+  int64_t limit = templates_.cache_bytes;
+  struct statvfs vfs {};
+  if (::statvfs(templates_.dir.c_str(), &vfs) == 0) {
+    int64_t total = static_cast<int64_t>(vfs.f_blocks) * static_cast<int64_t>(vfs.f_frsize);
+    int64_t free = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    int64_t reserve = std::max(config_.disk_reserve_bytes,
+                               static_cast<int64_t>(config_.disk_reserve_percent / 100 * total));
+    limit = std::min(limit, free - reserve);
+  }
+  if (limit <= 0)
+    return Status::Error("the template cache's filesystem has no room above the disk reserve",
+                         ENOSPC);
+  auto staging = storage::MakeStagingDir(templates_);
+  if (!staging.ok()) return staging.status();
+  bool froze = rec.state == store::kStateRunning;
+  if (froze) SBX_RETURN_IF_ERROR(ForClients(rec.id, "freeze", runtime_.Freeze(*box)));
+  Status copied = ForClients(rec.id, "copy", runtime_.CopyWritableLayer(*box, *staging, limit));
+  if (froze && (!stay_frozen || !copied.ok())) {
+    if (Status thawed = runtime_.Thaw(*box); !thawed.ok()) {
+      (void)RemoveTree(*staging);
+      return FailUnrecordable(rec, copied.ok() ? Status::Error("snapshot", EIO) : copied, thawed);
+    }
+  }
+  if (!copied.ok()) {
+    (void)RemoveTree(*staging);
+    return copied;
+  }
+  // Pinned for the sandbox: the layer stays while it lives, and after only while a template
+  // (the snapshot) lists it.
+  auto added =
+      storage::AddLayerFromDir(templates_, store_, *staging, layer_id, box->id_base, rec.id);
+  if (!added.ok()) {
+    (void)RemoveTree(*staging);
+    if (froze && stay_frozen) (void)runtime_.Thaw(*box);
+    return added.status();
+  }
+  return {};
+}
+
+Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id) {
+  if (rec.layers.empty())
+    return Status::Error("sandbox " + rec.id +
+                             " was created before sbx recorded its layers: it can only be "
+                             "paused with its memory",
+                         ENOTSUP);
+  std::string layer_id = "disk-" + rec.id + "-" + RandomId(8);
+  // Frozen from the copy on: what is written after it would be lost.
+  SBX_RETURN_IF_ERROR(CaptureLayer(rec, layer_id, /*stay_frozen=*/true));
+  auto box = BoxOf(rec.id);
+  if (!box.ok()) return box.status();
+  SandboxRecord paused = rec;
+  paused.state = store::kStatePaused;
+  paused.on_disk = true;
+  paused.layers.insert(paused.layers.begin(), layer_id);
+  paused.expires_at = 0;
+  paused.init_pid = 0;
+  paused.agent_socket.clear();
+  paused.box_dir.clear();
+  paused.updated_at = 0;
+  // Recorded before the box goes: a crash in between leaves a record the reconciler completes
+  // (it destroys the box of a sandbox paused on disk); the other order would lose the box's
+  // files with a record that still says running.
+  if (Status put = store_.PutSandbox(paused); !put.ok()) {
+    Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
+    if (Status thawed = runtime_.Thaw(*box); !thawed.ok())
+      return FailUnrecordable(rec, why, thawed);
+    return why;
+  }
+  std::shared_ptr<AgentChannel> channel;
+  {
+    MutexLock g(mu_);
+    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
+    channels_.erase(rec.id);
+  }
+  if (channel) channel->Close();
+  if (Status s = runtime_.Destroy(*box); !s.ok())
+    spdlog::error("sandbox {}: paused on disk, but its box was not removed: {}", rec.id,
+                  s.message());
+  {
+    MutexLock g(mu_);
+    boxes_.erase(rec.id);
+  }
+  ReleaseNetwork(rec.id);
+  rec = paused;
+  Audit("sandbox.pause", rec.id, key_id, {{"memory", false}, {"layer", layer_id}});
+  return {};
+}
+
+Status Manager::ResumeFromDiskLocked(SandboxRecord& rec, const std::string& key_id) {
+  auto tmpl = storage::TemplateOfLayers(templates_, rec.layers);
+  if (!tmpl.ok()) return tmpl.status().Wrap("resume " + rec.id);
+  network::Policy policy = config_.network ? PolicyOf(rec) : network::Policy{};
+  std::vector<network::SecretBinding> secrets;
+  if (policy.mode != network::Mode::kNone) {
+    // The placeholders its files may hold get their values again, as after a daemon restart.
+    auto bound = SandboxBindings(rec, rec.egress_rules, false);
+    if (!bound.ok()) return bound.status().Wrap("resume " + rec.id);
+    secrets = std::move(*bound);
+  }
+  SandboxRecord running = rec;
+  auto box = MakeBox(running, *tmpl, policy, std::move(secrets));
+  if (!box.ok()) {
+    ReleaseNetwork(rec.id);
+    return box.status().Wrap("resume " + rec.id);
+  }
+  running.state = store::kStateRunning;
+  running.on_disk = false;
+  running.init_pid = box->init_pid;
+  running.agent_socket = box->agent_socket;
+  running.box_dir = box->dir;
+  running.id_base = box->id_base;
+  running.idmapped = box->idmapped;
+  running.expires_at = clock_.NowMs() + rec.timeout_ms;
+  running.updated_at = 0;
+  {
+    MutexLock g(mu_);
+    boxes_[rec.id] = *box;
+  }
+  if (Status put = store_.PutSandbox(running); !put.ok()) {
+    // Still paused on disk, as its record says: the new box goes.
+    (void)runtime_.Destroy(*box);
+    {
+      MutexLock g(mu_);
+      boxes_.erase(rec.id);
+    }
+    ReleaseNetwork(rec.id);
+    return put.Wrap("resume " + rec.id + ": not recorded, so not resumed");
+  }
+  rec = running;
+  Audit("sandbox.resume", rec.id, key_id, {{"memory", false}});
+  return {};
+}
+
+Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
+                                             const SandboxRecord& rec, const std::string& name) {
+  if (rec.state != store::kStateRunning && rec.state != store::kStatePaused)
+    return Status::Error("sandbox " + rec.id + " is " + rec.state + "; try again once it runs",
+                         EBUSY);
+  if (rec.layers.empty())
+    return Status::Error("sandbox " + rec.id +
+                             " was created before sbx recorded its layers: it cannot be "
+                             "snapshotted",
+                         ENOTSUP);
+  std::string id = kSnapshotPrefix + RandomId(20);
+  std::vector<std::string> layers = rec.layers;
+  // Paused without memory, its files are its layers already.
+  if (!rec.on_disk) {
+    SBX_RETURN_IF_ERROR(CaptureLayer(rec, id, /*stay_frozen=*/false));
+    layers.insert(layers.begin(), id);
+  }
+  // What a command gets when it says nothing, as the sandbox has it; the start and ready
+  // commands of its template, when that still exists.
+  storage::ImageConfig config;
+  if (auto c = storage::GetImageConfig(store_, rec.template_name); c.ok()) config = *c;
+  config.env = rec.defaults.env;
+  config.user = rec.defaults.user;
+  config.workdir = rec.defaults.workdir;
+  return builds_->AddSnapshot(key, id, rec.id, layers, config, name);
+}
+
+Result<SnapshotInfo> Manager::Snapshot(const store::ApiKeyRecord& key, const std::string& id,
+                                       const std::string& name) {
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "snapshot");
+  auto rec = LiveRecord(id);
+  if (!rec.ok()) return rec.status();
+  return SnapshotLocked(key, *rec, name);
+}
+
+Result<std::vector<SnapshotInfo>> Manager::ListSnapshots(const store::ApiKeyRecord& key,
+                                                         const std::string& sandbox_id,
+                                                         const std::string& name) {
+  return builds_->Snapshots(key, sandbox_id, name);
+}
+
+Status Manager::DeleteSnapshot(const store::ApiKeyRecord& key, const std::string& id_or_name) {
+  return builds_->DeleteSnapshot(key, id_or_name);
+}
+
+Result<std::vector<Result<SandboxRecord>>> Manager::Fork(const store::ApiKeyRecord& key,
+                                                         const std::string& id, int count,
+                                                         int64_t timeout_ms) {
+  if (count < 1 || count > kMaxForks)
+    return Status::Error("count: 1.." + std::to_string(kMaxForks), EINVAL);
+  if (timeout_ms != 0) SBX_RETURN_IF_ERROR(limits_.CheckTimeout(key.ranges, timeout_ms));
+  auto owned = Owned(key, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  SandboxRecord src;
+  SnapshotInfo snap;
+  {
+    Transition t(*this, id, "fork");
+    auto rec = LiveRecord(id);
+    if (!rec.ok()) return rec.status();
+    auto taken = SnapshotLocked(key, *rec, "");
+    if (!taken.ok()) return taken.status();
+    src = *rec;
+    snap = *taken;
+  }
+  CreateRequest req;
+  req.template_name = snap.id;
+  req.env = src.env;
+  for (const auto& ref : src.secrets) {
+    req.secrets[ref.env] = ref.secret;
+    req.env.erase(ref.env);  // the fork's own placeholder takes its place
+  }
+  req.metadata = src.metadata;
+  req.limits = src.limits;
+  req.timeout_ms = timeout_ms != 0 ? timeout_ms : src.timeout_ms;
+  req.on_timeout = src.on_timeout;
+  req.pause_memory = src.pause_memory;
+  req.public_ports = src.public_ports;
+  req.network = PolicyOf(src);
+  req.egress_rules = src.egress_rules;
+  req.mask_request_host = src.mask_request_host;
+  std::vector<Result<SandboxRecord>> out;
+  for (int i = 0; i < count; ++i) out.push_back(Create(key, req));
+  // Only the forks needed it: their pins keep its layer while they live.
+  if (Status s = builds_->DeleteSnapshot(key, snap.id); !s.ok())
+    spdlog::warn("fork of {}: its snapshot {} stays: {}", id, snap.id, s.message());
+  Audit("sandbox.fork", id, key.id, {{"count", count}, {"forks", [&] {
+                                                          nlohmann::json ids =
+                                                              nlohmann::json::array();
+                                                          for (const auto& r : out)
+                                                            ids.push_back(r.ok() ? r->id : "");
+                                                          return ids;
+                                                        }()}});
+  return out;
 }
 
 Result<SandboxRecord> Manager::SetTimeout(const store::ApiKeyRecord& key, const std::string& id,
@@ -935,7 +1203,9 @@ Result<SandboxRecord> Manager::SetNetwork(const store::ApiKeyRecord& key, const 
     MutexLock g(mu_);
     has_net = networked_.count(id) > 0;
   }
-  if (!has_net && policy.mode != network::Mode::kNone)
+  // Paused without memory, it has no box: the policy is for the one its resume makes.
+  if (rec->on_disk) has_net = false;
+  if (!has_net && !rec->on_disk && policy.mode != network::Mode::kNone)
     return Status::Error("sandbox " + id +
                              " was created without a network (mode none), so its network "
                              "namespace has no interface to open; create it with the policy",
@@ -1076,7 +1346,11 @@ Result<std::optional<store::ApiKeyRecord>> Manager::VerifyKey(const std::string&
   return store_.VerifyApiKey(secret);
 }
 
-Result<std::optional<std::string>> Manager::RegisteredTemplate(const std::string& name) {
+Result<std::optional<std::string>> Manager::RegisteredTemplate(const store::ApiKeyRecord& key,
+                                                               const std::string& name) {
+  auto hidden = builds_->Hidden(key, name);
+  if (!hidden.ok()) return hidden.status();
+  if (*hidden) return std::optional<std::string>();
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
   if (!*rec) return std::optional<std::string>();
@@ -1297,7 +1571,8 @@ void Manager::ExpireDue() {
     if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
     Status s;
     if (rec.on_timeout == store::kOnTimeoutPause) {
-      s = PauseLocked(rec, rec.owner_key_id);
+      s = rec.pause_memory ? PauseLocked(rec, rec.owner_key_id)
+                           : PauseToDiskLocked(rec, rec.owner_key_id);
       Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
     } else {
       s = KillLocked(rec, "timeout");

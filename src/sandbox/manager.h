@@ -166,8 +166,11 @@ struct CreateRequest {
   // E2B's extras (store::SandboxRecord): `rules` as a JSON object, and maskRequestHost.
   std::string egress_rules = "{}";
   std::string mask_request_host;
+  // With on_timeout pause: whether the TTL's pause keeps memory (E2B's autoPauseMemory).
+  bool pause_memory = true;
 };
 inline constexpr size_t kMaxSecrets = 64;
+inline constexpr int kMaxForks = 100;  // per fork call, as E2B
 
 // Why a call failed, for the facades to map onto their protocol: the Status errno says which
 // (ENOENT: no such sandbox for this key; EINVAL: bad input; EBUSY: wrong state; EAGAIN: over
@@ -220,8 +223,37 @@ class Manager {
   int64_t max_timeout_ms() const { return limits_.daemon().max_timeout_ms; }
   // Kills a live sandbox of `key` (any key's for an operator key).
   Status Kill(const store::ApiKeyRecord& key, const std::string& id);
-  Status Pause(const store::ApiKeyRecord& key, const std::string& id);
+  // Pauses a running sandbox. With `keep_memory` its box is frozen (resumed as it was); without,
+  // only its filesystem is kept: its writable layer becomes the top of its recorded layers and
+  // its box (processes, memory, network) goes, so a resume makes a new box of them (a new boot:
+  // a new boot id; E2B's pause({keepMemory: false})). ENOTSUP without memory for a sandbox
+  // created before snapshots existed (it has no recorded layers).
+  Status Pause(const store::ApiKeyRecord& key, const std::string& id, bool keep_memory = true);
   Status Resume(const store::ApiKeyRecord& key, const std::string& id);
+
+  // ---- Snapshots and forks (issue 14; docs/api.md "Snapshots") ----
+  // A snapshot of a running or paused sandbox of `key` (use access): the box is frozen while its
+  // writable layer is copied (a paused one already is; one paused without memory needs no copy),
+  // and the copy, over the layers the box mounts, becomes a template private to `key`
+  // (TemplateBuilds::AddSnapshot, with `name` when not empty) that any create of `key` may name.
+  // EBUSY while it is being created; ENOTSUP for a sandbox created before snapshots existed;
+  // ENOSPC when the copy does not fit in the template cache's bound or the free space above the
+  // disk reserve.
+  Result<SnapshotInfo> Snapshot(const store::ApiKeyRecord& key, const std::string& id,
+                                const std::string& name);
+  Result<std::vector<SnapshotInfo>> ListSnapshots(const store::ApiKeyRecord& key,
+                                                  const std::string& sandbox_id,
+                                                  const std::string& name);
+  Status DeleteSnapshot(const store::ApiKeyRecord& key, const std::string& id_or_name);
+  // `count` (1..kMaxForks) new sandboxes of `key` from one snapshot of sandbox `id`, which keeps
+  // running: each a create with the source's env, metadata, limits, network policy, E2B rules,
+  // secrets, port access and on-timeout action, and a timeout of `timeout_ms` (0: the source's).
+  // The snapshot is not kept as a template (the forks' pins keep its layer while they live). On
+  // this runtime a fork carries the filesystem, not memory: its processes are not running. Each
+  // fork succeeds or fails on its own (quota, rate, host): one answer per fork, in order.
+  Result<std::vector<Result<store::SandboxRecord>>> Fork(const store::ApiKeyRecord& key,
+                                                         const std::string& id, int count,
+                                                         int64_t timeout_ms);
   // Replaces the network policy of a live sandbox of `key` (use access) and, when given, its E2B
   // egress rules, in one transition: a running or paused box's new connections see it at once
   // (network::Stack::Update), and the record says it, so it survives pause, resume and restarts.
@@ -266,9 +298,10 @@ class Manager {
   // ---- What the facades need of the store, through the manager (they never call it) ----
   // The active key whose secret this is; nullopt for an unknown or revoked one (api/auth.h).
   Result<std::optional<store::ApiKeyRecord>> VerifyKey(const std::string& secret);
-  // The registered template a create naming `name` would use (an alias resolved to its target),
-  // or nullopt when no template has that name.
-  Result<std::optional<std::string>> RegisteredTemplate(const std::string& name);
+  // The registered template a create of `key` naming `name` would use (an alias resolved to its
+  // target), or nullopt when no template has that name (or it is another key's snapshot).
+  Result<std::optional<std::string>> RegisteredTemplate(const store::ApiKeyRecord& key,
+                                                        const std::string& name);
   // How many sandboxes `key` sees (every key's for an operator key) in any of `states`.
   Result<int64_t> CountSandboxes(const store::ApiKeyRecord& key,
                                  const std::vector<std::string>& states);
@@ -400,6 +433,23 @@ class Manager {
   // Transition; `rec` is its live record, updated on success.
   Status PauseLocked(store::SandboxRecord& rec, const std::string& key_id);
   Status ResumeLocked(store::SandboxRecord& rec, const std::string& key_id);
+  // Pause without memory, and the resume that makes a new box of the recorded layers. Under the
+  // sandbox's Transition.
+  Status PauseToDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
+  Status ResumeFromDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
+  // Copies the writable layer of the box of `rec` (frozen meanwhile when it runs; left frozen
+  // with `stay_frozen`) into the template cache as layer `layer_id`, pinned for the sandbox.
+  Status CaptureLayer(const store::SandboxRecord& rec, const std::string& layer_id,
+                      bool stay_frozen);
+  // Snapshot under the sandbox's Transition.
+  Result<SnapshotInfo> SnapshotLocked(const store::ApiKeyRecord& key,
+                                      const store::SandboxRecord& rec, const std::string& name);
+  // Makes the box of `rec` from `tmpl`'s layers and binds, with a network for `policy` (its
+  // `secrets` bound) when the daemon has one; rec.env gets the network's variables. A network
+  // prepared for it is the caller's to release when this fails.
+  Result<runtime::Box> MakeBox(store::SandboxRecord& rec, const storage::Template& tmpl,
+                               const network::Policy& policy,
+                               std::vector<network::SecretBinding> secrets);
   // The record write of a pause or resume failed (`why`) and could not be undone (`undo`): the
   // box and its record would disagree, so the box is destroyed and the record fails.
   Status FailUnrecordable(store::SandboxRecord rec, const Status& why, const Status& undo);

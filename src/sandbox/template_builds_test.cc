@@ -451,5 +451,57 @@ TEST_F(TemplatesTest, AnOperatorTagsAnOperatorsTemplateWhichStaysTheOperators) {
   EXPECT_TRUE(t.Untag(op_, "py", {"v3"}).ok());
 }
 
+// A snapshot is its key's alone: other keys see neither it nor its names anywhere, a name moves
+// only between the same key's snapshots, and deleting it takes its names.
+TEST_F(TemplatesTest, SnapshotsArePrivateToTheirKeyWithTheirNames) {
+  TemplateBuilds t = Make(nullptr);
+  ASSERT_TRUE(store_->PutLayer({.id = "base-l", .size_bytes = 10}).ok());
+  ASSERT_TRUE(store_->PutLayer({.id = "snap-aaaaaaaaaaaaaaaaaaaa", .size_bytes = 7}).ok());
+  ASSERT_TRUE(store_->PutLayer({.id = "snap-bbbbbbbbbbbbbbbbbbbb", .size_bytes = 8}).ok());
+  const std::string s1 = "snap-aaaaaaaaaaaaaaaaaaaa", s2 = "snap-bbbbbbbbbbbbbbbbbbbb";
+  auto one = t.AddSnapshot(a_, s1, "sb1", {s1, "base-l"}, {}, "mine:v1");
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->names, std::vector<std::string>{"mine:v1"});
+  EXPECT_EQ(one->size_bytes, 7);
+  EXPECT_EQ(one->sandbox_id, "sb1");
+
+  for (const std::string& n : {s1, std::string("mine:v1")}) {
+    EXPECT_FALSE(*t.Hidden(a_, n)) << n;
+    EXPECT_FALSE(*t.Hidden(op_, n)) << n;
+    EXPECT_TRUE(*t.Hidden(b_, n)) << n;
+    EXPECT_TRUE(storage::IsTemplateNotFound(t.Info(b_, n).status())) << n;
+    EXPECT_EQ(t.Delete(b_, n).err(), ENOENT) << n;
+    EXPECT_EQ(t.DeleteSnapshot(b_, n).err(), ENOENT) << n;
+    EXPECT_EQ(t.Tag(b_, n, {"x"}).status().err(), ENOENT) << n;
+    EXPECT_EQ(t.Tag(a_, n, {"x"}).status().err(), EINVAL) << n;
+  }
+  EXPECT_TRUE(t.Snapshots(b_, "", "")->empty());
+  EXPECT_EQ(t.Snapshots(op_, "", "")->size(), 1u);
+  for (const auto& info : *t.List(b_)) EXPECT_NE(info.name, s1);
+  // Neither key may take a held name; another template's name is taken.
+  EXPECT_EQ(t.AddSnapshot(b_, s2, "sb2", {s2}, {}, "mine:v1").status().err(), EPERM);
+  EXPECT_EQ(t.AddSnapshot(a_, s2, "sb2", {s2}, {}, "base").status().err(), EEXIST);
+  EXPECT_EQ(t.AddSnapshot(a_, s2, "sb2", {s2}, {}, "Bad Name").status().err(), EINVAL);
+  EXPECT_FALSE(*store_->GetTemplate(s2)) << "nothing registered for a refused name";
+  EXPECT_FALSE(*store_->GetTemplateOwner(s2));
+
+  // The same key's name moves to its newer snapshot.
+  auto two = t.AddSnapshot(a_, s2, "sb1", {s2, s1, "base-l"}, {}, "mine:v1");
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  EXPECT_EQ((*store_->GetTemplate("mine:v1"))->alias_of, s2);
+  EXPECT_TRUE(t.Snapshot(a_, s1)->names.empty());
+  auto listed = t.Snapshots(a_, "sb1", "");
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ(t.Snapshots(a_, "", "mine:v1")->front().id, s2);
+
+  // Deleted by name: the snapshot and its names go; the older one stays.
+  ASSERT_TRUE(t.Delete(a_, "mine:v1").ok());
+  EXPECT_FALSE(*store_->GetTemplate(s2));
+  EXPECT_FALSE(*store_->GetTemplate("mine:v1"));
+  EXPECT_FALSE(*store_->GetTemplateOwner("mine:v1"));
+  EXPECT_TRUE(*store_->GetTemplate(s1));
+  EXPECT_NE(audits_.back().find("snapshot.delete " + a_.id), std::string::npos) << audits_.back();
+}
+
 }  // namespace
 }  // namespace sbx::sandbox

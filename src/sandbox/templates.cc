@@ -258,6 +258,22 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
     spec.name = it->second.name;
     spec.also_names = it->second.also_names;
   }
+  // FROM another key's snapshot: not found, as everywhere else.
+  if (!spec.from_registry && !spec.steps.empty() && !spec.steps[0].args.empty() &&
+      storage::IsValidTemplateName(spec.steps[0].args[0])) {
+    auto hidden = Hidden(key, spec.steps[0].args[0]);
+    if (!hidden.ok() || *hidden) {
+      Status why =
+          hidden.ok()
+              ? Status::Error("FROM " + spec.steps[0].args[0] + ": template not found", EINVAL)
+              : hidden.status();
+      MutexLock lock(mu_);
+      builds_[id].builder_id.clear();
+      builds_[id].failed = true;
+      builds_[id].error = why.message();
+      return why;
+    }
+  }
   spec.record_id = id;
   spec.owner_key_id = key.id;
   auto fail = [&](const Status& s) -> Status {
@@ -435,6 +451,9 @@ Result<BuildStatus> TemplateBuilds::Get(const store::ApiKeyRecord& key, const st
 
 Result<TemplateInfo> TemplateBuilds::Info(const store::ApiKeyRecord& key, const std::string& name) {
   if (!storage::IsValidTemplateName(name)) return BadName(name);
+  auto hidden = Hidden(key, name);
+  if (!hidden.ok()) return hidden.status();
+  if (*hidden) return storage::TemplateNotFound(name);
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
   auto row = store_.GetTemplateOwner(name);
@@ -487,11 +506,14 @@ Result<std::vector<TemplateInfo>> TemplateBuilds::List(const store::ApiKeyRecord
 
 Status TemplateBuilds::MayDelete(const store::ApiKeyRecord& key, const std::string& name) {
   if (!storage::IsValidTemplateName(name)) return BadName(name);
+  auto hidden = Hidden(key, name);
+  if (!hidden.ok()) return hidden.status();
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
   auto row = store_.GetTemplateOwner(name);
   if (!row.ok()) return row.status();
-  if (!*rec && !*row) return Status::Error("template '" + name + "' not found", ENOENT);
+  if (*hidden || (!*rec && !*row))
+    return Status::Error("template '" + name + "' not found", ENOENT);
   auto denied = [&](const std::string& why) {
     audit_("template.denied", key.id, {{"template", name}, {"op", "delete"}});
     return Status::Error("template '" + name + "' " + why, EPERM);
@@ -531,6 +553,10 @@ Status TemplateBuilds::NotBeingBuilt(const std::string& name) {
 
 Status TemplateBuilds::Delete(const store::ApiKeyRecord& key, const std::string& name) {
   SBX_RETURN_IF_ERROR(MayDelete(key, name));
+  // A snapshot goes with all its names, whichever of them is named.
+  auto snap = SnapshotOf(name);
+  if (!snap.ok()) return snap.status();
+  if (*snap) return DeleteSnapshot(key, name);
   SBX_RETURN_IF_ERROR(NotBeingBuilt(name));
   auto rec = store_.GetTemplate(name);
   if (!rec.ok()) return rec.status();
@@ -618,15 +644,22 @@ Result<std::string> TemplateBuilds::Tag(const store::ApiKeyRecord& key, const st
                          EINVAL);
   if (tags.empty()) return Status::Error("tags: at least one tag is required", EINVAL);
   std::string base = target.substr(0, target.find(':'));
+  auto hidden = Hidden(key, target);
+  if (!hidden.ok()) return hidden.status();
   auto rec = store_.GetTemplate(target);
   if (!rec.ok()) return rec.status();
-  if (!*rec) return Status::Error("template '" + target + "' not found", ENOENT);
+  if (!*rec || *hidden) return Status::Error("template '" + target + "' not found", ENOENT);
   auto row = store_.GetTemplateOwner(target);
   if (!row.ok()) return row.status();
   auto denied = [&](const std::string& why) {
     audit_("template.denied", key.id, {{"template", target}, {"op", "tag"}});
     return Status::Error("template '" + target + "' " + why, EPERM);
   };
+  auto snap = SnapshotOf(target);
+  if (!snap.ok()) return snap.status();
+  if (*snap)
+    return Status::Error("template '" + target + "' is a snapshot or a name of one: it has no tags",
+                         EINVAL);
   if (IsBuiltIn(**rec)) return denied("is built in: it has no tags to change");
   if (*row && (*row)->owner_key_id != key.id && !key.is_operator)
     return denied("was built by another key");
@@ -692,11 +725,15 @@ Status TemplateBuilds::Untag(const store::ApiKeyRecord& key, const std::string& 
   return {};
 }
 
-Result<std::vector<TemplateBuilds::TagInfo>> TemplateBuilds::Tags(const store::ApiKeyRecord&,
+Result<std::vector<TemplateBuilds::TagInfo>> TemplateBuilds::Tags(const store::ApiKeyRecord& key,
                                                                   const std::string& base) {
   if (!storage::IsValidTemplateName(base)) return BadName(base);
   auto names = NamesOf(base);
   if (!names.ok()) return names.status();
+  std::erase_if(*names, [&](const std::string& n) {
+    auto hidden = Hidden(key, n);
+    return !hidden.ok() || *hidden;
+  });
   std::vector<TagInfo> out;
   for (const std::string& n : *names) {
     auto rec = store_.GetTemplate(n);
@@ -719,6 +756,173 @@ Result<std::vector<TemplateBuilds::TagInfo>> TemplateBuilds::Tags(const store::A
 }
 
 // ---- uploads ----
+
+// ---- snapshots ----
+
+bool IsSnapshotId(const std::string& id) {
+  constexpr size_t kPrefix = sizeof(kSnapshotPrefix) - 1;
+  return id.size() == kPrefix + 20 && id.compare(0, kPrefix, kSnapshotPrefix) == 0 &&
+         std::all_of(id.begin() + kPrefix, id.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
+}
+
+Result<std::optional<store::TemplateRecord>> TemplateBuilds::SnapshotOf(const std::string& name) {
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok() || !*rec) return rec;
+  if ((*rec)->kind == store::kTemplateAlias) {
+    rec = store_.GetTemplate((*rec)->alias_of);
+    if (!rec.ok() || !*rec) return rec;
+  }
+  if ((*rec)->kind != store::kTemplateSnapshot) return std::optional<store::TemplateRecord>();
+  return rec;
+}
+
+Result<bool> TemplateBuilds::Hidden(const store::ApiKeyRecord& key, const std::string& name) {
+  if (key.is_operator) return false;
+  auto snap = SnapshotOf(name);
+  if (!snap.ok()) return snap.status();
+  if (!*snap) return false;
+  // A snapshot without its owner row (a crash between the two writes) is nobody's but the
+  // operator's: hidden from every tenant.
+  auto row = store_.GetTemplateOwner((*snap)->name);
+  if (!row.ok()) return row.status();
+  return !*row || (*row)->owner_key_id != key.id;
+}
+
+Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap) {
+  SnapshotInfo info;
+  info.id = snap.name;
+  info.sandbox_id = snap.sandbox_id;
+  info.created_at = snap.created_at;
+  if (!snap.layers.empty()) {
+    auto layer = store_.GetLayer(snap.layers.front());
+    if (!layer.ok()) return layer.status();
+    if (*layer) info.size_bytes = (*layer)->size_bytes;
+  }
+  auto all = store_.ListTemplates();
+  if (!all.ok()) return all.status();
+  for (const auto& t : *all)
+    if (t.kind == store::kTemplateAlias && t.alias_of == snap.name) info.names.push_back(t.name);
+  return info;
+}
+
+Result<SnapshotInfo> TemplateBuilds::AddSnapshot(const store::ApiKeyRecord& key,
+                                                 const std::string& id,
+                                                 const std::string& sandbox_id,
+                                                 const std::vector<std::string>& layers,
+                                                 const storage::ImageConfig& config,
+                                                 const std::string& asked_name) {
+  if (!IsSnapshotId(id)) return Status::Error("snapshot id '" + Echo(id) + "': malformed", EINVAL);
+  std::string name = asked_name;
+  if (name.ends_with(":default")) name.resize(name.size() - 8);
+  std::optional<store::TemplateRecord> moved;  // the alias `name` was, when it moves here
+  if (!name.empty()) {
+    if (!storage::IsValidTemplateName(name) || IsSnapshotId(name)) return BadName(name);
+    SBX_RETURN_IF_ERROR(MayUseFamily(key, name, "snapshot"));
+    auto existing = store_.GetTemplate(name);
+    if (!existing.ok()) return existing.status();
+    auto row = store_.GetTemplateOwner(name);
+    if (!row.ok()) return row.status();
+    if (*row && (*row)->owner_key_id != key.id) return Refused(key, name, "snapshot");
+    if (*existing) {
+      auto snap = SnapshotOf(name);
+      if (!snap.ok()) return snap.status();
+      if ((*existing)->kind != store::kTemplateAlias || !*snap || !*row)
+        return Status::Error("name '" + name + "' is taken by a template", EEXIST);
+      moved = **existing;
+    }
+  }
+  // The owner rows first: a crash before the records leaves only a hold on the names (as a
+  // failed build does), never a snapshot some key could see unowned.
+  auto claim = store_.ClaimTemplate(id, key.id, id);
+  if (!claim.ok()) return claim.status();
+  if (!name.empty()) {
+    auto c = store_.ClaimTemplate(name, key.id, id);
+    if (!c.ok()) {
+      (void)store_.DeleteTemplateOwner(id);
+      return c.status().err() == EPERM ? Refused(key, name, "snapshot") : c.status();
+    }
+  }
+  auto rec = storage::PutImageTemplate(templates_, store_, id, store::kTemplateSnapshot,
+                                       "snapshot of sandbox " + sandbox_id, layers, config,
+                                       /*replace=*/false, sandbox_id);
+  if (!rec.ok()) {
+    (void)store_.DeleteTemplateOwner(id);
+    if (!name.empty() && !moved) (void)store_.DeleteTemplateOwner(name);
+    return rec.status();
+  }
+  if (!name.empty()) {
+    store::TemplateRecord alias;
+    alias.name = name;
+    alias.kind = store::kTemplateAlias;
+    alias.alias_of = id;
+    alias.source = "a name of snapshot " + id;
+    Status put = moved ? store_.PutTemplate(alias) : store_.AddTemplate(alias);
+    if (!put.ok()) {
+      (void)storage::RemoveTemplate(templates_, store_, id);
+      (void)store_.DeleteTemplateOwner(id);
+      if (!moved) (void)store_.DeleteTemplateOwner(name);
+      return put;
+    }
+  }
+  audit_("snapshot.create", key.id, {{"snapshot", id}, {"sandbox", sandbox_id}, {"name", name}});
+  return InfoOf(*rec);
+}
+
+Result<std::vector<SnapshotInfo>> TemplateBuilds::Snapshots(const store::ApiKeyRecord& key,
+                                                            const std::string& sandbox_id,
+                                                            const std::string& name) {
+  auto all = store_.ListTemplates();
+  if (!all.ok()) return all.status();
+  std::vector<SnapshotInfo> out;
+  for (const auto& t : *all) {
+    if (t.kind != store::kTemplateSnapshot) continue;
+    if (!sandbox_id.empty() && t.sandbox_id != sandbox_id) continue;
+    auto hidden = Hidden(key, t.name);
+    if (!hidden.ok()) return hidden.status();
+    if (*hidden) continue;
+    auto info = InfoOf(t);
+    if (!info.ok()) return info.status();
+    if (!name.empty() && name != info->id &&
+        std::find(info->names.begin(), info->names.end(), name) == info->names.end())
+      continue;
+    out.push_back(std::move(*info));
+  }
+  std::sort(out.begin(), out.end(), [](const SnapshotInfo& a, const SnapshotInfo& b) {
+    return a.created_at != b.created_at ? a.created_at > b.created_at : a.id > b.id;
+  });
+  return out;
+}
+
+Result<SnapshotInfo> TemplateBuilds::Snapshot(const store::ApiKeyRecord& key,
+                                              const std::string& id_or_name) {
+  auto none = Status::Error("snapshot '" + Echo(id_or_name) + "' not found", ENOENT);
+  if (!storage::IsValidTemplateName(id_or_name)) return none;
+  auto hidden = Hidden(key, id_or_name);
+  if (!hidden.ok()) return hidden.status();
+  auto snap = SnapshotOf(id_or_name);
+  if (!snap.ok()) return snap.status();
+  if (*hidden || !*snap) return none;
+  return InfoOf(**snap);
+}
+
+Status TemplateBuilds::DeleteSnapshot(const store::ApiKeyRecord& key,
+                                      const std::string& id_or_name) {
+  auto info = Snapshot(key, id_or_name);
+  if (!info.ok()) return info.status();
+  // Its names first (the store keeps no alias of a missing template), then the snapshot; the
+  // layer stays while a live sandbox or another template uses it (storage::RemoveTemplate).
+  for (const auto& n : info->names) {
+    Status s = store_.DeleteTemplate(n);
+    if (!s.ok() && s.err() != ENOENT) return s;
+    SBX_RETURN_IF_ERROR(store_.DeleteTemplateOwner(n));
+  }
+  Status s = storage::RemoveTemplate(templates_, store_, info->id);
+  if (!s.ok() && s.err() != ENOENT) return s;
+  SBX_RETURN_IF_ERROR(store_.DeleteTemplateOwner(info->id));
+  audit_("snapshot.delete", key.id, {{"snapshot", info->id}});
+  return {};
+}
 
 std::string TemplateBuilds::UploadDir(const store::ApiKeyRecord& key) const {
   return data_dir_ + "/build-files/" + key.id;

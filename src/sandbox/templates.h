@@ -42,6 +42,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "sandbox/build.h"
+#include "storage/image.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -67,6 +68,19 @@ struct UploadedCopy {
   int mode = -1;           // chmod of every copied entry (E2B's `mode`); -1 keeps theirs
   bool at_root = false;    // unpacked at the context's root instead (a native build's context)
 };
+
+// A snapshot (issue 14): a sandbox's writable layer over the layers its box mounted, registered
+// as a template of kind snapshot named by its id.
+struct SnapshotInfo {
+  std::string id;                  // "snap-" + 20 [a-z0-9]: the template a create names
+  std::vector<std::string> names;  // its other names (aliases of it), by name
+  std::string sandbox_id;          // the sandbox it was taken of
+  int64_t size_bytes = 0;          // of its own layer
+  int64_t created_at = 0;
+};
+inline constexpr char kSnapshotPrefix[] = "snap-";
+// A snapshot template's id: kSnapshotPrefix + 20 [a-z0-9].
+bool IsSnapshotId(const std::string& id);
 
 inline constexpr int64_t kMaxUploadBytes = int64_t{1} << 30;         // one archive
 inline constexpr int64_t kMaxUploadsBytesPerKey = int64_t{4} << 30;  // all of a key's kept
@@ -157,6 +171,34 @@ class TemplateBuilds {
   // The tags of `base` that are registered templates, by tag. ENOENT when there are none.
   Result<std::vector<TagInfo>> Tags(const store::ApiKeyRecord& key, const std::string& base);
 
+  // ---- snapshots (issue 14; docs/api.md "Snapshots") ----
+  // A snapshot holds a tenant's files, so unlike other templates it is private: for any key but
+  // the one that took it and operator keys, the snapshot and its names do not exist, whatever
+  // the call (create, info, list, delete, tag, FROM of a build). Its names are aliases of it,
+  // held by the same key.
+  // Whether `name` is (or is an alias of) a snapshot that `key` may not see.
+  Result<bool> Hidden(const store::ApiKeyRecord& key, const std::string& name);
+  // Registers snapshot `id` (IsSnapshotId) of sandbox `sandbox_id`, made of the recorded `layers`
+  // (its own first) with `config`, held by `key`; with a `name` (a template name, ":default"
+  // meaning the name itself), that name too: a name this key gave an earlier snapshot moves to
+  // this one. EINVAL for a bad name, EEXIST for a name taken by any other template (EPERM when
+  // another key holds it); nothing is registered then.
+  Result<SnapshotInfo> AddSnapshot(const store::ApiKeyRecord& key, const std::string& id,
+                                   const std::string& sandbox_id,
+                                   const std::vector<std::string>& layers,
+                                   const storage::ImageConfig& config, const std::string& name);
+  // The snapshots `key` may see (an operator key: every key's), newest first; only those of
+  // sandbox `sandbox_id` and of name `name` when they are not empty.
+  Result<std::vector<SnapshotInfo>> Snapshots(const store::ApiKeyRecord& key,
+                                              const std::string& sandbox_id,
+                                              const std::string& name);
+  // The snapshot `id_or_name` names, for a key that may see it; ENOENT otherwise.
+  Result<SnapshotInfo> Snapshot(const store::ApiKeyRecord& key, const std::string& id_or_name);
+  // Deletes the snapshot `id_or_name` names and all its names. Its layer stays while sandboxes
+  // made from it (or later snapshots stacked on it) use it. ENOENT when `key` sees no such
+  // snapshot.
+  Status DeleteSnapshot(const store::ApiKeyRecord& key, const std::string& id_or_name);
+
   // ---- E2B's uploads (per key, see the top) ----
   // The key an upload URL was signed for, as the store has it now: EACCES for an id that is not
   // a key's or a key that was revoked since the URL was made (its URL stores nothing).
@@ -223,6 +265,9 @@ class TemplateBuilds {
   Status MayDelete(const store::ApiKeyRecord& key, const std::string& name);
   // EBUSY while a build of `name` (or with `name` as a tag) runs.
   Status NotBeingBuilt(const std::string& name);
+  // The snapshot record `name` names (itself, or the target of its alias); nullopt for others.
+  Result<std::optional<store::TemplateRecord>> SnapshotOf(const std::string& name);
+  Result<SnapshotInfo> InfoOf(const store::TemplateRecord& snap);
   // `base` and its tags ("base:*") that are registered or held, by name.
   Result<std::vector<std::string>> NamesOf(const std::string& base);
   void Trim() REQUIRES(mu_);

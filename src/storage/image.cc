@@ -311,10 +311,14 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
 
 // Gives every entry below `path` the owner a box with host id base `shift` meant (host id
 // shift + n is n, anything else 65534), keeping set-id bits (chown clears them), dropping
-// overlayfs' xattrs but the opaque mark, and device nodes but whiteouts.
-Status ShiftTree(const std::string& path, uint32_t shift) {
+// overlayfs' xattrs but the opaque mark, and device nodes but whiteouts. A file with several
+// hard links is shifted once (`done` holds those already shifted): a second shift would take
+// its new owner for one outside the range.
+Status ShiftTree(const std::string& path, uint32_t shift, std::set<std::pair<dev_t, ino_t>>& done) {
   struct stat sb {};
   if (::lstat(path.c_str(), &sb) != 0) return Status::Errno("stat " + path);
+  if (!S_ISDIR(sb.st_mode) && sb.st_nlink > 1 && !done.insert({sb.st_dev, sb.st_ino}).second)
+    return {};
   if ((S_ISCHR(sb.st_mode) && sb.st_rdev != makedev(0, 0)) || S_ISBLK(sb.st_mode)) {
     if (::unlink(path.c_str()) != 0) return Status::Errno("remove device " + path);
     return {};
@@ -337,7 +341,7 @@ Status ShiftTree(const std::string& path, uint32_t shift) {
   }
   if (!S_ISDIR(sb.st_mode)) return {};
   for (const auto& e : internal::Entries(path))
-    SBX_RETURN_IF_ERROR(ShiftTree(path + "/" + e, shift));
+    SBX_RETURN_IF_ERROR(ShiftTree(path + "/" + e, shift, done));
   return {};
 }
 
@@ -923,7 +927,8 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
   struct stat sb {};
   if (::lstat(dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
     return Status::Error(what + ": not a directory", EINVAL);
-  SBX_RETURN_IF_ERROR(ShiftTree(dir, id_shift).Wrap(what));
+  std::set<std::pair<dev_t, ino_t>> shifted;
+  SBX_RETURN_IF_ERROR(ShiftTree(dir, id_shift, shifted).Wrap(what));
   int64_t size = internal::TreeBytes(dir);
   bool existing = false;
   auto rec = Commit(ts, st, dir, id, size, pin_for, what, &existing);
@@ -935,13 +940,15 @@ Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::S
                                                const std::string& name, const std::string& kind,
                                                const std::string& source,
                                                const std::vector<std::string>& layers,
-                                               const ImageConfig& config, bool replace) {
+                                               const ImageConfig& config, bool replace,
+                                               const std::string& sandbox_id) {
   std::string what = "register template " + name;
   if (!IsValidTemplateName(name))
     return Status::Error(what + ": a name is [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG", EINVAL);
   if (name == kHostTemplate) return Status::Error(what + ": host is built in", EPERM);
-  if (kind != store::kTemplateOci && kind != store::kTemplateBuild)
-    return Status::Error(what + ": kind is oci or build", EINVAL);
+  if (kind != store::kTemplateOci && kind != store::kTemplateBuild &&
+      kind != store::kTemplateSnapshot)
+    return Status::Error(what + ": kind is oci, build or snapshot", EINVAL);
   auto lock = CacheLock::Take(ts);
   if (!lock.ok()) return lock.status();
   auto existing = st.GetTemplate(name);
@@ -956,6 +963,7 @@ Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::S
   t.source = source;
   t.layers = layers;
   t.config = ImageConfigToJson(config);
+  t.sandbox_id = sandbox_id;
   std::set<std::string> seen;
   for (const auto& l : layers) {
     auto rec = st.GetLayer(l);

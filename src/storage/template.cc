@@ -703,11 +703,11 @@ Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& 
                            EIO);
     t.layers.push_back(LayerDir(ts, id));
   }
-  // A build FROM host (sandbox/build.h) keeps the host layer at its bottom: it needs the host's
-  // /usr as much as the host template does.
+  // A build FROM host (sandbox/build.h), or a snapshot of a box of the host template, keeps the
+  // host layer at its bottom: it needs the host's /usr as much as the host template does.
   bool on_host = rec.kind == store::kTemplateHost ||
-                 (rec.kind == store::kTemplateBuild && !rec.layers.empty() &&
-                  rec.layers.back().rfind("host-", 0) == 0);
+                 ((rec.kind == store::kTemplateBuild || rec.kind == store::kTemplateSnapshot) &&
+                  !rec.layers.empty() && rec.layers.back().rfind("host-", 0) == 0);
   if (on_host) {
     t.binds.push_back({"/usr", "/usr", true, {"local/bin"}});
     for (const char* l : kUsrLinks) {
@@ -789,6 +789,13 @@ std::vector<GeneratedFile> HostEtcFiles() {
        "protocols: files\nservices: files\n"},
       {"etc/mtab", "../proc/self/mounts", true},
   };
+}
+
+Result<Template> TemplateOfLayers(const TemplateStore& ts, const std::vector<std::string>& layers) {
+  store::TemplateRecord rec;
+  rec.kind = store::kTemplateSnapshot;
+  rec.layers = layers;
+  return Assemble(ts, rec);
 }
 
 Result<Template> ResolveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name,

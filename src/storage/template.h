@@ -112,6 +112,12 @@ bool IsTemplateNotFound(const Status& s);
 Result<Template> ResolveTemplate(const TemplateStore& ts, store::Store& st, const std::string& name,
                                  const std::string& pin_for);
 
+// The read-only part of a box made again from the layers a sandbox recorded (topmost first; a
+// sandbox paused without memory, resumed): their directories and, when the bottom one is the
+// host layer, the host's binds. Nothing is pinned: the sandbox's own pins hold them. EIO for a
+// layer missing from the cache.
+Result<Template> TemplateOfLayers(const TemplateStore& ts, const std::vector<std::string>& layers);
+
 // For `sbx run --template` (a local root action, not an API): a registered name as above
 // (without a pin), or an absolute host path: a directory used as the single layer as it is, or a
 // tarball unpacked into a private temporary layer that `cleanup` (set on success) removes.

@@ -25,7 +25,7 @@ constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
     "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host, "
-    "secrets";
+    "secrets, layers, on_disk, pause_memory";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
@@ -33,7 +33,8 @@ constexpr char kApiKeyColumns[] =
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
-    "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at, config";
+    "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at, config, "
+    "sandbox_id";
 constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at";
 
 Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
@@ -198,6 +199,15 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
       if (b.is_object())
         r.secrets.push_back(
             {b.value("env", ""), b.value("secret", ""), b.value("placeholder", "")});
+  // Version 15: the layers its box mounts, and how it is paused.
+  Result<json> layers =
+      Parse(st.ColumnText(25).empty() ? "[]" : st.ColumnText(25), what + " layers");
+  if (!layers.ok()) return layers.status();
+  if (layers->is_array())
+    for (const auto& l : *layers)
+      if (l.is_string()) r.layers.push_back(l.get<std::string>());
+  r.on_disk = st.ColumnInt(26) != 0;
+  r.pause_memory = st.ColumnInt(27) != 0;
   return r;
 }
 
@@ -277,6 +287,7 @@ Result<TemplateRecord> ReadTemplate(const Statement& st) {
   t.size_bytes = st.ColumnInt(6);
   t.last_used_at = st.ColumnInt(7);
   t.config = st.ColumnText(8);
+  t.sandbox_id = st.ColumnText(9);
   return t;
 }
 
@@ -286,7 +297,7 @@ LayerRecord ReadLayer(const Statement& st) {
 
 bool IsValidTemplateKind(std::string_view k) {
   return k == kTemplateHost || k == kTemplateAlias || k == kTemplateDir || k == kTemplateTar ||
-         k == kTemplateOci || k == kTemplateBuild;
+         k == kTemplateOci || k == kTemplateBuild || k == kTemplateSnapshot;
 }
 
 // A layer is in use while a template references it or a pin holds it whose sandbox is live or
@@ -425,7 +436,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20, ?21, ?22, ?23, ?24, ?25)"
+      "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -436,7 +447,9 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " public_ports = excluded.public_ports, id_base = excluded.id_base,"
       " idmapped = excluded.idmapped, defaults = excluded.defaults,"
       " network = excluded.network, egress_rules = excluded.egress_rules,"
-      " mask_request_host = excluded.mask_request_host, secrets = excluded.secrets");
+      " mask_request_host = excluded.mask_request_host, secrets = excluded.secrets,"
+      " layers = excluded.layers, on_disk = excluded.on_disk,"
+      " pause_memory = excluded.pause_memory");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -462,7 +475,10 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindText(22, r.network.empty() ? kNoNetwork : r.network)
       .BindText(23, r.egress_rules.empty() ? "{}" : r.egress_rules)
       .BindText(24, r.mask_request_host)
-      .BindText(25, *secrets_text);
+      .BindText(25, *secrets_text)
+      .BindText(26, json(r.layers).dump())
+      .BindInt(27, r.on_disk ? 1 : 0)
+      .BindInt(28, r.pause_memory ? 1 : 0);
   return st->Run().Wrap(what);
 }
 
@@ -957,7 +973,7 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
 }  // namespace
 
 namespace {
-// Binds ?1..?9 of an INSERT INTO templates (kTemplateColumns) to `t`.
+// Binds ?1..?10 of an INSERT INTO templates (kTemplateColumns) to `t`.
 void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers, int64_t now) {
   st.BindText(1, t.name)
       .BindText(2, t.source)
@@ -967,7 +983,8 @@ void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& lay
       .BindText(6, t.alias_of)
       .BindInt(7, t.size_bytes)
       .BindInt(8, t.last_used_at)
-      .BindText(9, t.config);
+      .BindText(9, t.config)
+      .BindText(10, t.sandbox_id);
 }
 }  // namespace
 
@@ -980,7 +997,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   if (!tx.ok()) return tx.status().Wrap(what);
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
-                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   Status s = st->Run();
@@ -999,10 +1016,11 @@ Status Store::PutTemplate(const TemplateRecord& t) {
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO templates (") + kTemplateColumns +
-      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (name) DO UPDATE SET"
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (name) DO UPDATE SET"
       " source = excluded.source, layers = excluded.layers, created_at = excluded.created_at,"
       " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
-      " last_used_at = excluded.last_used_at, config = excluded.config");
+      " last_used_at = excluded.last_used_at, config = excluded.config,"
+      " sandbox_id = excluded.sandbox_id");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));

@@ -110,6 +110,16 @@ struct SandboxRecord {
   std::string mask_request_host;
   // Its secret bindings (version 12); cleared when it ends.
   std::vector<SecretRef> secrets;
+  // The template layers its box mounts, topmost first (version 15; empty for sandboxes created
+  // before): what a snapshot stacks its own layer on, and what a box made again from the
+  // filesystem (a paused sandbox without memory, resumed) mounts.
+  std::vector<std::string> layers;
+  // Paused without memory (version 15): its box is gone, its writable layer became the top of
+  // `layers`; resuming makes a new box of them (a new boot).
+  bool on_disk = false;
+  // What the TTL's pause of an on_timeout=pause sandbox keeps: memory (freeze), or only the
+  // filesystem (E2B's autoPauseMemory false).
+  bool pause_memory = true;
 };
 
 struct SandboxFilter {
@@ -206,6 +216,9 @@ inline constexpr char kTemplateDir[] = "dir";      // a snapshot of a rootfs dir
 inline constexpr char kTemplateTar[] = "tar";      // an unpacked rootfs tarball
 inline constexpr char kTemplateOci[] = "oci";      // an OCI image (imported or pulled; version 13)
 inline constexpr char kTemplateBuild[] = "build";  // a Dockerfile or E2B build's result (v. 13)
+// A sandbox's writable layer over the layers its box mounted (v. 15): private to the key that
+// took it (its template_owners row), `sandbox_id` says of which sandbox.
+inline constexpr char kTemplateSnapshot[] = "snapshot";
 
 // Pins of ids with these prefixes belong to a build ("bld_...") or a pull ("pull_..."), not to a
 // sandbox: they hold their layers until UnpinLayers(id). Their maker holds a lease on the id
@@ -232,6 +245,7 @@ struct TemplateRecord {
   // Kinds oci and build: the image config (storage::ImageConfig as a JSON object, version 13);
   // "" for none. The store only checks that it is a JSON object.
   std::string config;
+  std::string sandbox_id;  // kind snapshot: the sandbox it was taken of (version 15)
 };
 
 // Who built a template through an API (version 12): that key, and operator keys, may rebuild or

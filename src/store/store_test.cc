@@ -344,6 +344,20 @@ TEST_F(StoreTest, SandboxRoundTrip) {
   EXPECT_EQ(g.init_pid, 4242);
   EXPECT_EQ(g.agent_socket, r.agent_socket);
   EXPECT_EQ(g.box_dir, r.box_dir);
+  EXPECT_TRUE(g.layers.empty());
+  EXPECT_FALSE(g.on_disk);
+  EXPECT_TRUE(g.pause_memory);
+
+  // Version 15: its layers, and how it pauses.
+  r.layers = {"disk-sb_rt-1", "host-abc"};
+  r.on_disk = true;
+  r.pause_memory = false;
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  got = store->GetSandbox("sb_rt");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->layers, r.layers);
+  EXPECT_TRUE((*got)->on_disk);
+  EXPECT_FALSE((*got)->pause_memory);
 
   // Replace.
   r.state = kStateFailed;
@@ -1121,6 +1135,13 @@ TEST_F(StoreTest, ImageTemplatesKeepTheirConfigAndLeasePinsSurviveOrphanDrops) {
   ASSERT_TRUE(unused.ok());
   ASSERT_EQ(unused->size(), 1u);
   EXPECT_EQ((*unused)[0].id, "sha256-aa");
+
+  // A snapshot records the sandbox it was taken of (version 15).
+  TemplateRecord snap{.name = "snap-x", .kind = kTemplateSnapshot, .layers = {"sha256-bb"}};
+  snap.sandbox_id = "sb_1";
+  ASSERT_TRUE(store->AddTemplate(snap).ok());
+  EXPECT_EQ((*store->GetTemplate("snap-x"))->sandbox_id, "sb_1");
+  ASSERT_TRUE(store->DeleteTemplate("snap-x").ok());
 
   TemplateRecord t{.name = "py", .kind = kTemplateOci, .source = "oci", .layers = {"sha256-bb"}};
   t.config = "[1]";

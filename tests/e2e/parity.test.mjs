@@ -137,14 +137,12 @@ test('Template.exists knows the base template and the registered ones, and no ot
   assert.equal(await v245.Template.exists('no-such-template-' + randomUUID().slice(0, 8)), false)
 })
 
-test('a feature sbx does not have yet is a 501 the SDK reports as such, not "sandbox not found"', async () => {
-  await withSandbox(v245, {}, async (sbx) => {
-    const err = await sbx.createSnapshot().then(
-      () => null,
-      (e) => e,
-    )
-    assert.ok(err, 'createSnapshot succeeded')
-    assert.notEqual(err.name, 'SandboxNotFoundError', String(err))
-    assert.match(String(err.message), /501|does not implement snapshots/)
+test('a feature sbx does not have yet is a 501 in E2B\'s error shape, not "not found"', async () => {
+  const r = await fetch(`${API}/volumes`, {
+    headers: { 'X-API-KEY': process.env.E2B_API_KEY },
   })
+  assert.equal(r.status, 501)
+  const body = await r.json()
+  assert.equal(body.code, 501)
+  assert.match(body.message, /does not implement volumes/)
 })

@@ -197,6 +197,7 @@ std::string Concrete(std::string path) {
       {"{id}", "openapi-test-no-such-sandbox"},
       {"{pid}", "1"},
       {"{name}", "no-such-secret"},
+      {"{snapshot}", "snap-openapitestnosuchsnp"},
       {"{port}", "8000"}};
   for (const auto& [param, value] : kValues)
     for (size_t at; (at = path.find(param)) != std::string::npos;)

@@ -1618,5 +1618,177 @@ TEST_F(ServeTest, ASignedPortUrlOpensOnePortUntilItExpires) {
   EXPECT_EQ(after.status, 403) << after.body;
 }
 
+// ---- snapshots, forks, pause without memory (issue 14) ----
+
+// A snapshot is the sandbox's files as they were when it was taken, overlay marks and all, as a
+// template of its key only.
+TEST_F(ServeTest, ASnapshotIsATemplateOfTheSandboxsFilesForItsKeyOnly) {
+  std::string src = Create();
+  // A file with two names, set-uid; a deleted file of the template (a whiteout).
+  auto made = d_->Exec(src, {{"command",
+                              "mkdir -p /root/d/old && echo hello > /root/d/f && ln /root/d/f "
+                              "/root/d/g && chmod 4755 /root/d/f && touch /root/d/old/x && "
+                              "rm /etc/hostname"}});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  json snap = d_->Json("POST", "/v1/sandboxes/" + src + "/snapshots", {{"name", "base-snap"}}, 201);
+  std::string snap_id = snap.value("id", "");
+  ASSERT_EQ(snap_id.rfind("snap-", 0), 0u) << snap;
+  EXPECT_EQ(snap["names"], json::array({"base-snap"}));
+  EXPECT_EQ(snap["sandbox"], src);
+  // What the source writes afterwards is not in it; the source kept running through it.
+  EXPECT_EQ(d_->Exec(src, {{"command", "echo later > /root/d/later"}}).exit_code, 0);
+
+  for (const std::string& name : {snap_id, std::string("base-snap")}) {
+    std::string copy = Create({{"template", name}});
+    ASSERT_FALSE(copy.empty());
+    auto seen = d_->Exec(copy, {{"command",
+                                 "cat /root/d/f; stat -c '%h %A %u' /root/d/g; "
+                                 "test -e /etc/hostname || echo no-hostname; "
+                                 "test -e /root/d/later || echo no-later"}});
+    EXPECT_EQ(seen.out, "hello\n2 -rwsr-xr-x 0\nno-hostname\nno-later\n") << seen.err;
+  }
+  // A snapshot of a box made from one stacks on it; a directory replaced there stays replaced
+  // (the opaque mark is kept).
+  std::string second = Create({{"template", snap_id}});
+  ASSERT_EQ(d_->Exec(second, {{"command",
+                               "rm -rf /root/d/old && mkdir /root/d/old && "
+                               "touch /root/d/old/y"}})
+                .exit_code,
+            0);
+  json snap2 = d_->Json("POST", "/v1/sandboxes/" + second + "/snapshots", json::object(), 201);
+  std::string third = Create({{"template", snap2["id"]}});
+  EXPECT_EQ(d_->Exec(third, {{"command", "ls /root/d/old; cat /root/d/f"}}).out, "y\nhello\n");
+
+  json mine = d_->Json("GET", "/v1/snapshots");
+  EXPECT_EQ(mine["snapshots"].size(), 2u) << mine;
+  EXPECT_EQ(d_->Json("GET", "/v1/snapshots?sandbox=" + src)["snapshots"].size(), 1u);
+  EXPECT_EQ(d_->Json("GET", "/v1/snapshots?name=base-snap")["snapshots"][0]["id"], snap_id);
+
+  // Another key: the snapshot and its name do not exist, on either API, whatever it tries.
+  store::NewApiKey other = MakeKey(dir_, "other-tenant");
+  auto as_other = Bearer(other.secret);
+  for (const std::string& name : {snap_id, std::string("base-snap")}) {
+    auto r = d_->Call("POST", "/v1/sandboxes", json{{"template", name}}.dump(), as_other);
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("template not found"), std::string::npos) << r.body;
+    EXPECT_EQ(d_->Call("GET", "/v1/templates/" + name, "", as_other).status, 404);
+    EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/" + name, "", as_other).status, 404);
+    EXPECT_EQ(d_->Call("DELETE", "/v1/templates/" + name, "", as_other).status, 404);
+    EXPECT_EQ(
+        d_->Call("GET", "/templates/aliases/" + name, "", {{"X-API-Key", other.secret}}).status,
+        404);
+    auto e2b = d_->Call("POST", "/sandboxes", json{{"templateID", name}}.dump(),
+                        {{"X-API-Key", other.secret}});
+    EXPECT_EQ(e2b.status, 400) << e2b.body;
+  }
+  auto others = d_->Call("GET", "/v1/snapshots", "", as_other);
+  EXPECT_EQ(json::parse(others.body)["snapshots"].size(), 0u) << others.body;
+  auto listed = d_->Call("GET", "/v1/templates", "", as_other);
+  EXPECT_EQ(listed.body.find("snap-"), std::string::npos) << listed.body;
+  EXPECT_EQ(listed.body.find("base-snap"), std::string::npos) << listed.body;
+  auto e2b_list = d_->Call("GET", "/snapshots", "", {{"X-API-Key", other.secret}});
+  EXPECT_EQ(e2b_list.body, "[]");
+  // Its name is held: another key cannot take it for a snapshot of its own.
+  auto theirs = d_->Call("POST", "/v1/sandboxes", "{}", as_other);
+  std::string their_id = json::parse(theirs.body).value("id", "");
+  auto taken = d_->Call("POST", "/v1/sandboxes/" + their_id + "/snapshots",
+                        json{{"name", "base-snap"}}.dump(), as_other);
+  EXPECT_EQ(taken.status, 403) << taken.body;
+  d_->Call("DELETE", "/v1/sandboxes/" + their_id, "", as_other);
+
+  // Deleted (by name: the snapshot goes with its names), a snapshot is no template any more;
+  // the sandboxes made from it keep their files.
+  EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/base-snap").status, 204);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/" + snap_id).status, 404);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", json{{"template", snap_id}}.dump()).status, 400);
+  EXPECT_EQ(d_->Exec(second, {{"argv", {"cat", "/root/d/f"}}}).out, "hello\n");
+  EXPECT_EQ(d_->Exec(third, {{"argv", {"cat", "/root/d/f"}}}).out, "hello\n");
+  // The E2B API deletes through DELETE /templates/{id}: 204, then 404.
+  std::string id2 = snap2["id"];
+  EXPECT_EQ(d_->Call("DELETE", "/templates/" + id2, "", {{"X-API-Key", d_->key()}}).status, 204);
+  EXPECT_EQ(d_->Call("DELETE", "/templates/" + id2, "", {{"X-API-Key", d_->key()}}).status, 404);
+}
+
+// A disk-limited box's writable layer lives on its own filesystem, mounted only in the box: the
+// snapshot reads it all the same, and leaves no mount behind.
+TEST_F(ServeTest, ADiskLimitedSandboxIsSnapshottedToo) {
+  std::string src = Create({{"limits", {{"disk_bytes", 64 << 20}}}});
+  ASSERT_EQ(d_->Exec(src, {{"command",
+                            "head -c 3000000 /dev/urandom > /root/blob && "
+                            "sha256sum /root/blob > /root/sum"}})
+                .exit_code,
+            0);
+  json snap = d_->Json("POST", "/v1/sandboxes/" + src + "/snapshots", json::object(), 201);
+  EXPECT_GE(snap.value("size_bytes", 0), 3000000);
+  std::string copy = Create({{"template", snap["id"]}});
+  EXPECT_EQ(d_->Exec(copy, {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out, "/root/blob: OK\n");
+  EXPECT_EQ(ReadFile("/proc/self/mountinfo")->find("/fs/peek"), std::string::npos);
+}
+
+// Fork: N sandboxes with the source's files and settings; the source keeps running.
+TEST_F(ServeTest, ForksHaveTheSourcesFilesAndSettingsWhileItKeepsRunning) {
+  std::string src = Create({{"env", {{"ROLE", "worker"}}},
+                            {"metadata", {{"job", "42"}}},
+                            {"limits", {{"memory_bytes", 300 << 20}}}});
+  json bg = d_->Json("POST", "/v1/sandboxes/" + src + "/commands",
+                     {{"command", "echo state > /root/s; sleep 1000"}, {"background", true}}, 201);
+  ASSERT_EQ(d_->Exec(src, {{"command", "while ! test -e /root/s; do sleep 0.05; done"}}).exit_code,
+            0);
+  json forks = d_->Json("POST", "/v1/sandboxes/" + src + "/fork", {{"count", 2}}, 201);
+  ASSERT_EQ(forks["forks"].size(), 2u) << forks;
+  EXPECT_EQ(forks["memory"], false);
+  std::set<std::string> ids;
+  for (const auto& f : forks["forks"]) {
+    ASSERT_TRUE(f.contains("sandbox")) << f;
+    const json& s = f["sandbox"];
+    std::string id = s["id"];
+    ids.insert(id);
+    EXPECT_NE(id, src);
+    EXPECT_EQ(s["metadata"]["job"], "42");
+    EXPECT_EQ(s["limits"]["memory_bytes"], 300 << 20);
+    EXPECT_EQ(d_->Exec(id, {{"command", "cat /root/s; echo $ROLE; pgrep -c sleep || true"}}).out,
+              "state\nworker\n0\n");
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  // The source's process ran on through it.
+  EXPECT_EQ(d_->Exec(src, {{"command", "pgrep -c sleep"}}).out, "1\n");
+  // The fork's snapshot is no template anybody sees.
+  EXPECT_EQ(d_->Json("GET", "/v1/snapshots")["snapshots"].size(), 0u);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + src + "/fork", R"({"count":0})").status, 400);
+  EXPECT_EQ(d_->Call("POST", "/v1/sandboxes/" + src + "/fork", R"({"count":101})").status, 400);
+  (void)bg;
+}
+
+// Pause without memory: the box goes, the files stay; resume boots a new box of them, also
+// after a daemon restart.
+TEST_F(ServeTest, PauseWithoutMemoryKeepsTheFilesAndResumesAsANewBoot) {
+  std::string id = Create({{"timeout", 300}});
+  auto before = d_->Exec(id, {{"command",
+                               "echo kept > /root/k; sleep 1000 & "
+                               "cat /proc/sys/kernel/random/boot_id"}});
+  ASSERT_EQ(before.exit_code, 0);
+  json paused = d_->Json("POST", "/v1/sandboxes/" + id + "/pause", {{"memory", false}});
+  EXPECT_EQ(paused["state"], "paused");
+  EXPECT_EQ(paused["on_disk"], true);
+  // No box on the host while it is paused so.
+  EXPECT_NE(::access((dir_ + "/run/" + id).c_str(), F_OK), 0);
+  d_->Json("POST", "/v1/sandboxes/" + id + "/pause", {{"memory", false}}, 409);
+  d_->Stop(SIGKILL);
+  d_->Start();
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "paused");
+  json resumed = d_->Json("POST", "/v1/sandboxes/" + id + "/resume");
+  EXPECT_EQ(resumed["state"], "running");
+  EXPECT_EQ(resumed["on_disk"], false);
+  auto after = d_->Exec(id, {{"command",
+                              "cat /root/k; pgrep -c sleep || true; "
+                              "cat /proc/sys/kernel/random/boot_id"}});
+  EXPECT_EQ(after.out.substr(0, 7), "kept\n0\n");
+  EXPECT_NE(after.out.substr(7), before.out) << "a new boot has a new boot id";
+  // Its layers went into snapshots like any other sandbox's.
+  json snap = d_->Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
+  EXPECT_EQ(d_->Exec(Create({{"template", snap["id"]}}), {{"argv", {"cat", "/root/k"}}}).out,
+            "kept\n");
+}
+
 }  // namespace
 }  // namespace sbx::test

@@ -74,6 +74,8 @@ json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   j["envdAccessToken"] = EnvdTokenJson(ctx, key, r);
   j["domain"] = nullptr;
   j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
+  // Paused without memory, a sandbox's resume is a new boot (E2B's keepMemory: false).
+  if (r.on_timeout == sandbox::kOnTimeoutPause) j["lifecycle"]["keepMemory"] = r.pause_memory;
   auto policy = network::Policy::FromJson(r.network.empty() ? sandbox::kNoNetwork : r.network);
   network::Policy p = policy.ok() ? *policy : network::Policy{};
   json rules = json::parse(r.egress_rules.empty() ? "{}" : r.egress_rules, nullptr, false);
@@ -92,6 +94,10 @@ awaitable<void> Error(http::Exchange& ex, int status, const std::string& message
                       const http::Headers& headers) {
   json body = {{"code", status}, {"message", message}};
   co_await ex.RespondJson(status, body, headers);
+}
+
+json SnapshotJson(const sandbox::SnapshotInfo& s) {
+  return {{"snapshotID", s.id}, {"names", s.names}};
 }
 
 awaitable<void> Fail(http::Exchange& ex, const Status& s) {
@@ -226,7 +232,12 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKe
   req.metadata = *md;
   req.env = *env;
   req.timeout_ms = *timeout * 1000;
-  if (BoolField(*j, "autoPause")) req.on_timeout = sandbox::kOnTimeoutPause;
+  if (BoolField(*j, "autoPause")) {
+    req.on_timeout = sandbox::kOnTimeoutPause;
+    // autoPauseMemory false: the TTL's pause keeps only the filesystem.
+    if (j->contains("autoPauseMemory") && (*j)["autoPauseMemory"].is_boolean())
+      req.pause_memory = (*j)["autoPauseMemory"].get<bool>();
+  }
   // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
   if (j->contains("network") && (*j)["network"].is_object())
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");
@@ -319,7 +330,7 @@ awaitable<void> List(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKeyR
   // (E2B's default "base" is sbx's host template), as in create. One that names no template
   // lists nothing.
   if (auto tmpl = ex.query().Get("template"); v2 && tmpl && !tmpl->empty()) {
-    auto known = ctx.manager.RegisteredTemplate(*tmpl);
+    auto known = ctx.manager.RegisteredTemplate(key, *tmpl);
     if (!known.ok()) co_return co_await Fail(ex, known.status());
     if (!*known) co_return co_await ex.RespondJson(200, json::array());
     f.template_name = **known;
@@ -625,7 +636,13 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         if (!rec.ok()) co_return co_await Fail(ex, rec.status());
         if (rec->state == sandbox::kStatePaused)
           co_return co_await Error(ex, 409, "sandbox \"" + id + "\" is already paused");
-        Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pause(key, id); });
+        // {"memory": false} (the SDK's keepMemory: false): only the filesystem is kept.
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        bool memory =
+            !(j->contains("memory") && (*j)["memory"].is_boolean() && !(*j)["memory"].get<bool>());
+        Status s =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pause(key, id, memory); });
         if (!s.ok()) co_return co_await Fail(ex, s);
         co_await ex.Respond(204, "");
       }));
@@ -711,21 +728,111 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
         co_await ex.RespondJson(200, body);
       }));
 
+  // createSnapshot: a template private to this key (sandbox/templates.h); its id is what
+  // Sandbox.create(snapshotID) names, DELETE /templates/{id} removes it.
+  r.Post(
+      "/sandboxes/{id}/snapshots",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        std::string name;
+        if (j->contains("name") && !(*j)["name"].is_null()) {
+          if (!(*j)["name"].is_string())
+            co_return co_await Error(ex, 400, "name: must be a string");
+          name = (*j)["name"].get<std::string>();
+        }
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        auto snap =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.Snapshot(key, id, name); });
+        if (!snap.ok()) co_return co_await Fail(ex, snap.status());
+        co_await ex.RespondJson(201, SnapshotJson(*snap));
+      }));
+
+  // listSnapshots: newest first, `limit` (1..100, default 100) a page, the next page's token in
+  // X-Next-Token (absent on the last page).
+  r.Get(
+      "/snapshots",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        int64_t limit = 100;
+        if (auto l = ex.query().Get("limit")) {
+          char* end = nullptr;
+          limit = std::strtoll(l->c_str(), &end, 10);
+          if (l->empty() || *end != '\0' || limit < 1 || limit > 100)
+            co_return co_await Error(ex, 400, "limit: an integer from 1 to 100");
+        }
+        auto list = co_await OnPool(ctx.blocking, [&] {
+          return ctx.manager.ListSnapshots(key, ex.query().Get("sandboxID").value_or(""),
+                                           ex.query().Get("name").value_or(""));
+        });
+        if (!list.ok()) co_return co_await Fail(ex, list.status());
+        size_t from = 0;
+        if (auto token = ex.query().Get("nextToken"); token && !token->empty()) {
+          from = list->size();
+          for (size_t i = 0; i < list->size(); ++i)
+            if ((*list)[i].id == *token) from = i + 1;
+        }
+        json items = json::array();
+        size_t end = std::min(list->size(), from + static_cast<size_t>(limit));
+        for (size_t i = from; i < end; ++i) items.push_back(SnapshotJson((*list)[i]));
+        http::Headers h;
+        if (end < list->size() && end > 0) h.emplace_back("X-Next-Token", (*list)[end - 1].id);
+        co_await ex.RespondJson(200, items, h);
+      }));
+
+  // Sandbox.fork: one snapshot of the source (which keeps running), then `count` creates; one
+  // entry per fork, {sandbox} or {error}. On sbx's native runtime a fork has the source's files,
+  // not its memory (docs/api.md "Forks").
+  r.Post(
+      "/sandboxes/{id}/fork",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto j = co_await BodyObject(ex);
+        if (!j) co_return;
+        int64_t count = 1;
+        if (j->contains("count") && !(*j)["count"].is_null()) {
+          if (!(*j)["count"].is_number_integer() || (*j)["count"].get<int64_t>() < 1 ||
+              (*j)["count"].get<int64_t>() > sandbox::kMaxForks)
+            co_return co_await Error(ex, 400, "count: 1.." + std::to_string(sandbox::kMaxForks));
+          count = (*j)["count"].get<int64_t>();
+        }
+        auto timeout = TimeoutField(ctx, *j, "timeout", kV1DefaultTimeoutS);
+        if (!timeout.ok()) co_return co_await Fail(ex, timeout.status());
+        std::string id = ex.Param("id");
+        auto rec = LiveSandbox(ctx, key, id);
+        if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+        auto forks = co_await OnPool(ctx.blocking, [&] {
+          return ctx.manager.Fork(key, id, static_cast<int>(count), *timeout * 1000);
+        });
+        if (!forks.ok()) co_return co_await Fail(ex, forks.status());
+        json out = json::array();
+        for (const auto& f : *forks) {
+          if (f.ok()) {
+            out.push_back({{"sandbox", SandboxJson(ctx, key, *f)}});
+          } else {
+            int status = AnswerFor(f.status().err()).status;
+            out.push_back({{"error", {{"code", status}, {"message", f.status().what()}}}});
+          }
+        }
+        co_await ex.RespondJson(201, out);
+      }));
+
   // Template.exists(name): a registered template or an alias of one (E2B's "base" is sbx's host
   // template) answers 200, anything else 404 (the SDK's "does not exist").
-  r.Get("/templates/aliases/{alias}",
-        Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord&) -> awaitable<void> {
-          const std::string& alias = ex.Param("alias");
-          // Checked before the registry is asked: never a path, nothing unbounded.
-          if (!storage::IsValidTemplateName(alias))
-            co_return co_await Error(ex, 400, "alias: [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG");
-          auto known = co_await http::OnPool(ctx.blocking,
-                                             [&] { return ctx.manager.RegisteredTemplate(alias); });
-          if (!known.ok()) co_return co_await Fail(ex, known.status());
-          if (!*known) co_return co_await Error(ex, 404, "template '" + alias + "' not found");
-          json body = {{"templateID", **known}, {"public", true}};
-          co_await ex.RespondJson(200, body);
-        }));
+  r.Get(
+      "/templates/aliases/{alias}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        const std::string& alias = ex.Param("alias");
+        // Checked before the registry is asked: never a path, nothing unbounded.
+        if (!storage::IsValidTemplateName(alias))
+          co_return co_await Error(ex, 400, "alias: [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG");
+        auto known = co_await http::OnPool(
+            ctx.blocking, [&] { return ctx.manager.RegisteredTemplate(key, alias); });
+        if (!known.ok()) co_return co_await Fail(ex, known.status());
+        if (!*known) co_return co_await Error(ex, 404, "template '" + alias + "' not found");
+        json body = {{"templateID", **known}, {"public", true}};
+        co_await ex.RespondJson(200, body);
+      }));
   // E2B routes whose feature sbx does not have yet answer 501 in E2B's shape, not the 404 of an
   // unknown path, which the SDK reports as "sandbox not found" for a sandbox that exists.
   struct NotYet {
@@ -734,8 +841,7 @@ void RegisterControlPlane(http::Router& r, ApiContext& ctx) {
     const char* what;
   };
   static constexpr NotYet kNotYet[] = {
-      {"POST", "/sandboxes/{id}/fork", "fork"}, {"POST", "/sandboxes/{id}/snapshots", "snapshots"},
-      {"GET", "/snapshots", "snapshots"},       {"GET", "/volumes", "volumes"},
+      {"GET", "/volumes", "volumes"},
       {"POST", "/volumes", "volumes"},
   };
   for (const NotYet& n : kNotYet) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "api/errors.h"
 #include "api/v1/internal.h"
 #include "storage/template.h"
 
@@ -37,6 +38,9 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
               {"egress_mbps", r.limits.egress_mbps}}},
             {"timeout", static_cast<double>(r.timeout_ms) / 1000.0},
             {"on_timeout", r.on_timeout},
+            {"pause_memory", r.pause_memory},
+            // Paused without memory: no box until it is resumed (a new boot).
+            {"on_disk", r.on_disk},
             {"created_at", IsoTime(r.created_at)},
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
@@ -51,14 +55,22 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   return j;
 }
 
+json SnapshotJson(const sandbox::SnapshotInfo& s) {
+  return {{"id", s.id},
+          {"names", s.names},
+          {"sandbox", s.sandbox_id},
+          {"size_bytes", s.size_bytes},
+          {"created_at", IsoTime(s.created_at)}};
+}
+
 // A sandbox's: at least a second; at most the manager's maximum.
 constexpr double kMinSandboxTimeoutS = 1;
 
 Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
-  static const std::set<std::string> kKnown = {"template",     "env",     "metadata",
-                                               "limits",       "timeout", "on_timeout",
-                                               "public_ports", "network", "secrets"};
+  static const std::set<std::string> kKnown = {"template", "env",         "metadata",     "limits",
+                                               "timeout",  "on_timeout",  "public_ports", "network",
+                                               "secrets",  "pause_memory"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
   sandbox::CreateRequest r;
@@ -112,6 +124,11 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
   if (j.contains("on_timeout")) {
     if (!j["on_timeout"].is_string()) return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
     r.on_timeout = j["on_timeout"].get<std::string>();
+  }
+  if (j.contains("pause_memory")) {
+    if (!j["pause_memory"].is_boolean())
+      return Status::Error("pause_memory: must be true or false", EINVAL);
+    r.pause_memory = j["pause_memory"].get<bool>();
   }
   if (j.contains("public_ports")) {
     if (!j["public_ports"].is_boolean())
@@ -240,20 +257,150 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
 
   for (const char* action : {"pause", "resume"}) {
     bool pause = std::string(action) == "pause";
-    r.Post(std::string("/v1/sandboxes/{id}/") + action,
-           Authed(ctx,
-                  [&ctx, pause](http::Exchange& ex,
-                                const sandbox::ApiKeyRecord& key) -> awaitable<void> {
-                    std::string id = ex.Param("id");
-                    Status s = co_await OnPool(ctx.blocking, [&] {
-                      return pause ? ctx.manager.Pause(key, id) : ctx.manager.Resume(key, id);
-                    });
-                    if (!s.ok()) co_return co_await Fail(ex, s);
-                    auto rec = ctx.manager.Get(key, id);
-                    if (!rec.ok()) co_return co_await Fail(ex, rec.status());
-                    co_await ex.RespondJson(200, SandboxJson(ctx, key, *rec));
-                  }));
+    r.Post(
+        std::string("/v1/sandboxes/{id}/") + action,
+        Authed(
+            ctx,
+            [&ctx, pause](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+              std::string id = ex.Param("id");
+              // Another key's sandbox is not found, whatever the body says.
+              if (auto owned = ctx.manager.Get(key, id); !owned.ok())
+                co_return co_await Fail(ex, owned.status());
+              // A pause's optional body: {"memory": false} keeps only the filesystem.
+              auto body = co_await ex.ReadBody();
+              if (!body.ok()) co_return co_await Fail(ex, body.status());
+              bool memory = true;
+              if (pause && !body->empty()) {
+                json j = http::ParseJsonBody(*body);
+                if (!j.is_object())
+                  co_return co_await ex.RespondError(400, "invalid_argument",
+                                                     "body: must be a JSON object");
+                for (const auto& [k, v] : j.items())
+                  if (k != "memory")
+                    co_return co_await ex.RespondError(400, "invalid_argument",
+                                                       "unknown field '" + k + "'");
+                if (j.contains("memory")) {
+                  if (!j["memory"].is_boolean())
+                    co_return co_await ex.RespondError(400, "invalid_argument",
+                                                       "memory: must be true or false");
+                  memory = j["memory"].get<bool>();
+                }
+              }
+              Status s = co_await OnPool(ctx.blocking, [&] {
+                return pause ? ctx.manager.Pause(key, id, memory) : ctx.manager.Resume(key, id);
+              });
+              if (!s.ok()) co_return co_await Fail(ex, s);
+              auto rec = ctx.manager.Get(key, id);
+              if (!rec.ok()) co_return co_await Fail(ex, rec.status());
+              co_await ex.RespondJson(200, SandboxJson(ctx, key, *rec));
+            }));
   }
+
+  // Snapshots (docs/api.md "Snapshots"): private to the key that took them.
+  r.Post(
+      "/v1/sandboxes/{id}/snapshots",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        // Another key's sandbox is not found, whatever the body says.
+        if (auto owned = ctx.manager.Get(key, ex.Param("id")); !owned.ok())
+          co_return co_await Fail(ex, owned.status());
+        auto body = co_await ex.ReadBody();
+        if (!body.ok()) co_return co_await Fail(ex, body.status());
+        std::string name;
+        if (!body->empty()) {
+          json j = http::ParseJsonBody(*body);
+          if (!j.is_object())
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "body: must be a JSON object");
+          for (const auto& [k, v] : j.items())
+            if (k != "name")
+              co_return co_await ex.RespondError(400, "invalid_argument",
+                                                 "unknown field '" + k + "'");
+          if (j.contains("name") && !j["name"].is_null()) {
+            if (!j["name"].is_string())
+              co_return co_await ex.RespondError(400, "invalid_argument", "name: must be a string");
+            name = j["name"].get<std::string>();
+          }
+        }
+        std::string id = ex.Param("id");
+        auto snap =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.Snapshot(key, id, name); });
+        if (!snap.ok()) co_return co_await Fail(ex, snap.status());
+        co_await ex.RespondJson(201, SnapshotJson(*snap));
+      }));
+
+  r.Get(
+      "/v1/snapshots",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        auto list = co_await OnPool(ctx.blocking, [&] {
+          return ctx.manager.ListSnapshots(key, ex.query().Get("sandbox").value_or(""),
+                                           ex.query().Get("name").value_or(""));
+        });
+        if (!list.ok()) co_return co_await Fail(ex, list.status());
+        json items = json::array();
+        for (const auto& s : *list) items.push_back(SnapshotJson(s));
+        json body = {{"snapshots", items}};
+        co_await ex.RespondJson(200, body);
+      }));
+
+  r.Delete(
+      "/v1/snapshots/{snapshot}",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        std::string id = ex.Param("snapshot");
+        Status s =
+            co_await OnPool(ctx.blocking, [&] { return ctx.manager.DeleteSnapshot(key, id); });
+        if (!s.ok()) co_return co_await Fail(ex, s);
+        co_await ex.Respond(204, "");
+      }));
+
+  // Forks: N sandboxes from one snapshot of a source that keeps running; one answer per fork.
+  r.Post(
+      "/v1/sandboxes/{id}/fork",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        if (auto owned = ctx.manager.Get(key, ex.Param("id")); !owned.ok())
+          co_return co_await Fail(ex, owned.status());
+        auto body = co_await ex.ReadBody();
+        if (!body.ok()) co_return co_await Fail(ex, body.status());
+        json j = body->empty() ? json::object() : http::ParseJsonBody(*body);
+        if (!j.is_object())
+          co_return co_await ex.RespondError(400, "invalid_argument",
+                                             "body: must be a JSON object");
+        for (const auto& [k, v] : j.items())
+          if (k != "count" && k != "timeout")
+            co_return co_await ex.RespondError(400, "invalid_argument",
+                                               "unknown field '" + k + "'");
+        int count = 1;
+        if (j.contains("count")) {
+          if (!j["count"].is_number_integer() || j["count"].get<int64_t>() < 1 ||
+              j["count"].get<int64_t>() > sandbox::kMaxForks)
+            co_return co_await ex.RespondError(
+                400, "invalid_argument",
+                "count: an integer, 1.." + std::to_string(sandbox::kMaxForks));
+          count = j["count"].get<int>();
+        }
+        int64_t timeout_ms = 0;
+        if (j.contains("timeout") && !j["timeout"].is_null()) {
+          auto t = SecondsField(j, "timeout", kMinSandboxTimeoutS,
+                                static_cast<double>(ctx.manager.max_timeout_ms()) / 1000);
+          if (!t.ok()) co_return co_await Fail(ex, t.status());
+          timeout_ms = *t;
+        }
+        std::string id = ex.Param("id");
+        auto forks = co_await OnPool(ctx.blocking,
+                                     [&] { return ctx.manager.Fork(key, id, count, timeout_ms); });
+        if (!forks.ok()) co_return co_await Fail(ex, forks.status());
+        json items = json::array();
+        for (const auto& f : *forks) {
+          if (f.ok()) {
+            items.push_back({{"sandbox", SandboxJson(ctx, key, *f)}});
+          } else {
+            ErrorAnswer a = AnswerFor(f.status().err());
+            items.push_back({{"error", {{"code", a.code}, {"message", f.status().what()}}}});
+          }
+        }
+        // The native runtime forks files, not memory: the forks' processes are not running.
+        json answer = {{"forks", items}, {"memory", false}};
+        co_await ex.RespondJson(201, answer);
+      }));
 }
 
 }  // namespace sbx::api::v1

@@ -111,6 +111,30 @@ Status MountDiskImage(const std::string& image, const std::string& mountpoint, i
   return {};
 }
 
+Result<std::string> LoopDeviceOf(const std::string& image) {
+  struct stat want {};
+  if (::stat(image.c_str(), &want) != 0) return Status::Errno("stat " + image);
+  DIR* d = ::opendir("/sys/block");
+  if (d == nullptr) return Status::Errno("opendir /sys/block");
+  std::string found;
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, "loop", 4) != 0) continue;
+    // The backing file by device and inode, which a renamed or re-created path cannot fake.
+    auto dev = ReadFile(std::string("/sys/block/") + e->d_name + "/loop/backing_file", 4096);
+    if (!dev.ok()) continue;
+    std::string path = *dev;
+    while (!path.empty() && path.back() == '\n') path.pop_back();
+    struct stat got {};
+    if (::stat(path.c_str(), &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino) {
+      found = std::string("/dev/") + e->d_name;
+      break;
+    }
+  }
+  ::closedir(d);
+  if (found.empty()) return Status::Error("no loop device holds " + image, ENOENT);
+  return found;
+}
+
 namespace {
 
 // Sums st_blocks below the directory `dir` (consumed) into *bytes. Every step is relative to an

@@ -17,6 +17,10 @@ namespace sbx::runtime {
 Status MountDiskImage(const std::string& image, const std::string& mountpoint, int64_t bytes,
                       uint32_t owner);
 
+// The loop device ("/dev/loopN") `image` is attached to: ENOENT when none is (its last mount is
+// gone).
+Result<std::string> LoopDeviceOf(const std::string& image);
+
 // What a box's writable layer holds and may hold, for BoxStats.
 struct LayerUsage {
   uint64_t used = 0;

@@ -33,6 +33,7 @@
 #include "runtime/native/child.h"
 #include "runtime/native/disk.h"
 #include "runtime/native/idmap.h"
+#include "runtime/native/layer_copy.h"
 #include "runtime/native/mount_plan.h"
 #include "runtime/native/seccomp_policy.h"
 
@@ -609,6 +610,44 @@ Status NativeRuntime::DestroyKeepingUpper(const Box& box, const std::string& des
   return DestroyBox(box, &dest);
 }
 
+// A disk-limited box's writable layer is on an ext4 image mounted only in the box's own mount
+// namespace (Prepare). Mounting its loop device again here gives another mount of that same live
+// filesystem (the kernel shares the superblock; nothing of the image is parsed again), which is
+// detached once the copy is made.
+Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
+                                        int64_t limit_bytes) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  const std::string dir = config_.run_dir + "/" + box.id;
+  const std::string what = "copy the writable layer of box " + box.id;
+  std::string upper = dir + "/fs/upper";
+  std::string peek;
+  struct stat sb {};
+  if (::lstat((dir + "/disk.img").c_str(), &sb) == 0) {
+    auto dev = LoopDeviceOf(dir + "/disk.img");
+    if (!dev.ok()) return dev.status().Wrap(what);
+    peek = dir + "/fs/peek";
+    (void)::umount2(peek.c_str(), MNT_DETACH);
+    if (::mkdir(peek.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(what + ": mkdir");
+    if (::mount(dev->c_str(), peek.c_str(), "ext4", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") != 0) {
+      Status s = Status::Errno(what + ": mount " + *dev);
+      (void)::rmdir(peek.c_str());
+      return s;
+    }
+    upper = peek + "/upper";
+  }
+  Result<int64_t> copied = Status::Error(what, EIO);
+  {
+    UniqueFd src(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    copied = src ? CopyLayerTree(src.get(), dest, limit_bytes) : Status::Errno(what + ": open");
+  }
+  if (!peek.empty()) {
+    (void)::umount2(peek.c_str(), MNT_DETACH);
+    (void)::rmdir(peek.c_str());
+  }
+  if (!copied.ok()) return copied.status().Wrap(what);
+  return {};
+}
+
 Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that
@@ -652,6 +691,8 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
   }
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
+  // So does one of a copy of its writable layer (CopyWritableLayer) whose maker died mid-copy.
+  ::umount2((config_.run_dir + "/" + box.id + "/fs/peek").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
   {
     MutexLock guard(mu_);

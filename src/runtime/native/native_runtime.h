@@ -63,6 +63,7 @@ class NativeRuntime : public Runtime {
   std::optional<std::string> AgentExit(const Box& box) override;
   Status Destroy(const Box& box) override;
   Status DestroyKeepingUpper(const Box& box, const std::string& dest) override;
+  Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) override;
   Result<int> ReapOrphans(const std::string& owner) override;
   Result<Box> Adopt(const std::string& id) override;
   Result<std::vector<std::string>> ListBoxes() override;

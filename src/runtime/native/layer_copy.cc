@@ -1,0 +1,215 @@
+#include "runtime/native/layer_copy.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "common/fd.h"
+
+namespace sbx::runtime {
+namespace {
+
+constexpr int kMaxDepth = 512;
+constexpr int64_t kEntryCost = 512;  // what an entry costs beyond its data (as the cache counts)
+
+struct Copier {
+  int64_t limit = 0;
+  int64_t bytes = 0;
+  // Hard links: the first copy of each (device, inode) with more than one link, as its parent
+  // directory fd in `dest` (kept open) and name.
+  std::map<std::pair<dev_t, ino_t>, std::pair<int, std::string>> links;
+  std::vector<UniqueFd> kept_dirs;
+
+  Status Charge(int64_t n, const std::string& what) {
+    bytes += n + kEntryCost;
+    if (bytes > limit)
+      return Status::Error("copy the writable layer: more than " + std::to_string(limit) +
+                               " bytes (at " + what + ")",
+                           ENOSPC);
+    return {};
+  }
+
+  // Extended attributes of `from` onto `to` (both open fds of regular files or directories).
+  static Status CopyXattrs(int from, int to, const std::string& what) {
+    std::vector<char> names(4096);
+    ssize_t n;
+    while ((n = ::flistxattr(from, names.data(), names.size())) < 0 && errno == ERANGE)
+      names.resize(names.size() * 4);
+    if (n < 0) return errno == ENOTSUP ? Status() : Status::Errno("list xattrs of " + what);
+    std::vector<char> value(4096);
+    for (ssize_t i = 0; i < n;) {
+      const char* name = names.data() + i;
+      i += static_cast<ssize_t>(std::strlen(name)) + 1;
+      ssize_t v;
+      while ((v = ::fgetxattr(from, name, value.data(), value.size())) < 0 && errno == ERANGE)
+        value.resize(value.size() * 4);
+      if (v < 0) return Status::Errno("read xattr " + std::string(name) + " of " + what);
+      if (::fsetxattr(to, name, value.data(), static_cast<size_t>(v), 0) != 0)
+        return Status::Errno("set xattr " + std::string(name) + " on the copy of " + what);
+    }
+    return {};
+  }
+
+  // Owner, mode (after the owner: chown clears set-id bits), xattrs and times of `st` onto `to`.
+  static Status Finish(int from, int to, const struct stat& st, const std::string& what) {
+    if (::fchown(to, st.st_uid, st.st_gid) != 0) return Status::Errno("chown the copy of " + what);
+    if (::fchmod(to, st.st_mode & 07777) != 0) return Status::Errno("chmod the copy of " + what);
+    SBX_RETURN_IF_ERROR(CopyXattrs(from, to, what));
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    if (::futimens(to, times) != 0) return Status::Errno("set times of the copy of " + what);
+    return {};
+  }
+
+  static Status CopyData(int from, int to, int64_t size, const std::string& what) {
+    if (size == 0) return {};
+    if (::ioctl(to, FICLONE, from) == 0) return {};
+    int64_t left = size;
+    bool in_kernel = true;
+    std::vector<char> buf;
+    while (left > 0) {
+      ssize_t n = -1;
+      if (in_kernel) {
+        n = ::copy_file_range(from, nullptr, to, nullptr, static_cast<size_t>(left), 0);
+        if (n < 0 &&
+            (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+          in_kernel = false;
+          continue;
+        }
+      } else {
+        if (buf.empty()) buf.resize(1 << 20);
+        n = ::read(from, buf.data(), buf.size());
+        if (n > 0) {
+          for (ssize_t off = 0; off < n;) {
+            ssize_t w = ::write(to, buf.data() + off, static_cast<size_t>(n - off));
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) return Status::Errno("write the copy of " + what);
+            off += w;
+          }
+        }
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::Errno("copy " + what);
+      if (n == 0) break;  // shorter than it was: frozen boxes do not shrink files, but be safe
+      left -= n;
+    }
+    return {};
+  }
+
+  Status Entry(int src, int dst, const char* name, const std::string& what, int depth) {
+    struct stat st {};
+    if (::fstatat(src, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return Status::Errno("stat " + what);
+    if (S_ISREG(st.st_mode) && st.st_nlink > 1) {
+      auto it = links.find({st.st_dev, st.st_ino});
+      if (it != links.end()) {
+        if (::linkat(it->second.first, it->second.second.c_str(), dst, name, 0) != 0)
+          return Status::Errno("link the copy of " + what);
+        return {};
+      }
+    }
+    switch (st.st_mode & S_IFMT) {
+      case S_IFDIR: {
+        if (depth >= kMaxDepth)
+          return Status::Error("copy the writable layer: deeper than " + std::to_string(kMaxDepth) +
+                                   " directories at " + what,
+                               ELOOP);
+        SBX_RETURN_IF_ERROR(Charge(0, what));
+        UniqueFd from(::openat(src, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!from) return Status::Errno("open " + what);
+        if (::mkdirat(dst, name, 0700) != 0) return Status::Errno("make the copy of " + what);
+        UniqueFd to(::openat(dst, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!to) return Status::Errno("open the copy of " + what);
+        SBX_RETURN_IF_ERROR(Tree(from.get(), to.get(), what, depth + 1));
+        return Finish(from.get(), to.get(), st, what);
+      }
+      case S_IFREG: {
+        SBX_RETURN_IF_ERROR(Charge(st.st_size, what));
+        UniqueFd from(::openat(src, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+        if (!from) return Status::Errno("open " + what);
+        UniqueFd to(
+            ::openat(dst, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        if (!to) return Status::Errno("make the copy of " + what);
+        SBX_RETURN_IF_ERROR(CopyData(from.get(), to.get(), st.st_size, what));
+        SBX_RETURN_IF_ERROR(Finish(from.get(), to.get(), st, what));
+        if (st.st_nlink > 1) {
+          UniqueFd parent(::fcntl(dst, F_DUPFD_CLOEXEC, 0));
+          if (!parent) return Status::Errno("dup");
+          links[{st.st_dev, st.st_ino}] = {parent.get(), name};
+          kept_dirs.push_back(std::move(parent));
+        }
+        return {};
+      }
+      case S_IFLNK: {
+        SBX_RETURN_IF_ERROR(Charge(st.st_size, what));
+        std::vector<char> target(static_cast<size_t>(st.st_size) + 1);
+        ssize_t n = ::readlinkat(src, name, target.data(), target.size());
+        if (n < 0) return Status::Errno("read link " + what);
+        target[static_cast<size_t>(std::min<ssize_t>(n, st.st_size))] = '\0';
+        if (::symlinkat(target.data(), dst, name) != 0)
+          return Status::Errno("make the copy of " + what);
+        if (::fchownat(dst, name, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0)
+          return Status::Errno("chown the copy of " + what);
+        const struct timespec times[2] = {st.st_atim, st.st_mtim};
+        (void)::utimensat(dst, name, times, AT_SYMLINK_NOFOLLOW);
+        return {};
+      }
+      case S_IFCHR:
+      case S_IFIFO: {
+        // A whiteout (0/0) or a fifo; other devices were never the box's to make.
+        if (S_ISCHR(st.st_mode) && st.st_rdev != makedev(0, 0)) return {};
+        SBX_RETURN_IF_ERROR(Charge(0, what));
+        if (::mknodat(dst, name, st.st_mode & (S_IFMT | 0777), st.st_rdev) != 0)
+          return Status::Errno("make the copy of " + what);
+        if (::fchownat(dst, name, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0)
+          return Status::Errno("chown the copy of " + what);
+        if (::fchmodat(dst, name, st.st_mode & 07777, 0) != 0)
+          return Status::Errno("chmod the copy of " + what);
+        return {};
+      }
+      default:
+        return {};  // sockets, block devices: nothing a layer keeps
+    }
+  }
+
+  Status Tree(int src, int dst, const std::string& what, int depth) {
+    UniqueFd walk(::fcntl(src, F_DUPFD_CLOEXEC, 0));
+    if (!walk) return Status::Errno("dup");
+    DIR* d = ::fdopendir(walk.get());
+    if (d == nullptr) return Status::Errno("read " + what);
+    (void)walk.release();
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const auto& n : names)
+      SBX_RETURN_IF_ERROR(Entry(src, dst, n.c_str(), what + "/" + n, depth));
+    return {};
+  }
+};
+
+}  // namespace
+
+Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes) {
+  UniqueFd to(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!to) return Status::Errno("open " + dest);
+  struct stat st {};
+  if (::fstat(src_dir, &st) != 0) return Status::Errno("stat the writable layer");
+  Copier c;
+  c.limit = limit_bytes;
+  SBX_RETURN_IF_ERROR(c.Tree(src_dir, to.get(), "", 0));
+  SBX_RETURN_IF_ERROR(Copier::Finish(src_dir, to.get(), st, "the layer's root"));
+  return c.bytes;
+}
+
+}  // namespace sbx::runtime

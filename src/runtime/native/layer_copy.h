@@ -1,0 +1,26 @@
+// Copies a box's writable layer (an overlay upper directory) exactly: what a snapshot takes while
+// the box is frozen (Runtime::CopyWritableLayer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace sbx::runtime {
+
+// Copies everything below the directory `src_dir` (an open fd, consumed only by reading) into
+// the existing, empty directory `dest`, which gets `src_dir`'s own attributes at the end.
+// Kept: file types (directories, regular files, symlinks, fifos, 0/0 character devices, which
+// are overlayfs' whiteouts; other devices and sockets are skipped), owners, modes (set-id bits
+// included), extended attributes (overlayfs' user.overlay.* and trusted.overlay.* marks,
+// security.capability), timestamps and hard links within the tree. File data is cloned where the
+// filesystem can (FICLONE: btrfs, XFS), else copied in the kernel (copy_file_range), else read
+// and written. Every step is relative to a directory fd opened with O_NOFOLLOW, so nothing
+// outside `src_dir` is read even if its content changes meanwhile (the caller freezes the box so
+// that it does not). ENOSPC past `limit_bytes` (file sizes plus a small cost per entry), ELOOP
+// past 512 levels of directories; what was copied is left in `dest` for the caller to remove.
+// Returns the bytes counted.
+Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes);
+
+}  // namespace sbx::runtime

@@ -1,0 +1,124 @@
+#include "runtime/native/layer_copy.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/fd.h"
+#include "common/fs.h"
+
+namespace sbx::runtime {
+namespace {
+
+class LayerCopyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char t[] = "/tmp/sbx-layer-copy-XXXXXX";
+    ASSERT_NE(::mkdtemp(t), nullptr);
+    root_ = t;
+    src_ = root_ + "/src";
+    dst_ = root_ + "/dst";
+    ASSERT_EQ(::mkdir(src_.c_str(), 0755), 0);
+    ASSERT_EQ(::mkdir(dst_.c_str(), 0700), 0);
+  }
+  void TearDown() override { (void)RemoveTree(root_); }
+
+  Result<int64_t> Copy(int64_t limit = INT64_MAX) {
+    UniqueFd fd(::open(src_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return CopyLayerTree(fd.get(), dst_, limit);
+  }
+  static std::string Xattr(const std::string& path, const char* name) {
+    char v[64] = {};
+    ssize_t n = ::lgetxattr(path.c_str(), name, v, sizeof v);
+    return n < 0 ? "" : std::string(v, static_cast<size_t>(n));
+  }
+
+  std::string root_, src_, dst_;
+};
+
+// Everything an overlay upper directory holds comes across as it was: owners (host ids of a
+// box), modes with set-id bits, overlayfs' marks, whiteouts, hard links, symlinks, fifos.
+TEST_F(LayerCopyTest, AnUpperDirectoryIsCopiedExactly) {
+  ASSERT_EQ(::chown(src_.c_str(), 200000, 200000), 0);
+  ASSERT_EQ(::mkdir((src_ + "/opaque").c_str(), 0750), 0);
+  ASSERT_EQ(::setxattr((src_ + "/opaque").c_str(), "user.overlay.opaque", "y", 1, 0), 0);
+  ASSERT_EQ(::setxattr((src_ + "/opaque").c_str(), "trusted.overlay.opaque", "y", 1, 0), 0);
+  ASSERT_TRUE(WriteFile(src_ + "/opaque/suid", std::string(100000, 'x'), 0755).ok());
+  ASSERT_EQ(::chown((src_ + "/opaque/suid").c_str(), 201000, 201000), 0);
+  ASSERT_EQ(::chmod((src_ + "/opaque/suid").c_str(), 04755), 0);
+  ASSERT_EQ(::link((src_ + "/opaque/suid").c_str(), (src_ + "/second-name").c_str()), 0);
+  ASSERT_EQ(::mknod((src_ + "/gone").c_str(), S_IFCHR | 0, makedev(0, 0)), 0);  // a whiteout
+  ASSERT_EQ(::mknod((src_ + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+  ASSERT_EQ(::mkfifo((src_ + "/fifo").c_str(), 0640), 0);
+  ASSERT_EQ(::symlink("/etc/passwd", (src_ + "/link").c_str()), 0);
+  ASSERT_EQ(::lchown((src_ + "/link").c_str(), 200005, 200005), 0);
+  struct timespec old[2] = {{1000, 0}, {1000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, (src_ + "/fifo").c_str(), old, 0), 0);
+
+  auto n = Copy();
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_GE(*n, 100000);
+  struct stat st {};
+  ASSERT_EQ(::stat(dst_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 200000u);  // the root's own attributes
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+  ASSERT_EQ(::stat((dst_ + "/opaque").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(Xattr(dst_ + "/opaque", "user.overlay.opaque"), "y");
+  EXPECT_EQ(Xattr(dst_ + "/opaque", "trusted.overlay.opaque"), "y");
+  ASSERT_EQ(::stat((dst_ + "/opaque/suid").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 04755u);
+  EXPECT_EQ(st.st_uid, 201000u);
+  EXPECT_EQ(st.st_size, 100000);
+  EXPECT_EQ(st.st_nlink, 2u);
+  struct stat other {};
+  ASSERT_EQ(::stat((dst_ + "/second-name").c_str(), &other), 0);
+  EXPECT_EQ(other.st_ino, st.st_ino);
+  EXPECT_EQ(*ReadFile(dst_ + "/opaque/suid"), std::string(100000, 'x'));
+  ASSERT_EQ(::lstat((dst_ + "/gone").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0));
+  EXPECT_NE(::lstat((dst_ + "/null").c_str(), &st), 0) << "a real device is never copied";
+  ASSERT_EQ(::lstat((dst_ + "/fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  ASSERT_EQ(::lstat((dst_ + "/link").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_EQ(st.st_uid, 200005u);
+  char target[64] = {};
+  ASSERT_GT(::readlink((dst_ + "/link").c_str(), target, sizeof target - 1), 0);
+  EXPECT_STREQ(target, "/etc/passwd");
+  // Nothing was followed out of the tree: the link's target is untouched and not copied.
+  EXPECT_NE(::access((dst_ + "/etc").c_str(), F_OK), 0);
+}
+
+// A layer larger than the bound, or deeper than the copier goes, is refused with a clear errno.
+TEST_F(LayerCopyTest, TooLargeOrTooDeepIsRefused) {
+  ASSERT_TRUE(WriteFile(src_ + "/big", std::string(1 << 20, 'b'), 0644).ok());
+  auto n = Copy(1 << 19);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().err(), ENOSPC) << n.status().message();
+
+  (void)::unlink((src_ + "/big").c_str());
+  (void)RemoveTree(dst_);
+  ASSERT_EQ(::mkdir(dst_.c_str(), 0700), 0);
+  UniqueFd dir(::open(src_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  for (int i = 0; i < 600; ++i) {
+    ASSERT_EQ(::mkdirat(dir.get(), "d", 0755), 0);
+    dir.reset(::openat(dir.get(), "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_TRUE(dir);
+  }
+  n = Copy();
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().err(), ELOOP) << n.status().message();
+}
+
+}  // namespace
+}  // namespace sbx::runtime
