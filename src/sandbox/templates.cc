@@ -138,9 +138,10 @@ Status TemplateBuilds::Refused(const store::ApiKeyRecord& key, const std::string
   auto rec = store_.GetTemplate(name);
   bool builtin = rec.ok() && *rec && IsBuiltIn(**rec);
   auto owner = store_.GetTemplateOwner(name);
-  std::string whose = builtin                ? "is built in"
-                      : owner.ok() && *owner ? "was built by another key"
-                                             : "is the operator's";
+  // A held name first: a snapshot's names are aliases too, but no built-in has an owner.
+  std::string whose = owner.ok() && *owner ? "was built by another key"
+                      : builtin            ? "is built in"
+                                           : "is the operator's";
   audit_("template.denied", key.id, {{"template", name}, {"op", op}});
   return Status::Error("template '" + name + "' " + whose + ": this key may not " +
                            (op == "upload" ? "upload files for it" : "replace it"),

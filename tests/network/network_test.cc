@@ -104,6 +104,7 @@ class NetworkTest : public ::testing::Test {
         {"UdpFlowsARemovedRuleAllowedStopAtOnce", "35"},
         {"ABoxCannotReachAnotherBox", "37"},
         {"APolicyIsLiveAndSurvivesPauseAndRestart", "39"},
+        {"ForksAndAPauseWithoutMemoryKeepThePolicyAndTheSecrets", "39"},
         {"ASecretNeverEntersTheBoxAndReachesOnlyItsHost", "36"},
         {"WithoutAPolicyThereIsNoNetworkAndTheBoxSaysSo", "32"},
         {"SbxBuildNetFetchesFromItsAllowlistAndADeniedHostFailsTheStep", "33"},
@@ -815,6 +816,38 @@ TEST_F(NetworkTest, APolicyIsLiveAndSurvivesPauseAndRestart) {
   EXPECT_NE(Exec(id, std::string(kCurl) + "https://allowed.test/headers").exit_code, 0);
   json net = Json("GET", "/v1/sandboxes/" + id + "/network");
   EXPECT_EQ(net.value("mode", ""), "allowlist") << net.dump();
+}
+
+// Row 39 for issue 14: a fork gets the source's policy and secrets (its own placeholder, the same
+// value on the secret's host), and a box made again from a pause without memory gets them back.
+TEST_F(NetworkTest, ForksAndAPauseWithoutMemoryKeepThePolicyAndTheSecrets) {
+  const std::string value = "fork-s3cr3t-0123456789";
+  Json("POST", "/v1/secrets",
+       {{"name", "forked"}, {"value", value}, {"hosts", {"allowed.test"}}, {"format", "{}"}}, 201);
+  json body = {{"network", {{"mode", "allowlist"}, {"allow", {"allowed.test"}}}},
+               {"secrets", {{"API_KEY", "forked"}}}};
+  std::string src = Json("POST", "/v1/sandboxes", body, 201).value("id", "");
+  ASSERT_FALSE(src.empty());
+  const std::string with_key =
+      "curl -sS --max-time 20 -H \"Authorization: Bearer $API_KEY\" https://allowed.test/headers";
+  const std::string pypi = std::string(kCurl) + "https://pypi.test/simple/sbxdemo/";
+  auto check = [&](const std::string& id, const std::string& when) {
+    auto r = Exec(id, with_key);
+    EXPECT_EQ(r.exit_code, 0) << when << ": " << r.err;
+    EXPECT_NE(r.out.find("Bearer " + value), std::string::npos) << when << ": " << r.out;
+    EXPECT_NE(Exec(id, pypi).exit_code, 0) << when << ": a host the policy does not name";
+    EXPECT_EQ(Exec(id, "echo $API_KEY").out.rfind("sbx_secret_", 0), 0u) << when;
+  };
+  json forks = Json("POST", "/v1/sandboxes/" + src + "/fork", {{"count", 1}}, 201);
+  ASSERT_TRUE(forks["forks"][0].contains("sandbox")) << forks.dump();
+  std::string fork = forks["forks"][0]["sandbox"]["id"];
+  EXPECT_EQ(Json("GET", "/v1/sandboxes/" + fork + "/network").value("mode", ""), "allowlist");
+  check(fork, "the fork");
+  EXPECT_NE(Exec(fork, "echo $API_KEY").out, Exec(src, "echo $API_KEY").out)
+      << "a fork has its own placeholder";
+  Json("POST", "/v1/sandboxes/" + src + "/pause", {{"memory", false}});
+  Json("POST", "/v1/sandboxes/" + src + "/resume", json::object());
+  check(src, "resumed from a pause without memory");
 }
 
 // Row 36 and item 6: a secret never enters the box; the proxy puts it into requests to its host

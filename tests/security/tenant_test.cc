@@ -214,6 +214,7 @@ class Tenants : public ::testing::Test {
   void Row45();
   void RowNetworkAndSecrets();
   void RowTemplates();
+  void RowSnapshots();
 
   std::string dir_, parent_, operator_key_, a_key_, b_key_;
   std::set<std::string> links_before_;  // another sbx's on this machine: not ours to count
@@ -1290,6 +1291,94 @@ void Tenants::RowTemplates() {
   }
 }
 
+// 14a: a snapshot holds its tenant's files, so unlike other templates it is that key's alone:
+// another key can neither create from it, see, list, delete or build on it, by id or by name, on
+// either API, nor snapshot or fork the tenant's sandbox; its name stays the tenant's.
+void Tenants::RowSnapshots() {
+  std::vector<std::string> failures;
+  int probes = 0;
+  auto expect = [&](const std::string& what, const http::Response& r, int status,
+                    const std::string& text) {
+    ++probes;
+    if (r.status != status || (!text.empty() && ErrorText(r).find(text) == std::string::npos))
+      failures.push_back(what + ": expected " + std::to_string(status) + " '" + text + "', got " +
+                         std::to_string(r.status) + " " + r.body.substr(0, 200));
+  };
+  std::string a_box = Create(a_key_);
+  ASSERT_FALSE(a_box.empty());
+  ASSERT_EQ(Call(a_key_, "PUT", "/v1/sandboxes/" + a_box + "/files?path=/root/a-secret.txt",
+                 "tenant A's secret")
+                .status,
+            200);
+  auto taken =
+      Call(a_key_, "POST", "/v1/sandboxes/" + a_box + "/snapshots", R"({"name":"tenant-a-env"})");
+  ASSERT_EQ(taken.status, 201) << taken.body;
+  std::string snap = json::parse(taken.body).value("id", "");
+  int denied_before = AccessDenied();
+  for (const std::string& n : {snap, std::string("tenant-a-env")}) {
+    const std::string nf = "template not found: " + n;
+    expect("B's v1 create from " + n,
+           Call(b_key_, "POST", "/v1/sandboxes", json{{"template", n}}.dump()), 400, nf);
+    expect("B's E2B create from " + n,
+           E2b(b_key_, "POST", "/v2/sandboxes", json{{"templateID", n}}.dump()), 400, nf);
+    expect("B's GET /v1/templates/" + n, Call(b_key_, "GET", "/v1/templates/" + n), 404, "");
+    expect("B's E2B Template.exists(" + n + ")", E2b(b_key_, "GET", "/templates/aliases/" + n), 404,
+           "");
+    expect("B's DELETE /v1/snapshots/" + n, Call(b_key_, "DELETE", "/v1/snapshots/" + n), 404,
+           "not found");
+    expect("B's E2B deleteSnapshot(" + n + ")", E2b(b_key_, "DELETE", "/templates/" + n), 404,
+           "not found");
+    expect("B's build FROM " + n,
+           Call(b_key_, "POST", "/v1/templates/tenant-b-on-a/builds",
+                json{{"dockerfile", "FROM " + n + "\nRUN cat /root/a-secret.txt\n"}}.dump()),
+           400, "template not found");
+  }
+  auto listed = Call(b_key_, "GET", "/v1/snapshots");
+  ++probes;
+  if (listed.status != 200 || listed.body.find("snap-") != std::string::npos)
+    failures.push_back("B's /v1/snapshots: " + listed.body);
+  for (const std::string& q :
+       std::vector<std::string>{"", "?sandboxID=" + a_box, "?name=tenant-a-env"}) {
+    auto e = E2b(b_key_, "GET", "/snapshots" + q);
+    ++probes;
+    if (e.status != 200 || e.body != "[]") failures.push_back("B's /snapshots" + q + ": " + e.body);
+  }
+  auto templates = Call(b_key_, "GET", "/v1/templates");
+  ++probes;
+  if (templates.body.find(snap) != std::string::npos ||
+      templates.body.find(R"("name":"tenant-a-env")") != std::string::npos)
+    failures.push_back("B's /v1/templates lists A's snapshot");
+  expect("B's snapshot of A's sandbox",
+         Call(b_key_, "POST", "/v1/sandboxes/" + a_box + "/snapshots", "{}"), 404, "");
+  expect("B's fork of A's sandbox", Call(b_key_, "POST", "/v1/sandboxes/" + a_box + "/fork", "{}"),
+         404, "");
+  expect("B's E2B createSnapshot of A's sandbox",
+         E2b(b_key_, "POST", "/sandboxes/" + a_box + "/snapshots", "{}"), 404, "");
+  expect("B's E2B fork of A's sandbox",
+         E2b(b_key_, "POST", "/sandboxes/" + a_box + "/fork", R"({"count":1})"), 404, "");
+  ++probes;
+  if (AccessDenied() < denied_before + 4)
+    failures.push_back("B's snapshots and forks of A's sandbox were not all audited");
+  // A's name is A's: B cannot give it to a snapshot of its own.
+  std::string b_box = Create(b_key_);
+  expect(
+      "B's snapshot named tenant-a-env",
+      Call(b_key_, "POST", "/v1/sandboxes/" + b_box + "/snapshots", R"({"name":"tenant-a-env"})"),
+      403, "another key");
+  // A's snapshot is as A made it.
+  std::string a_copy = Create(a_key_, {{"template", "tenant-a-env"}});
+  auto read = Call(a_key_, "GET", "/v1/sandboxes/" + a_copy + "/files?path=/root/a-secret.txt");
+  ++probes;
+  if (read.status != 200 || read.body != "tenant A's secret")
+    failures.push_back("A's create from its snapshot: " + read.body);
+  expect("A's DELETE of its snapshot", Call(a_key_, "DELETE", "/v1/snapshots/" + snap), 204, "");
+  RecordChecks("14a-snapshots", "38", failures,
+               std::to_string(probes) +
+                   " creates, lookups, lists, deletions and builds of A's snapshot (id and name) "
+                   "and snapshots and forks of A's sandbox by B: not found (audited), on both "
+                   "APIs; A's name refused to B (403); A's snapshot intact");
+}
+
 TEST_F(Tenants, AllCases) {
   ASSERT_EQ(::geteuid(), 0u) << "sbx serve needs root";
   ::signal(SIGPIPE, SIG_IGN);
@@ -1301,6 +1390,7 @@ TEST_F(Tenants, AllCases) {
   Row45();
   RowNetworkAndSecrets();
   RowTemplates();
+  RowSnapshots();
   d_->Stop();
   Report(SecondsSince(t0));
   ExpectNoCgroupsAndRemoveParent(parent_);
