@@ -281,6 +281,7 @@ def markdown(results, svg_rel, json_rel):
     _api_ratio_section(results, w)
     _net_section(results, w)
     _templates_section(results, w)
+    _snapshots_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -667,6 +668,69 @@ def _when(sec, results, how):
 
 def _sec(v):
     return "–" if v is None else f"{v:.2f}"
+
+
+def _snapshots_section(results, w):
+    """Section 8: the snapshot rows of bench/snapshots.py (issue 14, item 7)."""
+    s = results.get("snapshots")
+    w("## 8. Snapshots, forks and pause without memory (issue 14)\n")
+    if not s:
+        w("Not measured in this run (`--only` without `snapshots`).\n")
+        return
+    w(_when(s, results, "--only snapshots"))
+    w("Through the REST API of one `sbx serve` (`POST` sent until the answer is read), on the "
+      "overlay driver (the writable layer a directory on the data directory's ext4 filesystem; "
+      "the btrfs driver does not exist yet). A sandbox of the host template writes N random "
+      "bytes to `/root/blob`, then, in alternating rounds: **snapshot** "
+      "(`POST /v1/sandboxes/{id}/snapshots`: freeze, copy of the writable layer, thaw, layer "
+      "and template registered) beside **cp -a** of the same writable layer on the host (the "
+      "copy alone); **create from the snapshot** beside **create from host**; **fork ×10** "
+      "(`{\"count\": 10}`: one snapshot, ten creates) beside **ten creates** from host; "
+      "**pause without memory** (`{\"memory\": false}`: the copy, the box destroyed; N bytes "
+      "written to the writable layer again before each) and its **resume** (a new box of the "
+      "recorded layers) beside a pause and resume with memory (freeze, thaw). Milliseconds, "
+      "P50 (P95). The copies are written to the page cache: on ext4 (`data=ordered`) the next "
+      "fsync of the daemon's store (the creates' records) waits until they are on disk, which "
+      "is where most of a large fork's time goes; a reflinking filesystem (btrfs, XFS) would "
+      "share the data instead of writing it.\n")
+    if s.get("error"):
+        w(f"**Failed**: `{_one_line(s['error'])}`\n")
+    for n in s.get("cleanup_notes", []):
+        w(f"- cleanup: `{_one_line(n)}`")
+    rows = s.get("sizes", {})
+    if not rows:
+        return
+
+    def cell(r, k):
+        v = r.get(k) or {}
+        if v.get("p50") is None:
+            return "–"
+        return f"{v['p50']:.0f} ({v['p95']:.0f})"
+
+    w("| writable layer | snapshot | cp -a | create from snapshot | create from host | "
+      "fork ×10 | 10 creates | pause, no memory | resume from disk | pause | resume |")
+    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in rows.items():
+        if r.get("error"):
+            w(f"| {label} | **failed**: `{_one_line(r['error'])}` |||||||||| ")
+            continue
+        w(f"| {label} | " + " | ".join(cell(r, k) for k in (
+            "snapshot_ms", "cp_ms", "create_from_snapshot_ms", "create_from_host_ms",
+            "fork10_ms", "create10_ms", "pause_disk_ms", "resume_disk_ms", "pause_memory_ms",
+            "resume_memory_ms")) + " |")
+    w("")
+    w("| writable layer | snapshot / cp -a | fork ×10 / 10 creates | "
+      "create from snapshot / from host | resume from disk / with memory |")
+    w("|---|---:|---:|---:|---:|")
+    for label, r in rows.items():
+        if r.get("error"):
+            continue
+        rt = r.get("ratios", {})
+        w(f"| {label} | {_ratio(rt.get('snapshot_to_cp'))} | "
+          f"{_ratio(rt.get('fork10_to_create10'))} | "
+          f"{_ratio(rt.get('create_snapshot_to_host'))} | "
+          f"{_ratio(rt.get('resume_disk_to_memory'))} |")
+    w("")
 
 
 def _templates_section(results, w):

@@ -20,14 +20,19 @@ Measures, in one run on one machine:
   7. templates (bench/templates.py, issue 13): pull and unpack of an image from a local
      docker-registry by `sbx template pull` versus `skopeo copy` + `umoci unpack`, cold and warm;
      the first create from a new template versus one from a used template; a cached `sbx build`
-     versus the first build.
+     versus the first build;
+  8. snapshots (bench/snapshots.py, issue 14): a snapshot versus `cp -a` of the same writable
+     layer, a fork into 10 versus 10 creates, a create from a snapshot versus one from host, a
+     pause without memory and its resume versus a pause and resume with memory, for writable
+     layers of 1 MB, 100 MB and 1 GB.
 Writes bench/results/<timestamp>.json, bench/results/latest.json, bench/results/latency.svg and
 docs/benchmarks.md (keeping its hand-written intro). The E2B SDK row is listed as not measured,
 with the reason (the facade does not exist yet).
 
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
-  --only takes contender keys, `net` (the network rows) and `templates` (the template rows).
-  `--only net`, `--only templates` or `--only net,templates` runs only those sections and merges
+  --only takes contender keys, `net` (the network rows), `templates` (the template rows) and
+  `snapshots` (the snapshot rows). `--only net`, `--only templates`, `--only snapshots` or a
+  comma-separated list of them runs only those sections and merges
   them into bench/results/latest.json, keeping the other sections of the run there.
 """
 
@@ -47,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon as daemon_mod  # noqa: E402
 import net as net_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
+import snapshots as snapshots_mod  # noqa: E402
 import templates as templates_mod  # noqa: E402
 import report  # noqa: E402
 from stats import ratio, summarize  # noqa: E402
@@ -749,6 +755,8 @@ def main():
             results["net"] = net_mod.run_net(build, tmp, pid, log, args.quick)
         if keep is None or "templates" in keep:
             results["templates"] = templates_mod.run_templates(build, tmp, pid, log, args.quick)
+        if keep is None or "snapshots" in keep:
+            results["snapshots"] = snapshots_mod.run_snapshots(build, tmp, pid, log, args.quick)
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -779,7 +787,8 @@ def main():
 
 
 # The sections `--only` can run alone: key -> the function that runs it.
-SECTIONS = {"net": net_mod.run_net, "templates": templates_mod.run_templates}
+SECTIONS = {"net": net_mod.run_net, "templates": templates_mod.run_templates,
+            "snapshots": snapshots_mod.run_snapshots}
 
 
 def run_sections_only(build, args, keys):

@@ -146,7 +146,7 @@ awaitable<void> RelayPort(ApiContext& ctx, http::Exchange& ex) {
 std::optional<PortTarget> FindPortTarget(ApiContext& ctx, const std::string& id) {
   // Trusted lookup: the caller proves ownership (the owner's key, its traffic token) or the
   // sandbox has public ports.
-  auto owned = ctx.manager.OwnedBy(id);
+  auto owned = ctx.manager.OwnedBy(id, /*auto_resumable=*/true);
   if (!owned.ok() || !*owned) return std::nullopt;
   return PortTarget{std::move((*owned)->owner), std::move((*owned)->record)};
 }
@@ -154,6 +154,12 @@ std::optional<PortTarget> FindPortTarget(ApiContext& ctx, const std::string& id)
 awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex, const PortTarget& target,
                               int port, std::string head) {
   if (!network::ValidPort(port)) co_return Status::Error("port " + std::to_string(port), EINVAL);
+  // A sandbox paused to be resumed by requests: this one, whose right to the port was checked.
+  if (target.rec.state == sandbox::kStatePaused) {
+    auto resumed = co_await http::OnPool(
+        ctx.blocking, [&] { return ctx.manager.AutoResume(target.owner, target.rec.id); });
+    if (!resumed.ok()) co_return resumed.status();
+  }
   // Making a socket in the box's network namespace waits on the kernel: off the I/O thread.
   auto socket = co_await http::OnPool(
       ctx.blocking, [&] { return ctx.manager.TcpSocket(target.owner, target.rec.id); });

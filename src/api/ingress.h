@@ -31,7 +31,8 @@ struct PortTarget {
   sandbox::SandboxRecord rec;
 };
 
-// The running sandbox `id` with an active owner key; nullopt when there is none (unknown, paused,
+// The running sandbox `id` with an active owner key, or a paused one a request resumes (E2B's
+// autoResume: RelayToPort resumes it); nullopt when there is none (unknown, paused otherwise,
 // ended, or its owner key revoked).
 std::optional<PortTarget> FindPortTarget(ApiContext& ctx, const std::string& id);
 

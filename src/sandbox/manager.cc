@@ -435,6 +435,12 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   SBX_RETURN_IF_ERROR(ValidateLimits(req.limits));
   if (req.on_timeout != store::kOnTimeoutKill && req.on_timeout != store::kOnTimeoutPause)
     return Status::Error("on_timeout: 'kill' or 'pause'", EINVAL);
+  // As E2B: only a sandbox its timeout pauses with memory is resumed by requests.
+  if (req.auto_resume && (req.on_timeout != store::kOnTimeoutPause || !req.pause_memory))
+    return Status::Error(
+        "autoResume: only for a sandbox whose timeout pauses it with its memory (onTimeout "
+        "pause, keepMemory true); one paused without memory is resumed by connect",
+        EINVAL);
   if (req.idempotency_key.size() > 256)
     return Status::Error("Idempotency-Key: at most 256 bytes", EINVAL);
   SBX_RETURN_IF_ERROR(ValidateSecrets(req.secrets, req.env));
@@ -553,6 +559,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   rec.timeout_ms = req.timeout_ms > 0 ? req.timeout_ms : config_.default_timeout_ms;
   rec.on_timeout = req.on_timeout;
   rec.pause_memory = req.pause_memory;
+  rec.auto_resume = req.auto_resume;
   rec.public_ports = req.public_ports;
   rec.network = req.network.ToJson();
   rec.egress_rules = req.egress_rules;
@@ -1146,6 +1153,7 @@ Result<std::vector<Result<SandboxRecord>>> Manager::Fork(const store::ApiKeyReco
   req.timeout_ms = timeout_ms != 0 ? timeout_ms : src.timeout_ms;
   req.on_timeout = src.on_timeout;
   req.pause_memory = src.pause_memory;
+  req.auto_resume = src.auto_resume;
   req.public_ports = src.public_ports;
   req.network = PolicyOf(src);
   req.egress_rules = src.egress_rules;
@@ -1377,14 +1385,33 @@ Result<std::vector<store::AuditEvent>> Manager::QueryAudit(const store::AuditQue
   return store_.QueryAudit(q);
 }
 
-Result<std::optional<Manager::OwnedSandbox>> Manager::OwnedBy(const std::string& id) {
+Result<std::optional<Manager::OwnedSandbox>> Manager::OwnedBy(const std::string& id,
+                                                              bool auto_resumable) {
   auto rec = Record(id);
   if (!rec.ok()) return rec.status();
-  if (!*rec || (*rec)->state != store::kStateRunning) return std::optional<OwnedSandbox>();
+  bool resumable = auto_resumable && *rec && (*rec)->state == store::kStatePaused &&
+                   (*rec)->auto_resume && !(*rec)->on_disk;
+  if (!*rec || ((*rec)->state != store::kStateRunning && !resumable))
+    return std::optional<OwnedSandbox>();
   auto key = store_.GetApiKey((*rec)->owner_key_id);
   if (!key.ok()) return key.status();
   if (!*key || !(*key)->active()) return std::optional<OwnedSandbox>();
   return std::optional<OwnedSandbox>(OwnedSandbox{std::move(**rec), std::move(**key)});
+}
+
+Result<SandboxRecord> Manager::AutoResume(const store::ApiKeyRecord& owner, const std::string& id) {
+  auto owned = Owned(owner, id, Access::kUse);
+  if (!owned.ok()) return owned.status();
+  Transition t(*this, id, "auto_resume");
+  auto rec = LiveRecord(id);
+  if (!rec.ok()) return rec.status();
+  if (rec->state == store::kStateRunning) return *rec;
+  if (rec->state != store::kStatePaused || !rec->auto_resume || rec->on_disk)
+    return Status::Error("sandbox " + id + " is " + rec->state + " and not resumed by requests",
+                         EBUSY);
+  SBX_RETURN_IF_ERROR(ResumeLocked(*rec, owner.id));
+  Audit("sandbox.auto_resume", id, owner.id);
+  return *rec;
 }
 
 Status Manager::PingStore() { return store_.Ping(); }

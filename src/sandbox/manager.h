@@ -168,6 +168,9 @@ struct CreateRequest {
   std::string mask_request_host;
   // With on_timeout pause: whether the TTL's pause keeps memory (E2B's autoPauseMemory).
   bool pause_memory = true;
+  // Resumed by the first request for its envd or ports (E2B's autoResume): needs on_timeout
+  // pause with memory.
+  bool auto_resume = false;
 };
 inline constexpr size_t kMaxSecrets = 64;
 inline constexpr int kMaxForks = 100;  // per fork call, as E2B
@@ -315,12 +318,18 @@ class Manager {
   // The running sandbox `id` and its owner's key (active), for checks of tokens derived from the
   // owner key (traffic tokens, envd tokens) ONLY: no key is verified here, so the caller must prove
   // ownership with such a token before acting on what this returns. nullopt when there is none
-  // (unknown, paused, ended, or its owner key revoked).
+  // (unknown, paused, ended, or its owner key revoked). With `auto_resumable`, also a sandbox
+  // paused with its memory that a request resumes (auto_resume): AutoResume it once the request
+  // has proven its right.
   struct OwnedSandbox {
     store::SandboxRecord record;
     store::ApiKeyRecord owner;
   };
-  Result<std::optional<OwnedSandbox>> OwnedBy(const std::string& id);
+  Result<std::optional<OwnedSandbox>> OwnedBy(const std::string& id, bool auto_resumable = false);
+  // Resumes sandbox `id` of `owner` if it is paused with its memory and made to be resumed by a
+  // request (E2B's autoResume), with its timeout from now; a running one is returned as it is.
+  // EBUSY otherwise. Blocking.
+  Result<store::SandboxRecord> AutoResume(const store::ApiKeyRecord& owner, const std::string& id);
 
   // ---- Secrets (issue 12, item 6; sandbox/secrets.cc). A key names only its own. ----
   // EINVAL naming the field, EEXIST for a taken name (unless in.replace). Audited secret.put.

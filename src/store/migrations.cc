@@ -229,13 +229,15 @@ CREATE INDEX template_owners_by_owner ON template_owners (owner_key_id);
 )sql";
 
 // Version 15: snapshots (issue 14). A sandbox records the layers its box mounts (a snapshot is
-// its writable layer over them) and whether it is paused without memory (its box gone, resumed
-// from its layers) or is to be paused so by its TTL; a snapshot template records its sandbox.
+// its writable layer over them), whether it is paused without memory (its box gone, resumed
+// from its layers) or is to be paused so by its TTL, and whether a request resumes it; a
+// snapshot template records its sandbox.
 constexpr char kV15[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN layers TEXT NOT NULL DEFAULT '[]'
   CHECK (json_valid(layers) AND json_type(layers) = 'array');
 ALTER TABLE sandboxes ADD COLUMN on_disk INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN pause_memory INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE templates ADD COLUMN sandbox_id TEXT NOT NULL DEFAULT '';
 )sql";
 
@@ -257,7 +259,7 @@ const std::vector<Migration>& Migrations() {
       {12, "sandboxes.secrets: the bindings of a sandbox's secrets", kV12},
       {13, "templates.config: an image's config (kinds oci, build)", kV13},
       {14, "template_owners: the key that built a template through an API", kV14},
-      {15, "sandboxes.layers, on_disk, pause_memory; templates.sandbox_id (snapshots)", kV15},
+      {15, "sandboxes.layers, on_disk, pause_memory, auto_resume; templates.sandbox_id", kV15},
   };
   return kAll;
 }

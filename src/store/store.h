@@ -120,6 +120,9 @@ struct SandboxRecord {
   // What the TTL's pause of an on_timeout=pause sandbox keeps: memory (freeze), or only the
   // filesystem (E2B's autoPauseMemory false).
   bool pause_memory = true;
+  // A paused sandbox (with memory) is resumed by the first request for its envd or its ports
+  // that proves its right to them (E2B's autoResume).
+  bool auto_resume = false;
 };
 
 struct SandboxFilter {

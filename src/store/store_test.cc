@@ -352,12 +352,14 @@ TEST_F(StoreTest, SandboxRoundTrip) {
   r.layers = {"disk-sb_rt-1", "host-abc"};
   r.on_disk = true;
   r.pause_memory = false;
+  r.auto_resume = true;
   ASSERT_TRUE(store->PutSandbox(r).ok());
   got = store->GetSandbox("sb_rt");
   ASSERT_TRUE(got.ok() && got->has_value());
   EXPECT_EQ((*got)->layers, r.layers);
   EXPECT_TRUE((*got)->on_disk);
   EXPECT_FALSE((*got)->pause_memory);
+  EXPECT_TRUE((*got)->auto_resume);
 
   // Replace.
   r.state = kStateFailed;

@@ -101,3 +101,37 @@ for (const [name, sdk] of SDKS) {
     )
   })
 }
+
+for (const [name, sdk] of SDKS) {
+  const { Sandbox } = sdk
+
+  test(`${name}: autoResume resumes a paused sandbox on its next command`, async () => {
+    await withSandbox(
+      sdk,
+      { lifecycle: { onTimeout: 'pause', autoResume: true } },
+      async (sbx) => {
+        await sbx.files.write('/home/user/kept.txt', 'kept')
+        const bg = await sbx.commands.run('sleep 600', { background: true })
+        assert.equal(await sbx.pause(), true)
+        assert.equal((await sbx.getInfo()).state, 'paused')
+        assert.equal(await sbx.isRunning(), false) // a health check carries no token: no resume
+        // A command (with its envd token) resumes it, memory and all.
+        assert.equal((await sbx.commands.run('cat /home/user/kept.txt')).stdout, 'kept')
+        assert.equal((await sbx.getInfo()).state, 'running')
+        assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
+        // Without memory it cannot be: E2B's rule, checked by the daemon too.
+        const r = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes`, {
+          method: 'POST',
+          headers: { 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+          body: JSON.stringify({
+            templateID: 'base',
+            autoPause: true,
+            autoPauseMemory: false,
+            autoResume: { enabled: true },
+          }),
+        })
+        assert.equal(r.status, 400)
+      },
+    )
+  })
+}

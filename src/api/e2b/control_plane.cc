@@ -73,7 +73,7 @@ json DetailJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   json j = ListedJson(r);
   j["envdAccessToken"] = EnvdTokenJson(ctx, key, r);
   j["domain"] = nullptr;
-  j["lifecycle"] = {{"autoResume", false}, {"onTimeout", r.on_timeout}};
+  j["lifecycle"] = {{"autoResume", r.auto_resume}, {"onTimeout", r.on_timeout}};
   // Paused without memory, a sandbox's resume is a new boot (E2B's keepMemory: false).
   if (r.on_timeout == sandbox::kOnTimeoutPause) j["lifecycle"]["keepMemory"] = r.pause_memory;
   auto policy = network::Policy::FromJson(r.network.empty() ? sandbox::kNoNetwork : r.network);
@@ -238,6 +238,9 @@ awaitable<void> Create(ApiContext& ctx, http::Exchange& ex, const sandbox::ApiKe
     if (j->contains("autoPauseMemory") && (*j)["autoPauseMemory"].is_boolean())
       req.pause_memory = (*j)["autoPauseMemory"].get<bool>();
   }
+  // autoResume {enabled}: a paused sandbox is resumed by a request for its envd or its ports.
+  if (j->contains("autoResume") && (*j)["autoResume"].is_object())
+    req.auto_resume = BoolField((*j)["autoResume"], "enabled");
   // E2B serves ports publicly unless told otherwise; sbx only when told so (threats.md row 37).
   if (j->contains("network") && (*j)["network"].is_object())
     req.public_ports = BoolField((*j)["network"], "allowPublicTraffic");

@@ -105,7 +105,10 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
     co_await NotFound502(ex, id);
     co_return std::nullopt;
   }
-  auto owned = ctx.manager.OwnedBy(id);
+  // A sandbox paused to be resumed by requests (E2B's autoResume) is found too, and resumed
+  // below once the request has proven its right to it; a health check proves nothing, so it
+  // sees such a sandbox as not running.
+  auto owned = ctx.manager.OwnedBy(id, /*auto_resumable=*/auth != Auth::kNone);
   if (!owned.ok() || !*owned) {
     co_await NotFound502(ex, id);
     co_return std::nullopt;
@@ -131,6 +134,15 @@ awaitable<std::optional<Target>> Resolve(ApiContext& ctx, http::Exchange& ex, Au
         co_return std::nullopt;
       }
     }
+  }
+  if (t.rec.state == sandbox::kStatePaused) {
+    auto resumed =
+        co_await http::OnPool(ctx.blocking, [&] { return ctx.manager.AutoResume(t.key, id); });
+    if (!resumed.ok()) {
+      co_await NotFound502(ex, id);
+      co_return std::nullopt;
+    }
+    t.rec = *resumed;
   }
   auto session = co_await sandbox::Session::Open(ctx.manager, t.key, id, "e2b");
   if (session.ok())

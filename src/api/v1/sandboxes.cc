@@ -41,6 +41,7 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
             {"pause_memory", r.pause_memory},
             // Paused without memory: no box until it is resumed (a new boot).
             {"on_disk", r.on_disk},
+            {"auto_resume", r.auto_resume},
             {"created_at", IsoTime(r.created_at)},
             {"expires_at", r.expires_at ? json(IsoTime(r.expires_at)) : json(nullptr)},
             {"ended_at", r.ended_at ? json(IsoTime(r.ended_at)) : json(nullptr)},
@@ -68,9 +69,9 @@ constexpr double kMinSandboxTimeoutS = 1;
 
 Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
-  static const std::set<std::string> kKnown = {"template", "env",         "metadata",     "limits",
-                                               "timeout",  "on_timeout",  "public_ports", "network",
-                                               "secrets",  "pause_memory"};
+  static const std::set<std::string> kKnown = {
+      "template",     "env",     "metadata", "limits",       "timeout",    "on_timeout",
+      "public_ports", "network", "secrets",  "pause_memory", "auto_resume"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
   sandbox::CreateRequest r;
@@ -129,6 +130,11 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
     if (!j["pause_memory"].is_boolean())
       return Status::Error("pause_memory: must be true or false", EINVAL);
     r.pause_memory = j["pause_memory"].get<bool>();
+  }
+  if (j.contains("auto_resume")) {
+    if (!j["auto_resume"].is_boolean())
+      return Status::Error("auto_resume: must be true or false", EINVAL);
+    r.auto_resume = j["auto_resume"].get<bool>();
   }
   if (j.contains("public_ports")) {
     if (!j["public_ports"].is_boolean())
