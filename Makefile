@@ -20,6 +20,8 @@ DEB_PACKAGES += mmdebstrap dpkg-dev apt-utils
 # make bench's template rows (bench/templates.py): umoci, the unpack peer of `sbx template
 # pull` (mmdebstrap, above, makes the Debian root of the image they pull).
 DEB_PACKAGES += umoci
+# The btrfs tests and bench rows (snapshots that share their data): mkfs.btrfs.
+DEB_PACKAGES += btrfs-progs
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 

@@ -678,28 +678,23 @@ def _snapshots_section(results, w):
         w("Not measured in this run (`--only` without `snapshots`).\n")
         return
     w(_when(s, results, "--only snapshots"))
-    w("Through the REST API of one `sbx serve` (`POST` sent until the answer is read), on the "
-      "overlay driver (the writable layer a directory on the data directory's ext4 filesystem; "
-      "the btrfs driver does not exist yet). A sandbox of the host template writes N random "
-      "bytes to `/root/blob`, then, in alternating rounds: **snapshot** "
-      "(`POST /v1/sandboxes/{id}/snapshots`: freeze, copy of the writable layer, thaw, layer "
-      "and template registered) beside **cp -a** of the same writable layer on the host (the "
-      "copy alone); **create from the snapshot** beside **create from host**; **fork ×10** "
-      "(`{\"count\": 10}`: one snapshot, ten creates) beside **ten creates** from host; "
+    w("Through the REST API of one `sbx serve` (`POST` sent until the answer is read). A sandbox "
+      "of the host template writes N random bytes to `/root/blob`, then, in alternating rounds: "
+      "**snapshot** (`POST /v1/sandboxes/{id}/snapshots`: freeze, copy of the writable layer, "
+      "thaw, layer and template registered) beside **cp -a** of the same writable layer on the "
+      "host (the copy alone); **create from the snapshot** beside **create from host**; **fork "
+      "×10** (`{\"count\": 10}`: one snapshot, ten creates) beside **ten creates** from host; "
       "**pause without memory** (`{\"memory\": false}`: the copy, the box destroyed; N bytes "
       "written to the writable layer again before each) and its **resume** (a new box of the "
       "recorded layers) beside a pause and resume with memory (freeze, thaw). Milliseconds, "
-      "P50 (P95). The copies are written to the page cache: on ext4 (`data=ordered`) the next "
-      "fsync of the daemon's store (the creates' records) waits until they are on disk, which "
-      "is where most of a large fork's time goes; a reflinking filesystem (btrfs, XFS) would "
-      "share the data instead of writing it.\n")
+      "P50 (P95). Twice: with the data directory on the host's ext4, where the writable layer "
+      "is copied (`copy_file_range`), and on a btrfs filesystem made for the section (a loop "
+      "device), where the copy is a reflink (`FICLONE`) and shares the data. On ext4 "
+      "(`data=ordered`) the copies go to the page cache and the next fsync of the daemon's "
+      "store (the creates' records) waits until they are on disk, which is where most of a "
+      "large fork's time goes there.\n")
     if s.get("error"):
         w(f"**Failed**: `{_one_line(s['error'])}`\n")
-    for n in s.get("cleanup_notes", []):
-        w(f"- cleanup: `{_one_line(n)}`")
-    rows = s.get("sizes", {})
-    if not rows:
-        return
 
     def cell(r, k):
         v = r.get(k) or {}
@@ -707,30 +702,42 @@ def _snapshots_section(results, w):
             return "–"
         return f"{v['p50']:.0f} ({v['p95']:.0f})"
 
-    w("| writable layer | snapshot | cp -a | create from snapshot | create from host | "
-      "fork ×10 | 10 creates | pause, no memory | resume from disk | pause | resume |")
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, r in rows.items():
-        if r.get("error"):
-            w(f"| {label} | **failed**: `{_one_line(r['error'])}` |||||||||| ")
+    for fs in ("ext4", "btrfs"):
+        part = s.get(fs)
+        if not part:
             continue
-        w(f"| {label} | " + " | ".join(cell(r, k) for k in (
-            "snapshot_ms", "cp_ms", "create_from_snapshot_ms", "create_from_host_ms",
-            "fork10_ms", "create10_ms", "pause_disk_ms", "resume_disk_ms", "pause_memory_ms",
-            "resume_memory_ms")) + " |")
-    w("")
-    w("| writable layer | snapshot / cp -a | fork ×10 / 10 creates | "
-      "create from snapshot / from host | resume from disk / with memory |")
-    w("|---|---:|---:|---:|---:|")
-    for label, r in rows.items():
-        if r.get("error"):
+        w(f"### On {fs}\n")
+        if part.get("error"):
+            w(f"**Failed**: `{_one_line(part['error'])}`\n")
+        for n in part.get("cleanup_notes", []):
+            w(f"- cleanup: `{_one_line(n)}`")
+        rows = part.get("sizes", {})
+        if not rows:
             continue
-        rt = r.get("ratios", {})
-        w(f"| {label} | {_ratio(rt.get('snapshot_to_cp'))} | "
-          f"{_ratio(rt.get('fork10_to_create10'))} | "
-          f"{_ratio(rt.get('create_snapshot_to_host'))} | "
-          f"{_ratio(rt.get('resume_disk_to_memory'))} |")
-    w("")
+        w("| writable layer | snapshot | cp -a | create from snapshot | create from host | "
+          "fork ×10 | 10 creates | pause, no memory | resume from disk | pause | resume |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, r in rows.items():
+            if r.get("error"):
+                w(f"| {label} | **failed**: `{_one_line(r['error'])}` |||||||||| ")
+                continue
+            w(f"| {label} | " + " | ".join(cell(r, k) for k in (
+                "snapshot_ms", "cp_ms", "create_from_snapshot_ms", "create_from_host_ms",
+                "fork10_ms", "create10_ms", "pause_disk_ms", "resume_disk_ms", "pause_memory_ms",
+                "resume_memory_ms")) + " |")
+        w("")
+        w("| writable layer | snapshot / cp -a | fork ×10 / 10 creates | "
+          "create from snapshot / from host | resume from disk / with memory |")
+        w("|---|---:|---:|---:|---:|")
+        for label, r in rows.items():
+            if r.get("error"):
+                continue
+            rt = r.get("ratios", {})
+            w(f"| {label} | {_ratio(rt.get('snapshot_to_cp'))} | "
+              f"{_ratio(rt.get('fork10_to_create10'))} | "
+              f"{_ratio(rt.get('create_snapshot_to_host'))} | "
+              f"{_ratio(rt.get('resume_disk_to_memory'))} |")
+        w("")
 
 
 def _templates_section(results, w):

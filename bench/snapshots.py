@@ -11,10 +11,12 @@
     layer written afresh before each) and the resume from it (a new box of the recorded layers)
     versus a pause and resume with memory (freeze, thaw).
 
-One `sbx serve` (networking off) in the run's temporary directory; its sandboxes, snapshots and
-data directory are removed at the end, also when a step fails. The two sides of each ratio
-alternate within each round. Overlay on the data directory's filesystem only: the btrfs driver
-of item 3 does not exist yet.
+Twice: with the data directory on the run's temporary directory (the host's ext4: the writable
+layer is copied), and on a btrfs filesystem the section makes (a sparse image in the temporary
+directory, loop-mounted, unmounted and removed at the end): the copy is a reflink there, sharing
+the data. One `sbx serve` (networking off) each; its sandboxes, snapshots and data directory are
+removed at the end, also when a step fails. The two sides of each ratio alternate within each
+round.
 """
 
 import os
@@ -35,8 +37,8 @@ def _ms(t0):
 
 
 class SnapshotBench:
-    def __init__(self, build_dir, tmp, pid, log, cfg):
-        self.d = daemon_mod.Daemon(build_dir, tmp, pid, name="sbx-serve-snapshots")
+    def __init__(self, build_dir, tmp, pid, log, cfg, name="sbx-serve-snapshots"):
+        self.d = daemon_mod.Daemon(build_dir, tmp, pid, name=name)
         self.tmp = tmp
         self.log = log
         self.cfg = cfg
@@ -152,33 +154,64 @@ class SnapshotBench:
         return row
 
 
+def _run_fs(build_dir, where, pid, log, cfg, label):
+    """The rows with the daemon's data directory below `where`."""
+    out = {"sizes": {}}
+    sb = SnapshotBench(build_dir, where, pid, log, cfg)
+    try:
+        sb.open()
+        for size, nbytes in SIZES:
+            if size not in cfg["sizes"]:
+                continue
+            try:
+                out["sizes"][size] = sb.run_size(f"{label}, {size}", nbytes)
+            except Exception as e:  # noqa: BLE001 (a failed row is reported, the others run)
+                out["sizes"][size] = {"error": f"{type(e).__name__}: {e}"}
+                log(f"snapshots: {label}, {size}: {out['sizes'][size]['error']}")
+    except Exception as e:  # noqa: BLE001 (a failed section is reported, never fatal)
+        out["error"] = f"{type(e).__name__}: {e}"
+        log(f"snapshots: {label}: {out['error']}")
+    finally:
+        notes = sb.close()
+        if notes:
+            out["cleanup_notes"] = notes
+    return out
+
+
+def _run_btrfs(build_dir, tmp, pid, log, cfg):
+    if shutil.which("mkfs.btrfs") is None:
+        return {"error": "mkfs.btrfs is missing (make deps installs btrfs-progs)"}
+    img, mnt = os.path.join(tmp, "snapshots-btrfs.img"), os.path.join(tmp, "snapshots-btrfs")
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        with open(img, "wb") as f:
+            f.truncate(24 << 30)  # sparse: only what the rows write is allocated
+        subprocess.run(["mkfs.btrfs", "-q", "-f", img], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", img, mnt], check=True, capture_output=True)
+        os.chmod(mnt, 0o711)
+        return _run_fs(build_dir, mnt, pid, log, cfg, "btrfs")
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+        for p in (img,):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
 def run_snapshots(build_dir, tmp, pid, log, quick):
     """All the snapshot rows; always returns a dict (with "error" when a step failed) and leaves
     no process or file of the run behind."""
     cfg = dict(QUICK if quick else FULL)
     t0 = time.time()
     res = {"config": cfg, "quick": quick,
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "sizes": {}}
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
     with open("/proc/loadavg") as f:
         res["load_at_start"] = " ".join(f.read().split()[:3])
-    sb = SnapshotBench(build_dir, tmp, pid, log, cfg)
-    try:
-        sb.open()
-        for label, nbytes in SIZES:
-            if label not in cfg["sizes"]:
-                continue
-            try:
-                res["sizes"][label] = sb.run_size(label, nbytes)
-            except Exception as e:  # noqa: BLE001 (a failed row is reported, the others run)
-                res["sizes"][label] = {"error": f"{type(e).__name__}: {e}"}
-                log(f"snapshots: {label}: {res['sizes'][label]['error']}")
-    except Exception as e:  # noqa: BLE001 (a failed section is reported, never fatal)
-        res["error"] = f"{type(e).__name__}: {e}"
-        log(f"snapshots: {res['error']}")
-    finally:
-        notes = sb.close()
-        if notes:
-            res["cleanup_notes"] = notes
+    res["ext4"] = _run_fs(build_dir, tmp, pid, log, cfg, "ext4")
+    res["btrfs"] = _run_btrfs(build_dir, tmp, pid, log, cfg)
     with open("/proc/loadavg") as f:
         res["load_at_end"] = " ".join(f.read().split()[:3])
     res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())

@@ -9,8 +9,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -1788,6 +1791,64 @@ TEST_F(ServeTest, PauseWithoutMemoryKeepsTheFilesAndResumesAsANewBoot) {
   json snap = d_->Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
   EXPECT_EQ(d_->Exec(Create({{"template", snap["id"]}}), {{"argv", {"cat", "/root/k"}}}).out,
             "kept\n");
+}
+
+// Item 3 on btrfs: a snapshot's files share their data with the box's (reflinks), so a snapshot
+// or fork costs no copy of the bytes. The data directory is a btrfs filesystem the test makes on
+// a loop device.
+TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
+  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
+  char tmpl[] = "/tmp/sbx-btrfs-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, mnt = dir + "/mnt", img = dir + "/fs.img";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0711), 0);
+  ASSERT_EQ(::system(("truncate -s 2G " + img + " && mkfs.btrfs -q -f " + img +
+                      " > /dev/null && mount -o loop " + img + " " + mnt + " && chmod 711 " + mnt)
+                         .c_str()),
+            0);
+  std::string parent = "sbx-btrfs-test-" + std::to_string(::getpid());
+  ::setenv("SBX_CGROUP_PARENT", parent.c_str(), 1);
+  {
+    Daemon d(mnt + "/data");
+    ASSERT_EQ(::mkdir((mnt + "/data").c_str(), 0711), 0);
+    d.Start();
+    std::string id = d.Json("POST", "/v1/sandboxes", json::object(), 201).value("id", "");
+    ASSERT_EQ(d.Exec(id, {{"command",
+                           "head -c 33554432 /dev/urandom > /root/blob && sync && "
+                           "sha256sum /root/blob > /root/sum"}})
+                  .exit_code,
+              0);
+    json snap = d.Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
+    std::string file = mnt + "/data/templates/layers/" + snap.value("id", "") + "/root/blob";
+    UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(fd) << file;
+    alignas(struct fiemap) char buf[sizeof(struct fiemap) + 64 * sizeof(struct fiemap_extent)] = {};
+    auto* fm = reinterpret_cast<struct fiemap*>(buf);
+    fm->fm_length = FIEMAP_MAX_OFFSET;
+    fm->fm_flags = FIEMAP_FLAG_SYNC;
+    fm->fm_extent_count = 64;
+    ASSERT_EQ(::ioctl(fd.get(), FS_IOC_FIEMAP, fm), 0);
+    ASSERT_GT(fm->fm_mapped_extents, 0u);
+    uint64_t shared = 0;
+    for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i)
+      if (fm->fm_extents[i].fe_flags & FIEMAP_EXTENT_SHARED) shared += fm->fm_extents[i].fe_length;
+    EXPECT_EQ(shared, 33554432u) << "the snapshot's blob shares every byte with the box's";
+    std::string copy = d.Json("POST", "/v1/sandboxes", {{"template", snap["id"]}}, 201)["id"];
+    EXPECT_EQ(d.Exec(copy, {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out, "/root/blob: OK\n");
+    json forks = d.Json("POST", "/v1/sandboxes/" + id + "/fork", {{"count", 2}}, 201);
+    for (const auto& f : forks["forks"])
+      EXPECT_EQ(d.Exec(f["sandbox"]["id"], {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out,
+                "/root/blob: OK\n");
+    json list = d.Json("GET", "/v1/sandboxes?state=running&state=paused");
+    for (const auto& s : list["sandboxes"])
+      d.Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
+    d.Stop();
+  }
+  EXPECT_EQ(ReadFile("/proc/self/mountinfo")->find(mnt + "/"), std::string::npos);
+  EXPECT_EQ(::system(("umount " + mnt).c_str()), 0);
+  ExpectNoCgroupsAndRemoveParent(parent);
+  (void)RemoveTree(dir);
 }
 
 }  // namespace

@@ -81,6 +81,8 @@ class NetworkTest : public ::testing::Test {
       d_->Stop();
     }
     d_.reset();
+    // No box's cgroup outlives it, and the test's own parent goes (in every controller).
+    ExpectNoCgroupsAndRemoveParent("sbx-net-test-" + std::to_string(::getpid()));
     Sh(Fakenet() + " down " + tag_ + " " + dir_ + "/net");
     (void)RemoveTree(dir_);
     RecordCase(leaks);
