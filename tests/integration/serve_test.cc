@@ -13,6 +13,7 @@
 #include <linux/fs.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -1791,6 +1792,58 @@ TEST_F(ServeTest, PauseWithoutMemoryKeepsTheFilesAndResumesAsANewBoot) {
   json snap = d_->Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
   EXPECT_EQ(d_->Exec(Create({{"template", snap["id"]}}), {{"argv", {"cat", "/root/k"}}}).out,
             "kept\n");
+}
+
+// A daemon killed while it copies a box's writable layer (a snapshot, a pause without memory)
+// leaves the sandbox as its record says, running (its box thawed by the next start), and the
+// half copy is swept. The kill comes when the copy's staging directory appears (inotify).
+TEST_F(ServeTest, ADaemonKilledMidSnapshotLeavesTheSandboxRunningAndNoHalfLayer) {
+  std::string staging = dir_ + "/templates/staging";
+  for (bool memory : {true, false}) {
+    std::string id = Create({{"timeout", 300}});
+    ASSERT_EQ(d_->Exec(id, {{"command",
+                             "head -c 400000000 /dev/zero > /root/blob && "
+                             "echo kept > /root/k"}})
+                  .exit_code,
+              0);
+    UniqueFd in(::inotify_init1(IN_CLOEXEC));
+    ASSERT_TRUE(in);
+    ASSERT_GE(::inotify_add_watch(in.get(), staging.c_str(), IN_CREATE), 0);
+    std::thread call([&] {
+      // The daemon dies under it: the answer never comes.
+      http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST",
+                    "/v1/sandboxes/" + id + (memory ? "/snapshots" : "/pause"),
+                    {{"Authorization", "Bearer " + d_->key()}},
+                    memory ? "{}" : R"({"memory":false})", std::chrono::seconds(60));
+    });
+    // The staging directory, then its first entry: the box is frozen and the copy under way.
+    alignas(inotify_event) char ev[4096];
+    ASSERT_GT(::read(in.get(), ev, sizeof ev), 0) << "no staging directory appeared";
+    std::string copy = staging + "/" + reinterpret_cast<inotify_event*>(ev)->name;
+    ASSERT_GE(::inotify_add_watch(in.get(), copy.c_str(), IN_CREATE), 0);
+    if (::system(("test -n \"$(ls -A " + copy + ")\"").c_str()) != 0)
+      ASSERT_GT(::read(in.get(), ev, sizeof ev), 0);
+    d_->Stop(SIGKILL);
+    call.join();
+    // It died with the box frozen (the freezer says so, where it is cgroup v1's), mid-copy.
+    for (const auto& dir : CgroupParentDirs("sbx-serve-test-" + std::to_string(::getpid()))) {
+      if (dir.find("/freezer") != std::string::npos) {
+        auto state = ReadFile(dir + "/" + id + "/freezer.state");
+        EXPECT_EQ(state.ok() ? *state : state.status().message(), "FROZEN\n");
+      }
+    }
+    d_->Start();
+    json got = d_->Json("GET", "/v1/sandboxes/" + id);
+    EXPECT_EQ(got["state"], "running") << got;
+    EXPECT_EQ(got["on_disk"], false);
+    // Thawed: a command runs (a frozen box would never answer it).
+    auto r = d_->Exec(id, {{"argv", {"cat", "/root/k"}}, {"timeout", 20}});
+    EXPECT_EQ(r.out, "kept\n") << r.err;
+    EXPECT_EQ(::system(("test -z \"$(ls -A " + staging + ")\"").c_str()), 0)
+        << "the dead daemon's staging directory was not swept";
+    EXPECT_EQ(d_->Json("GET", "/v1/snapshots")["snapshots"].size(), 0u);
+    d_->Call("DELETE", "/v1/sandboxes/" + id);
+  }
 }
 
 // Item 3 on btrfs: a snapshot's files share their data with the box's (reflinks), so a snapshot
