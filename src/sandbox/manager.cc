@@ -866,6 +866,15 @@ Status Manager::FailUnrecordable(SandboxRecord rec, const Status& why, const Sta
   return why;
 }
 
+Status Manager::RecordPause(const SandboxRecord& rec, const SandboxRecord& paused,
+                            const runtime::Box& box) {
+  Status put = store_.PutSandbox(paused);
+  if (put.ok()) return {};
+  Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
+  if (Status thawed = runtime_.Thaw(box); !thawed.ok()) return FailUnrecordable(rec, why, thawed);
+  return why;
+}
+
 Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
@@ -876,12 +885,7 @@ Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
   paused.state = store::kStatePaused;
   paused.expires_at = 0;  // a paused sandbox waits for resume, however long
   paused.updated_at = 0;
-  if (Status put = store_.PutSandbox(paused); !put.ok()) {
-    Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
-    if (Status thawed = runtime_.Thaw(*box); !thawed.ok())
-      return FailUnrecordable(rec, why, thawed);
-    return why;
-  }
+  SBX_RETURN_IF_ERROR(RecordPause(rec, paused, *box));
   rec = paused;
   Audit("sandbox.pause", rec.id, key_id);
   return {};
@@ -1004,12 +1008,7 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
   // Recorded before the box goes: a crash in between leaves a record the reconciler completes
   // (it destroys the box of a sandbox paused on disk); the other order would lose the box's
   // files with a record that still says running.
-  if (Status put = store_.PutSandbox(paused); !put.ok()) {
-    Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
-    if (Status thawed = runtime_.Thaw(*box); !thawed.ok())
-      return FailUnrecordable(rec, why, thawed);
-    return why;
-  }
+  SBX_RETURN_IF_ERROR(RecordPause(rec, paused, *box));
   std::shared_ptr<AgentChannel> channel;
   {
     MutexLock g(mu_);

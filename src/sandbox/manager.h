@@ -459,6 +459,10 @@ class Manager {
   Result<runtime::Box> MakeBox(store::SandboxRecord& rec, const storage::Template& tmpl,
                                const network::Policy& policy,
                                std::vector<network::SecretBinding> secrets);
+  // Writes `paused`, the record of the pause of `rec` whose box is frozen; a write that fails
+  // thaws the box again (the pause did not happen), or, when that fails too, fails the sandbox.
+  Status RecordPause(const store::SandboxRecord& rec, const store::SandboxRecord& paused,
+                     const runtime::Box& box);
   // The record write of a pause or resume failed (`why`) and could not be undone (`undo`): the
   // box and its record would disagree, so the box is destroyed and the record fails.
   Status FailUnrecordable(store::SandboxRecord rec, const Status& why, const Status& undo);

@@ -215,6 +215,9 @@ class Tenants : public ::testing::Test {
   void RowNetworkAndSecrets();
   void RowTemplates();
   void RowSnapshots();
+  // One probe of an answer: `status`, and an error message holding `text` (when not empty).
+  static void Expect(std::vector<std::string>& failures, int& probes, const std::string& what,
+                     const http::Response& r, int status, const std::string& text);
 
   std::string dir_, parent_, operator_key_, a_key_, b_key_;
   std::set<std::string> links_before_;  // another sbx's on this machine: not ours to count
@@ -861,6 +864,14 @@ std::string ErrorText(const http::Response& r) {
   return j.value("message", r.body.substr(0, 200));
 }
 
+void Tenants::Expect(std::vector<std::string>& failures, int& probes, const std::string& what,
+                     const http::Response& r, int status, const std::string& text) {
+  ++probes;
+  if (r.status != status || (!text.empty() && ErrorText(r).find(text) == std::string::npos))
+    failures.push_back(what + ": expected " + std::to_string(status) + " '" + text + "', got " +
+                       std::to_string(r.status) + " " + r.body.substr(0, 200));
+}
+
 // A query parameter of a URL.
 std::string QueryParam(const std::string& url, const std::string& name) {
   size_t p = url.find("?" + name + "=");
@@ -908,12 +919,7 @@ void Tenants::RowTemplates() {
   int probes = 0;
   // expect(what, answer, status, text the error must contain)
   auto expect = [&](const std::string& what, const http::Response& r, int status,
-                    const std::string& text) {
-    ++probes;
-    if (r.status != status || (!text.empty() && ErrorText(r).find(text) == std::string::npos))
-      failures.push_back(what + ": expected " + std::to_string(status) + " '" + text + "', got " +
-                         std::to_string(r.status) + " " + r.body.substr(0, 200));
-  };
+                    const std::string& text) { Expect(failures, probes, what, r, status, text); };
   auto jbody = [](const http::Response& r) { return json::parse(r.body, nullptr, false); };
 
   // A's template, built through E2B's API with one COPY of uploaded files.
@@ -1298,12 +1304,7 @@ void Tenants::RowSnapshots() {
   std::vector<std::string> failures;
   int probes = 0;
   auto expect = [&](const std::string& what, const http::Response& r, int status,
-                    const std::string& text) {
-    ++probes;
-    if (r.status != status || (!text.empty() && ErrorText(r).find(text) == std::string::npos))
-      failures.push_back(what + ": expected " + std::to_string(status) + " '" + text + "', got " +
-                         std::to_string(r.status) + " " + r.body.substr(0, 200));
-  };
+                    const std::string& text) { Expect(failures, probes, what, r, status, text); };
   std::string a_box = Create(a_key_);
   ASSERT_FALSE(a_box.empty());
   ASSERT_EQ(Call(a_key_, "PUT", "/v1/sandboxes/" + a_box + "/files?path=/root/a-secret.txt",
