@@ -1811,18 +1811,19 @@ TEST_F(ServeTest, ADaemonKilledMidSnapshotLeavesTheSandboxRunningAndNoHalfLayer)
     ASSERT_GE(::inotify_add_watch(in.get(), staging.c_str(), IN_CREATE), 0);
     std::thread call([&] {
       // The daemon dies under it: the answer never comes.
-      http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST",
-                    "/v1/sandboxes/" + id + (memory ? "/snapshots" : "/pause"),
-                    {{"Authorization", "Bearer " + d_->key()}},
-                    memory ? "{}" : R"({"memory":false})", std::chrono::seconds(60));
+      (void)http::Request(http::Endpoint{"127.0.0.1", d_->port(), ""}, "POST",
+                          "/v1/sandboxes/" + id + (memory ? "/snapshots" : "/pause"),
+                          {{"Authorization", "Bearer " + d_->key()}},
+                          memory ? "{}" : R"({"memory":false})", std::chrono::seconds(60));
     });
     // The staging directory, then its first entry: the box is frozen and the copy under way.
     alignas(inotify_event) char ev[4096];
     ASSERT_GT(::read(in.get(), ev, sizeof ev), 0) << "no staging directory appeared";
     std::string copy = staging + "/" + reinterpret_cast<inotify_event*>(ev)->name;
     ASSERT_GE(::inotify_add_watch(in.get(), copy.c_str(), IN_CREATE), 0);
-    if (::system(("test -n \"$(ls -A " + copy + ")\"").c_str()) != 0)
+    if (::system(("test -n \"$(ls -A " + copy + ")\"").c_str()) != 0) {
       ASSERT_GT(::read(in.get(), ev, sizeof ev), 0);
+    }
     d_->Stop(SIGKILL);
     call.join();
     // It died with the box frozen (the freezer says so, where it is cgroup v1's), mid-copy.
