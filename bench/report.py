@@ -282,6 +282,7 @@ def markdown(results, svg_rel, json_rel):
     _net_section(results, w)
     _templates_section(results, w)
     _snapshots_section(results, w)
+    _pools_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -738,6 +739,69 @@ def _snapshots_section(results, w):
               f"{_ratio(rt.get('create_snapshot_to_host'))} | "
               f"{_ratio(rt.get('resume_disk_to_memory'))} |")
         w("")
+
+
+def _pools_section(results, w):
+    """Section 9: the warm pool rows of bench/pools.py (issue 14, items 5 and 7)."""
+    s = results.get("pools")
+    w("## 9. Warm pools (issue 14)\n")
+    if not s:
+        w("Not measured in this run (`--only` without `pools`).\n")
+        return
+    w(_when(s, results, "--only pools"))
+    w(f"One `sbx serve --pool host:{s.get('pool_size')}` (networking off). Per concurrency level, "
+      "in rotated order: **pool** (the pool filled first, then the level's creates by "
+      "`sbx-bench-api create-run`: `POST /v1/sandboxes` with memory 256 MiB + pids 256, then "
+      "`true` through the commands route), **cold** (the pool emptied first: the same creates "
+      "made from nothing) and **bwrap** (`bwrap --unshare-all ... /bin/true` by "
+      "`sbx-bench-launch`, the same workers and runs). *create* is the create's own answer; "
+      "*to first command* adds the command's exit. The pool's refill runs during the pool rows. "
+      "Milliseconds, P50 (P95).\n")
+    if s.get("error"):
+        w(f"**Failed**: `{_one_line(s['error'])}`\n")
+    for n in s.get("notes", []):
+        w(f"- cleanup: `{_one_line(n)}`")
+
+    def cell(v):
+        v = v or {}
+        if v.get("p50") is None:
+            return "–"
+        return f"{v['p50']:.1f} ({v['p95']:.1f})"
+
+    levels = s.get("levels", {})
+    if levels:
+        w("| concurrency | runs | create, pool | create, cold | to first command, pool | "
+          "to first command, cold | bwrap | pool / cold (create) | pool / bwrap | "
+          "cold / bwrap | failed (pool, cold, bwrap) |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for lv in sorted(levels, key=int):
+            r = levels[lv]
+            f = r.get("failed", {})
+            w(f"| {lv} | {r['pool_create'].get('n')} | {cell(r.get('pool_create'))} | "
+              f"{cell(r.get('cold_create'))} | {cell(r.get('pool_total'))} | "
+              f"{cell(r.get('cold_total'))} | {cell(r.get('bwrap'))} | "
+              f"{_ratio(r.get('ratio_pool_create_to_cold_create'))} | "
+              f"{_ratio(r.get('ratio_pool_total_to_bwrap'))} | "
+              f"{_ratio(r.get('ratio_cold_total_to_bwrap'))} | "
+              f"{f.get('pool', 0)}, {f.get('cold', 0)}, {f.get('bwrap', 0)} |")
+        w("")
+        one, fifty = levels.get("1", {}), levels.get("50", {})
+        p50 = (one.get("pool_create") or {}).get("p50")
+        p95 = (fifty.get("pool_create") or {}).get("p95")
+        w("| goal (issue 14) | this run | met |")
+        w("|---|---|---|")
+        if p50 is not None:
+            w(f"| a create from a warm pool answers in ≤ 3 ms P50 | {p50:.2f} ms | "
+              f"{'yes' if p50 <= 3 else 'no'} |")
+        if p95 is not None:
+            w(f"| ... and ≤ 10 ms P95 at concurrency 50 | {p95:.2f} ms | "
+              f"{'yes' if p95 <= 10 else 'no'} |")
+        w("")
+    if s.get("pool_memory_bytes") is not None:
+        w(f"The {s.get('pool_size')} ready boxes used {s['pool_memory_bytes'] / 2**20:.1f} MiB "
+          f"({s.get('pool_memory_per_box_mib')} MiB each, their cgroups' memory), "
+          f"`sbx_pool_memory_bytes` in `/metrics`; the first fill of the pool took "
+          f"{(s.get('first_fill_ms') or 0) / 1000:.1f} s.\n")
 
 
 def _templates_section(results, w):

@@ -25,13 +25,15 @@ Measures, in one run on one machine:
      layer, a fork into 10 versus 10 creates, a create from a snapshot versus one from host, a
      pause without memory and its resume versus a pause and resume with memory, for writable
      layers of 1 MB, 100 MB and 1 GB.
+  9. warm pools (bench/pools.py, issue 14): create through the REST API from a warm pool versus a
+     cold create versus bubblewrap, at concurrency 1, 10 and 50.
 Writes bench/results/<timestamp>.json, bench/results/latest.json, bench/results/latency.svg and
 docs/benchmarks.md (keeping its hand-written intro). The E2B SDK row is listed as not measured,
 with the reason (the facade does not exist yet).
 
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
   --only takes contender keys, `net` (the network rows), `templates` (the template rows) and
-  `snapshots` (the snapshot rows). `--only net`, `--only templates`, `--only snapshots` or a
+  `snapshots` (the snapshot rows), `pools` (the warm pool rows). `--only net`, `--only templates`, `--only snapshots` or a
   comma-separated list of them runs only those sections and merges
   them into bench/results/latest.json, keeping the other sections of the run there.
 """
@@ -52,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon as daemon_mod  # noqa: E402
 import net as net_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
+import pools as pools_mod  # noqa: E402
 import snapshots as snapshots_mod  # noqa: E402
 import templates as templates_mod  # noqa: E402
 import report  # noqa: E402
@@ -757,6 +760,8 @@ def main():
             results["templates"] = templates_mod.run_templates(build, tmp, pid, log, args.quick)
         if keep is None or "snapshots" in keep:
             results["snapshots"] = snapshots_mod.run_snapshots(build, tmp, pid, log, args.quick)
+        if keep is None or "pools" in keep:
+            results["pools"] = pools_mod.run_pools(build, tmp, pid, log, args.quick)
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -788,7 +793,7 @@ def main():
 
 # The sections `--only` can run alone: key -> the function that runs it.
 SECTIONS = {"net": net_mod.run_net, "templates": templates_mod.run_templates,
-            "snapshots": snapshots_mod.run_snapshots}
+            "snapshots": snapshots_mod.run_snapshots, "pools": pools_mod.run_pools}
 
 
 def run_sections_only(build, args, keys):

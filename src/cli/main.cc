@@ -118,6 +118,10 @@ int main(int argc, char** argv) {
   sv->add_option("--build-network", serve.build_network,
                  "Network of the RUN steps of E2B template builds (their API has no policy): "
                  "none (default), open, or allow=NAME,... as sbx create --net (repeatable)");
+  sv->add_option("--pool", serve.pools,
+                 "Keep SIZE boxes of TEMPLATE made ahead (default 1), TEMPLATE[:SIZE]; a create "
+                 "of that template with no network and the default disk takes one at once "
+                 "(repeatable)");
 
   sbx::cli::ClientVerbs client_verbs;
   client_verbs.Register(app, global);

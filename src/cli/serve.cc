@@ -189,6 +189,15 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     std::fprintf(stderr, "sbx: %s\n", build_network.status().message().c_str());
     return kExitSbxError;
   }
+  std::vector<sandbox::PoolSpec> pools;
+  for (const auto& text : o.pools) {
+    auto spec = sandbox::ParsePoolSpec(text);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "sbx: --pool: %s\n", spec.status().message().c_str());
+      return kExitSbxError;
+    }
+    pools.push_back(*spec);
+  }
   auto colon = o.listen.rfind(':');
   if (colon == std::string::npos) {
     std::fprintf(stderr, "sbx: --listen: expected HOST:PORT, got '%s'\n", o.listen.c_str());
@@ -261,6 +270,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   mc.ranges = o.ranges;
   mc.default_limits.egress_mbps = o.default_egress_mbps;
   mc.data_dir = global.data_dir;
+  mc.pools = pools;
   mc.install_secret = &*secret;  // seals secret values (sandbox/secrets.h)
   if (!o.disk_reserve.empty() && o.disk_reserve.back() == '%') {
     char* end = nullptr;
@@ -409,6 +419,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   manager.StartTtlLoop();
+  if (s = manager.StartPools(); !s.ok()) {
+    std::fprintf(stderr, "sbx: %s\n", s.message().c_str());
+    return kExitSbxError;
+  }
 
   boost::asio::thread_pool blocking(4);
   api::Metrics metrics;

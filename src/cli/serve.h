@@ -48,6 +48,8 @@ struct ServeOptions {
   // --build-network: the RUN steps' policy of E2B template builds, in `--net`'s grammar
   // (none, open, allow=NAME,...; cli/net.h). Empty: none.
   std::vector<std::string> build_network;
+  // --pool TEMPLATE[:SIZE] (repeatable): warm pools (sandbox/pool.h).
+  std::vector<std::string> pools;
 };
 
 // The --network flags of `o` as the stack's config (state_dir and daemon_ports are filled in by

@@ -829,6 +829,82 @@ void RegisterSnapshotVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
   });
 }
 
+// ---- warm pools (docs/api.md "Warm pools"; operator keys) ----
+
+struct PoolFlags {
+  ConnectionFlags conn;
+  std::string tmpl;
+  int size = 1;
+};
+
+void RegisterPoolVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  CLI::App* pool = app.add_subcommand(
+      "pool",
+      "Warm pools: boxes of a template made ahead, for creates that answer at once "
+      "(operator keys); ls, set, rm");
+  pool->require_subcommand(1);
+
+  auto lf = std::make_shared<PoolFlags>();
+  CLI::App* ls = pool->add_subcommand("ls", "List the pools and what they hold");
+  ls->alias("list");
+  AddConnectionFlags(ls, &lf->conn);
+  verbs.Add(ls, [lf, &g] {
+    auto c = MakeClient(g, lf->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("GET", "/v1/pools");
+    if (!r.ok()) return Fail(r.status());
+    if (lf->conn.json) {
+      PrintJson(*r);
+      return 0;
+    }
+    Table t({"TEMPLATE", "SIZE", "READY", "FILLING", "CLAIMS", "MISSES", "MEMORY", "LAST ERROR"});
+    for (const auto& p : (*r)["pools"])
+      t.Row({Str(p, "template"), std::to_string(p.value("size", 0)),
+             std::to_string(p.value("ready", 0)), std::to_string(p.value("filling", 0)),
+             std::to_string(p.value("claims", 0)), std::to_string(p.value("misses", 0)),
+             std::to_string(p.value("memory_bytes", int64_t{0}) >> 20) + "M",
+             Str(p, "last_error")});
+    t.Print();
+    return 0;
+  });
+
+  auto sf = std::make_shared<PoolFlags>();
+  CLI::App* set = pool->add_subcommand(
+      "set",
+      "Keep SIZE boxes of TEMPLATE ready (until the daemon restarts: --pool on sbx serve "
+      "keeps one for good)");
+  set->add_option("template", sf->tmpl, "Template name")->required();
+  set->add_option("size", sf->size, "Boxes kept ready, 0 to 256")
+      ->required()
+      ->check(CLI::Range(0, 256));
+  AddConnectionFlags(set, &sf->conn);
+  verbs.Add(set, [sf, &g] {
+    auto c = MakeClient(g, sf->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("PUT", "/v1/pools/" + Q(sf->tmpl), json{{"size", sf->size}});
+    if (!r.ok()) return Fail(r.status());
+    if (sf->conn.json)
+      PrintJson(*r);
+    else
+      std::printf("%s: %d (%d ready; filled in the background)\n", sf->tmpl.c_str(), sf->size,
+                  r->value("ready", 0));
+    return 0;
+  });
+
+  auto rf = std::make_shared<PoolFlags>();
+  CLI::App* rm = pool->add_subcommand("rm", "Remove a pool; its boxes are destroyed");
+  rm->add_option("template", rf->tmpl, "Template name")->required();
+  AddConnectionFlags(rm, &rf->conn);
+  verbs.Add(rm, [rf, &g] {
+    auto c = MakeClient(g, rf->conn);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("DELETE", "/v1/pools/" + Q(rf->tmpl));
+    if (!r.ok()) return Fail(r.status());
+    if (!rf->conn.json) std::printf("%s\n", rf->tmpl.c_str());
+    return 0;
+  });
+}
+
 }  // namespace
 
 void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
@@ -840,6 +916,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterMcpVerb(app, global, *this);
   RegisterLifecycle(app, global, *this);
   RegisterSnapshotVerbs(app, global, *this);
+  RegisterPoolVerbs(app, global, *this);
   RegisterPs(app, global, *this);
   RegisterAudit(app, global, *this);
   RegisterKey(app, global, *this);

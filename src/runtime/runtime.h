@@ -107,6 +107,12 @@ class Runtime {
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;
+  // Changes the memory, CPU and pids limits of a live box (a warm pool's box claimed by a create
+  // with its own limits); its disk size stays. EINVAL for limits Create would refuse.
+  virtual Status SetLimits(const Box& box, const Limits& limits) {
+    (void)limits;
+    return Status::Error("set the limits of box " + box.id + ": this runtime cannot", ENOTSUP);
+  }
   // A new, unconnected socket (socket(2) arguments; close-on-exec) in the box's network
   // namespace, to reach what listens on the box's loopback. ESRCH when the box's agent is gone.
   virtual Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) = 0;

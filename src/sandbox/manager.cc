@@ -18,16 +18,13 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "sandbox/manager_internal.h"
 #include "sandbox/secrets.h"
 #include "sandbox/start_ready.h"
 #include "store/audit_queue.h"
 
 namespace sbx::sandbox {
-namespace {
 
-// What a host-side operation on sandbox `id` failed with, as the manager's callers (API clients)
-// get it: every host path replaced (a tenant never learns the host's layout); the full message
-// goes to the daemon's log for the operator.
 Status ForClients(const std::string& id, std::string_view op, const Status& s) {
   if (s.ok()) return s;
   std::string redacted = RedactPaths(s.what());
@@ -35,14 +32,34 @@ Status ForClients(const std::string& id, std::string_view op, const Status& s) {
   return Status::Error(std::move(redacted), s.err());
 }
 
-using store::SandboxRecord;
-
-// The layer ids of a resolved template, topmost first (its layer directories' names).
 std::vector<std::string> LayerIds(const storage::Template& t) {
   std::vector<std::string> ids;
   for (const auto& dir : t.layers) ids.push_back(dir.substr(dir.rfind('/') + 1));
   return ids;
 }
+
+store::SandboxLimits WithDefaults(store::SandboxLimits l, const store::SandboxLimits& d) {
+  if (l.memory_bytes == 0) l.memory_bytes = d.memory_bytes;
+  if (l.cpus == 0) l.cpus = d.cpus;
+  if (l.cpu_weight == 0) l.cpu_weight = d.cpu_weight;
+  if (l.pids == 0) l.pids = d.pids;
+  if (l.disk_bytes == 0) l.disk_bytes = d.disk_bytes;
+  return l;
+}
+
+runtime::Limits ToRuntime(const store::SandboxLimits& l) {
+  runtime::Limits r;
+  r.memory_bytes = l.memory_bytes;
+  r.cpus = l.cpus;
+  r.cpu_weight = l.cpu_weight;
+  r.pids = l.pids;
+  r.disk_bytes = l.disk_bytes;
+  return r;
+}
+
+namespace {
+
+using store::SandboxRecord;
 
 constexpr size_t kMaxMetadataEntries = 64;
 constexpr size_t kMaxKeyBytes = 256;
@@ -115,25 +132,6 @@ Status ValidateLimits(const store::SandboxLimits& l) {
                              ")",
                          EINVAL);
   return {};
-}
-
-store::SandboxLimits WithDefaults(store::SandboxLimits l, const store::SandboxLimits& d) {
-  if (l.memory_bytes == 0) l.memory_bytes = d.memory_bytes;
-  if (l.cpus == 0) l.cpus = d.cpus;
-  if (l.cpu_weight == 0) l.cpu_weight = d.cpu_weight;
-  if (l.pids == 0) l.pids = d.pids;
-  if (l.disk_bytes == 0) l.disk_bytes = d.disk_bytes;
-  return l;
-}
-
-runtime::Limits ToRuntime(const store::SandboxLimits& l) {
-  runtime::Limits r;
-  r.memory_bytes = l.memory_bytes;
-  r.cpus = l.cpus;
-  r.cpu_weight = l.cpu_weight;
-  r.pids = l.pids;
-  r.disk_bytes = l.disk_bytes;
-  return r;
 }
 
 }  // namespace
@@ -358,6 +356,8 @@ Status Manager::Reconcile() {
     Audit("sandbox.lost", rec.id, rec.owner_key_id, {{"reason", why}});
     spdlog::warn("reconcile: sandbox {} marked failed: {}", rec.id, why);
   }
+  // Pooled boxes: adopted into their pools, or removed (before the orphans are reaped below).
+  SBX_RETURN_IF_ERROR(ReconcilePooled(kept));
   // The network: what belongs to no adopted box goes (a crash mid-create, a box lost while the
   // daemon was down); each adopted box gets its recorded policy back, so a restart changes
   // nothing of what it may reach.
@@ -519,6 +519,22 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
                          EAGAIN);
   }
 
+  // Another key's snapshot does not exist for this one.
+  auto hidden = builds_->Hidden(key, tmpl_name);
+  if (!hidden.ok()) return hidden.status();
+  if (*hidden) return storage::TemplateNotFound(tmpl_name);
+
+  // A warm pool's box when one fits (pool.h): its disk is already taken.
+  auto claimed = ClaimPooled(key, req, tmpl_name);
+  if (!claimed.ok()) {
+    if (claimed.status().err() == EAGAIN && quota) quota->retry_after_s = 1;
+    return claimed.status();
+  }
+  if (*claimed) {
+    Created(key, req, **claimed, started, true);
+    return **claimed;
+  }
+
   // The disk is promised from the check until the box exists (its image then takes the space),
   // so creates running at the same time cannot all be promised the same free space. The check
   // and the promise happen under one lock.
@@ -543,10 +559,6 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   // for this sandbox id, so removing the template leaves them until the sandbox has ended.
   SandboxRecord rec;
   rec.id = RandomId(20);
-  // Another key's snapshot does not exist for this one.
-  auto hidden = builds_->Hidden(key, tmpl_name);
-  if (!hidden.ok()) return hidden.status();
-  if (*hidden) return storage::TemplateNotFound(tmpl_name);
   auto tmpl = storage::ResolveTemplate(templates_, store_, tmpl_name, rec.id);
   if (!tmpl.ok()) return tmpl.status();
   rec.template_name = tmpl->name;
@@ -677,6 +689,12 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
       return failed(Status::Error(error, ready.err()), error);
     }
   }
+  Created(key, req, made, started, false);
+  return made;
+}
+
+void Manager::Created(const store::ApiKeyRecord& key, const CreateRequest& req,
+                      const SandboxRecord& made, Clock::SteadyTime started, bool pooled) {
   {
     MutexLock g(mu_);
     ++counters_.creations;
@@ -696,8 +714,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
          {"memory_bytes", made.limits.memory_bytes},
          {"cpus", made.limits.cpus},
          {"pids", made.limits.pids},
-         {"network", network::ModeName(req.network.mode)}});
-  return made;
+         {"network", network::ModeName(req.network.mode)},
+         {"pooled", pooled}});
 }
 
 Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Template& tmpl,
@@ -1627,6 +1645,12 @@ void Manager::StartTtlLoop(std::chrono::milliseconds period) {
 void Manager::Stop() {
   ttl_waiter_->Wake();
   if (ttl_thread_.joinable()) ttl_thread_.join();
+  {
+    std::lock_guard<std::mutex> g(pool_wake_mu_);
+    pool_stop_ = true;
+  }
+  pool_cv_.notify_all();
+  if (pool_thread_.joinable()) pool_thread_.join();
 }
 
 ManagerCounters Manager::counters() {

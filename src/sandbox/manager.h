@@ -30,6 +30,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -52,6 +53,7 @@
 #include "sandbox/limits.h"
 #include "sandbox/metrics.h"
 #include "sandbox/metrics_history.h"
+#include "sandbox/pool.h"
 #include "sandbox/templates.h"
 #include "storage/template.h"
 #include "store/audit_queue.h"
@@ -125,6 +127,8 @@ struct ManagerConfig {
   // The network of the RUN steps of E2B template builds, whose wire has no policy (sbx serve
   // --build-network; default none). docs/build.md "Network".
   network::Policy e2b_build_network;
+  // Warm pools kept filled once StartPools() runs (sbx serve --pool; pool.h).
+  std::vector<PoolSpec> pools;
 };
 
 // A secret as a facade gives it (sandbox/secrets.cc). `value` is write-only: no answer of the
@@ -297,6 +301,20 @@ class Manager {
   // Samples every running sandbox into the history and forgets the ended ones. The TTL loop
   // calls it every kMetricsPeriodMs of the config's clock; public for tests.
   void SampleMetrics();
+
+  // ---- Warm pools (pool.h; sandbox/pool.cc) ----
+  // Sets the size of the pool of `spec.template_name` (0 empties it), made if new: the refill
+  // makes or removes boxes in the background. EINVAL for a name that is no registered template
+  // (or a snapshot: those are their key's alone) or a size out of 0..kMaxPoolSize. Not kept
+  // across restarts: the pools of `sbx serve --pool` are the lasting ones.
+  Status SetPool(const PoolSpec& spec);
+  std::vector<PoolStatus> Pools();
+  // Starts the refill thread (after Reconcile, which adopts the pooled boxes a restart found);
+  // Stop() ends it. EINVAL when a pool of the config names no template.
+  Status StartPools();
+  // One pass of the refill: a box for each pool short of its size, surplus ones removed. Whether
+  // it did anything; `failed` when a box could not be made. The refill thread's; public for tests.
+  bool RefillPass(bool* failed);
 
   // ---- What the facades need of the store, through the manager (they never call it) ----
   // The active key whose secret this is; nullopt for an unknown or revoked one (api/auth.h).
@@ -472,6 +490,28 @@ class Manager {
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
+  // ---- Warm pools (sandbox/pool.cc) ----
+  // A pooled box for the create `req` (its limits and timeout filled in) of `key`, template
+  // `tmpl_name`, when a pool has one that fits (pool.h); nullopt to make one cold. The answer is
+  // the create's: the running record, or why the claim failed (quota).
+  Result<std::optional<store::SandboxRecord>> ClaimPooled(const store::ApiKeyRecord& key,
+                                                          const CreateRequest& req,
+                                                          const std::string& tmpl_name);
+  // Makes one pooled box of `tmpl_name` and records it; its id.
+  Result<std::string> FillOne(const std::string& tmpl_name);
+  // Removes the pooled box `id`: its box, then its record and pins.
+  void DiscardPooled(const std::string& id);
+  // Reconcile's part for the pooled records: adopted into their pools (as many as each wants),
+  // the rest removed. The ids kept are added to `kept`.
+  Status ReconcilePooled(std::set<std::string>& kept);
+  // Wakes the refill; `claimed`: a create just took a box (the refill waits for a pause in them).
+  void WakePools(bool claimed = false);
+  // Whether a pool holds (or is making) less than half its size.
+  bool PoolsLow();
+  // What a successful create (cold or claimed) records: counters, latency, idempotency, audit.
+  void Created(const store::ApiKeyRecord& key, const CreateRequest& req,
+               const store::SandboxRecord& made, Clock::SteadyTime started, bool pooled);
+
   // Frees the network of box `id` (network::Stack::Release) if it has one; logs a failure.
   void ReleaseNetwork(const std::string& id);
   // The policy a record holds (a record's JSON that does not parse: none, logged).
@@ -520,6 +560,13 @@ class Manager {
   std::unique_ptr<TemplateBuilds> builds_;     // thread-safe itself
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
+  std::map<std::string, PoolState> pools_ GUARDED_BY(mu_);  // by template name
+  std::mutex pool_wake_mu_;
+  std::condition_variable pool_cv_;
+  bool pool_wake_ = false;                            // under pool_wake_mu_
+  bool pool_stop_ = false;                            // under pool_wake_mu_
+  std::chrono::steady_clock::time_point last_claim_;  // under pool_wake_mu_
+  std::thread pool_thread_;
 };
 
 }  // namespace sbx::sandbox

@@ -153,6 +153,19 @@ class FakeRuntime : public runtime::Runtime {
     boxes_.erase(box.id);
     return fail_destroy;
   }
+  Status SetLimits(const runtime::Box& box, const runtime::Limits& l) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!boxes_.count(box.id)) return Status::Error("set limits " + box.id + ": no box", ESRCH);
+    limits_[box.id] = l;
+    return {};
+  }
+  // The limits SetLimits last wrote to box `id` (nullopt: never).
+  std::optional<runtime::Limits> LimitsSet(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = limits_.find(id);
+    if (it == limits_.end()) return std::nullopt;
+    return it->second;
+  }
   Result<int> ReapOrphans(const std::string&) override { return 0; }
   Result<runtime::Box> Adopt(const std::string& id) override {
     if (adoptable) {
@@ -191,6 +204,7 @@ class FakeRuntime : public runtime::Runtime {
   runtime::BoxStats stats_;
   std::mutex mu_;
   std::map<std::string, FakeBox> boxes_;
+  std::map<std::string, runtime::Limits> limits_;
 };
 
 class ManagerTest : public ::testing::Test {
@@ -223,6 +237,7 @@ class ManagerTest : public ::testing::Test {
     if (!manager_) {
       ManagerConfig c;
       c.clock = &clock_;
+      c.pools = pools_;
       c.on_transition_wait = [this](const std::string& id, const char* op) {
         waited_.Note(id, op);
       };
@@ -260,6 +275,7 @@ class ManagerTest : public ::testing::Test {
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<Manager> manager_;
   store::ApiKeyRecord key_;
+  std::vector<PoolSpec> pools_;  // the config's pools
 };
 
 // ---- What reaches clients (issue 11: no error message anywhere contains a host path) ----
@@ -1059,6 +1075,174 @@ TEST_F(NetworkManagerTest, SetNetworkWithoutAStackTakesOnlyNone) {
   EXPECT_EQ(set.status().err(), EINVAL);
   EXPECT_NE(set.status().message().find("networking is not enabled"), std::string::npos);
   EXPECT_TRUE(m.SetNetwork(key_, rec->id, network::Policy{}).ok());
+}
+
+// ---- Warm pools (pool.h) ----
+
+class PoolTest : public ManagerTest {
+ protected:
+  // Fills every pool to its size, as the refill thread would.
+  void Fill() {
+    bool failed = false;
+    while (M().RefillPass(&failed)) ASSERT_FALSE(failed);
+  }
+  PoolStatus Pool(const std::string& name = "host") {
+    for (const auto& p : M().Pools())
+      if (p.template_name == name) return p;
+    return PoolStatus{};
+  }
+  std::vector<std::string> Pooled() {
+    store::SandboxFilter f;
+    f.states = {store::kStatePooled};
+    f.oldest_first = true;  // as the reconciler keeps them
+    auto page = store_->ListSandboxes(f);
+    EXPECT_TRUE(page.ok());
+    std::vector<std::string> ids;
+    if (page.ok())
+      for (const auto& r : page->items) ids.push_back(r.id);
+    return ids;
+  }
+};
+
+TEST(PoolSpecTest, ParsesTemplateAndSize) {
+  auto a = ParsePoolSpec("host");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->template_name, "host");
+  EXPECT_EQ(a->size, 1);
+  auto b = ParsePoolSpec("my-tmpl:12");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->template_name, "my-tmpl");
+  EXPECT_EQ(b->size, 12);
+  for (const char* bad : {"", ":3", "host:", "host:x", "host:-1", "host:257", "host:3x"})
+    EXPECT_EQ(ParsePoolSpec(bad).status().err(), EINVAL) << bad;
+}
+
+TEST_F(PoolTest, APoolFillsAndACreateTakesABoxWithItsOwnLimitsAndRecord) {
+  ASSERT_TRUE(M().SetPool({"host", 2}).ok());
+  Fill();
+  EXPECT_EQ(Pool().ready, 2);
+  auto pooled = Pooled();
+  ASSERT_EQ(pooled.size(), 2u);
+  EXPECT_EQ(Stored(pooled[0]).owner_key_id, "");
+  // No key sees a pooled box: not in its list, not by id, not counted.
+  auto op = store_->CreateApiKey("op", 0, 0, true);
+  ASSERT_TRUE(op.ok());
+  EXPECT_TRUE(M().List(op->record, {})->items.empty());
+  EXPECT_EQ(M().Get(key_, pooled[0]).status().err(), ENOENT);
+
+  CreateRequest r;
+  r.limits.memory_bytes = 256LL << 20;
+  r.metadata = {{"k", "v"}};
+  r.env = {{"A", "1"}};
+  auto rec = M().Create(key_, r);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  EXPECT_TRUE(std::find(pooled.begin(), pooled.end(), rec->id) != pooled.end());
+  store::SandboxRecord got = Stored(rec->id);
+  EXPECT_EQ(got.state, store::kStateRunning);
+  EXPECT_EQ(got.owner_key_id, key_.id);
+  EXPECT_EQ(got.metadata, r.metadata);
+  EXPECT_EQ(got.env, r.env);
+  EXPECT_EQ(got.limits.memory_bytes, 256LL << 20);
+  EXPECT_GT(got.expires_at, 0);
+  // The create's limits went to the box's cgroups.
+  auto set = rt_.LimitsSet(rec->id);
+  ASSERT_TRUE(set);
+  EXPECT_EQ(set->memory_bytes, 256LL << 20);
+  EXPECT_EQ(M().List(key_, {})->items.size(), 1u);
+  PoolStatus p = Pool();
+  EXPECT_EQ(p.ready, 1);
+  EXPECT_EQ(p.claims, 1u);
+  // The refill makes the taken box again.
+  Fill();
+  EXPECT_EQ(Pool().ready, 2);
+  // A sandbox from the pool ends as any other: its box goes, never back to the pool.
+  ASSERT_TRUE(M().Kill(key_, rec->id).ok());
+  EXPECT_FALSE(rt_.Box(rec->id));
+  EXPECT_EQ(Pool().ready, 2);
+}
+
+TEST_F(PoolTest, CreatesThePoolCannotServeAreMadeCold) {
+  ASSERT_TRUE(M().SetPool({"host", 1}).ok());
+  Fill();
+  std::string pooled = Pooled().at(0);
+  CreateRequest disk;  // its disk image would have another size
+  disk.limits.disk_bytes = 1LL << 30;
+  auto rec = M().Create(key_, disk);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  EXPECT_NE(rec->id, pooled);
+  EXPECT_EQ(Pool().ready, 1);
+  // An empty pool: the create is made cold, and counted as a miss.
+  ASSERT_TRUE(M().Create(key_, {}).ok());
+  EXPECT_EQ(Pool().ready, 0);
+  auto cold = M().Create(key_, {});
+  ASSERT_TRUE(cold.ok());
+  EXPECT_EQ(Pool().misses, 1u);
+  // A pooled box whose agent died is not handed out: removed, and the create is made cold.
+  Fill();
+  std::string dead = Pooled().at(0);
+  rt_.SetExited(dead, "killed by signal 9");
+  auto after = M().Create(key_, {});
+  ASSERT_TRUE(after.ok());
+  EXPECT_NE(after->id, dead);
+  EXPECT_FALSE(rt_.Box(dead));
+  EXPECT_FALSE(store_->GetSandbox(dead).value());
+}
+
+TEST_F(PoolTest, AClaimOverTheQuotaFailsAndLeavesTheBoxInThePool) {
+  auto k = store_->CreateApiKey("one", 1, 0);
+  ASSERT_TRUE(k.ok());
+  ASSERT_TRUE(M().SetPool({"host", 2}).ok());
+  Fill();
+  ASSERT_TRUE(M().Create(k->record, {}).ok());
+  QuotaExceeded q;
+  auto over = M().Create(k->record, {}, &q);
+  EXPECT_EQ(over.status().err(), EAGAIN);
+  EXPECT_EQ(Pool().ready, 1);
+  EXPECT_EQ(Pooled().size(), 1u);
+}
+
+TEST_F(PoolTest, ARestartKeepsThePooledBoxesItsPoolsWantAndRemovesTheRest) {
+  rt_.adoptable = true;
+  pools_ = {{"host", 2}};
+  ASSERT_TRUE(M().StartPools().ok());
+  M().Stop();  // the test fills the pools itself
+  Fill();
+  auto before = Pooled();
+  ASSERT_EQ(before.size(), 2u);
+  // The daemon restarts wanting one: one is kept (its box adopted), the other removed.
+  pools_ = {{"host", 1}};
+  manager_.reset();
+  ASSERT_TRUE(M().Reconcile().ok());
+  auto after = Pooled();
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0], before[0]);
+  EXPECT_TRUE(rt_.Box(before[0]));
+  EXPECT_FALSE(rt_.Box(before[1]));
+  ASSERT_TRUE(M().SetPool({"host", 1}).ok());
+  EXPECT_EQ(Pool().ready, 1);
+  auto rec = M().Create(key_, {});
+  ASSERT_TRUE(rec.ok());
+  EXPECT_EQ(rec->id, before[0]);
+  // Wanting none: nothing pooled is left after a restart.
+  Fill();
+  pools_ = {};
+  manager_.reset();
+  ASSERT_TRUE(M().Reconcile().ok());
+  EXPECT_TRUE(Pooled().empty());
+  EXPECT_EQ(rt_.size(), 1u);  // the claimed sandbox's box alone
+}
+
+TEST_F(PoolTest, ShrinkingAPoolRemovesItsBoxesAndUnknownTemplatesAreRefused) {
+  ASSERT_TRUE(M().SetPool({"host", 3}).ok());
+  Fill();
+  EXPECT_EQ(rt_.size(), 3u);
+  ASSERT_TRUE(M().SetPool({"host", 0}).ok());
+  Fill();
+  EXPECT_EQ(rt_.size(), 0u);
+  EXPECT_TRUE(Pooled().empty());
+  EXPECT_TRUE(M().Pools().empty());
+  EXPECT_EQ(M().SetPool({"nope", 1}).err(), EINVAL);
+  EXPECT_EQ(M().SetPool({"host", kMaxPoolSize + 1}).err(), EINVAL);
 }
 
 }  // namespace

@@ -306,13 +306,14 @@ bool IsValidTemplateKind(std::string_view k) {
 constexpr char kLayerInUse[] =
     "(EXISTS (SELECT 1 FROM templates t, json_each(t.layers) j WHERE j.value = l.id)"
     " OR EXISTS (SELECT 1 FROM layer_pins p LEFT JOIN sandboxes s ON s.id = p.sandbox_id"
-    " WHERE p.layer_id = l.id AND (s.id IS NULL OR s.state IN ('creating', 'running', 'paused'))))";
+    " WHERE p.layer_id = l.id AND (s.id IS NULL OR"
+    " s.state IN ('pooled', 'creating', 'running', 'paused'))))";
 
 }  // namespace
 
 bool IsValidState(std::string_view state) {
   return state == kStateCreating || state == kStateRunning || state == kStatePaused ||
-         state == kStateKilled || state == kStateFailed;
+         state == kStateKilled || state == kStateFailed || state == kStatePooled;
 }
 
 bool IsLiveState(std::string_view state) {
@@ -484,6 +485,18 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   return st->Run().Wrap(what);
 }
 
+Status Store::CheckQuotaLocked(const SandboxRecord& r, int64_t max_live, const std::string& what) {
+  if (max_live <= 0) return {};
+  Result<int64_t> live =
+      CountSandboxesLocked(r.owner_key_id, {kStateCreating, kStateRunning, kStatePaused});
+  if (!live.ok()) return live.status().Wrap(what);
+  if (*live >= max_live)
+    return Status::Error(what + ": key " + r.owner_key_id + " has " + std::to_string(*live) +
+                             " live sandboxes, its quota is " + std::to_string(max_live),
+                         EDQUOT);
+  return {};
+}
+
 Status Store::InsertSandbox(const SandboxRecord& r, int64_t max_live) {
   std::string what = "insert sandbox " + r.id;
   MutexLock lock(mu_);
@@ -492,15 +505,21 @@ Status Store::InsertSandbox(const SandboxRecord& r, int64_t max_live) {
   Result<std::optional<SandboxRecord>> existing = GetSandboxLocked(r.id);
   if (!existing.ok()) return existing.status();
   if (existing->has_value()) return Status::Error(what + ": the id is taken", EEXIST);
-  if (max_live > 0) {
-    Result<int64_t> live =
-        CountSandboxesLocked(r.owner_key_id, {kStateCreating, kStateRunning, kStatePaused});
-    if (!live.ok()) return live.status().Wrap(what);
-    if (*live >= max_live)
-      return Status::Error(what + ": key " + r.owner_key_id + " has " + std::to_string(*live) +
-                               " live sandboxes, its quota is " + std::to_string(max_live),
-                           EDQUOT);
-  }
+  SBX_RETURN_IF_ERROR(CheckQuotaLocked(r, max_live, what));
+  SBX_RETURN_IF_ERROR(PutSandboxLocked(r));
+  return tx->Commit().Wrap(what);
+}
+
+Status Store::ClaimSandbox(const SandboxRecord& r, int64_t max_live) {
+  std::string what = "claim pooled sandbox " + r.id;
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  Result<std::optional<SandboxRecord>> existing = GetSandboxLocked(r.id);
+  if (!existing.ok()) return existing.status();
+  if (!existing->has_value() || (**existing).state != kStatePooled)
+    return Status::Error(what + ": it is not pooled", ENOENT);
+  SBX_RETURN_IF_ERROR(CheckQuotaLocked(r, max_live, what));
   SBX_RETURN_IF_ERROR(PutSandboxLocked(r));
   return tx->Commit().Wrap(what);
 }
@@ -551,7 +570,10 @@ Result<SandboxPage> Store::ListSandboxes(const SandboxFilter& f) {
 
   // Only fixed fragments go into the SQL text; every value is bound.
   std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE 1";
-  if (!f.states.empty()) AppendIn(&sql, "state", f.states.size());
+  if (!f.states.empty())
+    AppendIn(&sql, "state", f.states.size());
+  else
+    sql += " AND state != 'pooled'";
   if (!f.owner_key_id.empty()) sql += " AND owner_key_id = ?";
   // json_each decodes keys, so any key works (a JSON path cannot spell keys with quotes).
   for (size_t i = 0; i < f.metadata.size(); ++i) {

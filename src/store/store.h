@@ -36,6 +36,9 @@ class AuditQueue;
 inline constexpr char kDbFileName[] = "sbx.db";
 
 // Sandbox states. creating, running and paused are "live": a box may exist on the host for them.
+// `pooled` is a warm pool's box no key owns yet (sandbox/pool.h): it has a box, but it is no
+// tenant's sandbox, so it is not "live", and lists leave it out unless they ask for it.
+inline constexpr char kStatePooled[] = "pooled";
 inline constexpr char kStateCreating[] = "creating";
 inline constexpr char kStateRunning[] = "running";
 inline constexpr char kStatePaused[] = "paused";
@@ -338,6 +341,10 @@ class Store {
   // `max_live` > 0 and r.owner_key_id already has that many live sandboxes, nothing is written
   // and the answer is EDQUOT. Concurrent creates at the quota therefore never exceed it.
   Status InsertSandbox(const SandboxRecord& r, int64_t max_live = 0);
+  // Writes `r` over the `pooled` record of the same id (a warm pool's box claimed by a create) in
+  // one transaction with the quota check of InsertSandbox: EDQUOT as there, ENOENT when there is
+  // no such pooled record (another create claimed it, or it was removed).
+  Status ClaimSandbox(const SandboxRecord& r, int64_t max_live = 0);
   Result<std::optional<SandboxRecord>> GetSandbox(const std::string& id);
   // Reads, changes and writes back one record atomically: `change` runs under the store's lock
   // with the current record (it must not call the Store). If it returns an error nothing is
@@ -345,7 +352,7 @@ class Store {
   Result<SandboxRecord> UpdateSandbox(const std::string& id,
                                       const std::function<Status(SandboxRecord&)>& change);
   // Newest first with a cursor that stays correct while sandboxes are created between pages.
-  // EINVAL for a malformed `after` token.
+  // EINVAL for a malformed `after` token. `pooled` records only when f.states names them.
   Result<SandboxPage> ListSandboxes(const SandboxFilter& f);
   // Every sandbox in a live state (creating, running, paused), oldest first: for reconciliation
   // after a restart and for the TTL scanner.
@@ -487,6 +494,9 @@ class Store {
   Status PutSandboxLocked(const SandboxRecord& r) REQUIRES(mu_);
   Result<int64_t> CountSandboxesLocked(const std::string& owner_key_id,
                                        const std::vector<std::string>& states) REQUIRES(mu_);
+  // EDQUOT when max_live > 0 and r's owner already has that many live sandboxes.
+  Status CheckQuotaLocked(const SandboxRecord& r, int64_t max_live, const std::string& what)
+      REQUIRES(mu_);
 
   const std::string path_;
   const int schema_version_;

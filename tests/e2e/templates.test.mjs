@@ -220,12 +220,12 @@ test('setStartCmd with waitForPort / waitForFile: every Sandbox.create answers o
       }
     }
     // A start command that fails: the create fails naming it and its output, and leaves no box.
-    const before = (await Sandbox.list().nextItems()).length
+    // (Other files' sandboxes come and go meanwhile: only this template's are counted.)
     await Template.build(Template().fromTemplate('base')
       .setStartCmd('echo no such server; exit 4', sdk.waitForPort(8080)), bad)
     await assert.rejects(Sandbox.create(bad), (e) =>
       /start command 'echo no such server; exit 4' exited with code 4/.test(e.message) && /no such server/.test(e.message))
-    assert.equal((await Sandbox.list().nextItems()).length, before)
+    assert.deepEqual((await Sandbox.list().nextItems()).filter((s) => s.templateId === bad), [])
   } finally {
     await del(name, process.env.E2B_API_KEY).catch(() => {})
     await del(bad, process.env.E2B_API_KEY).catch(() => {})

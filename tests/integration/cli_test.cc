@@ -95,6 +95,32 @@ TEST_F(CliTest, Help) {
   EXPECT_NE(r.out.find("--url"), std::string::npos) << r.out;
 }
 
+// `sbx pool`: set, ls (the refill fills it in the background: polled), a create taking its box,
+// rm (its boxes destroyed: polled until none is left, so the teardown finds the host clean).
+TEST_F(CliTest, PoolSetListAndRemove) {
+  auto set = Sbx({"pool", "set", "host", "1"});
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_NE(set.out.find("host: 1"), std::string::npos) << set.out;
+  EXPECT_NE(Sbx({"pool", "set", "nope", "1"}).exit_code, 0);
+  auto ready = [&] { return Api("GET", "/v1/pools")["pools"][0].value("ready", 0); };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ready() != 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a background fill
+  auto ls = Sbx({"pool", "ls"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("TEMPLATE"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("host"), std::string::npos) << ls.out;
+  std::string id = Create();
+  EXPECT_EQ(Api("GET", "/v1/pools")["pools"][0]["claims"], 1);
+  EXPECT_EQ(Sbx({"pool", "rm", "host"}).exit_code, 0);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!Api("GET", "/v1/pools")["pools"].empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a background removal
+  EXPECT_TRUE(Api("GET", "/v1/pools")["pools"].empty());
+  EXPECT_NE(Sbx({"pool", "rm", "host"}).exit_code, 0);
+  EXPECT_EQ(Sbx({"kill", id}).exit_code, 0);
+}
+
 TEST_F(CliTest, CreateListInspectKill) {
   std::string id = Create({"--metadata", "team=cli", "--memory", "256M", "--timeout", "10m"});
   auto ls = Sbx({"ls"});

@@ -198,6 +198,7 @@ std::string Concrete(std::string path) {
       {"{pid}", "1"},
       {"{name}", "no-such-secret"},
       {"{snapshot}", "snap-openapitestnosuchsnp"},
+      {"{template}", "no-such-template"},
       {"{port}", "8000"}};
   for (const auto& [param, value] : kValues)
     for (size_t at; (at = path.find(param)) != std::string::npos;)

@@ -1847,6 +1847,106 @@ TEST_F(ServeTest, ADaemonKilledMidSnapshotLeavesTheSandboxRunningAndNoHalfLayer)
   }
 }
 
+// ---- warm pools (issue 14, item 5) ----
+
+// The ids of the pooled records in the daemon's store, oldest first.
+std::vector<std::string> PooledIds(const std::string& dir) {
+  auto st = store::Store::Open(dir + "/sbx.db");
+  EXPECT_TRUE(st.ok());
+  store::SandboxFilter f;
+  f.states = {store::kStatePooled};
+  f.oldest_first = true;
+  std::vector<std::string> ids;
+  if (!st.ok()) return ids;
+  auto page = (*st)->ListSandboxes(f);
+  EXPECT_TRUE(page.ok());
+  if (page.ok())
+    for (const auto& r : page->items) ids.push_back(r.id);
+  return ids;
+}
+
+// A create of a pooled template takes a box the pool made ahead, with the create's own env and
+// limits (written to the box's cgroups); the pool is refilled; a restart adopts the pooled boxes
+// instead of making them again; emptying the pool removes them. Pools are the operator's.
+TEST_F(ServeTest, AWarmPoolHandsOutItsBoxesAndARestartKeepsThem) {
+  d_->Stop();
+  d_->set_serve_flags({"--pool", "host:2"});
+  d_->Start();
+  // The refill works in the background: the test looks until the pool says it is full.
+  auto pool = [&] {
+    json p = d_->Json("GET", "/v1/pools");
+    return p["pools"].empty() ? json::object() : p["pools"][0];
+  };
+  auto until_ready = [&](int n) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (pool().value("ready", -1) != n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a background fill
+    json p = pool();
+    EXPECT_EQ(p.value("ready", -1), n) << p;
+    return p;
+  };
+  json full = until_ready(2);
+  EXPECT_EQ(full["template"], "host");
+  EXPECT_EQ(full["size"], 2);
+  EXPECT_GT(full["memory_bytes"].get<int64_t>(), 0);
+  auto pooled = PooledIds(dir_);
+  ASSERT_EQ(pooled.size(), 2u);
+  std::string metrics = d_->Call("GET", "/metrics").body;
+  EXPECT_NE(metrics.find("sbx_pool_ready{template=\"host\"} 2"), std::string::npos) << metrics;
+
+  std::string id =
+      Create({{"env", {{"W", "warm"}}}, {"limits", {{"memory_bytes", 192 << 20}, {"pids", 99}}}});
+  EXPECT_EQ(id, pooled[0]);
+  EXPECT_EQ(pool()["claims"], 1);
+  auto r = d_->Exec(id, {{"command", "echo $W; cat /proc/sys/kernel/random/boot_id"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.substr(0, 5), "warm\n");
+  bool checked = false;
+  for (const auto& dir : CgroupParentDirs("sbx-serve-test-" + std::to_string(::getpid()))) {
+    for (const char* file : {"memory.limit_in_bytes", "memory.max"}) {
+      if (auto mem = ReadFile(dir + "/" + id + "/" + file); mem.ok()) {
+        EXPECT_EQ(*mem, std::to_string(192 << 20) + "\n");
+        checked = true;
+      }
+    }
+    if (auto pids = ReadFile(dir + "/" + id + "/pids.max"); pids.ok()) {
+      EXPECT_EQ(*pids, "99\n");
+    }
+  }
+  EXPECT_TRUE(checked) << "no memory cgroup of the box found";
+  json got = d_->Json("GET", "/v1/sandboxes/" + id);
+  EXPECT_EQ(got["state"], "running");
+  EXPECT_EQ(got["limits"]["memory_bytes"], 192 << 20);
+
+  // Refilled; then a restart adopts both pooled boxes: none is made again.
+  until_ready(2);
+  pooled = PooledIds(dir_);
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(until_ready(2)["fill_failures"], 0);
+  EXPECT_EQ(PooledIds(dir_), pooled);
+  EXPECT_EQ(d_->Exec(id, {{"argv", {"true"}}}).exit_code, 0);
+
+  // A tenant key neither sees nor changes pools.
+  auto tenant = MakeKey(dir_, "tenant");
+  EXPECT_EQ(d_->Call("GET", "/v1/pools", "", Bearer(tenant.secret)).status, 403);
+  EXPECT_EQ(d_->Call("PUT", "/v1/pools/host", R"({"size":5})", Bearer(tenant.secret)).status, 403);
+  auto nope = d_->Call("PUT", "/v1/pools/nope", R"({"size":1})");
+  EXPECT_EQ(nope.status, 400);
+  EXPECT_NE(nope.body.find("template not found: nope"), std::string::npos) << nope.body;
+  EXPECT_EQ(d_->Call("PUT", "/v1/pools/host", R"({"size":-1})").status, 400);
+
+  // Emptied: its boxes go; the sandbox taken from it stays.
+  EXPECT_EQ(d_->Call("DELETE", "/v1/pools/host").status, 204);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!PooledIds(dir_).empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling a background removal
+  EXPECT_TRUE(PooledIds(dir_).empty());
+  EXPECT_EQ(d_->Json("GET", "/v1/pools")["pools"].size(), 0u);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/pools/host").status, 404);
+  EXPECT_EQ(d_->Exec(id, {{"argv", {"true"}}}).exit_code, 0);
+}
+
 // Item 3 on btrfs: a snapshot's files share their data with the box's (reflinks), so a snapshot
 // or fork costs no copy of the bytes. The data directory is a btrfs filesystem the test makes on
 // a loop device.

@@ -85,6 +85,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Audit(router, ctx);
   Secrets(router, ctx);
   Templates(router, ctx);
+  Pools(router, ctx);
   RegisterPortRoutes(router, ctx);  // api/ingress.h
 }
 

@@ -149,6 +149,28 @@ void Health(http::Router& r, ApiContext& ctx) {
         for (const auto& [rec, st] : live)
           out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
                  std::to_string(st.memory_current) + "\n";
+        // Warm pools (sandbox/pool.h): what they hold, and what their boxes use while they wait.
+        auto pools = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pools(); });
+        auto series = [&](const char* name, const char* type, const char* help, auto value) {
+          out +=
+              std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+          for (const auto& p : pools)
+            out += std::string(name) + "{template=\"" + p.template_name + "\"} " +
+                   std::to_string(value(p)) + "\n";
+        };
+        series("sbx_pool_size", "gauge", "Boxes a warm pool keeps ready.",
+               [](const sandbox::PoolStatus& p) { return p.size; });
+        series("sbx_pool_ready", "gauge", "Boxes of a warm pool ready for a create.",
+               [](const sandbox::PoolStatus& p) { return p.ready; });
+        series("sbx_pool_memory_bytes", "gauge", "Memory used by a warm pool's ready boxes.",
+               [](const sandbox::PoolStatus& p) { return p.memory_bytes; });
+        series("sbx_pool_claims_total", "counter", "Creates that took a warm pool's box.",
+               [](const sandbox::PoolStatus& p) { return p.claims; });
+        series("sbx_pool_misses_total", "counter",
+               "Creates of a pooled template that found no box ready.",
+               [](const sandbox::PoolStatus& p) { return p.misses; });
+        series("sbx_pool_fill_failures_total", "counter", "Boxes a warm pool could not make.",
+               [](const sandbox::PoolStatus& p) { return p.fill_failures; });
         co_await ex.Respond(200, out, "text/plain; version=0.0.4");
       }));
 }

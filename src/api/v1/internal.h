@@ -59,6 +59,7 @@ void Health(http::Router& r, ApiContext& ctx);     // health.cc: /healthz, /metr
 void Secrets(http::Router& r, ApiContext& ctx);    // secrets.cc: /v1/secrets
 void Network(http::Router& r, ApiContext& ctx);    // network.cc: policies and signed port URLs
 void Templates(http::Router& r, ApiContext& ctx);  // templates.cc: /v1/templates and builds
+void Pools(http::Router& r, ApiContext& ctx);      // pools.cc: /v1/pools (warm pools)
 // network.cc: a record's policy as the API shows it, and the create field / PUT body parsed
 // (EINVAL naming the bad entry).
 json NetworkJson(const sandbox::SandboxRecord& r);

@@ -48,6 +48,10 @@ class Cgroup {
   virtual Status Freeze() = 0;  // returns once every task is frozen
   virtual Status Thaw() = 0;
   virtual Result<BoxStats> Stats() = 0;
+  // Writes `limits` over the ones the cgroup has (a field of 0: no limit, or the default weight).
+  // The caller validates them (as Create does). A memory limit below what the cgroup uses makes
+  // the kernel reclaim, and fails (EBUSY) where it cannot.
+  virtual Status SetLimits(const Limits& limits) = 0;
   // Kills every process in the cgroup(s) (SIGKILL; frozen tasks are thawed so they die) and waits
   // until they are gone, up to a few seconds.
   virtual Status KillAll() = 0;

@@ -349,6 +349,27 @@ TEST_F(ScratchCgroupTest, V1WritesEveryLimit) {
   EXPECT_EQ((*cg)->DirFd(), -1);
 }
 
+// A warm pool's box gets its create's limits at the claim (sandbox/pool.h): grown, shrunk, and 0
+// fields written back as no limit.
+TEST_F(ScratchCgroupTest, V1SetLimitsRewritesEveryLimit) {
+  auto cg = CreateV1(V1Host(), "box1", TypicalLimits(), options_);
+  ASSERT_TRUE(cg.ok()) << cg.status().message();
+  const std::string mem = root_ + "/memory/own/sbx/box1";
+  Limits bigger = TypicalLimits();
+  bigger.memory_bytes = 128 << 20;
+  bigger.pids = 0;
+  bigger.cpu_weight = 0;
+  ASSERT_TRUE((*cg)->SetLimits(bigger).ok());
+  EXPECT_EQ(Get(mem + "/memory.limit_in_bytes"), "134217728");
+  EXPECT_EQ(Get(mem + "/memory.memsw.limit_in_bytes"), "134217728");
+  EXPECT_EQ(Get(root_ + "/pids/sbx/box1/pids.max"), "max");
+  EXPECT_EQ(Get(root_ + "/cpu,cpuacct/sbx/box1/cpu.shares"), "1024");
+  ASSERT_TRUE((*cg)->SetLimits(TypicalLimits()).ok());
+  EXPECT_EQ(Get(mem + "/memory.limit_in_bytes"), "67108864");
+  EXPECT_EQ(Get(mem + "/memory.memsw.limit_in_bytes"), "67108864");
+  EXPECT_EQ(Get(root_ + "/pids/sbx/box1/pids.max"), "100");
+}
+
 TEST_F(ScratchCgroupTest, V1WithoutSwapAccountingSetsSwappiness) {
   with_memsw_ = false;
   auto cg = CreateV1(V1Host(), "box1", TypicalLimits(), options_);
@@ -477,6 +498,22 @@ TEST_F(ScratchCgroupTest, V2EnablesControllersAndWritesEveryLimit) {
   EXPECT_EQ(Get(box + "/pids.max"), "100");
   EXPECT_EQ((*cg)->Paths(), std::vector<std::string>{box});
   EXPECT_GE((*cg)->DirFd(), 0);
+}
+
+TEST_F(ScratchCgroupTest, V2SetLimitsRewritesEveryLimit) {
+  auto cg = CreateV2(V2Host(), "box1", TypicalLimits(), options_);
+  ASSERT_TRUE(cg.ok()) << cg.status().message();
+  const std::string box = root_ + "/unified/own/sbx/box1";
+  Limits other;  // every field 0: no limits, the default weight
+  ASSERT_TRUE((*cg)->SetLimits(other).ok());
+  EXPECT_EQ(Get(box + "/memory.max"), "max");
+  EXPECT_EQ(Get(box + "/cpu.max"), "max 100000");
+  EXPECT_EQ(Get(box + "/cpu.weight"), "100");
+  EXPECT_EQ(Get(box + "/pids.max"), "max");
+  ASSERT_TRUE((*cg)->SetLimits(TypicalLimits()).ok());
+  EXPECT_EQ(Get(box + "/memory.max"), "67108864");
+  EXPECT_EQ(Get(box + "/cpu.max"), "150000 100000");
+  EXPECT_EQ(Get(box + "/pids.max"), "100");
 }
 
 TEST_F(ScratchCgroupTest, V2NoLimitsStillTurnsSwapOff) {

@@ -130,17 +130,28 @@ class CgroupV1 final : public Cgroup {
 
   std::vector<std::string> Paths() const override { return dirs_; }
 
+  Status SetLimits(const Limits& limits) override { return WriteLimits(limits, true); }
+
  private:
-  Status WriteLimits(const Limits& limits) {
+  // `reset`: the cgroup has had limits (SetLimits), so a field of 0 writes "no limit" back.
+  Status WriteLimits(const Limits& limits, bool reset = false) {
     const std::string mem = Dir("memory");
-    if (limits.memory_bytes > 0) {
-      const std::string bytes = std::to_string(limits.memory_bytes);
-      SBX_RETURN_IF_ERROR(WriteKnob(mem + "/memory.limit_in_bytes", bytes));
+    if (limits.memory_bytes > 0 || reset) {
+      const std::string bytes =
+          limits.memory_bytes > 0 ? std::to_string(limits.memory_bytes) : "-1";
       // memory+swap capped at the memory limit leaves no room for swap. Without swap accounting
-      // (no memsw files) the best we can do is tell reclaim not to swap this cgroup.
-      if (Exists(mem + "/memory.memsw.limit_in_bytes")) {
-        SBX_RETURN_IF_ERROR(WriteKnob(mem + "/memory.memsw.limit_in_bytes", bytes));
-      } else if (Exists(mem + "/memory.swappiness")) {
+      // (no memsw files) the best we can do is tell reclaim not to swap this cgroup. The kernel
+      // keeps memory <= memory+swap at every write: a limit that grows moves memsw first.
+      const std::string memsw = mem + "/memory.memsw.limit_in_bytes";
+      const bool has_memsw = Exists(memsw);
+      auto now = ReadUint(mem + "/memory.limit_in_bytes");
+      const bool grows = limits.memory_bytes <= 0 ||
+                         (now.ok() && static_cast<uint64_t>(limits.memory_bytes) > *now);
+      if (has_memsw && grows) SBX_RETURN_IF_ERROR(WriteKnob(memsw, bytes));
+      SBX_RETURN_IF_ERROR(WriteKnob(mem + "/memory.limit_in_bytes", bytes));
+      if (has_memsw && !grows) {
+        SBX_RETURN_IF_ERROR(WriteKnob(memsw, bytes));
+      } else if (!has_memsw && Exists(mem + "/memory.swappiness")) {
         SBX_RETURN_IF_ERROR(WriteKnob(mem + "/memory.swappiness", "0"));
       }
     } else if (Exists(mem + "/memory.swappiness")) {
@@ -152,13 +163,15 @@ class CgroupV1 final : public Cgroup {
     const int64_t quota = CpuQuotaUs(limits.cpus);
     SBX_RETURN_IF_ERROR(
         WriteKnob(cpu + "/cpu.cfs_quota_us", quota > 0 ? std::to_string(quota) : "-1"));
-    if (limits.cpu_weight > 0) {
-      SBX_RETURN_IF_ERROR(
-          WriteKnob(cpu + "/cpu.shares", std::to_string(WeightToShares(limits.cpu_weight))));
+    if (limits.cpu_weight > 0 || reset) {
+      SBX_RETURN_IF_ERROR(WriteKnob(
+          cpu + "/cpu.shares",
+          std::to_string(WeightToShares(limits.cpu_weight > 0 ? limits.cpu_weight : 100))));
     }
 
-    if (limits.pids > 0) {
-      SBX_RETURN_IF_ERROR(WriteKnob(Dir("pids") + "/pids.max", std::to_string(limits.pids)));
+    if (limits.pids > 0 || reset) {
+      SBX_RETURN_IF_ERROR(WriteKnob(Dir("pids") + "/pids.max",
+                                    limits.pids > 0 ? std::to_string(limits.pids) : "max"));
     }
     return {};
   }

@@ -119,6 +119,8 @@ class CgroupV2 final : public Cgroup {
   }
 
   std::vector<std::string> Paths() const override { return {dir_}; }
+
+  Status SetLimits(const Limits& limits) override { return WriteLimits(limits, true); }
   int DirFd() const override { return fd_.get(); }
 
  private:
@@ -163,9 +165,12 @@ class CgroupV2 final : public Cgroup {
     return s;
   }
 
-  Status WriteLimits(const Limits& limits) {
-    if (limits.memory_bytes > 0) {
-      SBX_RETURN_IF_ERROR(WriteKnob(dir_ + "/memory.max", std::to_string(limits.memory_bytes)));
+  // `reset`: the cgroup has had limits (SetLimits), so a field of 0 writes "no limit" back.
+  Status WriteLimits(const Limits& limits, bool reset = false) {
+    if (limits.memory_bytes > 0 || reset) {
+      SBX_RETURN_IF_ERROR(WriteKnob(dir_ + "/memory.max", limits.memory_bytes > 0
+                                                              ? std::to_string(limits.memory_bytes)
+                                                              : "max"));
     }
     // Absent when the kernel has no swap accounting; then there is no swap control to set.
     if (Exists(dir_ + "/memory.swap.max")) {
@@ -174,11 +179,13 @@ class CgroupV2 final : public Cgroup {
     const int64_t quota = CpuQuotaUs(limits.cpus);
     SBX_RETURN_IF_ERROR(WriteKnob(dir_ + "/cpu.max", (quota > 0 ? std::to_string(quota) : "max") +
                                                          " " + std::to_string(kCpuPeriodUs)));
-    if (limits.cpu_weight > 0) {
-      SBX_RETURN_IF_ERROR(WriteKnob(dir_ + "/cpu.weight", std::to_string(limits.cpu_weight)));
+    if (limits.cpu_weight > 0 || reset) {
+      SBX_RETURN_IF_ERROR(WriteKnob(
+          dir_ + "/cpu.weight", std::to_string(limits.cpu_weight > 0 ? limits.cpu_weight : 100)));
     }
-    if (limits.pids > 0) {
-      SBX_RETURN_IF_ERROR(WriteKnob(dir_ + "/pids.max", std::to_string(limits.pids)));
+    if (limits.pids > 0 || reset) {
+      SBX_RETURN_IF_ERROR(
+          WriteKnob(dir_ + "/pids.max", limits.pids > 0 ? std::to_string(limits.pids) : "max"));
     }
     return {};
   }

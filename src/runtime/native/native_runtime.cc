@@ -30,6 +30,7 @@
 #include "common/fs.h"
 #include "runtime/native/box_owners.h"
 #include "runtime/native/capabilities.h"
+#include "runtime/native/cgroup_internal.h"
 #include "runtime/native/child.h"
 #include "runtime/native/disk.h"
 #include "runtime/native/idmap.h"
@@ -537,6 +538,12 @@ Status NativeRuntime::AwaitChildSetup(Creation& c) {
 
 Status NativeRuntime::Freeze(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Freeze(); }
 Status NativeRuntime::Thaw(const Box& box) { return Cgroup::Open(cgroups_, box.id)->Thaw(); }
+
+Status NativeRuntime::SetLimits(const Box& box, const Limits& limits) {
+  std::string what = "set the limits of box " + box.id;
+  SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(box.id, limits).Wrap(what));
+  return Cgroup::Open(cgroups_, box.id)->SetLimits(limits).Wrap(what);
+}
 Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type) {
   std::string what = "socket in box " + box.id;
   auto pidfd = AgentPidfd(box);
