@@ -642,6 +642,18 @@ def _net_section(results, w):
             w("")
 
 
+def _open_section(results, w, key, title):
+    """The heading of a section that `--only KEY` runs alone, and when it was measured; None (and
+    a line saying so) when this run did not measure it."""
+    sec = results.get(key)
+    w(title + "\n")
+    if not sec:
+        w(f"Not measured in this run (`--only` without `{key}`).\n")
+        return None
+    w(_when(sec, results, f"--only {key}"))
+    return sec
+
+
 def _when(sec, results, how):
     """When a separately run section was measured, and whether the machine was loaded."""
     when = (f"Measured {sec.get('started', '?')} to {sec.get('finished', '?')} "
@@ -673,12 +685,9 @@ def _sec(v):
 
 def _snapshots_section(results, w):
     """Section 8: the snapshot rows of bench/snapshots.py (issue 14, item 7)."""
-    s = results.get("snapshots")
-    w("## 8. Snapshots, forks and pause without memory (issue 14)\n")
+    s = _open_section(results, w, "snapshots", "## 8. Snapshots, forks and pause without memory (issue 14)")
     if not s:
-        w("Not measured in this run (`--only` without `snapshots`).\n")
         return
-    w(_when(s, results, "--only snapshots"))
     w("Through the REST API of one `sbx serve` (`POST` sent until the answer is read). A sandbox "
       "of the host template writes N random bytes to `/root/blob`, then, in alternating rounds: "
       "**snapshot** (`POST /v1/sandboxes/{id}/snapshots`: freeze, copy of the writable layer, "
@@ -743,12 +752,9 @@ def _snapshots_section(results, w):
 
 def _pools_section(results, w):
     """Section 9: the warm pool rows of bench/pools.py (issue 14, items 5 and 7)."""
-    s = results.get("pools")
-    w("## 9. Warm pools (issue 14)\n")
+    s = _open_section(results, w, "pools", "## 9. Warm pools (issue 14)")
     if not s:
-        w("Not measured in this run (`--only` without `pools`).\n")
         return
-    w(_when(s, results, "--only pools"))
     w(f"One `sbx serve --pool host:{s.get('pool_size')}` (networking off). Per concurrency level, "
       "in rotated order: **pool** (the pool filled first, then the level's creates by "
       "`sbx-bench-api create-run`: `POST /v1/sandboxes` with memory 256 MiB + pids 256, then "
@@ -806,12 +812,9 @@ def _pools_section(results, w):
 
 def _templates_section(results, w):
     """Section 7: the template rows of bench/templates.py (issue 13, item 8)."""
-    t = results.get("templates")
-    w("## 7. Templates (issue 13)\n")
+    t = _open_section(results, w, "templates", "## 7. Templates (issue 13)")
     if not t:
-        w("Not measured in this run (`--only` without `templates`).\n")
         return
-    w(_when(t, results, "--only templates"))
     img = t.get("image")
     if img:
         w(f"The image: {len(img['layers'])} gzip layers, {img['bytes'] / 1e6:.0f} MB compressed, "
