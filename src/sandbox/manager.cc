@@ -764,6 +764,9 @@ Result<SandboxRecord> Manager::Owned(const store::ApiKeyRecord& key, const std::
                                      Access access) {
   auto rec = Record(id);
   if (!rec.ok()) return rec.status();
+  // A warm pool's box is no sandbox yet, not even for an operator (pool.h).
+  if (*rec && (*rec)->state == store::kStatePooled)
+    return Status::Error("no sandbox '" + id + "'", ENOENT);
   bool allowed =
       *rec && ((*rec)->owner_key_id == key.id || (key.is_operator && access != Access::kUse));
   if (!allowed) {

@@ -1129,6 +1129,8 @@ TEST_F(PoolTest, APoolFillsAndACreateTakesABoxWithItsOwnLimitsAndRecord) {
   ASSERT_TRUE(op.ok());
   EXPECT_TRUE(M().List(op->record, {})->items.empty());
   EXPECT_EQ(M().Get(key_, pooled[0]).status().err(), ENOENT);
+  EXPECT_EQ(M().Get(op->record, pooled[0]).status().err(), ENOENT);
+  EXPECT_EQ(M().Kill(op->record, pooled[0]).err(), ENOENT);
 
   CreateRequest r;
   r.limits.memory_bytes = 256LL << 20;
