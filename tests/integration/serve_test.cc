@@ -297,6 +297,92 @@ TEST_F(ServeTest, BackgroundCommandStdinSignalAndReattach) {
   EXPECT_NE(ended.body.find("\"signal\":15"), std::string::npos) << ended.body;
 }
 
+// One frame of a binary (application/vnd.sbx.frames) command stream.
+struct Frame {
+  int kind = 0;
+  uint64_t offset = 0;
+  std::string payload;
+};
+
+// Splits a frames body; a body that does not end on a frame boundary fails the test.
+std::vector<Frame> ParseFrames(std::string_view body) {
+  std::vector<Frame> out;
+  while (!body.empty()) {
+    if (body.size() < 16) {
+      ADD_FAILURE() << "a frame header cut short: " << body.size() << " bytes left";
+      break;
+    }
+    auto byte = [&](size_t i) {
+      return static_cast<uint64_t>(static_cast<unsigned char>(body[i]));
+    };
+    Frame f;
+    f.kind = static_cast<int>(byte(0));
+    EXPECT_EQ(byte(1) | byte(2) | byte(3), 0u) << "reserved header bytes";
+    uint64_t length = 0;
+    for (size_t i = 4; i < 8; ++i) length = length << 8 | byte(i);
+    for (size_t i = 8; i < 16; ++i) f.offset = f.offset << 8 | byte(i);
+    if (body.size() - 16 < length) {
+      ADD_FAILURE() << "a frame's payload cut short";
+      break;
+    }
+    f.payload = std::string(body.substr(16, length));
+    body.remove_prefix(16 + length);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+TEST_F(ServeTest, CommandOutputAsBinaryFrames) {
+  std::string id = Create();
+  // Every byte value on stdout (NUL and newlines included), a large stdout, and some stderr.
+  json cmd = {{"command",
+               "printf '\\000\\001\\n\\377' ; head -c 3000000 /dev/zero; echo oops >&2; exit 3"}};
+  http::ClientHeaders frames = {{"Accept", "application/vnd.sbx.frames"}};
+  auto r = d_->Call("POST", "/v1/sandboxes/" + id + "/commands", cmd.dump(), frames);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/vnd.sbx.frames");
+  auto got = ParseFrames(r.body);
+  ASSERT_GE(got.size(), 3u);
+  json start = json::parse(got.front().payload, nullptr, false);
+  EXPECT_EQ(got.front().kind, 3);
+  EXPECT_EQ(start.value("type", ""), "start") << got.front().payload;
+  EXPECT_EQ(std::to_string(start.value("pid", int64_t{0})), r.Header("X-Sbx-Pid"));
+  std::string out, err;
+  for (size_t i = 1; i + 1 < got.size(); ++i) {
+    ASSERT_TRUE(got[i].kind == 1 || got[i].kind == 2) << "frame " << i << ": " << got[i].kind;
+    std::string& stream = got[i].kind == 1 ? out : err;
+    EXPECT_EQ(got[i].offset, stream.size()) << "frame " << i << " does not follow on";
+    stream += got[i].payload;
+  }
+  EXPECT_EQ(out.size(), 3000004u);
+  EXPECT_EQ(out.substr(0, 4), std::string("\0\1\n\377", 4));
+  EXPECT_EQ(out.find_first_not_of('\0', 4), std::string::npos);
+  EXPECT_EQ(err, "oops\n");
+  json exit = json::parse(got.back().payload, nullptr, false);
+  EXPECT_EQ(got.back().kind, 3);
+  EXPECT_EQ(exit.value("type", ""), "exit") << got.back().payload;
+  EXPECT_EQ(exit.value("exit_code", -1), 3);
+
+  // Reattach from an offset: the tail only, its frames carrying their true offsets.
+  std::string pid(r.Header("X-Sbx-Pid"));
+  auto tail = d_->Call(
+      "GET",
+      "/v1/sandboxes/" + id + "/commands/" + pid + "/output?stdout_offset=2999990&stderr_offset=5",
+      "", frames);
+  ASSERT_EQ(tail.status, 200);
+  auto again = ParseFrames(tail.body);
+  ASSERT_EQ(again.size(), 2u);  // no start event on reattach, nothing left of stderr
+  EXPECT_EQ(again[0].kind, 1);
+  EXPECT_EQ(again[0].offset, 2999990u);
+  EXPECT_EQ(again[0].payload, std::string(14, '\0'));
+  EXPECT_EQ(json::parse(again[1].payload, nullptr, false).value("exit_code", -1), 3);
+
+  // Without the Accept header, the same command is NDJSON as before.
+  auto ndjson = d_->Call("POST", "/v1/sandboxes/" + id + "/commands", cmd.dump());
+  EXPECT_EQ(ndjson.Header("Content-Type"), "application/x-ndjson");
+  EXPECT_EQ(StdoutOf(ndjson.body).size(), 3000004u);
+}
+
 TEST_F(ServeTest, Files) {
   std::string id = Create();
   std::string big(3 << 20, 'z');

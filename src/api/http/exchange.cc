@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/beast/websocket/rfc6455.hpp>
 
 #include "api/http/connection.h"
@@ -280,19 +281,25 @@ net::awaitable<Status> Exchange::BeginStream(int status, std::string_view conten
 }
 
 net::awaitable<Status> Exchange::WriteChunk(std::string_view data) {
+  co_return co_await WriteChunk({}, data);
+}
+
+net::awaitable<Status> Exchange::WriteChunk(std::string_view head, std::string_view data) {
   if (state_ != State::kStreaming) co_return Status::Error("write chunk: no stream in progress");
-  if (data.empty()) co_return Status();
+  size_t size = head.size() + data.size();
+  if (size == 0) co_return Status();
   conn_.timed_out_ = false;
+  std::array<net::const_buffer, 2> parts = {net::const_buffer(head.data(), head.size()),
+                                            net::const_buffer(data.data(), data.size())};
   if (stream_length_) {
-    if (data.size() > *stream_length_) {
+    if (size > *stream_length_) {
       conn_.broken_ = true;
       co_return Status::Error("write chunk: more data than the declared Content-Length");
     }
-    *stream_length_ -= data.size();
-    co_return co_await conn_.WriteAll(net::buffer(data.data(), data.size()), "write body");
+    *stream_length_ -= size;
+    co_return co_await conn_.WriteAll(parts, "write body");
   }
-  co_return co_await conn_.WriteAll(bhttp::make_chunk(net::const_buffer(data.data(), data.size())),
-                                    "write chunk");
+  co_return co_await conn_.WriteAll(bhttp::make_chunk(parts), "write chunk");
 }
 
 net::awaitable<Status> Exchange::EndStream() {

@@ -125,6 +125,9 @@ class Exchange {
   // Returns an error when the client went away, stalled past write_timeout, or the server is
   // stopping: the producer must stop then. Empty `data` is a no-op.
   boost::asio::awaitable<Status> WriteChunk(std::string_view data);
+  // The same for a piece in two parts (a frame's header and its payload) sent as one chunk in
+  // one write, without joining them first.
+  boost::asio::awaitable<Status> WriteChunk(std::string_view head, std::string_view data);
   // Terminates the body. A stream the handler never ends is treated as aborted: the connection
   // is closed so the client sees a truncated transfer rather than a clean end.
   boost::asio::awaitable<Status> EndStream();

@@ -4,8 +4,11 @@
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
 
+#include <algorithm>
+#include <array>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <cctype>
 #include <csignal>
 
 #include "api/errors.h"
@@ -105,14 +108,59 @@ json EventJson(const sandbox::ProcessEvent& e) {
   return j;
 }
 
-// Streams a process as NDJSON until its exit. A client that goes away leaves the process running
-// (it is detached; the agent keeps buffering its output).
-awaitable<void> StreamProcess(http::Exchange& ex, sandbox::Process& p) {
+// The binary encoding of a command's events (docs/api.md, "Binary output frames"), asked for with
+// `Accept: application/vnd.sbx.frames`: each event is a 16-byte header (the kind, three zero
+// bytes, the payload's length as a 32-bit big-endian number, the stream offset of an output
+// frame's first byte as a 64-bit big-endian number) and the payload: a stdout or stderr frame
+// carries the bytes themselves, an event frame the JSON object an NDJSON line would.
+constexpr std::string_view kFramesType = "application/vnd.sbx.frames";
+constexpr std::string_view kNdjsonType = "application/x-ndjson";
+enum class Frame : uint8_t { kStdout = 1, kStderr = 2, kEvent = 3 };
+
+bool WantsFrames(const http::Exchange& ex) {
+  std::string accept(ex.Header("Accept"));
+  std::transform(accept.begin(), accept.end(), accept.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return accept.find(kFramesType) != std::string::npos;
+}
+
+using FrameHeader = std::array<char, 16>;
+
+FrameHeader FrameHead(Frame kind, size_t length, uint64_t offset = 0) {
+  FrameHeader h{};
+  h[0] = static_cast<char>(kind);
+  for (int i = 0; i < 4; ++i) h[4 + i] = static_cast<char>(length >> (8 * (3 - i)));
+  for (int i = 0; i < 8; ++i) h[8 + i] = static_cast<char>(offset >> (8 * (7 - i)));
+  return h;
+}
+
+// One event in the stream's encoding: a JSON line, or a frame (output bytes as they came).
+awaitable<Status> WriteEvent(http::Exchange& ex, bool frames, const json& event) {
+  std::string text = http::JsonText(event);
+  if (!frames) {
+    text += '\n';
+    co_return co_await ex.WriteChunk(text);
+  }
+  auto head = FrameHead(Frame::kEvent, text.size());
+  co_return co_await ex.WriteChunk(std::string_view(head.data(), head.size()), text);
+}
+
+// Streams a process until its exit, as NDJSON or as frames. A client that goes away leaves the
+// process running (it is detached; the agent keeps buffering its output).
+awaitable<void> StreamProcess(http::Exchange& ex, sandbox::Process& p, bool frames) {
   for (;;) {
     auto e = co_await p.Next();
-    json line = e.ok() ? EventJson(*e) : json{{"type", "error"}, {"message", e.status().message()}};
-    std::string text = http::JsonText(line) + "\n";
-    if (!(co_await ex.WriteChunk(text)).ok()) {
+    Status sent;
+    if (frames && e.ok() && e->kind == Kind::kOutput) {
+      auto head = FrameHead(e->stream == 2 ? Frame::kStderr : Frame::kStdout, e->data.size(),
+                            static_cast<uint64_t>(e->offset));
+      sent = co_await ex.WriteChunk(std::string_view(head.data(), head.size()), e->data);
+    } else {
+      json event =
+          e.ok() ? EventJson(*e) : json{{"type", "error"}, {"message", e.status().message()}};
+      sent = co_await WriteEvent(ex, frames, event);
+    }
+    if (!sent.ok()) {
       co_await p.Detach();
       co_return;
     }
@@ -176,11 +224,12 @@ void Commands(http::Router& r, ApiContext& ctx) {
           co_return co_await ex.RespondJson(201, body);
         }
         http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
-        Status begun = co_await ex.BeginStream(200, "application/x-ndjson", headers);
+        bool frames = WantsFrames(ex);
+        Status begun = co_await ex.BeginStream(200, frames ? kFramesType : kNdjsonType, headers);
         if (!begun.ok()) co_return;
-        std::string start = json{{"type", "start"}, {"pid", pid}}.dump() + "\n";
-        (void)co_await ex.WriteChunk(start);
-        co_await StreamProcess(ex, **p);
+        json start = {{"type", "start"}, {"pid", pid}};
+        (void)co_await WriteEvent(ex, frames, start);
+        co_await StreamProcess(ex, **p, frames);
       }));
 
   r.Get(
@@ -217,9 +266,10 @@ void Commands(http::Router& r, ApiContext& ctx) {
         if (!s) co_return;
         auto p = co_await s->Attach(*pid, *so, *se);
         if (!p.ok()) co_return co_await Fail(ex, p.status());
-        Status begun = co_await ex.BeginStream(200, "application/x-ndjson");
+        bool frames = WantsFrames(ex);
+        Status begun = co_await ex.BeginStream(200, frames ? kFramesType : kNdjsonType);
         if (!begun.ok()) co_return;
-        co_await StreamProcess(ex, **p);
+        co_await StreamProcess(ex, **p, frames);
       }));
 
   r.Post("/v1/sandboxes/{id}/commands/{pid}/stdin",
