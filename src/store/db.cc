@@ -241,6 +241,11 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path) {
   std::unique_ptr<Db> db(new Db(raw, path));
   sqlite3_extended_result_codes(raw, 1);
   sqlite3_busy_timeout(raw, 5000);
+  // The last connection to close leaves the WAL as it is instead of checkpointing it into the
+  // database (three fdatasyncs, and a new WAL's header synced again at the next write): a
+  // one-shot `sbx run` or CLI call would pay that at every exit. The WAL is as durable as the
+  // database; SQLite's automatic checkpoints (every 1000 pages) keep it small.
+  sqlite3_db_config(raw, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
 
   // WAL: readers never block the writer and a crash mid-transaction leaves the last commit
   // intact. synchronous=NORMAL in WAL mode can lose the newest commits on power loss but never

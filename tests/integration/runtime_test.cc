@@ -653,6 +653,47 @@ TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
 }
 
 // The loud fallback: no idmapped mounts, every box at the shared base, layers as shifted copies.
+// The idmap probe's pass is remembered beside the run directory for this boot and filesystem
+// only: a note of another boot is probed again and replaced.
+TEST_F(RuntimeTest, APassedIdmapProbeIsRememberedForThisBootOnly) {
+  if (!rt_->idmapped()) GTEST_SKIP() << "idmapped mounts do not work here: nothing is remembered";
+  const std::string memo = rt_->config().run_dir + ".idmap-probe";
+  auto boot = ReadFile("/proc/sys/kernel/random/boot_id");
+  ASSERT_TRUE(boot.ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(rt_->config().run_dir.c_str(), &st), 0);
+  const std::string want = boot->substr(0, boot->find('\n')) + " " + std::to_string(st.st_dev) +
+                           " " + std::to_string(rt_->config().id_base) + " ok\n";
+  auto seen = ReadFile(memo);
+  ASSERT_TRUE(seen.ok()) << seen.status().message();
+  EXPECT_EQ(*seen, want);
+  // Whether an Open probed: the probe's scratch directory appears in the run directory.
+  auto probes_in_open = [&] {
+    UniqueFd in(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    EXPECT_GE(::inotify_add_watch(in.get(), rt_->config().run_dir.c_str(), IN_CREATE), 0);
+    auto rt = NativeRuntime::Open(rt_->config());
+    EXPECT_TRUE(rt.ok()) << rt.status().message();
+    EXPECT_TRUE(rt.ok() && (*rt)->idmapped());
+    int probes = 0;
+    alignas(inotify_event) char buf[4096];
+    for (ssize_t n; (n = ::read(in.get(), buf, sizeof buf)) > 0;) {
+      for (char* p = buf; p < buf + n;) {
+        auto* e = reinterpret_cast<inotify_event*>(p);
+        if (e->len > 0 && std::string(e->name).find("idmap-probe") != std::string::npos) ++probes;
+        p += sizeof(inotify_event) + e->len;
+      }
+    }
+    return probes;
+  };
+  EXPECT_EQ(probes_in_open(), 0);
+  ASSERT_TRUE(WriteFile(memo, "00000000-0000-0000-0000-000000000000 1 2 ok\n", 0600).ok());
+  EXPECT_EQ(probes_in_open(), 1);
+  EXPECT_EQ(*ReadFile(memo), want);
+  EXPECT_EQ(probes_in_open(), 0);
+  ASSERT_EQ(::stat(memo.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
 TEST_F(RuntimeTest, FallbackWithoutIdmapStillRunsABox) {
   NativeConfig cfg = rt_->config();
   cfg.idmap = false;

@@ -87,6 +87,36 @@ Result<UniqueFd> LoadAgentImage(const std::string& path) {
   return fd;
 }
 
+// Whether idmapped layers work does not change while the kernel runs and the run directory stays
+// on one filesystem: a probe that passed is remembered for that pair in <run_dir>.idmap-probe
+// (beside the run directory, which holds boxes only; root-only), so a one-shot `sbx run` does not
+// build and tear down the probe's namespace and mounts every time (about 2 ms). A failure is
+// never remembered: it is tried again, and warned about, at every start.
+Status ProbeIdmappedOnce(const std::string& run_dir, uint32_t id_base) {
+  struct stat st {};
+  auto boot = ReadFile("/proc/sys/kernel/random/boot_id", 64);
+  std::string key;
+  if (boot.ok() && ::stat(run_dir.c_str(), &st) == 0) {
+    key = boot->substr(0, boot->find('\n')) + " " + std::to_string(st.st_dev) + " " +
+          std::to_string(id_base) + " ok\n";
+  }
+  const std::string memo = run_dir + ".idmap-probe";
+  if (!key.empty()) {
+    if (auto seen = ReadFile(memo, 256); seen.ok() && *seen == key) return {};
+  }
+  // Named as a creation of this process: if it dies mid-probe, the next ReapOrphans removes it.
+  std::string scratch =
+      run_dir + "/" +
+      CreationDirName("idmap-probe-" + RandomId(8), ::getpid(), ProcessStartTime(::getpid()));
+  Status probe = ::mkdir(scratch.c_str(), 0700) == 0 ? ProbeIdmappedLayers(scratch, id_base)
+                                                     : Status::Errno("mkdir " + scratch);
+  (void)RemoveTree(scratch);  // a leftover probe directory is never used; only wasted space
+  // Written in place: a reader that sees half of it (or a daemon killed mid-write) only probes
+  // again.
+  if (probe.ok() && !key.empty()) (void)WriteFile(memo, key, 0600);
+  return probe;
+}
+
 Result<UniqueFd> ListenUnix(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -201,14 +231,7 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   const std::string range =
       std::to_string(config.id_base) + ".." + std::to_string(config.id_base + kIdRange - 1);
   if (idmapped) {
-    // Named as a creation of this process: if it dies mid-probe, the next ReapOrphans removes it.
-    std::string scratch =
-        config.run_dir + "/" +
-        CreationDirName("idmap-probe-" + RandomId(8), ::getpid(), ProcessStartTime(::getpid()));
-    Status probe = ::mkdir(scratch.c_str(), 0700) == 0
-                       ? ProbeIdmappedLayers(scratch, config.id_base)
-                       : Status::Errno("mkdir " + scratch);
-    (void)RemoveTree(scratch);  // a leftover probe directory is never used; only wasted space
+    Status probe = ProbeIdmappedOnce(config.run_dir, config.id_base);
     if (!probe.ok()) {
       idmapped = false;
       warnings.push_back("idmapped mounts do not work here (" + probe.message() +
@@ -228,7 +251,18 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
         "needs it)");
   }
   rt->warnings_ = std::move(warnings);
+  // The warm-up goes on while the caller resolves its template and prepares the first box; that
+  // box's clone waits for it (JoinWarmUp).
+  rt->warm_up_ = std::move(warm_up);
   return rt;
+}
+
+NativeRuntime::~NativeRuntime() { JoinWarmUp(); }
+
+void NativeRuntime::JoinWarmUp() {
+  std::call_once(warm_up_joined_, [this] {
+    if (warm_up_.joinable()) warm_up_.join();
+  });
 }
 
 NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd agent_image,
@@ -294,6 +328,8 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   // caller's: the agent listens from its exec on, so the first connection answers it.
   Status st = Prepare(c);
   if (st.ok()) c.box.timings.prepare_us = MicrosSince(c.t);
+  // Cgroup changes take the lock that Open's warm-up holds while it waits for its grace period.
+  JoinWarmUp();
   if (st.ok()) st = MakeCgroups(c);
   if (st.ok()) c.box.timings.cgroup_us = MicrosSince(c.t);
   if (st.ok()) st = Clone(c);

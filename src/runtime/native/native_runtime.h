@@ -9,7 +9,9 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fd.h"
@@ -54,6 +56,7 @@ class NativeRuntime : public Runtime {
  public:
   // Probes cgroups and loads the agent image; fails with a message an operator can act on.
   static Result<std::unique_ptr<NativeRuntime>> Open(const NativeConfig& config);
+  ~NativeRuntime() override;
 
   Result<Box> Create(const BoxSpec& spec) override;
   Status Freeze(const Box& box) override;
@@ -105,6 +108,9 @@ class NativeRuntime : public Runtime {
   // Destroy; with `keep_upper`, the writable layer is moved there before the box's directory goes.
   Status DestroyBox(const Box& box, const std::string* keep_upper);
 
+  // Waits for Open's cgroup attach warm-up (WarmUpCgroupAttach), once.
+  void JoinWarmUp();
+
   NativeConfig config_;
   const bool idmapped_;
   bool can_protect_agent_ = true;  // this process may lower oom_score_adj (CAP_SYS_RESOURCE)
@@ -115,6 +121,8 @@ class NativeRuntime : public Runtime {
   // Per live box created by this process: an open, flock()ed <dir>/owner file. The lock is
   // released by the kernel when this process dies, which is how ReapOrphans tells orphans.
   std::map<std::string, UniqueFd> owner_locks_ GUARDED_BY(mu_);
+  std::thread warm_up_;
+  std::once_flag warm_up_joined_;
 };
 
 // Validates a box id: 1..64 characters of [a-z0-9-], not starting with '-'.
