@@ -26,7 +26,8 @@
 //       prints one JSON object: decoded bytes, seconds, events, wire bytes, the exit code and,
 //       with --daemon-pid, the daemon's VmHWM (peak RSS; reset through clear_refs before the
 //       command), VmRSS before and after, and the highest VmRSS seen by a 10 ms sampler.
-// Any mode takes --quickack (see g_quickack), --body JSON (the create request) and --argv a,b.
+// Any mode takes --frames (see g_frames), --quickack (see g_quickack), --body JSON (the create
+// request) and --argv a,b.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -65,6 +66,9 @@ std::string g_key;
 // once (TCP_QUICKACK before each read), which takes delayed ACKs out of the measurement, so a
 // stall from a server writing small pieces with Nagle on shows up as the difference.
 bool g_quickack = false;
+// --frames: commands are asked for as binary frames (Accept: application/vnd.sbx.frames,
+// docs/api.md "Binary output frames") instead of NDJSON with base64.
+bool g_frames = false;
 
 // ---- base64 ----
 
@@ -85,7 +89,8 @@ int64_t Base64Decode(std::string_view in, unsigned char* out) {
   size_t n = in.size();
   unsigned char* o = out;
   for (size_t i = 0; i < n; i += 4) {
-    int a = kB64[static_cast<unsigned char>(in[i])], b = kB64[static_cast<unsigned char>(in[i + 1])];
+    int a = kB64[static_cast<unsigned char>(in[i])],
+        b = kB64[static_cast<unsigned char>(in[i + 1])];
     int c = in[i + 2] == '=' ? 0 : kB64[static_cast<unsigned char>(in[i + 2])];
     int d = in[i + 3] == '=' ? 0 : kB64[static_cast<unsigned char>(in[i + 3])];
     if ((a | b | c | d) < 0) return -1;
@@ -148,6 +153,7 @@ class Conn {
     req += " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ";
     req += g_key;
     req += "\r\n";
+    if (g_frames) req += "Accept: application/vnd.sbx.frames\r\n";
     if (!body.empty() || std::strcmp(method, "POST") == 0) {
       req += "Content-Type: application/json\r\nContent-Length: ";
       req += std::to_string(body.size());
@@ -190,8 +196,8 @@ class Conn {
         size_t ls = head.find("\r\n");
         while (ls != std::string_view::npos) {
           size_t le = head.find("\r\n", ls + 2);
-          std::string line(head.substr(ls + 2, (le == std::string_view::npos ? head.size() : le) -
-                                                    ls - 2));
+          std::string line(
+              head.substr(ls + 2, (le == std::string_view::npos ? head.size() : le) - ls - 2));
           for (size_t i = 0; i < line.size() && line[i] != ':'; ++i)
             line[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(line[i])));
           if (line.rfind("content-length:", 0) == 0)
@@ -264,7 +270,12 @@ class Conn {
   bool ReadBody(const Head& h, std::string* body, std::string* err) {
     body->clear();
     return StreamBody(
-        h, [&](std::string_view d) { body->append(d); return true; }, err);
+        h,
+        [&](std::string_view d) {
+          body->append(d);
+          return true;
+        },
+        err);
   }
 
  private:
@@ -307,7 +318,8 @@ class Conn {
     } while (n < 0 && errno == EINTR);
     if (n <= 0) {
       buf_.resize(old);
-      *err = n == 0 ? "connection closed by the daemon" : std::string("recv: ") + std::strerror(errno);
+      *err =
+          n == 0 ? "connection closed by the daemon" : std::string("recv: ") + std::strerror(errno);
       Close();
       return false;
     }
@@ -402,10 +414,40 @@ bool Exec(Conn& c, const std::string& id, const std::string& argv_json, ExecResu
       stream_error = "error event: " + std::string(l.substr(0, 300));
     }
   };
+  // Frames: a 16-byte header (kind, 3 zero bytes, 32-bit length, 64-bit offset), then the
+  // payload; output payloads are counted where they lie, event payloads (JSON) gathered.
+  std::string head, event;
+  int kind = 0;
+  uint64_t left = 0;
+  auto on_frames = [&](std::string_view d) {
+    while (!d.empty()) {
+      if (left == 0 && head.size() < 16) {
+        size_t take = std::min(d.size(), 16 - head.size());
+        head.append(d.substr(0, take));
+        d.remove_prefix(take);
+        if (head.size() < 16) break;
+        kind = static_cast<unsigned char>(head[0]);
+        for (size_t i = 4; i < 8; ++i) left = left << 8 | static_cast<unsigned char>(head[i]);
+        if (kind == 1 || kind == 2) ++r->events;
+      }
+      size_t take = static_cast<size_t>(std::min<uint64_t>(left, d.size()));
+      if (kind == 1) r->decoded += take;
+      if (kind == 3) event.append(d.substr(0, take));
+      d.remove_prefix(take);
+      left -= take;
+      if (left == 0) {
+        if (kind == 3) on_line(event);
+        event.clear();
+        head.clear();
+      }
+    }
+    return true;
+  };
   bool ok = c.StreamBody(
       h,
       [&](std::string_view d) {
         r->wire += d.size();
+        if (g_frames) return on_frames(d);
         // Whole lines straight from the buffer; only a line split across reads is copied.
         while (!d.empty()) {
           size_t nl = d.find('\n');
@@ -668,6 +710,8 @@ int main(int argc, char** argv) {
       bytes = std::atoll(next());
     else if (a == "--quickack")
       g_quickack = true;
+    else if (a == "--frames")
+      g_frames = true;
     else if (a == "--daemon-pid")
       daemon_pid = std::atoi(next());
     else if (a[0] != '-' && mode.empty())

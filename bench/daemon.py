@@ -303,25 +303,28 @@ def run_stream(daemon, build_dir, log, nbytes=STREAM_BYTES):
     """One 1 GiB stdout stream via the API, plus `sbx run` of the same command to /dev/null as a
     reference for the path without HTTP."""
     res = {"bytes": nbytes}
-    log(f"stream: {nbytes} bytes of stdout via the API")
-    argv = daemon.client_argv("stream", "--bytes", str(nbytes), "--daemon-pid",
-                              str(daemon.proc.pid))
-    rc, out, err = _run(argv, 600)
-    try:
-        d = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        d = {"ok": False, "error": f"sbx-bench-api exited {rc} without a result: "
-                                   f"{' '.join(err.split())[-300:]}"}
-    if d.get("ok") and d.get("decoded_bytes") != nbytes:
-        d["ok"] = False
-        d["error"] = f"decoded {d.get('decoded_bytes')} bytes, expected exactly {nbytes}"
-    if d.get("seconds"):
-        d["mb_per_s"] = d.get("decoded_bytes", 0) / 1e6 / d["seconds"]
-        d["mib_per_s"] = d.get("decoded_bytes", 0) / (1 << 20) / d["seconds"]
-    res["api"] = d
-    log(f"stream via the API: {d.get('mb_per_s', 0):.0f} MB/s, decoded "
-        f"{d.get('decoded_bytes')} bytes, daemon VmHWM {d.get('daemon_vmhwm_kb')} kB "
-        f"{'' if d.get('ok') else 'FAILED: ' + str(d.get('error'))}")
+    # NDJSON with base64 (the default encoding), then binary frames (Accept:
+    # application/vnd.sbx.frames).
+    for key, extra, label in (("api", [], "NDJSON"), ("api_frames", ["--frames"], "frames")):
+        log(f"stream: {nbytes} bytes of stdout via the API ({label})")
+        argv = daemon.client_argv("stream", "--bytes", str(nbytes), "--daemon-pid",
+                                  str(daemon.proc.pid), *extra)
+        rc, out, err = _run(argv, 600)
+        try:
+            d = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            d = {"ok": False, "error": f"sbx-bench-api exited {rc} without a result: "
+                                       f"{' '.join(err.split())[-300:]}"}
+        if d.get("ok") and d.get("decoded_bytes") != nbytes:
+            d["ok"] = False
+            d["error"] = f"decoded {d.get('decoded_bytes')} bytes, expected exactly {nbytes}"
+        if d.get("seconds"):
+            d["mb_per_s"] = d.get("decoded_bytes", 0) / 1e6 / d["seconds"]
+            d["mib_per_s"] = d.get("decoded_bytes", 0) / (1 << 20) / d["seconds"]
+        res[key] = d
+        log(f"stream via the API ({label}): {d.get('mb_per_s', 0):.0f} MB/s, decoded "
+            f"{d.get('decoded_bytes')} bytes, daemon VmHWM {d.get('daemon_vmhwm_kb')} kB "
+            f"{'' if d.get('ok') else 'FAILED: ' + str(d.get('error'))}")
 
     # Reference: the same command through `sbx run`, stdout into /dev/null, timed end to end.
     data = os.path.join(os.path.dirname(daemon.data), "sbx-data")

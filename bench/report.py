@@ -283,6 +283,7 @@ def markdown(results, svg_rel, json_rel):
     _templates_section(results, w)
     _snapshots_section(results, w)
     _pools_section(results, w)
+    _hotpaths_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -408,9 +409,13 @@ def _exec_section(results, w):
         return
     a = st.get("api", {})
     n = st.get("bytes", 0)
+    frames = ("; then the same command asked for as binary frames (`Accept: "
+              "application/vnd.sbx.frames`, docs/api.md), whose stdout payloads are counted as "
+              "they arrive" if st.get("api_frames") else "")
     w(f"`head -c {n} /dev/zero` in a sandbox created through the API; `sbx-bench-api` reads the "
       "NDJSON stream, base64-decodes every `stdout` event and counts the decoded bytes (must be "
-      "exactly the requested count). The daemon's peak RSS is its `VmHWM` "
+      f"exactly the requested count){frames}. The daemon's peak RSS (of the NDJSON run) is its "
+      "`VmHWM` "
       "(/proc/PID/status), reset through `/proc/PID/clear_refs` just before the command; a "
       "10 ms sampler of `VmRSS` is a cross-check.\n")
     w("| what | result | MB/s (10^6) | seconds | bytes decoded | wire bytes (HTTP body) | "
@@ -419,6 +424,12 @@ def _exec_section(results, w):
     res = "ok" if a.get("ok") else f"**failed**: `{_one_line(a.get('error', ''))}`"
     w(f"| via the API | {res} | {_ms(a.get('mb_per_s'), 0)} | {_ms(a.get('seconds'), 2)} | "
       f"{a.get('decoded_bytes', '–')} | {a.get('wire_bytes', '–')} | {a.get('events', '–')} |")
+    fr = st.get("api_frames")
+    if fr:
+        res = "ok" if fr.get("ok") else f"**failed**: `{_one_line(fr.get('error', ''))}`"
+        w(f"| via the API, binary frames | {res} | {_ms(fr.get('mb_per_s'), 0)} | "
+          f"{_ms(fr.get('seconds'), 2)} | {fr.get('decoded_bytes', '–')} | "
+          f"{fr.get('wire_bytes', '–')} | {fr.get('events', '–')} |")
     r = st.get("sbx_run", {})
     if r:
         res = "ok" if r.get("ok") else f"**failed**: `{_one_line(r.get('error', ''))}`"
@@ -1067,3 +1078,80 @@ def svg(results):
                   f'{d["success_rate"] * 100:.0f}% ok</text>')
     a("</svg>")
     return "\n".join(e)
+
+
+def _hotpaths_section(results, w):
+    """Section 10: the cold path, exec and stdout rows of issue 14 item 6 (run.py's
+    run_hotpaths), each with its peer from the same run and its goal."""
+    s = _open_section(results, w, "hotpaths", "## 10. The cold path and the hot paths (issue 14)")
+    if not s:
+        return
+    if s.get("error"):
+        w(f"**Failed**: `{_one_line(s['error'])}`\n")
+    lat = s.get("latency", {})
+    p50 = {k: ((v.get("levels", {}).get("1") or {}).get("summary_ms") or {}) for k, v in
+           lat.items()}
+    size = s.get("binary_bytes")
+    binary = "" if size is None else f"; the binary is {size / 2**20:.1f} MiB"
+    w("**The cold path.** Sequential runs in rotated blocks by `sbx-bench-launch`, as in section "
+      "1: `sbx run --memory 256M --pids 256 -- /bin/true`, bubblewrap with and without a "
+      "memory+pids cgroup, `sbx --version` (the binary's start-up and exit, nothing else"
+      f"{binary}) and plain fork+exec. Milliseconds.\n")
+    w("| what | runs ok | P50 | P95 | P99 | sbx run / this (P50) |")
+    w("|---|---:|---:|---:|---:|---:|")
+    sbx50 = p50.get("sbx", {}).get("p50")
+    for key in ("sbx", "sbx-start", "bwrap", "bwrap-cg", "fork-exec"):
+        v = lat.get(key)
+        if not v:
+            continue
+        if v.get("error"):
+            w(f"| {v.get('label', key)} | – | not measured: `{_one_line(v['error'])}` | | | |")
+            continue
+        lv = v.get("levels", {}).get("1") or {}
+        m = lv.get("summary_ms") or {}
+        r = sbx50 / m["p50"] if key != "sbx" and sbx50 and m.get("p50") else None
+        w(f"| {v.get('label', key)} | {lv.get('ok', '–')} | {_ms(m.get('p50'))} | "
+          f"{_ms(m.get('p95'))} | {_ms(m.get('p99'))} | {'–' if r is None else f'{r:.2f}'} |")
+    w("")
+    ph = (s.get("phases") or {}).get("phases") or {}
+    if ph:
+        w("Where `sbx run`'s time goes (`--timings`, P50 ms; *outside main* is the end-to-end P50 "
+          "less the phases' total: the loader, the libraries' start-up, exit):\n")
+        names = [k for k in ph if k != "total"]
+        w("| " + " | ".join(names + ["total (in main)", "outside main"]) + " |")
+        w("|" + "---:|" * (len(names) + 2))
+        tot = (ph.get("total") or {}).get("p50")
+        outside = None if tot is None or sbx50 is None else sbx50 - tot
+        w("| " + " | ".join(_ms((ph[k] or {}).get("p50")) for k in names) +
+          f" | {_ms(tot)} | {_ms(outside)} |")
+        w("")
+    ex = s.get("exec") or {}
+    a, f = ex.get("api") or {}, ex.get("fork_exec") or {}
+    st = s.get("stream") or {}
+    nd, fr = st.get("api") or {}, st.get("api_frames") or {}
+    w("**Exec and stdout.** Exec: `true` 250 times back to back in one sandbox through "
+      "`POST /v1/sandboxes/{id}/commands` (sent → `exit` read) beside plain fork+exec+wait of "
+      "`/bin/true`, rotated blocks as in section 3. Stdout: `head -c 1 GiB /dev/zero` in a "
+      "sandbox, read as NDJSON with base64 and as binary frames (`Accept: "
+      "application/vnd.sbx.frames`), as in section 3.\n")
+    w("| goal (issue 14) | this run | ratio | met |")
+    w("|---|---|---:|---|")
+    bw50 = p50.get("bwrap", {}).get("p50")
+    bwcg50 = p50.get("bwrap-cg", {}).get("p50")
+    for label, peer in (("bubblewrap", bw50), ("bubblewrap + cgroup", bwcg50)):
+        if sbx50 and peer:
+            w(f"| `sbx run -- /bin/true` at or under {label}'s time | {sbx50:.1f} ms vs "
+              f"{peer:.1f} ms | {sbx50 / peer:.2f} | {'yes' if sbx50 <= peer else '**no**'} |")
+    if a.get("p50") and f.get("p50"):
+        r = a["p50"] / f["p50"]
+        w(f"| exec in a running sandbox within 1.5× fork+exec | P50 {a['p50']:.2f} ms vs "
+          f"{f['p50']:.2f} ms | {r:.2f} | {'yes' if r <= 1.5 else '**no**'} |")
+    for label, d in (("NDJSON with base64", nd), ("binary frames", fr)):
+        if d.get("ok") and d.get("mb_per_s"):
+            w(f"| stdout through the API ≥ 500 MB/s ({label}) | {d['mb_per_s']:.0f} MB/s | "
+              f"{d['mb_per_s'] / 500:.2f} of the goal | "
+              f"{'yes' if d['mb_per_s'] >= 500 else '**no**'} |")
+        elif d:
+            w(f"| stdout through the API ≥ 500 MB/s ({label}) | failed: "
+              f"`{_one_line(d.get('error', ''))}` | – | not measured |")
+    w("")
