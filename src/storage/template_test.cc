@@ -35,12 +35,17 @@ class TemplateTest : public ::testing::Test {
   }
   void TearDown() override { (void)RemoveTree(dir_); }  // scratch: a leftover harms no result
 
-  // Writes a gzip tarball of `entries`.
-  std::string Tar(const std::string& name, const std::vector<Entry>& entries) {
+  // Writes a gzip tarball of `entries` (or another archive, through `format`).
+  std::string Tar(const std::string& name, const std::vector<Entry>& entries,
+                  const std::function<void(archive*)>& format = {}) {
     std::string path = dir_ + "/" + name;
     archive* a = archive_write_new();
-    archive_write_set_format_pax_restricted(a);
-    archive_write_add_filter_gzip(a);
+    if (format) {
+      format(a);
+    } else {
+      archive_write_set_format_pax_restricted(a);
+      archive_write_add_filter_gzip(a);
+    }
     archive_write_open_filename(a, path.c_str());
     for (const auto& en : entries) {
       archive_entry* e = archive_entry_new();
@@ -261,6 +266,37 @@ TEST_F(TemplateTest, TarballWithEscapingNamesIsRejectedAndLeavesNothing) {
     ExpectCacheEmpty(bad);
     EXPECT_FALSE(st_->GetTemplate("bad")->has_value());
     ::unlink(tar.c_str());
+  }
+}
+
+// A template's archive is a tarball, compressed or not: no other format's parser (zip, cpio,
+// 7-Zip, RAR...) ever reads a file a user hands in.
+TEST_F(TemplateTest, OnlyTarballsAreUnpacked) {
+  auto as = [](int (*fmt)(archive*), int (*filter)(archive*)) {
+    return [fmt, filter](archive* a) {
+      fmt(a);
+      if (filter) filter(a);
+    };
+  };
+  for (const auto& [name, format] :
+       std::vector<std::pair<std::string, std::function<void(archive*)>>>{
+           {"root.tar", as(archive_write_set_format_pax_restricted, nullptr)},
+           {"root.tar.zst", as(archive_write_set_format_gnutar, archive_write_add_filter_zstd)},
+           {"root.tar.xz", as(archive_write_set_format_ustar, archive_write_add_filter_xz)},
+           {"root.tar.bz2", as(archive_write_set_format_pax, archive_write_add_filter_bzip2)}}) {
+    std::string tar = Tar(name, {{"etc/os-release", "ID=test\n"}}, format);
+    auto t = AddTemplate(ts_, *st_, "ok", tar);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status().message();
+    EXPECT_TRUE(RemoveTemplate(ts_, *st_, "ok").ok());
+  }
+  for (const auto& [name, format] :
+       std::vector<std::pair<std::string, std::function<void(archive*)>>>{
+           {"root.zip", as(archive_write_set_format_zip, nullptr)},
+           {"root.cpio", as(archive_write_set_format_cpio_newc, nullptr)}}) {
+    std::string file = Tar(name, {{"etc/os-release", "ID=test\n"}}, format);
+    auto t = AddTemplate(ts_, *st_, "bad", file);
+    EXPECT_EQ(t.status().err(), EINVAL) << name;
+    EXPECT_FALSE(st_->GetTemplate("bad")->has_value()) << name;
   }
 }
 
