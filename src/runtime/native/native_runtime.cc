@@ -90,8 +90,8 @@ Result<UniqueFd> LoadAgentImage(const std::string& path) {
 // Whether idmapped layers work does not change while the kernel runs and the run directory stays
 // on one filesystem: a probe that passed is remembered for that pair in <run_dir>.idmap-probe
 // (beside the run directory, which holds boxes only; root-only), so a one-shot `sbx run` does not
-// build and tear down the probe's namespace and mounts every time (about 2 ms). A failure is
-// never remembered: it is tried again, and warned about, at every start.
+// build and tear down the probe's namespace and mounts every time (a few milliseconds). A failure
+// is never remembered: it is tried again, and warned about, at every start.
 Status ProbeIdmappedOnce(const std::string& run_dir, uint32_t id_base) {
   struct stat st {};
   auto boot = ReadFile("/proc/sys/kernel/random/boot_id", 64);
@@ -252,7 +252,7 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
   }
   rt->warnings_ = std::move(warnings);
   // The warm-up goes on while the caller resolves its template and prepares the first box; that
-  // box's clone waits for it (JoinWarmUp).
+  // box's cgroup work waits for it (JoinWarmUp in Create).
   rt->warm_up_ = std::move(warm_up);
   return rt;
 }
