@@ -652,7 +652,6 @@ TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
   EXPECT_EQ(Slots(), 0u);
 }
 
-// The loud fallback: no idmapped mounts, every box at the shared base, layers as shifted copies.
 // The idmap probe's pass is remembered beside the run directory for this boot and filesystem
 // only: a note of another boot is probed again and replaced.
 TEST_F(RuntimeTest, APassedIdmapProbeIsRememberedForThisBootOnly) {
@@ -694,6 +693,7 @@ TEST_F(RuntimeTest, APassedIdmapProbeIsRememberedForThisBootOnly) {
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
+// The loud fallback: no idmapped mounts, every box at the shared base, layers as shifted copies.
 TEST_F(RuntimeTest, FallbackWithoutIdmapStillRunsABox) {
   NativeConfig cfg = rt_->config();
   cfg.idmap = false;
