@@ -122,6 +122,10 @@ class Runtime {
   virtual std::optional<std::string> AgentExit(const Box& box) = 0;
   // Kills every process of the box and removes everything Create made. Idempotent.
   virtual Status Destroy(const Box& box) = 0;
+  // Kills every process of the box and returns once they are gone, leaving its files, cgroups
+  // and directory for a Destroy later (the part of a kill a caller must wait for). Pass Destroy
+  // a Box without init_pid then: the pid may belong to another process by that time. Idempotent.
+  virtual Status Stop(const Box& box) { return Destroy(box); }
   // Destroy, keeping the box's writable layer: once every process of the box is gone, its
   // overlay upper directory (in overlayfs' form, files owned by the box's host ids) is renamed
   // to `dest`, an empty directory on the same filesystem (a build step's result becomes a layer

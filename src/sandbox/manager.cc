@@ -851,14 +851,30 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
   }
   if (channel) channel->Close();
   // The host first: a sandbox must never be recorded ended while its box still runs (nothing
-  // would ever stop it), and a kill on a full disk must still free the box's disk. The record
+  // would ever stop it). Its processes are killed here; the rest of the box (files, cgroups,
+  // network) is removed after the answer (cleanups.h), or here when the store cannot write:
+  // a kill on a full disk must free the box's disk before anything is recorded. The record
   // follows; WriteEnded keeps it consistent if that write fails.
-  Status s = ForClients(rec.id, "destroy", runtime_.Destroy(box));
+  bool later = StoreWriteHealth().ok();
+  Status s = ForClients(rec.id, "destroy", later ? runtime_.Stop(box) : runtime_.Destroy(box));
+  if (!s.ok() && later) {
+    later = false;
+    s = ForClients(rec.id, "destroy", runtime_.Destroy(box));
+  }
   {
     MutexLock g(mu_);
     boxes_.erase(rec.id);
   }
-  ReleaseNetwork(rec.id);
+  if (later) {
+    box.init_pid = 0;  // reaped: the pid may be another process's by the time the job runs
+    cleanups_.Add(rec.id, [this, box] {
+      if (Status d = runtime_.Destroy(box); !d.ok())
+        spdlog::error("sandbox {}: killed, but its box was not removed: {}", box.id, d.message());
+      ReleaseNetwork(box.id);
+    });
+  } else {
+    ReleaseNetwork(rec.id);
+  }
   rec.state = end_state;
   rec.ended_at = clock_.NowMs();
   rec.expires_at = 0;
@@ -1645,6 +1661,16 @@ void Manager::StartTtlLoop(std::chrono::milliseconds period) {
   });
 }
 
+bool Manager::AwaitCleanup(const std::string& id, std::chrono::milliseconds timeout) {
+  return cleanups_.Await(id, timeout);
+}
+
+bool Manager::AwaitCleanups(std::chrono::milliseconds timeout) {
+  return cleanups_.AwaitAll(timeout);
+}
+
+std::vector<std::string> Manager::PendingCleanups() { return cleanups_.Pending(); }
+
 void Manager::Stop() {
   ttl_waiter_->Wake();
   if (ttl_thread_.joinable()) ttl_thread_.join();
@@ -1654,6 +1680,7 @@ void Manager::Stop() {
   }
   pool_cv_.notify_all();
   if (pool_thread_.joinable()) pool_thread_.join();
+  cleanups_.Stop();
 }
 
 ManagerCounters Manager::counters() {

@@ -50,6 +50,7 @@
 #include "network/policy.h"
 #include "runtime/runtime.h"
 #include "sandbox/agent_channel.h"
+#include "sandbox/cleanups.h"
 #include "sandbox/limits.h"
 #include "sandbox/metrics.h"
 #include "sandbox/metrics_history.h"
@@ -409,7 +410,16 @@ class Manager {
   // Starts the TTL thread, which calls ExpireDue every `period` (of the config's clock) until
   // Stop().
   void StartTtlLoop(std::chrono::milliseconds period = std::chrono::milliseconds(500));
+  // Stops the TTL and pool threads and finishes the queued cleanups.
   void Stop();
+
+  // A kill answers once the sandbox's processes are dead (its record says so); its box's files,
+  // cgroups and network are removed after, in the background (cleanups.h). These wait for that:
+  // for one sandbox, or for everything queued. false when `timeout` passed first.
+  bool AwaitCleanup(const std::string& id, std::chrono::milliseconds timeout);
+  bool AwaitCleanups(std::chrono::milliseconds timeout);
+  // Sandboxes whose box is still being removed.
+  std::vector<std::string> PendingCleanups();
 
   ManagerCounters counters();
   // The latency histograms and counters of creates (observed here) and commands (by Session),
@@ -567,6 +577,8 @@ class Manager {
   bool pool_stop_ = false;                            // under pool_wake_mu_
   std::chrono::steady_clock::time_point last_claim_;  // under pool_wake_mu_
   std::thread pool_thread_;
+  // Last: destroyed first, finishing its jobs while everything they use is still here.
+  Cleanups cleanups_;
 };
 
 }  // namespace sbx::sandbox

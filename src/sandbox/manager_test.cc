@@ -87,6 +87,7 @@ class FakeRuntime : public runtime::Runtime {
  public:
   struct FakeBox {
     bool frozen = false;
+    bool stopped = false;  // its processes killed, its files not yet removed (split_stop)
     std::optional<std::string> exited;
   };
 
@@ -97,6 +98,8 @@ class FakeRuntime : public runtime::Runtime {
   Status fail_thaw, fail_destroy;
   Status fail_create;      // what Create fails with, when set
   bool adoptable = false;  // Adopt finds the boxes this fake made (a daemon restart)
+  // Stop kills without removing, as the native runtime's does (otherwise Stop is Destroy).
+  bool split_stop = false;
   runtime::BoxSpec last_spec;
 
   Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
@@ -152,6 +155,12 @@ class FakeRuntime : public runtime::Runtime {
     std::lock_guard<std::mutex> l(mu_);
     boxes_.erase(box.id);
     return fail_destroy;
+  }
+  Status Stop(const runtime::Box& box) override {
+    if (!split_stop) return Destroy(box);
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = boxes_.find(box.id); it != boxes_.end()) it->second.stopped = true;
+    return {};
   }
   Status SetLimits(const runtime::Box& box, const runtime::Limits& l) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -504,6 +513,37 @@ TEST_F(ManagerTest, KillRacingAResumeEndsKilled) {
   EXPECT_EQ(resume.get().err(), EBUSY);
   EXPECT_EQ(Stored(id).state, "killed");
   EXPECT_FALSE(rt_.Box(id));
+}
+
+// A kill answers once the box's processes are dead; its removal follows on the cleanup worker,
+// and AwaitCleanup is the event a caller that needs it gone waits for. Stop finishes it.
+TEST_F(ManagerTest, KillAnswersBeforeTheBoxIsRemoved) {
+  rt_.split_stop = true;
+  std::string id = Create();
+  auto gate = rt_.destroy_gate = std::make_shared<Gate>();
+  ASSERT_TRUE(M().Kill(key_, id).ok());
+  EXPECT_EQ(Stored(id).state, "killed");
+  EXPECT_EQ(gate->AwaitEntered(), id);
+  ASSERT_TRUE(rt_.Box(id));
+  EXPECT_TRUE(rt_.Box(id)->stopped);
+  EXPECT_EQ(M().PendingCleanups(), std::vector<std::string>{id});
+  EXPECT_FALSE(M().AwaitCleanup(id, 0ms));
+  EXPECT_FALSE(M().AwaitCleanups(0ms));
+  EXPECT_TRUE(M().AwaitCleanup("another", 0ms));
+  gate->Open();
+  EXPECT_TRUE(M().AwaitCleanup(id, 30s));
+  EXPECT_FALSE(rt_.Box(id));
+  EXPECT_TRUE(M().PendingCleanups().empty());
+
+  // Stop runs what is still queued before it returns.
+  std::string next = Create();
+  gate = rt_.destroy_gate = std::make_shared<Gate>();
+  ASSERT_TRUE(M().Kill(key_, next).ok());
+  gate->AwaitEntered();
+  auto stopped = std::async(std::launch::async, [&] { M().Stop(); });
+  gate->Open();
+  stopped.get();
+  EXPECT_FALSE(rt_.Box(next));
 }
 
 // Creates that all passed the early quota count (none of them was inserted yet) are decided by

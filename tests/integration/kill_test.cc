@@ -256,14 +256,15 @@ TEST_F(KillTest, ServeKilledDuringParallelCreates) {
     ASSERT_NE(d.port(), 0) << trial << ": restart failed: " << d.log();
     auto h = http::Request("127.0.0.1", d.port(), "GET", "/healthz");
     ASSERT_TRUE(h.ok() && h->status == 200) << trial << ": /healthz";
-    // What the restart kept running is deleted; then nothing of any box may be left.
+    // What the restart kept running is deleted (waiting for each box's removal, which a kill
+    // otherwise finishes after its answer); then nothing of any box may be left.
     auto list = http::Request("127.0.0.1", d.port(), "GET", "/v1/sandboxes?state=running",
                               {{"Authorization", "Bearer " + d.key()}});
     ASSERT_TRUE(list.ok() && list->status == 200) << trial;
     const json listed = json::parse(list->body);
     for (const auto& s : listed["sandboxes"]) {
       auto del = http::Request("127.0.0.1", d.port(), "DELETE",
-                               "/v1/sandboxes/" + s["id"].get<std::string>(),
+                               "/v1/sandboxes/" + s["id"].get<std::string>() + "?wait=true",
                                {{"Authorization", "Bearer " + d.key()}});
       EXPECT_TRUE(del.ok() && del->status / 100 == 2) << trial << ": delete " << s["id"];
     }

@@ -87,6 +87,8 @@ class Daemon : public DaemonProcess {
     EXPECT_EQ(r.status, want) << method << " " << target << ": " << r.body;
     return json::parse(r.body.empty() ? "null" : r.body, nullptr, false);
   }
+  // Waits until the boxes of killed sandboxes are gone from the host (a kill answers first).
+  void AwaitCleanups() { Json("GET", "/v1/cleanups?wait=true"); }
   // Runs a command to completion through the NDJSON stream.
   struct Run {
     std::string out, err;
@@ -993,6 +995,27 @@ TEST_F(ServeTest, RevokingAKeyKillsItsSandboxes) {
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + kept_id)["state"], "running");
 }
 
+// A kill answers once the box's processes are dead, and removes the rest after; ?wait=true and
+// GET /v1/cleanups?wait=true are the events a caller that needs the box gone waits on.
+TEST_F(ServeTest, AKillAnswersFirstAndItsCleanupCanBeAwaited) {
+  std::string waited = Create(), later = Create();
+  auto pid = ReadFile(dir_ + "/run/" + later + "/pid", 64);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + waited + "?wait=true").status, 204);
+  EXPECT_NE(::access((dir_ + "/run/" + waited).c_str(), F_OK), 0) << "its box directory is left";
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + later).status, 204);
+  // Answered: its agent is gone already (a zombie no longer: the daemon reaped it).
+  EXPECT_NE(::access(("/proc/" + *pid).c_str(), F_OK), 0);
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + later)["state"], "killed");
+  store::NewApiKey tenant = MakeKey(dir_, "tenant");
+  EXPECT_EQ(d_->Call("GET", "/v1/cleanups", "", Bearer(tenant.secret)).status, 403);
+  EXPECT_EQ(d_->Json("GET", "/v1/cleanups?wait=true")["pending"], json::array());
+  EXPECT_NE(::access((dir_ + "/run/" + later).c_str(), F_OK), 0) << "its box directory is left";
+  EXPECT_NE(d_->Call("GET", "/metrics").body.find("\nsbx_cleanups_pending 0\n"), std::string::npos);
+  // Killed already: a second kill, waiting or not, finds nothing to kill.
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + later + "?wait=true").status, 404);
+}
+
 // Issue 10 finding 4: after kill -9 of a box's agent from the host the record stayed `running`,
 // with its cgroups and directory, until the TTL. The daemon notices within its scan (0.5 s).
 TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {
@@ -1011,6 +1034,7 @@ TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {
   EXPECT_EQ(rec["state"], "failed") << rec;
   EXPECT_NE(rec.value("error", "").find("agent exited"), std::string::npos) << rec;
   EXPECT_NE(rec.value("error", "").find("signal 9"), std::string::npos) << rec;
+  d_->AwaitCleanups();
   EXPECT_NE(::access((dir_ + "/run/" + id).c_str(), F_OK), 0) << "its box directory is left";
   auto audit = d_->Json("GET", "/v1/audit?sandbox=" + id + "&type=sandbox.kill");
   ASSERT_EQ(audit["events"].size(), 1u) << audit;

@@ -72,7 +72,9 @@ class NetworkTest : public ::testing::Test {
       json list = Json("GET", "/v1/sandboxes?state=running&state=paused");
       for (const auto& s : list["sandboxes"])
         Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());
-      // Nothing of a box's network is left in the daemon's namespace once it is killed.
+      // Nothing of a box's network is left in the daemon's namespace once it is killed and its
+      // box removed (after the kill's answer: waited for here, for every kill of the test).
+      Json("GET", "/v1/cleanups?wait=true");
       std::string left = HostLinks() + BoxChains() + RunTables();
       EXPECT_EQ(HostLinks(), "") << "box links left";
       EXPECT_EQ(BoxChains(), "") << "box chains left";
@@ -540,7 +542,7 @@ TEST_F(NetworkTest, SbxRunNetReachesItsAllowlistBesideARunningDaemon) {
   EXPECT_EQ(open.exit_code, 0) << open.err;
   EXPECT_NE(open.out.find("sbxdemo-1.0"), std::string::npos) << open.out;
   EXPECT_NE(Run({"--net", "sometimes", "--", "true"}).exit_code, 0);
-  Call("DELETE", "/v1/sandboxes/" + id);
+  Call("DELETE", "/v1/sandboxes/" + id + "?wait=true");
   EXPECT_EQ(HostLinks(), "");
   EXPECT_EQ(RunTables(), "");
 }

@@ -86,6 +86,7 @@ void RegisterV1(http::Router& router, ApiContext& ctx) {
   Secrets(router, ctx);
   Templates(router, ctx);
   Pools(router, ctx);
+  Cleanups(router, ctx);
   RegisterPortRoutes(router, ctx);  // api/ingress.h
 }
 

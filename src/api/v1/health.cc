@@ -149,6 +149,10 @@ void Health(http::Router& r, ApiContext& ctx) {
         for (const auto& [rec, st] : live)
           out += "sbx_sandbox_memory_bytes{sandbox=\"" + rec.id + "\"} " +
                  std::to_string(st.memory_current) + "\n";
+        out +=
+            "# HELP sbx_cleanups_pending Killed sandboxes whose boxes are still being removed.\n"
+            "# TYPE sbx_cleanups_pending gauge\nsbx_cleanups_pending " +
+            std::to_string(ctx.manager.PendingCleanups().size()) + "\n";
         // Warm pools (sandbox/pool.h): what they hold, and what their boxes use while they wait.
         auto pools = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Pools(); });
         auto series = [&](const char* name, const char* type, const char* help, auto value) {

@@ -9,6 +9,7 @@
 // clang-format on
 
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +47,8 @@ using http::OnPool;  // api/http/pool.h
 // Request fields and query parameters: api/request.h (StringMap, SecondsField, IntQuery...).
 
 // A command's timeout: a millisecond at least (less would round to 0, "no timeout").
+// How long a request that asks to wait for a kill's cleanup (?wait=true) waits at most.
+inline constexpr std::chrono::seconds kCleanupWait{60};
 inline constexpr double kMinCommandTimeoutS = 0.001;
 inline constexpr double kMaxCommandTimeoutS = 1e7;
 
@@ -59,6 +62,7 @@ void Health(http::Router& r, ApiContext& ctx);     // health.cc: /healthz, /metr
 void Secrets(http::Router& r, ApiContext& ctx);    // secrets.cc: /v1/secrets
 void Network(http::Router& r, ApiContext& ctx);    // network.cc: policies and signed port URLs
 void Templates(http::Router& r, ApiContext& ctx);  // templates.cc: /v1/templates and builds
+void Cleanups(http::Router& r, ApiContext& ctx);   // pools.cc: /v1/cleanups (after kills)
 void Pools(http::Router& r, ApiContext& ctx);      // pools.cc: /v1/pools (warm pools)
 // network.cc: a record's policy as the API shows it, and the create field / PUT body parsed
 // (EINVAL naming the bad entry).

@@ -1,4 +1,5 @@
-// Warm pools, /v1/pools (operator keys; docs/api.md, "Warm pools").
+// Operator routes for what the daemon does beside sandboxes: warm pools, /v1/pools, and the
+// cleanups after kills, /v1/cleanups (operator keys; docs/api.md, "Warm pools" and "Kill").
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
@@ -20,11 +21,12 @@ json PoolJson(const sandbox::PoolStatus& p) {
           {"memory_bytes", p.memory_bytes}};
 }
 
-// Pools are the operator's: the boxes they hold are no tenant's.
-awaitable<bool> OperatorOrFail(http::Exchange& ex, const sandbox::ApiKeyRecord& key) {
+// Pools and cleanups are the operator's: the boxes they hold are no tenant's.
+awaitable<bool> OperatorOrFail(http::Exchange& ex, const sandbox::ApiKeyRecord& key,
+                               const char* what = "pools") {
   if (key.is_operator) co_return true;
   co_await ex.RespondError(403, "permission_denied",
-                           "pools need an operator key (sbx key create --operator)");
+                           std::string(what) + " need an operator key (sbx key create --operator)");
   co_return false;
 }
 
@@ -45,6 +47,25 @@ bool HasPool(ApiContext& ctx, const std::string& name) {
 }
 
 }  // namespace
+
+void Cleanups(http::Router& r, ApiContext& ctx) {
+  r.Get(
+      "/v1/cleanups",
+      Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
+        if (!co_await OperatorOrFail(ex, key, "cleanups")) co_return;
+        bool wait = FlagQuery(ex, "wait");
+        auto pending = co_await OnPool(ctx.blocking, [&] {
+          if (wait) (void)ctx.manager.AwaitCleanups(kCleanupWait);
+          return ctx.manager.PendingCleanups();
+        });
+        if (wait && !pending.empty())
+          co_return co_await ex.RespondError(
+              504, "timeout",
+              std::to_string(pending.size()) + " killed sandboxes' boxes are still being removed");
+        json body = {{"pending", pending}};
+        co_await ex.RespondJson(200, body);
+      }));
+}
 
 void Pools(http::Router& r, ApiContext& ctx) {
   r.Get(

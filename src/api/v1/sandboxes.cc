@@ -241,7 +241,16 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
       "/v1/sandboxes/{id}",
       Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord& key) -> awaitable<void> {
         std::string id = ex.Param("id");
-        Status s = co_await OnPool(ctx.blocking, [&] { return ctx.manager.Kill(key, id); });
+        // The answer comes once the sandbox's processes are dead; with ?wait=true, once its box
+        // is gone from the host too (docs/api.md, "Kill").
+        bool wait = FlagQuery(ex, "wait");
+        Status s = co_await OnPool(ctx.blocking, [&] {
+          Status killed = ctx.manager.Kill(key, id);
+          if (killed.ok() && wait && !ctx.manager.AwaitCleanup(id, kCleanupWait))
+            return Status::Error("sandbox " + id + " is killed, but removing its box takes longer",
+                                 ETIMEDOUT);
+          return killed;
+        });
         if (!s.ok()) co_return co_await Fail(ex, s);
         co_await ex.Respond(204, "");
       }));

@@ -180,6 +180,31 @@ Result<UniqueFd> AgentPidfd(const Box& box) {
   return pidfd;
 }
 
+// Kills the box's agent and waits until it is gone. Killing PID 1 of a pid namespace kills every
+// process in it, and its exit waits for theirs, so nothing of the box runs once it is reaped (the
+// cgroup, removed later, catches anything else). A frozen box is thawed first: frozen tasks
+// (cgroup v1) do not die until they run again.
+void KillAgent(const Box& box, Cgroup& cgroup) {
+  // Only through a pidfd that is still this box's agent: an adopted agent is not our child, so
+  // once it has died its pid may belong to any host process (or to another box's agent, our
+  // child, whose wait would block here).
+  if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
+    ::syscall(SYS_pidfd_send_signal, pidfd->get(), SIGKILL, nullptr, 0);
+    (void)cgroup.Thaw();
+    // Reap it if it is our child; ECHILD after a daemon restart is fine.
+    siginfo_t info{};
+    while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd->get()), &info,
+                    WEXITED | __WALL) < 0 &&
+           errno == EINTR) {
+    }
+  } else {
+    (void)cgroup.Thaw();
+    // A dead agent that was our child is a zombie until reaped (its pid cannot have been reused
+    // meanwhile); never wait for anything alive here.
+    if (box.init_pid > 0) ::waitpid(box.init_pid, nullptr, WNOHANG | __WALL);
+  }
+}
+
 }  // namespace
 
 // Values and reasons: docs/isolation.md, "Per-box kernel limits".
@@ -649,6 +674,12 @@ std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
 
 Status NativeRuntime::Destroy(const Box& box) { return DestroyBox(box, nullptr); }
 
+Status NativeRuntime::Stop(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  KillAgent(box, *Cgroup::Open(cgroups_, box.id));
+  return {};
+}
+
 Status NativeRuntime::DestroyKeepingUpper(const Box& box, const std::string& dest) {
   return DestroyBox(box, &dest);
 }
@@ -693,28 +724,10 @@ Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
 
 Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
-  // Killing PID 1 of a pid namespace kills every process in it; the cgroup catches anything that
-  // got out of the namespace's reach (it cannot, but the cgroup is the authority). A frozen box
-  // is thawed first: frozen tasks (cgroup v1) do not die until they run again.
+  // The cgroup's removal kills whatever got out of the pid namespace's reach (nothing can, but
+  // the cgroup is the authority).
   std::unique_ptr<Cgroup> cgroup = Cgroup::Open(cgroups_, box.id);
-  // Only through a pidfd that is still this box's agent: an adopted agent is not our child, so
-  // once it has died its pid may belong to any host process (or to another box's agent, our
-  // child, whose wait would block here).
-  if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
-    ::syscall(SYS_pidfd_send_signal, pidfd->get(), SIGKILL, nullptr, 0);
-    (void)cgroup->Thaw();
-    // Reap it if it is our child; ECHILD after a daemon restart is fine.
-    siginfo_t info{};
-    while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd->get()), &info,
-                    WEXITED | __WALL) < 0 &&
-           errno == EINTR) {
-    }
-  } else {
-    (void)cgroup->Thaw();
-    // A dead agent that was our child is a zombie until reaped (its pid cannot have been reused
-    // meanwhile); never wait for anything alive here.
-    if (box.init_pid > 0) ::waitpid(box.init_pid, nullptr, WNOHANG | __WALL);
-  }
+  KillAgent(box, *cgroup);
   Status cg = cgroup->Destroy();
   // The agent is reaped and, as PID 1 of its pid namespace, took every process of the box with
   // it: nothing writes to the upper directory any more (the cgroup, just emptied, agrees).

@@ -66,6 +66,7 @@ class NativeRuntime : public Runtime {
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   std::optional<std::string> AgentExit(const Box& box) override;
   Status Destroy(const Box& box) override;
+  Status Stop(const Box& box) override;
   Status DestroyKeepingUpper(const Box& box, const std::string& dest) override;
   Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) override;
   Result<int> ReapOrphans(const std::string& owner) override;
