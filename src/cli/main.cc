@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   r->add_option("--template", run.template_name,
                 "host (default), a registered template, a rootfs directory or a tarball path")
       ->capture_default_str();
+  r->add_option("--runtime", run.runtime,
+                "Isolation: native, runc, gvisor or vm (default: the template's, else native)");
   r->add_option("--memory", run.memory, "Memory limit, e.g. 512M or 2G (swap is off)");
   r->add_option("--cpus", run.cpus, "CPU quota in cores, e.g. 0.5 or 2");
   r->add_option("--pids", run.pids, "Maximum number of processes and threads");

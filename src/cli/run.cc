@@ -16,6 +16,7 @@
 
 #include "cli/refusals.h"
 #include "cli/run_net.h"
+#include "cli/runtimes.h"
 #include "cli/template.h"
 #include "cli/terminal.h"
 #include "cli/units.h"
@@ -301,7 +302,15 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   } drop_at_exit{drop_template};
   auto t_template = Clock::now();
 
+  // The runtime asked for, else the template's: one this host lacks fails here, never falls back.
+  runtime::Router router(**rt);
+  AddHostRuntimes(router, global);
   runtime::BoxSpec spec;
+  spec.runtime = !o.runtime.empty() ? o.runtime : tmpl->runtime;
+  if (Status can = router.CanCreate(spec.runtime); !can.ok()) {
+    Error(can.message());
+    return kExitSbxError;
+  }
   spec.id = RandomId();
   spec.layers = tmpl->layers;
   spec.binds = tmpl->binds;
@@ -326,7 +335,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     RunNetwork* n = net.get();
     spec.at_sync_point = [n](pid_t init_pid) { return n->Attach(init_pid); };
   }
-  auto box = (*rt)->Create(spec);
+  auto box = router.Create(spec);
   if (!box.ok()) {
     Error(box.status().message());
     return kExitSbxError;
@@ -392,9 +401,9 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
 
   // OOM kills are counted by the cgroup: read before the box (and its cgroup) goes away.
   uint64_t oom_kills = 0;
-  if (auto st = (*rt)->Stats(*box); st.ok()) oom_kills = st->oom_kills;
+  if (auto st = router.Stats(*box); st.ok()) oom_kills = st->oom_kills;
   auto t_destroy = Clock::now();
-  Status destroyed = (*rt)->Destroy(*box);
+  Status destroyed = router.Destroy(*box);
   net.reset();  // after the box: its chain, link, slot, stack and table
   auto t_end = Clock::now();
   if (!destroyed.ok()) Error(destroyed.message());

@@ -37,6 +37,7 @@ struct RunOptions {
   bool interactive = false;
   bool tty = false;
   bool timings = false;
+  std::string runtime;  // "": the template's, else native (runtime::kRuntimeNames)
   RunNetOptions network;
   std::vector<std::string> command;
 };

@@ -20,6 +20,7 @@
 #include "api/mcp/mcp.h"
 #include "api/v1/api.h"
 #include "cli/net.h"
+#include "cli/runtimes.h"
 #include "cli/template.h"
 #include "cli/units.h"
 #include "common/fs.h"
@@ -398,7 +399,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (!stack && build_network->mode != network::Mode::kNone)
     spdlog::warn("--build-network {}: networking is off, so E2B builds fail until it is on",
                  build_network->Describe());
-  sandbox::Manager manager(mc, **rt, templates, **st);
+  // Sandboxes run under their template's runtime, or the one a create asks for (runtimes.h).
+  runtime::Router runtimes(**rt);
+  AddHostRuntimes(runtimes, global);
+  sandbox::Manager manager(mc, runtimes, templates, **st);
   audit_to = &manager;
   struct AuditOff {
     std::atomic<sandbox::Manager*>& to;

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -15,6 +16,7 @@
 #include "cli/units.h"
 #include "common/clock.h"
 #include "common/fd.h"
+#include "runtime/runtime.h"
 #include "store/store.h"
 
 namespace sbx::cli {
@@ -117,13 +119,14 @@ const std::vector<std::string> kLiveStates = {store::kStateCreating, store::kSta
 struct CreateFlags {
   ConnectionFlags conn;
   std::string template_name, memory, cpus, pids, disk, timeout, on_timeout, idempotency_key,
-      egress_mbps;
+      egress_mbps, runtime;
   std::vector<std::string> env, metadata, net;
 };
 
 Result<json> CreateBody(const CreateFlags& f) {
   json body = json::object();
   if (!f.template_name.empty()) body["template"] = f.template_name;
+  if (!f.runtime.empty()) body["runtime"] = f.runtime;
   json limits = json::object();
   if (!f.memory.empty()) {
     auto v = ParseSize(f.memory);
@@ -184,6 +187,9 @@ void RegisterCreate(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   CLI::App* v = app.add_subcommand("create", "Create a sandbox and print its id");
   v->add_option("--template", f->template_name,
                 "Template: host (default), a rootfs dir or tarball");
+  v->add_option("--runtime", f->runtime,
+                "Isolation: native, runc, gvisor or vm (default: the template's; operator keys, "
+                "or keys made with --runtime)");
   v->add_option("--memory", f->memory, "Memory limit, e.g. 512M or 2G");
   v->add_option("--cpus", f->cpus, "CPU quota in cores, e.g. 0.5 or 2");
   v->add_option("--pids", f->pids, "Maximum number of processes and threads");
@@ -479,6 +485,7 @@ struct KeyFlags {
   bool json = false;
   bool is_operator = false;
   int64_t wait_s = 30;
+  std::vector<std::string> runtimes;
 };
 
 Result<std::unique_ptr<store::Store>> OpenStore(const GlobalOptions& g) {
@@ -512,6 +519,7 @@ json KeyJson(const store::ApiKeyRecord& k) {
           {"max_sandboxes", k.max_sandboxes},
           {"creates_per_second", k.creates_per_second},
           {"operator", k.is_operator},
+          {"runtimes", k.runtimes},
           {"limits", RangesJson(k.ranges)}};
 }
 
@@ -587,14 +595,28 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
                    "read /metrics");
   AddRangeFlags(create, f->ranges,
                 "for this key's sandboxes (default: the daemon's; never beyond it)");
+  create->add_option("--runtime", f->runtimes,
+                     "A runtime this key's creates may ask for beside their template's own "
+                     "(native, runc, gvisor, vm; repeatable)");
   create->add_flag("--json", f->json, "Print the key and its secret as JSON");
   verbs.Add(create, [f, &g] {
     auto ranges = ParseRangeFlags(f->ranges);
     if (!ranges.ok()) return Fail(Status::Error(ranges.status().what()));
     auto st = OpenStore(g);
     if (!st.ok()) return Fail(st.status());
+    for (const auto& r : f->runtimes)
+      if (std::find(std::begin(runtime::kRuntimeNames), std::end(runtime::kRuntimeNames), r) ==
+          std::end(runtime::kRuntimeNames))
+        return Fail(runtime::UnknownRuntime(r).Wrap("--runtime"));
     auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges);
     if (!k.ok()) return Fail(k.status());
+    if (!f->runtimes.empty()) {
+      if (Status s = (*st)->SetApiKeyRuntimes(k->record.id, f->runtimes); !s.ok()) {
+        (void)(*st)->RevokeApiKey(k->record.id);  // never a key with less than was asked
+        return Fail(s);
+      }
+      k->record.runtimes = f->runtimes;
+    }
     if (f->json) {
       json j = KeyJson(k->record);
       j["secret"] = k->secret;
@@ -837,6 +859,28 @@ struct PoolFlags {
   int size = 1;
 };
 
+void RegisterRuntimes(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
+  auto f = std::make_shared<ConnectionFlags>();
+  CLI::App* v = app.add_subcommand(
+      "runtimes", "List the runtimes boxes can run under on the daemon's host, and why not");
+  AddConnectionFlags(v, f.get());
+  verbs.Add(v, [f, &g] {
+    auto c = MakeClient(g, *f);
+    if (!c.ok()) return Fail(c.status());
+    auto r = c->Call("GET", "/v1/runtimes");
+    if (!r.ok()) return Fail(r.status());
+    if (f->json) {
+      PrintJson(*r);
+      return 0;
+    }
+    Table t({"RUNTIME", "AVAILABLE", "WHY NOT"});
+    for (const auto& rt : (*r)["runtimes"])
+      t.Row({Str(rt, "name"), rt.value("available", false) ? "yes" : "no", Str(rt, "reason")});
+    t.Print();
+    return 0;
+  });
+}
+
 void RegisterPoolVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   CLI::App* pool = app.add_subcommand(
       "pool",
@@ -917,6 +961,7 @@ void ClientVerbs::Register(CLI::App& app, const GlobalOptions& global) {
   RegisterLifecycle(app, global, *this);
   RegisterSnapshotVerbs(app, global, *this);
   RegisterPoolVerbs(app, global, *this);
+  RegisterRuntimes(app, global, *this);
   RegisterPs(app, global, *this);
   RegisterAudit(app, global, *this);
   RegisterKey(app, global, *this);

@@ -2,7 +2,8 @@
 // PID 1, and can freeze, thaw, measure and destroy it. Everything above this interface (the CLI,
 // the sandbox manager) talks to the box only through the agent socket it returns.
 //
-// Implementations: native/ (namespaces + cgroups; the default). Later: oci/, vm/.
+// Implementations: native/ (namespaces + cgroups; the default). Later: oci/, vm/. A Router
+// (router.h) holds every runtime of the host and sends each call to the box's own.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +19,23 @@
 #include "common/status.h"
 
 namespace sbx::runtime {
+
+// The runtimes sbx knows, weakest isolation first (docs/isolation.md).
+inline constexpr const char* kRuntimeNames[] = {"native", "runc", "gvisor", "vm"};
+
+// EINVAL naming the runtimes sbx knows.
+inline Status UnknownRuntime(const std::string& name) {
+  std::string known;
+  for (const char* n : kRuntimeNames) known += (known.empty() ? "" : ", ") + std::string(n);
+  return Status::Error("runtime: '" + name + "' is not one of " + known, EINVAL);
+}
+
+// A runtime as `sbx runtimes` and GET /v1/runtimes list it.
+struct RuntimeInfo {
+  std::string name;
+  bool available = false;
+  std::string why;  // when not available
+};
 
 struct Limits {
   int64_t memory_bytes = 0;  // 0 = no limit. Swap is always off.
@@ -41,6 +59,7 @@ struct BindMount {
 
 struct BoxSpec {
   std::string id;                   // [a-z0-9-], unique among live boxes
+  std::string runtime;              // one of kRuntimeNames, for a Router; "": native
   std::vector<std::string> layers;  // read-only lower layers, topmost first
   std::vector<BindMount> binds;     // after the overlay, in order
   std::string hostname = "sbx";
@@ -96,6 +115,9 @@ struct Box {
   // host binds show `nobody`).
   bool idmapped = false;
   CreateTimings timings;
+  // The runtime it runs under (kRuntimeNames), set by a Router's Create. "": not known (a Box
+  // made of an id alone): a Router then asks every runtime.
+  std::string runtime;
 };
 
 class Runtime {
@@ -104,6 +126,26 @@ class Runtime {
   // Creates a box and waits until its agent accepts connections. On failure nothing it made is
   // left behind (mounts, cgroups, processes, directories).
   virtual Result<Box> Create(const BoxSpec& spec) = 0;
+  // OK when Create can make boxes of runtime `name` (BoxSpec::runtime; "" is native): a runtime
+  // makes only its own kind, a Router any it holds. EINVAL for a name sbx does not know, ENOTSUP
+  // naming why for one this host lacks.
+  virtual Status CanCreate(const std::string& name) const {
+    if (name.empty() || name == kRuntimeNames[0]) return {};
+    for (const char* known : kRuntimeNames)
+      if (name == known)
+        return Status::Error(
+            "runtime " + name + " is not available here: this sbx runs only " + kRuntimeNames[0],
+            ENOTSUP);
+    return UnknownRuntime(name);
+  }
+  // Every runtime sbx knows, in kRuntimeNames order, and whether Create can make its boxes.
+  virtual std::vector<RuntimeInfo> Runtimes() const {
+    std::vector<RuntimeInfo> out;
+    for (const char* n : kRuntimeNames) out.push_back({n, CanCreate(n).ok(), ""});
+    for (auto& r : out)
+      if (!r.available) r.why = CanCreate(r.name).message();
+    return out;
+  }
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;

@@ -317,7 +317,7 @@ Status Manager::Reconcile() {
     if (rec.state == store::kStatePaused && rec.on_disk) {
       // Paused without memory: no box, by design. One left means the daemon stopped between
       // recording the pause and removing the box; its files are in the recorded layers.
-      Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
+      Status destroyed = runtime_.Destroy(BoxOfRecord(rec));
       if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
       spdlog::info("reconcile: sandbox {} stays paused without memory", rec.id);
       continue;
@@ -345,7 +345,7 @@ Status Manager::Reconcile() {
       why =
           "lost while the daemon was down: " + ForClients(rec.id, "adopt", box.status()).message();
     }
-    Status destroyed = runtime_.Destroy(runtime::Box{rec.id});
+    Status destroyed = runtime_.Destroy(BoxOfRecord(rec));
     if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
     // Its network, if it had one, is no live box's: the stack's Reconcile below removes it.
     rec.state = store::kStateFailed;
@@ -563,6 +563,13 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   if (!tmpl.ok()) return tmpl.status();
   rec.template_name = tmpl->name;
   rec.layers = LayerIds(*tmpl);
+  if (auto runtime = ChooseRuntime(key, req.runtime, *tmpl); runtime.ok()) {
+    rec.runtime = *runtime;
+  } else {
+    if (Status unpin = store_.UnpinLayers(rec.id); !unpin.ok())
+      spdlog::warn("create: {}", unpin.message());
+    return runtime.status();
+  }
   rec.state = store::kStateCreating;
   rec.owner_key_id = key.id;
   rec.metadata = req.metadata;
@@ -724,6 +731,7 @@ Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Templat
   bool networked = config_.network && policy.mode != network::Mode::kNone;
   runtime::BoxSpec spec;
   spec.id = rec.id;
+  spec.runtime = rec.runtime;
   spec.layers = tmpl.layers;
   spec.binds = tmpl.binds;
   spec.limits = ToRuntime(rec.limits);
@@ -807,6 +815,30 @@ Result<store::SandboxPage> Manager::List(const store::ApiKeyRecord& key,
                                }),
                 items.end());
   return page;
+}
+
+runtime::Box Manager::BoxOfRecord(const SandboxRecord& rec) {
+  runtime::Box box;
+  box.id = rec.id;
+  box.runtime = rec.runtime;
+  return box;
+}
+
+Result<std::string> Manager::ChooseRuntime(const store::ApiKeyRecord& key, const std::string& asked,
+                                           const storage::Template& tmpl) {
+  std::string own = tmpl.runtime.empty() ? store::kRuntimeNative : tmpl.runtime;
+  std::string name = asked.empty() ? own : asked;
+  Status can = runtime_.CanCreate(name);
+  if (can.err() == EINVAL) return can;
+  if (name != own && !key.is_operator &&
+      std::find(key.runtimes.begin(), key.runtimes.end(), name) == key.runtimes.end()) {
+    return Status::Error("runtime: this key may not choose " + name + " (template " + tmpl.name +
+                             " runs under " + own + "; sbx key create --runtime allows it)",
+                         EPERM);
+  }
+  // The client's to change (another runtime, another host): an invalid request here.
+  if (!can.ok()) return Status::Error(can.message(), EINVAL);
+  return name;
 }
 
 Result<runtime::Box> Manager::BoxOf(const std::string& id) {
@@ -1135,7 +1167,7 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   config.env = rec.defaults.env;
   config.user = rec.defaults.user;
   config.workdir = rec.defaults.workdir;
-  return builds_->AddSnapshot(key, id, rec.id, layers, config, name);
+  return builds_->AddSnapshot(key, id, rec.id, layers, config, name, rec.runtime);
 }
 
 Result<SnapshotInfo> Manager::Snapshot(const store::ApiKeyRecord& key, const std::string& id,

@@ -176,6 +176,9 @@ struct CreateRequest {
   // Resumed by the first request for its envd or ports (E2B's autoResume): needs on_timeout
   // pause with memory.
   bool auto_resume = false;
+  // The runtime to run under instead of the template's (runtime::kRuntimeNames): operator keys,
+  // and keys whose ApiKeyRecord::runtimes name it. "": the template's, else native.
+  std::string runtime;
 };
 inline constexpr size_t kMaxSecrets = 64;
 inline constexpr int kMaxForks = 100;  // per fork call, as E2B
@@ -422,6 +425,8 @@ class Manager {
   std::vector<std::string> PendingCleanups();
 
   ManagerCounters counters();
+  // The runtimes sbx knows and whether this host has each (runtime/router.h).
+  std::vector<runtime::RuntimeInfo> Runtimes() const { return runtime_.Runtimes(); }
   // The latency histograms and counters of creates (observed here) and commands (by Session),
   // whichever facade asked.
   SandboxMetrics& metrics() { return metrics_; }
@@ -500,6 +505,13 @@ class Manager {
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
+  // A box known only by its record (after a restart, or never made): its id and runtime.
+  static runtime::Box BoxOfRecord(const store::SandboxRecord& rec);
+  // The runtime a create of `key` gets: `asked`, or the template's own, or native. EINVAL for a
+  // name sbx does not know or one this host lacks (saying why), EPERM for one the key may not
+  // choose.
+  Result<std::string> ChooseRuntime(const store::ApiKeyRecord& key, const std::string& asked,
+                                    const storage::Template& tmpl);
   // ---- Warm pools (sandbox/pool.cc) ----
   // A pooled box for the create `req` (its limits and timeout filled in) of `key`, template
   // `tmpl_name`, when a pool has one that fits (pool.h); nullopt to make one cold. The answer is

@@ -100,6 +100,7 @@ class FakeRuntime : public runtime::Runtime {
   bool adoptable = false;  // Adopt finds the boxes this fake made (a daemon restart)
   // Stop kills without removing, as the native runtime's does (otherwise Stop is Destroy).
   bool split_stop = false;
+  std::set<std::string> runtimes = {"native"};  // what CanCreate accepts
   runtime::BoxSpec last_spec;
 
   Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
@@ -155,6 +156,10 @@ class FakeRuntime : public runtime::Runtime {
     std::lock_guard<std::mutex> l(mu_);
     boxes_.erase(box.id);
     return fail_destroy;
+  }
+  Status CanCreate(const std::string& name) const override {
+    if (runtimes.count(name.empty() ? "native" : name)) return {};
+    return runtime::Runtime::CanCreate(name);
   }
   Status Stop(const runtime::Box& box) override {
     if (!split_stop) return Destroy(box);
@@ -544,6 +549,37 @@ TEST_F(ManagerTest, KillAnswersBeforeTheBoxIsRemoved) {
   gate->Open();
   stopped.get();
   EXPECT_FALSE(rt_.Box(next));
+}
+
+// The runtime is the template's unless the key may choose another (operator keys, or keys whose
+// record names it), and only one this host has: never another in its place.
+TEST_F(ManagerTest, ARuntimeIsTheTemplatesUnlessTheKeyMayChooseAndTheHostHasIt) {
+  rt_.runtimes = {"native", "gvisor"};
+  CreateRequest r;
+  r.runtime = "gvisor";
+  auto denied = M().Create(key_, r);
+  EXPECT_EQ(denied.status().err(), EPERM) << denied.status().message();
+  EXPECT_NE(denied.status().message().find("--runtime"), std::string::npos);
+  EXPECT_EQ(rt_.size(), 0u);
+  ASSERT_TRUE(store_->SetApiKeyRuntimes(key_.id, {"gvisor", "vm"}).ok());
+  key_ = **store_->GetApiKey(key_.id);
+  auto made = M().Create(key_, r);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  EXPECT_EQ(made->runtime, "gvisor");
+  EXPECT_EQ(rt_.last_spec.runtime, "gvisor");
+  EXPECT_EQ(Stored(made->id).runtime, "gvisor");
+  r.runtime = "vm";  // allowed to the key, known to sbx, missing here
+  auto vm = M().Create(key_, r);
+  EXPECT_EQ(vm.status().err(), EINVAL);
+  EXPECT_NE(vm.status().message().find("runtime vm is not available here"), std::string::npos)
+      << vm.status().message();
+  r.runtime = "docker";
+  EXPECT_EQ(M().Create(key_, r).status().err(), EINVAL);
+  r.runtime = "";
+  auto plain = M().Create(key_, r);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->runtime, "native");
+  EXPECT_EQ(rt_.size(), 2u);
 }
 
 // Creates that all passed the early quota count (none of them was inserted yet) are decided by

@@ -209,6 +209,7 @@ Result<std::string> Manager::FillOne(const std::string& tmpl_name) {
   if (!tmpl.ok()) return tmpl.status();
   rec.template_name = tmpl->name;
   rec.layers = LayerIds(*tmpl);
+  rec.runtime = tmpl->runtime.empty() ? store::kRuntimeNative : tmpl->runtime;
   rec.defaults.env = tmpl->env;
   rec.defaults.user = tmpl->user == "root" ? "" : tmpl->user;
   rec.defaults.workdir = tmpl->workdir;
@@ -281,7 +282,8 @@ Result<std::optional<SandboxRecord>> Manager::ClaimPooled(const store::ApiKeyRec
   // What a pooled box has: no network, no secrets, the default disk.
   bool plain = req.network.mode == network::Mode::kNone && req.secrets.empty() &&
                (req.egress_rules.empty() || req.egress_rules == "{}");
-  if (!plain || limits.disk_bytes != config_.default_limits.disk_bytes) return kNotClaimed;
+  if (!plain || !req.runtime.empty() || limits.disk_bytes != config_.default_limits.disk_bytes)
+    return kNotClaimed;
   std::string id;
   {
     MutexLock g(mu_);

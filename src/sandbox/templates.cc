@@ -807,12 +807,10 @@ Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap) {
   return info;
 }
 
-Result<SnapshotInfo> TemplateBuilds::AddSnapshot(const store::ApiKeyRecord& key,
-                                                 const std::string& id,
-                                                 const std::string& sandbox_id,
-                                                 const std::vector<std::string>& layers,
-                                                 const storage::ImageConfig& config,
-                                                 const std::string& asked_name) {
+Result<SnapshotInfo> TemplateBuilds::AddSnapshot(
+    const store::ApiKeyRecord& key, const std::string& id, const std::string& sandbox_id,
+    const std::vector<std::string>& layers, const storage::ImageConfig& config,
+    const std::string& asked_name, const std::string& runtime) {
   if (!IsSnapshotId(id)) return Status::Error("snapshot id '" + Echo(id) + "': malformed", EINVAL);
   std::string name = asked_name;
   if (name.ends_with(":default")) name.resize(name.size() - 8);
@@ -846,7 +844,7 @@ Result<SnapshotInfo> TemplateBuilds::AddSnapshot(const store::ApiKeyRecord& key,
   }
   auto rec = storage::PutImageTemplate(templates_, store_, id, store::kTemplateSnapshot,
                                        "snapshot of sandbox " + sandbox_id, layers, config,
-                                       /*replace=*/false, sandbox_id);
+                                       /*replace=*/false, sandbox_id, runtime);
   if (!rec.ok()) {
     (void)store_.DeleteTemplateOwner(id);
     if (!name.empty() && !moved) (void)store_.DeleteTemplateOwner(name);

@@ -182,11 +182,13 @@ class TemplateBuilds {
   // (its own first) with `config`, held by `key`; with a `name` (a template name, ":default"
   // meaning the name itself), that name too: a name this key gave an earlier snapshot moves to
   // this one. EINVAL for a bad name, EEXIST for a name taken by any other template (EPERM when
-  // another key holds it); nothing is registered then.
+  // another key holds it); nothing is registered then. Sandboxes made of it run under `runtime`,
+  // the sandbox's ("": the daemon's default).
   Result<SnapshotInfo> AddSnapshot(const store::ApiKeyRecord& key, const std::string& id,
                                    const std::string& sandbox_id,
                                    const std::vector<std::string>& layers,
-                                   const storage::ImageConfig& config, const std::string& name);
+                                   const storage::ImageConfig& config, const std::string& name,
+                                   const std::string& runtime = "");
   // The snapshots `key` may see (an operator key: every key's), newest first; only those of
   // sandbox `sandbox_id` and of name `name` when they are not empty.
   Result<std::vector<SnapshotInfo>> Snapshots(const store::ApiKeyRecord& key,

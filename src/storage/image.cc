@@ -936,12 +936,10 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
   return rec;
 }
 
-Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::Store& st,
-                                               const std::string& name, const std::string& kind,
-                                               const std::string& source,
-                                               const std::vector<std::string>& layers,
-                                               const ImageConfig& config, bool replace,
-                                               const std::string& sandbox_id) {
+Result<store::TemplateRecord> PutImageTemplate(
+    const TemplateStore& ts, store::Store& st, const std::string& name, const std::string& kind,
+    const std::string& source, const std::vector<std::string>& layers, const ImageConfig& config,
+    bool replace, const std::string& sandbox_id, const std::string& runtime) {
   std::string what = "register template " + name;
   if (!IsValidTemplateName(name))
     return Status::Error(what + ": a name is [a-z0-9][a-z0-9._-]{0,63}, optionally :TAG", EINVAL);
@@ -964,6 +962,7 @@ Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::S
   t.layers = layers;
   t.config = ImageConfigToJson(config);
   t.sandbox_id = sandbox_id;
+  t.runtime = runtime;
   std::set<std::string> seen;
   for (const auto& l : layers) {
     auto rec = st.GetLayer(l);

@@ -132,12 +132,10 @@ Result<std::string> MakeStagingDir(const TemplateStore& ts);
 // kTemplateBuild, kTemplateSnapshot with the `sandbox_id` it was taken of) made of the recorded
 // `layers` (topmost first) with `config`. EINVAL for an invalid name, EEXIST for a taken one
 // without `replace`, ENOENT for an unrecorded layer.
-Result<store::TemplateRecord> PutImageTemplate(const TemplateStore& ts, store::Store& st,
-                                               const std::string& name, const std::string& kind,
-                                               const std::string& source,
-                                               const std::vector<std::string>& layers,
-                                               const ImageConfig& config, bool replace,
-                                               const std::string& sandbox_id = "");
+Result<store::TemplateRecord> PutImageTemplate(
+    const TemplateStore& ts, store::Store& st, const std::string& name, const std::string& kind,
+    const std::string& source, const std::vector<std::string>& layers, const ImageConfig& config,
+    bool replace, const std::string& sandbox_id = "", const std::string& runtime = "");
 
 // The config recorded with template `name` (aliases resolved); empty for templates without one.
 Result<ImageConfig> GetImageConfig(store::Store& st, const std::string& name);

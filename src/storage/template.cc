@@ -695,6 +695,7 @@ Status EnsureHostLayer(const TemplateStore& ts, store::Store& st,
 Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& rec) {
   Template t;
   t.name = rec.name;
+  t.runtime = rec.runtime;
   t.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"};
   if (!rec.config.empty()) {
     auto config = ImageConfigFromJson(rec.config);

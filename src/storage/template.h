@@ -53,6 +53,8 @@ struct Template {
   // E2B's start and ready commands of a build (ImageConfig::start_cmd, ready_cmd); "" = none.
   std::string start_cmd;
   std::string ready_cmd;
+  // The runtime its sandboxes run under (runtime::kRuntimeNames); "": the daemon's default.
+  std::string runtime;
 };
 
 struct TemplateStore {

@@ -241,6 +241,14 @@ ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE templates ADD COLUMN sandbox_id TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 16: runtimes (issue 15). A sandbox records the runtime its box runs under, a template
+// the one its sandboxes get ('': the daemon's default), a key the runtimes it may ask for.
+constexpr char kV16[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN runtime TEXT NOT NULL DEFAULT 'native';
+ALTER TABLE templates ADD COLUMN runtime TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN runtimes TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -260,6 +268,7 @@ const std::vector<Migration>& Migrations() {
       {13, "templates.config: an image's config (kinds oci, build)", kV13},
       {14, "template_owners: the key that built a template through an API", kV14},
       {15, "sandboxes.layers, on_disk, pause_memory, auto_resume; templates.sandbox_id", kV15},
+      {16, "sandboxes.runtime, templates.runtime, api_keys.runtimes", kV16},
   };
   return kAll;
 }

@@ -25,16 +25,16 @@ constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
     "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host, "
-    "secrets, layers, on_disk, pause_memory, auto_resume";
+    "secrets, layers, on_disk, pause_memory, auto_resume, runtime";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
-    "max_disk_bytes, min_timeout_ms, max_timeout_ms";
+    "max_disk_bytes, min_timeout_ms, max_timeout_ms, runtimes";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
     "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at, config, "
-    "sandbox_id";
+    "sandbox_id, runtime";
 constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at";
 
 Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
@@ -209,6 +209,7 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.on_disk = st.ColumnInt(26) != 0;
   r.pause_memory = st.ColumnInt(27) != 0;
   r.auto_resume = st.ColumnInt(28) != 0;
+  r.runtime = st.ColumnText(29);  // version 16
   return r;
 }
 
@@ -266,6 +267,13 @@ ApiKeyRecord ReadApiKey(const Statement& st) {
   k.ranges.max_disk_bytes = st.ColumnInt(16);
   k.ranges.min_timeout_ms = st.ColumnInt(17);
   k.ranges.max_timeout_ms = st.ColumnInt(18);
+  // Version 16: the runtimes it may ask for beside its templates' own, comma-separated.
+  for (size_t b = 0, e; b < st.ColumnText(19).size(); b = e + 1) {
+    std::string list = st.ColumnText(19);
+    e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    if (e > b) k.runtimes.push_back(list.substr(b, e - b));
+  }
   return k;
 }
 
@@ -289,6 +297,7 @@ Result<TemplateRecord> ReadTemplate(const Statement& st) {
   t.last_used_at = st.ColumnInt(7);
   t.config = st.ColumnText(8);
   t.sandbox_id = st.ColumnText(9);
+  t.runtime = st.ColumnText(10);  // version 16
   return t;
 }
 
@@ -438,7 +447,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"
+      "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -451,7 +460,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " network = excluded.network, egress_rules = excluded.egress_rules,"
       " mask_request_host = excluded.mask_request_host, secrets = excluded.secrets,"
       " layers = excluded.layers, on_disk = excluded.on_disk,"
-      " pause_memory = excluded.pause_memory, auto_resume = excluded.auto_resume");
+      " pause_memory = excluded.pause_memory, auto_resume = excluded.auto_resume,"
+      " runtime = excluded.runtime");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -481,7 +491,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindText(26, json(r.layers).dump())
       .BindInt(27, r.on_disk ? 1 : 0)
       .BindInt(28, r.pause_memory ? 1 : 0)
-      .BindInt(29, r.auto_resume ? 1 : 0);
+      .BindInt(29, r.auto_resume ? 1 : 0)
+      .BindText(30, r.runtime.empty() ? kRuntimeNative : r.runtime);
   return st->Run().Wrap(what);
 }
 
@@ -708,7 +719,7 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11,"
-                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18)");
+                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18, '')");
   if (!st.ok()) return st.status().Wrap("create api key");
   st->BindText(1, k.record.id)
       .BindText(2, k.record.name)
@@ -799,6 +810,24 @@ Status Store::RevokeApiKey(const std::string& id) {
       " WHERE id = ?1");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, id).BindInt(2, clock_->NowMs());
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  if (db_->changes() == 0) return Status::Error(what + ": no such key", ENOENT);
+  return Status();
+}
+
+Status Store::SetApiKeyRuntimes(const std::string& id, const std::vector<std::string>& runtimes) {
+  std::string what = "set the runtimes of api key " + id;
+  std::string list;
+  for (const auto& r : runtimes) {
+    if (r.empty() || r.size() > 16 ||
+        r.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string::npos)
+      return Invalid(what + ": a runtime name is 1 to 16 of [a-z0-9], not '" + r + "'");
+    list += (list.empty() ? "" : ",") + r;
+  }
+  MutexLock lock(mu_);
+  Result<Statement> st = db_->Prepare("UPDATE api_keys SET runtimes = ?2 WHERE id = ?1");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, id).BindText(2, list);
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   if (db_->changes() == 0) return Status::Error(what + ": no such key", ENOENT);
   return Status();
@@ -997,7 +1026,7 @@ Status CheckTemplateIn(Db& db, const TemplateRecord& t, const std::string& what)
 }  // namespace
 
 namespace {
-// Binds ?1..?10 of an INSERT INTO templates (kTemplateColumns) to `t`.
+// Binds ?1..?11 of an INSERT INTO templates (kTemplateColumns) to `t`.
 void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& layers, int64_t now) {
   st.BindText(1, t.name)
       .BindText(2, t.source)
@@ -1008,7 +1037,8 @@ void BindTemplate(Statement& st, const TemplateRecord& t, const std::string& lay
       .BindInt(7, t.size_bytes)
       .BindInt(8, t.last_used_at)
       .BindText(9, t.config)
-      .BindText(10, t.sandbox_id);
+      .BindText(10, t.sandbox_id)
+      .BindText(11, t.runtime);
 }
 }  // namespace
 
@@ -1021,7 +1051,7 @@ Status Store::AddTemplate(const TemplateRecord& t) {
   if (!tx.ok()) return tx.status().Wrap(what);
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO templates (") + kTemplateColumns +
-                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   Status s = st->Run();
@@ -1040,11 +1070,11 @@ Status Store::PutTemplate(const TemplateRecord& t) {
   SBX_RETURN_IF_ERROR(CheckTemplateIn(*db_, t, what));
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO templates (") + kTemplateColumns +
-      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (name) DO UPDATE SET"
+      ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) ON CONFLICT (name) DO UPDATE SET"
       " source = excluded.source, layers = excluded.layers, created_at = excluded.created_at,"
       " kind = excluded.kind, alias_of = excluded.alias_of, size_bytes = excluded.size_bytes,"
       " last_used_at = excluded.last_used_at, config = excluded.config,"
-      " sandbox_id = excluded.sandbox_id");
+      " sandbox_id = excluded.sandbox_id, runtime = excluded.runtime");
   if (!st.ok()) return st.status().Wrap(what);
   BindTemplate(*st, t, *layers, clock_->NowMs());
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));

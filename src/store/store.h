@@ -83,6 +83,9 @@ struct SecretRef {
   bool operator==(const SecretRef&) const = default;
 };
 
+// The runtime a box runs under (runtime/router.h): sandboxes record theirs, templates may name one.
+inline constexpr char kRuntimeNative[] = "native";
+
 struct SandboxRecord {
   std::string id;
   std::string template_name;  // column `template`
@@ -123,6 +126,8 @@ struct SandboxRecord {
   // What the TTL's pause of an on_timeout=pause sandbox keeps: memory (freeze), or only the
   // filesystem (E2B's autoPauseMemory false).
   bool pause_memory = true;
+  // The runtime its box runs under (version 16; kRuntimeNative before).
+  std::string runtime = kRuntimeNative;
   // A paused sandbox (with memory) is resumed by the first request for its envd or its ports
   // that proves its right to them (E2B's autoResume).
   bool auto_resume = false;
@@ -177,6 +182,9 @@ struct ApiKeyRecord {
   // An operator key (column `operator`) may also list, inspect and kill other keys' sandboxes.
   bool is_operator = false;
   LimitRanges ranges;  // this key's own bounds of its sandboxes' limits (0: the daemon's)
+  // Runtimes a create of this key may ask for beside its template's own (version 16; operator
+  // keys may ask for any).
+  std::vector<std::string> runtimes;
   bool active() const { return revoked_at == 0; }
 };
 
@@ -252,6 +260,7 @@ struct TemplateRecord {
   // "" for none. The store only checks that it is a JSON object.
   std::string config;
   std::string sandbox_id;  // kind snapshot: the sandbox it was taken of (version 15)
+  std::string runtime;     // what its sandboxes run under; "": the daemon's default (version 16)
 };
 
 // Who built a template through an API (version 12): that key, and operator keys, may rebuild or
@@ -370,6 +379,9 @@ class Store {
   Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
                                  double creates_per_second, bool is_operator = false,
                                  const LimitRanges& ranges = {});
+  // Sets the runtimes key `id` may ask for beside its templates' own (names as runtime/router.h
+  // knows them; EINVAL for another). ENOENT for an unknown id.
+  Status SetApiKeyRuntimes(const std::string& id, const std::vector<std::string>& runtimes);
   // The key whose secret this is, if it exists and is not revoked; nullopt otherwise.
   Result<std::optional<ApiKeyRecord>> VerifyApiKey(const std::string& secret);
   Result<std::optional<ApiKeyRecord>> GetApiKey(const std::string& id);

@@ -360,6 +360,11 @@ TEST_F(StoreTest, SandboxRoundTrip) {
   EXPECT_TRUE((*got)->on_disk);
   EXPECT_FALSE((*got)->pause_memory);
   EXPECT_TRUE((*got)->auto_resume);
+  // Version 16: its runtime (native until set).
+  EXPECT_EQ((*got)->runtime, kRuntimeNative);
+  r.runtime = "gvisor";
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  EXPECT_EQ((*store->GetSandbox("sb_rt"))->runtime, "gvisor");
 
   // Replace.
   r.state = kStateFailed;
@@ -624,6 +629,14 @@ TEST_F(StoreTest, OperatorKeysAreMarkedAndOlderKeysAreNot) {
   ASSERT_EQ(all->size(), 3u);
   for (const auto& k : *all) EXPECT_EQ(k.is_operator, k.id == op->record.id) << k.id;
   EXPECT_TRUE(store->Ping().ok());
+
+  // Version 16: the runtimes a key may ask for, none until set.
+  EXPECT_TRUE((*store->GetApiKey(tenant->record.id))->runtimes.empty());
+  ASSERT_TRUE(store->SetApiKeyRuntimes(tenant->record.id, {"gvisor", "vm"}).ok());
+  EXPECT_EQ((*store->GetApiKey(tenant->record.id))->runtimes,
+            (std::vector<std::string>{"gvisor", "vm"}));
+  EXPECT_EQ(store->SetApiKeyRuntimes(tenant->record.id, {"g visor"}).err(), EINVAL);
+  EXPECT_EQ(store->SetApiKeyRuntimes("key_none", {"vm"}).err(), ENOENT);
 }
 
 // Issue 10 item 7: a key's own bounds of its sandboxes' limits (version 7). Unset bounds are
@@ -1009,6 +1022,10 @@ TEST_F(StoreTest, TemplatesAreCheckedAgainstTheirLayersAndTargets) {
   EXPECT_EQ((*got)->layers, std::vector<std::string>{"l1"});
   EXPECT_EQ((*got)->kind, kTemplateTar);
   EXPECT_GT((*got)->created_at, 0);
+  EXPECT_EQ((*got)->runtime, "");  // the daemon's default
+  t.runtime = "gvisor";
+  ASSERT_TRUE(store->PutTemplate(t).ok());
+  EXPECT_EQ((*store->GetTemplate("alpine"))->runtime, "gvisor");
 
   EXPECT_EQ(store->AddTemplate({.name = "x", .kind = "image"}).err(), EINVAL);
   EXPECT_EQ(store->AddTemplate({.name = "", .kind = kTemplateTar}).err(), EINVAL);

@@ -1016,6 +1016,39 @@ TEST_F(ServeTest, AKillAnswersFirstAndItsCleanupCanBeAwaited) {
   EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + later + "?wait=true").status, 404);
 }
 
+// Issue 15 item 1: what this host runs boxes under, and a create that names a runtime it lacks
+// refused with the reason, nothing made.
+TEST_F(ServeTest, RuntimesAreListedAndAMissingOneIsRefusedNotReplaced) {
+  json rts = d_->Json("GET", "/v1/runtimes")["runtimes"];
+  ASSERT_EQ(rts.size(), 4u) << rts;
+  EXPECT_EQ(rts[0]["name"], "native");
+  EXPECT_EQ(rts[0]["available"], true);
+  EXPECT_FALSE(rts[0].contains("reason"));
+  for (size_t i = 1; i < rts.size(); ++i) {
+    if (!rts[i]["available"].get<bool>()) {
+      EXPECT_NE(rts[i].value("reason", ""), "") << rts[i];
+    }
+  }
+  std::string id = Create();
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["runtime"], "native");
+  auto r = d_->Call("POST", "/v1/sandboxes", R"({"runtime":"hyperv"})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("native, runc, gvisor, vm"), std::string::npos) << r.body;
+  for (const auto& rt : rts) {
+    if (rt["available"].get<bool>()) continue;
+    r = d_->Call("POST", "/v1/sandboxes", json{{"runtime", rt["name"]}}.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find(rt.value("reason", "?")), std::string::npos) << r.body;
+  }
+  // A tenant key may name its template's own, and nothing else unless its record allows it.
+  store::NewApiKey tenant = MakeKey(dir_, "tenant");
+  r = d_->Call("POST", "/v1/sandboxes", R"({"runtime":"native"})", Bearer(tenant.secret));
+  EXPECT_EQ(r.status, 201) << r.body;
+  r = d_->Call("POST", "/v1/sandboxes", R"({"runtime":"gvisor"})", Bearer(tenant.secret));
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes")["sandboxes"].size(), 2u);
+}
+
 // Issue 10 finding 4: after kill -9 of a box's agent from the host the record stayed `running`,
 // with its cgroups and directory, until the TTL. The daemon notices within its scan (0.5 s).
 TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {

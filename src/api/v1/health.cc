@@ -1,4 +1,4 @@
-// The daemon's own health: /healthz (no key) and /metrics (operator keys), in the Prometheus text
+// The daemon's own health: /healthz (no key), /metrics (operator keys) in the Prometheus text
 // format (docs/api.md, "Health and metrics").
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
@@ -52,6 +52,18 @@ Status CannotWrite(const sandbox::WriteHealth& h) {
 }  // namespace
 
 void Health(http::Router& r, ApiContext& ctx) {
+  // What this host can run boxes under (any key: it is the same answer for all).
+  r.Get("/v1/runtimes",
+        Authed(ctx, [&ctx](http::Exchange& ex, const sandbox::ApiKeyRecord&) -> awaitable<void> {
+          json out = json::array();
+          for (const auto& rt : ctx.manager.Runtimes()) {
+            json j = {{"name", rt.name}, {"available", rt.available}};
+            if (!rt.available) j["reason"] = rt.why;
+            out.push_back(j);
+          }
+          json body = {{"runtimes", out}};
+          co_await ex.RespondJson(200, body);
+        }));
   auto cache = std::make_shared<IntegrityCache>();
   r.Get("/healthz", [&ctx, cache](http::Exchange& ex) -> awaitable<void> {
     Status s = co_await OnPool(ctx.blocking, [&] {

@@ -26,6 +26,7 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
   for (const auto& [k, v] : r.env) env_keys.push_back(k);  // values may be secrets: never echoed
   json j = {{"id", r.id},
             {"template", r.template_name},
+            {"runtime", r.runtime},
             {"state", r.state},
             {"metadata", r.metadata},
             {"env_keys", env_keys},
@@ -70,8 +71,8 @@ constexpr double kMinSandboxTimeoutS = 1;
 Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms) {
   if (!j.is_object()) return Status::Error("body: must be a JSON object", EINVAL);
   static const std::set<std::string> kKnown = {
-      "template",     "env",     "metadata", "limits",       "timeout",    "on_timeout",
-      "public_ports", "network", "secrets",  "pause_memory", "auto_resume"};
+      "template",     "env",     "metadata", "limits",       "timeout",     "on_timeout",
+      "public_ports", "network", "secrets",  "pause_memory", "auto_resume", "runtime"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) return Status::Error("unknown field '" + k + "'", EINVAL);
   sandbox::CreateRequest r;
@@ -130,6 +131,10 @@ Result<sandbox::CreateRequest> ParseCreate(const json& j, int64_t max_timeout_ms
     if (!j["pause_memory"].is_boolean())
       return Status::Error("pause_memory: must be true or false", EINVAL);
     r.pause_memory = j["pause_memory"].get<bool>();
+  }
+  if (j.contains("runtime")) {
+    if (!j["runtime"].is_string()) return Status::Error("runtime: must be a string", EINVAL);
+    r.runtime = j["runtime"].get<std::string>();
   }
   if (j.contains("auto_resume")) {
     if (!j["auto_resume"].is_boolean())
