@@ -12,51 +12,18 @@
 // differs from the header's does not compile.
 #include <archive.h>
 #include <archive_entry.h>
-#include <dlfcn.h>
 
 #include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "common/lazy_lib.h"
+
 namespace {
-
 constexpr char kLibarchive[] = "libarchive.so.13";
-
-// libarchive13 is a package dependency of sbx: a library or symbol that does not load is a
-// broken installation, not an error to return.
-[[noreturn]] void Die(const char* symbol) {
-  const char* why = ::dlerror();
-  std::fprintf(stderr, "sbx: cannot load %s%s%s: %s (broken installation?)\n",
-               symbol != nullptr ? symbol : "", symbol != nullptr ? " from " : "", kLibarchive,
-               why != nullptr ? why : "unknown error");
-  std::abort();
-}
-
-// Opened once, never closed.
-void* Libarchive() {
-  static void* const handle = [] {
-    void* h = ::dlopen(kLibarchive, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) Die(nullptr);
-    return h;
-  }();
-  return handle;
-}
-
-void* Lookup(const char* name) {
-  void* fn = ::dlsym(Libarchive(), name);
-  if (fn == nullptr) Die(name);
-  return fn;
-}
-
 }  // namespace
 
-// Defines `name`, which calls the real `name`, looked up on its first call.
-#define SBX_LAZY(ret, name, params, args)                                        \
-  extern "C" ret name params {                                                   \
-    static const auto real = reinterpret_cast<decltype(&(name))>(Lookup(#name)); \
-    return real args;                                                            \
-  }
+#define SBX_LAZY(ret, name, params, args) SBX_LAZY_FROM(kLibarchive, ret, name, params, args)
 
 // clang-format reads the parameter lists as expressions (`archive * a`).
 // clang-format off
@@ -155,8 +122,8 @@ SBX_LAZY(void, archive_entry_set_rdev, (archive_entry* e, dev_t dev), (e, dev))
 // Variadic, and libarchive has no va_list form to forward to: the message is formatted here and
 // handed over as one "%s" argument. A null format clears the error, as in libarchive.
 extern "C" void archive_set_error(archive* a, int err, const char* fmt, ...) {
-  static const auto real =
-      reinterpret_cast<decltype(&archive_set_error)>(Lookup("archive_set_error"));
+  static const auto real = reinterpret_cast<decltype(&archive_set_error)>(
+      sbx::LazySymbol(kLibarchive, "archive_set_error"));
   if (fmt == nullptr) return real(a, err, nullptr);
   va_list ap;
   va_start(ap, fmt);
