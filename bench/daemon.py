@@ -294,6 +294,35 @@ def run_exec(daemon, launcher, log, runs=250, block=50):
     return res
 
 
+def run_kill(daemon, log, runs=60):
+    """Issue 14 item 5's destroy that answers first: DELETE of a fresh sandbox as the API answers
+    it (once its processes are dead; the rest of the box goes after), alternated with
+    `DELETE ...?wait=true` (answered once the box is gone from the host, as every kill was
+    before). Milliseconds from the request sent to the answer read, one connection each."""
+    out = {"answer": [], "wait": [], "errors": []}
+    for i in range(runs * 2):
+        key, query = ("answer", "") if i % 2 == 0 else ("wait", "?wait=true")
+        try:
+            sid = daemon._call("POST", "/v1/sandboxes", {})["id"]
+            # The previous kill's removal is not this one's to pay for.
+            daemon._call("GET", "/v1/cleanups?wait=true")
+            t = time.perf_counter()
+            status, text = daemon.request("DELETE", f"/v1/sandboxes/{sid}{query}")
+            ms = (time.perf_counter() - t) * 1000
+        except (OSError, ValueError, KeyError) as e:
+            out["errors"].append(str(e))
+            continue
+        if status == 204:
+            out[key].append(ms)
+        else:
+            out["errors"].append(f"DELETE{query}: HTTP {status}: {text[:200]!r}")
+    res = {k: summarize(out[k]) for k in ("answer", "wait")}
+    res["errors"] = out["errors"][:5]
+    log(f"kill: answering first P50 {_p50(out['answer'])} ms, waiting for the removal "
+        f"P50 {_p50(out['wait'])} ms")
+    return res
+
+
 def _p50(v):
     s = summarize(v)["p50"]
     return "-" if s is None else f"{s:.2f}"

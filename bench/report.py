@@ -1155,3 +1155,18 @@ def _hotpaths_section(results, w):
             w(f"| stdout through the API ≥ 500 MB/s ({label}) | failed: "
               f"`{_one_line(d.get('error', ''))}` | – | not measured |")
     w("")
+    k = s.get("kill") or {}
+    ans, wt = k.get("answer") or {}, k.get("wait") or {}
+    if ans.get("p50") and wt.get("p50"):
+        w("**Kill through the API** (item 5, a destroy that answers first): `DELETE` of a fresh "
+          "sandbox, answered once its processes are dead (the box is removed after), "
+          "alternated with `DELETE ...?wait=true`, answered once the box is gone from the host "
+          "(what every kill cost before). Milliseconds.\n")
+        w("| DELETE | runs | P50 | P95 | P99 |")
+        w("|---|---:|---:|---:|---:|")
+        for label, d in (("answers first", ans), ("?wait=true", wt)):
+            w(f"| {label} | {d.get('n', '–')} | {_ms(d.get('p50'))} | {_ms(d.get('p95'))} | "
+              f"{_ms(d.get('p99'))} |")
+        w("")
+    elif k.get("errors"):
+        w(f"Kill through the API: not measured: `{_one_line(k['errors'][0])}`\n")

@@ -836,6 +836,7 @@ def run_hotpaths(build, tmp, pid, log_fn, quick):
             raise RuntimeError(d.error)
         res["exec"] = daemon_mod.run_exec(d, launcher, log_fn, cfg["exec_runs"])
         res["stream"] = daemon_mod.run_stream(d, build, log_fn)
+        res["kill"] = daemon_mod.run_kill(d, log_fn, 20 if quick else 60)
     except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as e:
         res["error"] = str(e)
     finally:
