@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/box_owners.h"
+#include "runtime/native/btrfs.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
 #include "storage/template.h"
@@ -650,6 +652,59 @@ TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
   EXPECT_EQ(huge.status().err(), ENOSPC) << huge.status().message();
   EXPECT_NE(huge.status().message().find("bytes free"), std::string::npos);
   EXPECT_EQ(Slots(), 0u);
+}
+
+// Issue 14 item 3: with the run directory on btrfs, a disk limit is the qgroup limit of a
+// subvolume holding the writable layer, not an ext4 image on a loop device. The btrfs filesystem
+// is one the test makes on a loop device.
+TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
+  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
+  const std::string img = dir_ + "/btrfs.img", mnt = dir_ + "/btrfs";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0711), 0);
+  ASSERT_EQ(::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
+                      " > /dev/null && mount -o loop " + img + " " + mnt + " && chmod 711 " + mnt)
+                         .c_str()),
+            0);
+  struct Unmount {
+    std::string mnt;
+    ~Unmount() { ::umount2(mnt.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  NativeConfig cfg = rt_->config();
+  cfg.run_dir = mnt + "/run";
+  auto rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  EXPECT_TRUE((*rt)->btrfs());
+  BoxSpec spec = Spec();
+  spec.limits.disk_bytes = 32 << 20;
+  auto box = (*rt)->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  struct stat st {};
+  EXPECT_NE(::stat((box->dir + "/disk.img").c_str(), &st), 0) << "an image was made";
+  EXPECT_TRUE(btrfs::IsSubvolume(box->dir + "/fs/layer"));
+  Ran r = RunIn(*box, {"/bin/sh", "-c", "head -c 64M /dev/zero > /root/x; echo kept > /root/k"});
+  EXPECT_NE(r.out.find("Disk quota exceeded"), std::string::npos) << r.out;
+  {
+    UniqueFd fs(::open(mnt.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ASSERT_EQ(::syncfs(fs.get()), 0);  // qgroups are counted when a transaction commits
+  }
+  auto stats = (*rt)->Stats(*box);
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_EQ(stats->disk_total, uint64_t{32} << 20);
+  EXPECT_GE(stats->disk_used, uint64_t{30} << 20);
+  // A snapshot's copy reads the layer on the host, as it is; then the box goes with its
+  // subvolume.
+  const std::string copy = mnt + "/copy";
+  ASSERT_EQ(::mkdir(copy.c_str(), 0700), 0);
+  ASSERT_TRUE((*rt)->CopyWritableLayer(*box, copy, int64_t{1} << 30).ok());
+  EXPECT_EQ(::stat((copy + "/root/x").c_str(), &st), 0);
+  EXPECT_GE(st.st_size, 30 << 20);
+  ASSERT_TRUE((*rt)->Destroy(*box).ok());
+  EXPECT_NE(::access(box->dir.c_str(), F_OK), 0);
+  EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
+      << "a subvolume is left";
+  (void)RemoveTree(copy);
+  rt->reset();
 }
 
 // The idmap probe's pass is remembered beside the run directory for this boot and filesystem

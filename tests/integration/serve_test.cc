@@ -2147,6 +2147,19 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     for (const auto& f : forks["forks"])
       EXPECT_EQ(d.Exec(f["sandbox"]["id"], {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out,
                 "/root/blob: OK\n");
+    // A disk limit here is a qgroup limit on the box's own subvolume: no image, the quota's
+    // error inside, and its files in a snapshot and a fork.
+    std::string limited =
+        d.Json("POST", "/v1/sandboxes", {{"limits", {{"disk_bytes", 64 << 20}}}}, 201)["id"];
+    EXPECT_NE(::access((mnt + "/data/run/" + limited + "/disk.img").c_str(), F_OK), 0);
+    auto full =
+        d.Exec(limited, {{"command", "echo kept > /root/k; head -c 100M /dev/zero > /root/z"}});
+    EXPECT_NE(full.exit_code, 0);
+    EXPECT_NE(full.err.find("Disk quota exceeded"), std::string::npos) << full.err;
+    json fork = d.Json("POST", "/v1/sandboxes/" + limited + "/fork", {{"count", 1}}, 201);
+    ASSERT_EQ(fork["forks"].size(), 1u) << fork;
+    EXPECT_EQ(d.Exec(fork["forks"][0]["sandbox"]["id"], {{"argv", {"cat", "/root/k"}}}).out,
+              "kept\n");
     json list = d.Json("GET", "/v1/sandboxes?state=running&state=paused");
     for (const auto& s : list["sandboxes"])
       d.Call("DELETE", "/v1/sandboxes/" + s["id"].get<std::string>());

@@ -29,6 +29,7 @@
 
 #include "common/fs.h"
 #include "runtime/native/box_owners.h"
+#include "runtime/native/btrfs.h"
 #include "runtime/native/capabilities.h"
 #include "runtime/native/cgroup_internal.h"
 #include "runtime/native/child.h"
@@ -294,6 +295,7 @@ NativeRuntime::NativeRuntime(NativeConfig config, CgroupHost cgroups, UniqueFd a
                              bool idmapped)
     : config_(std::move(config)),
       idmapped_(idmapped),
+      btrfs_(config_.btrfs && btrfs::IsBtrfs(config_.run_dir)),
       cgroups_(std::move(cgroups)),
       agent_image_(std::move(agent_image)) {}
 
@@ -406,8 +408,19 @@ Status NativeRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(WriteFile(c.fs + "/" + kBootIdFile, *boot_id + "\n", 0444));
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
-  // namespace has its own copy (HostMount, detached in AwaitChildSetup).
-  if (spec.limits.disk_bytes > 0) {
+  // namespace has its own copy (HostMount, detached in AwaitChildSetup). On btrfs a disk limit
+  // is a subvolume's qgroup limit instead (btrfs.h): upper and work in the subvolume `layer`
+  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV).
+  if (btrfs_ && spec.limits.disk_bytes > 0) {
+    c.layer = "layer/";
+    const std::string vol = c.fs + "/layer";
+    std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
+    SBX_RETURN_IF_ERROR(quota_status_);
+    SBX_RETURN_IF_ERROR(btrfs::CreateSubvolume(vol));
+    SBX_RETURN_IF_ERROR(btrfs::SetLimit(vol, spec.limits.disk_bytes));
+    if (::chmod(vol.c_str(), 0700) != 0) return Status::Errno("chmod " + vol);
+    if (::chown(vol.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + vol);
+  } else if (spec.limits.disk_bytes > 0) {
     c.layer = "disk/";
     const std::string mnt = c.fs + "/disk";
     if (::mkdir(mnt.c_str(), 0700) != 0) return Status::Errno("mkdir " + mnt);
@@ -627,12 +640,19 @@ Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type)
 Result<BoxStats> NativeRuntime::Stats(const Box& box) {
   auto st = Cgroup::Open(cgroups_, box.id)->Stats();
   if (!st.ok()) return st;
-  // The writable layer (Prepare): an ext4 image mounted only in the box's own mount namespace,
-  // read through its agent's root, or a directory on the data directory's filesystem. Disk
+  // The writable layer (Prepare): with a disk limit, a btrfs subvolume whose qgroup says what
+  // it holds and may hold, or an ext4 image mounted only in the box's own mount namespace, read
+  // through its agent's root; else a directory on the data directory's filesystem. Disk
   // figures are best effort: a box whose agent is going away still reports its cgroup's.
   Result<LayerUsage> disk = Status::Error("no disk figures", ENOENT);
   struct stat img {};
-  if (::stat((box.dir + "/disk.img").c_str(), &img) == 0) {
+  if (const std::string vol = box.dir + "/fs/layer"; btrfs::IsSubvolume(vol)) {
+    if (auto q = btrfs::GetUsage(vol); q.ok() && q->limit > 0)
+      disk = LayerUsage{q->referenced, q->limit};
+  }
+  if (disk.ok()) {
+    // the qgroup's
+  } else if (::stat((box.dir + "/disk.img").c_str(), &img) == 0) {
     if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
       UniqueFd root(::open(("/proc/" + std::to_string(box.init_pid) + "/root").c_str(),
                            O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -696,7 +716,9 @@ Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
   std::string upper = dir + "/fs/upper";
   std::string peek;
   struct stat sb {};
-  if (::lstat((dir + "/disk.img").c_str(), &sb) == 0) {
+  if (btrfs::IsSubvolume(dir + "/fs/layer")) {
+    upper = dir + "/fs/layer/upper";  // a disk limit on btrfs: on the host, as it is
+  } else if (::lstat((dir + "/disk.img").c_str(), &sb) == 0) {
     auto dev = LoopDeviceOf(dir + "/disk.img");
     if (!dev.ok()) return dev.status().Wrap(what);
     peek = dir + "/fs/peek";
@@ -737,13 +759,20 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
     struct stat sb {};
     if (!cg.ok()) {
       kept = cg.Wrap("keep the writable layer of box " + box.id);
-    } else if (::lstat((config_.run_dir + "/" + box.id + "/disk.img").c_str(), &sb) == 0) {
+    } else if (::lstat((config_.run_dir + "/" + box.id + "/disk.img").c_str(), &sb) == 0 ||
+               ::lstat((config_.run_dir + "/" + box.id + "/fs/layer").c_str(), &sb) == 0) {
       kept = Status::Error("keep the writable layer of box " + box.id + ": it has a disk limit",
                            ENOTSUP);
     } else if (::rename(upper.c_str(), keep_upper->c_str()) != 0) {
       kept = Status::Errno("keep the writable layer of box " + box.id + ": rename " + upper +
                            " to " + *keep_upper);
     }
+  }
+  // A disk-limited box's writable layer on btrfs is a subvolume: deleted at once (the kernel
+  // frees its space and its qgroup in the background), not emptied file by file.
+  if (const std::string vol = config_.run_dir + "/" + box.id + "/fs/layer";
+      btrfs::IsSubvolume(vol)) {
+    (void)btrfs::DeleteSubvolume(vol);  // failing, RemoveTree below empties it file by file
   }
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);

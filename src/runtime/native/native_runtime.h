@@ -38,6 +38,9 @@ struct NativeConfig {
   // false: the root's overlay always gets its layers as one lowerdir option string, as on
   // kernels without overlayfs' lowerdir+ (before 6.8). For tests of that path.
   bool overlay_lowerdir_plus = true;
+  // false: writable layers are plain directories and disk limits ext4 images even when run_dir
+  // is on btrfs (where they are otherwise subvolumes with qgroup limits; btrfs.h).
+  bool btrfs = true;
 };
 
 // How many host ids a box maps (uid and gid 0..65535 inside).
@@ -76,6 +79,8 @@ class NativeRuntime : public Runtime {
   const NativeConfig& config() const { return config_; }
   // Whether boxes get idmapped layers (false: the fallback, see NativeConfig::idmap).
   bool idmapped() const { return idmapped_; }
+  // Whether writable layers are btrfs subvolumes (run_dir on btrfs, NativeConfig::btrfs).
+  bool btrfs() const { return btrfs_; }
   // Whether the boxes' agents get oom_score_adj -1000 (needs CAP_SYS_RESOURCE on the host).
   bool protects_agent() const { return can_protect_agent_; }
   // What Open found missing (the idmap fallback first, when it is in effect), for the caller
@@ -114,6 +119,9 @@ class NativeRuntime : public Runtime {
 
   NativeConfig config_;
   const bool idmapped_;
+  const bool btrfs_;
+  std::once_flag quota_enabled_;   // btrfs quotas are turned on by the first disk-limited box
+  Status quota_status_;            // what turning them on gave (written once, under the flag)
   bool can_protect_agent_ = true;  // this process may lower oom_score_adj (CAP_SYS_RESOURCE)
   std::vector<std::string> warnings_;
   CgroupHost cgroups_;

@@ -1,0 +1,144 @@
+#include "runtime/native/btrfs.h"
+
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <linux/magic.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/fd.h"
+#include "common/fs.h"
+
+namespace sbx::runtime::btrfs {
+namespace {
+
+constexpr ino_t kSubvolumeRootInode = 256;  // BTRFS_FIRST_FREE_OBJECTID
+
+UniqueFd OpenDir(const std::string& path) {
+  return UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+}
+
+// The parent directory and last component of `path`, as the subvolume ioctls take them.
+struct Split {
+  std::string parent, name;
+};
+Result<Split> SplitPath(const std::string& path, const std::string& what) {
+  size_t slash = path.find_last_of('/');
+  Split s{slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash)),
+          slash == std::string::npos ? path : path.substr(slash + 1)};
+  if (s.name.empty() || s.name == "." || s.name == ".." || s.name.size() >= BTRFS_PATH_NAME_MAX)
+    return Status::Error(what + ": not a subvolume name", EINVAL);
+  return s;
+}
+
+}  // namespace
+
+bool IsBtrfs(const std::string& path) {
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 &&
+         static_cast<unsigned long>(fs.f_type) == static_cast<unsigned long>(BTRFS_SUPER_MAGIC);
+}
+
+bool IsSubvolume(const std::string& path) {
+  struct stat sb {};
+  return ::lstat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode) &&
+         sb.st_ino == kSubvolumeRootInode && IsBtrfs(path);
+}
+
+Status CreateSubvolume(const std::string& path) {
+  std::string what = "create subvolume " + path;
+  auto at = SplitPath(path, what);
+  if (!at.ok()) return at.status();
+  UniqueFd parent = OpenDir(at->parent);
+  if (!parent) return Status::Errno(what + ": open " + at->parent);
+  btrfs_ioctl_vol_args args{};
+  std::memcpy(args.name, at->name.c_str(), at->name.size());
+  if (::ioctl(parent.get(), BTRFS_IOC_SUBVOL_CREATE, &args) != 0) return Status::Errno(what);
+  return {};
+}
+
+Status Snapshot(const std::string& source, const std::string& dest) {
+  std::string what = "snapshot subvolume " + source + " to " + dest;
+  auto at = SplitPath(dest, what);
+  if (!at.ok()) return at.status();
+  UniqueFd src = OpenDir(source);
+  if (!src) return Status::Errno(what + ": open " + source);
+  UniqueFd parent = OpenDir(at->parent);
+  if (!parent) return Status::Errno(what + ": open " + at->parent);
+  btrfs_ioctl_vol_args_v2 args{};
+  args.fd = src.get();
+  std::memcpy(args.name, at->name.c_str(), at->name.size());
+  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) return Status::Errno(what);
+  // A snapshot's qgroup starts without the source's limit: nothing to clear.
+  return {};
+}
+
+Status DeleteSubvolume(const std::string& path) {
+  std::string what = "delete subvolume " + path;
+  auto at = SplitPath(path, what);
+  if (!at.ok()) return at.status();
+  UniqueFd parent = OpenDir(at->parent);
+  if (!parent) return Status::Errno(what + ": open " + at->parent);
+  btrfs_ioctl_vol_args args{};
+  std::memcpy(args.name, at->name.c_str(), at->name.size());
+  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_DESTROY, &args) != 0) return Status::Errno(what);
+  return {};
+}
+
+Status EnableQuota(const std::string& path) {
+  UniqueFd fd = OpenDir(path);
+  if (!fd) return Status::Errno("enable btrfs quotas: open " + path);
+  btrfs_ioctl_quota_ctl_args args{};
+  args.cmd = BTRFS_QUOTA_CTL_ENABLE;
+  if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &args) != 0)
+    return Status::Errno("enable btrfs quotas on the filesystem of " + path);
+  return {};
+}
+
+Status SetLimit(const std::string& path, int64_t bytes) {
+  std::string what = "limit subvolume " + path + " to " + std::to_string(bytes) + " bytes";
+  UniqueFd fd = OpenDir(path);
+  if (!fd) return Status::Errno(what + ": open");
+  btrfs_ioctl_qgroup_limit_args args{};
+  args.qgroupid = 0;  // the subvolume's own level-0 qgroup
+  args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
+  // The kernel reads all ones as "clear the limit".
+  args.lim.max_rfer = bytes > 0 ? static_cast<__u64>(bytes) : ~__u64{0};
+  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &args) != 0) return Status::Errno(what);
+  return {};
+}
+
+Result<Usage> GetUsage(const std::string& path) {
+  std::string what = "qgroup usage of " + path;
+  UniqueFd fd = OpenDir(path);
+  if (!fd) return Status::Errno(what + ": open");
+  btrfs_ioctl_fs_info_args info{};
+  if (::ioctl(fd.get(), BTRFS_IOC_FS_INFO, &info) != 0) return Status::Errno(what + ": fs info");
+  btrfs_ioctl_ino_lookup_args lookup{};
+  lookup.objectid = kSubvolumeRootInode;  // BTRFS_FIRST_FREE_OBJECTID: the subvolume's root
+  if (::ioctl(fd.get(), BTRFS_IOC_INO_LOOKUP, &lookup) != 0)
+    return Status::Errno(what + ": subvolume id");
+  char uuid[37];
+  const unsigned char* u = info.fsid;
+  std::snprintf(uuid, sizeof uuid,
+                "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+                u[15]);
+  std::string dir =
+      std::string("/sys/fs/btrfs/") + uuid + "/qgroups/0_" + std::to_string(lookup.treeid) + "/";
+  auto referenced = ReadFile(dir + "referenced", 64);
+  if (!referenced.ok()) return Status::Error(what + ": quotas are off", ENOENT);
+  auto limit = ReadFile(dir + "max_referenced", 64);
+  Usage out;
+  out.referenced = std::strtoull(referenced->c_str(), nullptr, 10);
+  if (limit.ok()) out.limit = std::strtoull(limit->c_str(), nullptr, 10);
+  return out;
+}
+
+}  // namespace sbx::runtime::btrfs

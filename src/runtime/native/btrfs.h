@@ -1,0 +1,43 @@
+// btrfs, for boxes whose data directory is on it (docs/storage.md, "Writable layer"): a box's
+// writable layer is a subvolume, a snapshot of it is O(1) in its size, and a disk limit is the
+// subvolume's qgroup limit instead of an ext4 image on a loop device. Thin wrappers over the
+// kernel's ioctls (<linux/btrfs.h>): libbtrfsutil has no quota or qgroup calls, and these are a
+// struct each.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace sbx::runtime::btrfs {
+
+// Whether `path` is on a btrfs filesystem.
+bool IsBtrfs(const std::string& path);
+// Whether `path` is the root of a btrfs subvolume (inode 256 on btrfs).
+bool IsSubvolume(const std::string& path);
+
+// Creates subvolume `path` (its parent must exist, on btrfs). EEXIST when something is there.
+Status CreateSubvolume(const std::string& path);
+// Makes `dest` (which must not exist) a writable snapshot of subvolume `source`, on the same
+// filesystem. The snapshot's own qgroup has no limit.
+Status Snapshot(const std::string& source, const std::string& dest);
+// Deletes subvolume `path` and everything in it, in O(1) for the caller (the kernel's cleaner
+// frees the space later; on kernels from 6.x its qgroup goes once that is done). ENOENT when
+// it is not there.
+Status DeleteSubvolume(const std::string& path);
+
+// Turns quotas on for the filesystem of `path` (nothing when they are on).
+Status EnableQuota(const std::string& path);
+// Limits the bytes subvolume `path` may refer to (its level-0 qgroup's max_rfer); 0 removes the
+// limit. Quotas must be on. Writes past it fail with EDQUOT.
+Status SetLimit(const std::string& path, int64_t bytes);
+
+struct Usage {
+  uint64_t referenced = 0;  // bytes the subvolume refers to
+  uint64_t limit = 0;       // its max_rfer; 0: none
+};
+// What subvolume `path` uses and may use, from its qgroup (sysfs). ENOENT when quotas are off.
+Result<Usage> GetUsage(const std::string& path);
+
+}  // namespace sbx::runtime::btrfs
