@@ -22,6 +22,9 @@ DEB_PACKAGES += mmdebstrap dpkg-dev apt-utils
 DEB_PACKAGES += umoci
 # The btrfs tests and bench rows (snapshots that share their data): mkfs.btrfs.
 DEB_PACKAGES += btrfs-progs
+# The oci runtime's binaries (docs/isolation.md, "The oci runtime (gVisor, runc)"): gVisor's runsc
+# and runc. Without them those runtimes are listed unavailable and their tests skipped.
+DEB_PACKAGES += runsc runc
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 

@@ -304,7 +304,10 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
 
   // The runtime asked for, else the template's: one this host lacks fails here, never falls back.
   runtime::Router router(**rt);
-  AddHostRuntimes(router, global);
+  AddHostRuntimes(router, global, cfg.agent_path,
+                  !o.runtime.empty()      ? o.runtime
+                  : tmpl->runtime.empty() ? "native"
+                                          : tmpl->runtime);
   runtime::BoxSpec spec;
   spec.runtime = !o.runtime.empty() ? o.runtime : tmpl->runtime;
   if (Status can = router.CanCreate(spec.runtime); !can.ok()) {

@@ -7,6 +7,9 @@
 
 namespace sbx::cli {
 
-void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global);
+// `only`: open that runtime alone (sbx run, which uses one), the others listed as not asked for;
+// "": every one (sbx serve). `agent_path` is sbx-agent's, bound into boxes of other runtimes.
+void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global,
+                     const std::string& agent_path, const std::string& only = "");
 
 }  // namespace sbx::cli

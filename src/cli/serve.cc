@@ -401,7 +401,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
                  build_network->Describe());
   // Sandboxes run under their template's runtime, or the one a create asks for (runtimes.h).
   runtime::Router runtimes(**rt);
-  AddHostRuntimes(runtimes, global);
+  AddHostRuntimes(runtimes, global, cfg.agent_path);
   sandbox::Manager manager(mc, runtimes, templates, **st);
   audit_to = &manager;
   struct AuditOff {

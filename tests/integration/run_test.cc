@@ -81,6 +81,26 @@ std::string RunTest::data_dir_;
 std::string RunTest::cgroup_parent_;
 std::set<std::string> RunTest::links_before_;
 
+// Issue 15: `--runtime gvisor` runs the box on gVisor's kernel (its dmesg is gVisor's own),
+// leaves nothing of the box behind, and a runtime sbx does not know is refused, never replaced.
+TEST_F(RunTest, GvisorRunsTheBoxOnItsOwnKernel) {
+  if (::system("command -v runsc > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "runsc is missing (make deps installs the runsc package)";
+  auto r = Sbx({"--runtime", "gvisor", "--", "sh", "-c", "dmesg; uname -r; echo x > /root/f"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Starting gVisor"), std::string::npos) << r.out << r.err;
+  EXPECT_EQ(r.out.find(ReadText("/proc/sys/kernel/osrelease")), std::string::npos)
+      << "the host's kernel answered: " << r.out;
+  DIR* d = ::opendir((data_dir_ + "/run-gvisor").c_str());
+  ASSERT_NE(d, nullptr);
+  while (dirent* e = ::readdir(d))
+    EXPECT_TRUE(e->d_name[0] == '.') << "leaked gvisor box directory " << e->d_name;
+  ::closedir(d);
+  auto bad = Sbx({"--runtime", "hyperv", "--", "true"});
+  EXPECT_EQ(bad.exit_code, 125);
+  EXPECT_NE(bad.err.find("not one of native, runc, gvisor, vm"), std::string::npos) << bad.err;
+}
+
 TEST_F(RunTest, RootInsideIsUidZero) {
   auto r = Sbx({"--", "id", "-u"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

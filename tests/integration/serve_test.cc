@@ -1049,6 +1049,26 @@ TEST_F(ServeTest, RuntimesAreListedAndAMissingOneIsRefusedNotReplaced) {
   EXPECT_EQ(d_->Json("GET", "/v1/sandboxes")["sandboxes"].size(), 2u);
 }
 
+// Issue 15: a sandbox whose create names gvisor runs on gVisor's kernel, through the same API;
+// its snapshot works as a native one's, and its kill leaves nothing.
+TEST_F(ServeTest, AGvisorSandboxRunsOnGvisorsKernel) {
+  if (::system("command -v runsc > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "runsc is missing (make deps installs the runsc package)";
+  json made = d_->Json("POST", "/v1/sandboxes", {{"runtime", "gvisor"}}, 201);
+  std::string id = made.value("id", "");
+  EXPECT_EQ(made["runtime"], "gvisor");
+  auto r = d_->Exec(id, {{"command", "dmesg | head -1; echo kept > /root/k"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Starting gVisor"), std::string::npos) << r.out;
+  json snap = d_->Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
+  EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id + "?wait=true").status, 204);
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-gvisor)\"").c_str()), 0);
+  // The snapshot's sandboxes run under gvisor too: the snapshot keeps its sandbox's runtime.
+  json again = d_->Json("POST", "/v1/sandboxes", {{"template", snap["id"]}}, 201);
+  EXPECT_EQ(again["runtime"], "gvisor");
+  EXPECT_EQ(d_->Exec(again.value("id", ""), {{"argv", {"cat", "/root/k"}}}).out, "kept\n");
+}
+
 // Issue 10 finding 4: after kill -9 of a box's agent from the host the record stayed `running`,
 // with its cgroups and directory, until the TTL. The daemon notices within its scan (0.5 s).
 TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {

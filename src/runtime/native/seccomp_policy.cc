@@ -49,7 +49,9 @@ constexpr uint64_t kLow32 = 0xFFFFFFFFu;
 // Accumulates rules into a libseccomp context; the first failure is kept and reported by Build().
 class PolicyBuilder {
  public:
-  PolicyBuilder() : ctx_(seccomp_init(SCMP_ACT_ERRNO(kDefaultErrno)), &seccomp_release) {
+  // With `record`, every rule added is also appended to it (DefaultSeccompRules).
+  explicit PolicyBuilder(std::vector<SeccompRule>* record = nullptr)
+      : ctx_(seccomp_init(SCMP_ACT_ERRNO(kDefaultErrno)), &seccomp_release), record_(record) {
     if (ctx_ == nullptr) {
       status_ = Status::Error("seccomp_init", ENOMEM);
       return;
@@ -68,6 +70,7 @@ class PolicyBuilder {
   }
   PolicyBuilder& AllowNumber(int nr, const char* name) {
     Check(seccomp_rule_add(ctx_.get(), SCMP_ACT_ALLOW, nr, 0), std::string("allow ") + name);
+    Record(SCMP_ACT_ALLOW, name, nullptr);
     return *this;
   }
   PolicyBuilder& Deny(int err, std::initializer_list<const char*> names) {
@@ -76,6 +79,7 @@ class PolicyBuilder {
   }
   PolicyBuilder& DenyNumber(int err, int nr, const char* name) {
     Check(seccomp_rule_add(ctx_.get(), SCMP_ACT_ERRNO(err), nr, 0), std::string("deny ") + name);
+    Record(SCMP_ACT_ERRNO(err), name, nullptr);
     return *this;
   }
 
@@ -169,6 +173,7 @@ class PolicyBuilder {
   void Add(uint32_t action, const char* name) {
     int nr = Resolve(name);
     if (nr >= 0) Check(seccomp_rule_add(ctx_.get(), action, nr, 0), std::string("rule ") + name);
+    Record(action, name, nullptr);
   }
 
   void AddMasked(uint32_t action, int nr, unsigned arg, uint64_t mask, uint64_t value,
@@ -176,14 +181,32 @@ class PolicyBuilder {
     const scmp_arg_cmp cmp = {arg, SCMP_CMP_MASKED_EQ, mask & kLow32, value & kLow32};
     Check(seccomp_rule_add_array(ctx_.get(), action, nr, 1, &cmp),
           std::string("rule ") + name + " arg " + std::to_string(arg));
+    Record(action, name, &cmp);
+  }
+
+  // Only ALLOW and ERRNO(e) actions are ever added.
+  void Record(uint32_t action, const char* name, const scmp_arg_cmp* cmp) {
+    if (record_ == nullptr) return;
+    SeccompRule r;
+    r.name = name;
+    r.allow = action == SCMP_ACT_ALLOW;
+    r.err = r.allow ? 0 : static_cast<int>(action & SECCOMP_RET_DATA);
+    if (cmp != nullptr) {
+      r.has_arg = true;
+      r.arg = cmp->arg;
+      r.mask = cmp->datum_a;
+      r.value = cmp->datum_b;
+    }
+    record_->push_back(std::move(r));
   }
 
   std::unique_ptr<void, decltype(&seccomp_release)> ctx_;
+  std::vector<SeccompRule>* record_;
   Status status_;
 };
 
-Result<SeccompProgram> BuildDefaultProgram() {
-  PolicyBuilder b;
+Result<SeccompProgram> BuildDefaultProgram(std::vector<SeccompRule>* record = nullptr) {
+  PolicyBuilder b(record);
   // Docker's default allow list for x86_64 (moby profiles/seccomp/default.json), minus what the
   // Deny() lists below take out.
   b.Allow({"accept",
@@ -533,6 +556,17 @@ sock_fprog SeccompProgram::prog() const {
 }
 
 Result<SeccompProgram> BuildDefaultSeccompProgram() { return BuildDefaultProgram(); }
+
+const Result<SeccompRules>& DefaultSeccompRules() {
+  static const Result<SeccompRules> rules = []() -> Result<SeccompRules> {
+    SeccompRules out;
+    out.default_errno = kDefaultErrno;
+    auto built = BuildDefaultProgram(&out.rules);
+    if (!built.ok()) return built.status();
+    return out;
+  }();
+  return rules;
+}
 
 int ApplySeccompProgram(const sock_fprog& prog) {
   if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) return -errno;
