@@ -142,9 +142,10 @@ class Runtime {
   // Every runtime sbx knows, in kRuntimeNames order, and whether Create can make its boxes.
   virtual std::vector<RuntimeInfo> Runtimes() const {
     std::vector<RuntimeInfo> out;
-    for (const char* n : kRuntimeNames) out.push_back({n, CanCreate(n).ok(), ""});
-    for (auto& r : out)
-      if (!r.available) r.why = CanCreate(r.name).message();
+    for (const char* n : kRuntimeNames) {
+      Status can = CanCreate(n);
+      out.push_back({n, can.ok(), can.ok() ? "" : can.message()});
+    }
     return out;
   }
   virtual Status Freeze(const Box& box) = 0;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "runtime/box_host.h"
 #include "runtime/native/box_owners.h"
 #include "runtime/native/btrfs.h"
 #include "runtime/native/capabilities.h"
@@ -118,21 +119,6 @@ Status ProbeIdmappedOnce(const std::string& run_dir, uint32_t id_base) {
   return probe;
 }
 
-Result<UniqueFd> ListenUnix(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path)
-    return Status::Error("socket path too long: " + path, ENAMETOOLONG);
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return Status::Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    return Status::Errno("bind " + path);
-  if (::chmod(path.c_str(), 0600) != 0) return Status::Errno("chmod " + path);
-  if (::listen(fd.get(), 128) != 0) return Status::Errno("listen " + path);
-  return fd;
-}
-
 // On cgroup v1, moving a process between cgroups takes a global lock whose write side first
 // waits for an RCU grace period when the lock has been idle (10-20 ms here); writers that follow
 // within the next grace period are fast. A no-op move of ourselves into the cgroup we are already
@@ -147,21 +133,6 @@ std::thread WarmUpCgroupAttach(const CgroupHost& host) {
         [own] { (void)WriteFile(own + "/cgroup.procs", std::to_string(::getpid())); });
   }
   return {};
-}
-
-// A box directory is an orphan of `owner` when its owner file names `owner` and nobody holds its
-// lock. A box directory gets its name only with its owner file in it (BoxDir); one without was
-// left by an older sbx whose creator died between its mkdir and its owner file, and counts once
-// it is a minute old.
-bool IsOrphan(const std::string& dir, const std::string& owner) {
-  UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    struct stat st {};
-    return errno == ENOENT && ::stat(dir.c_str(), &st) == 0 && st.st_mtime + 60 < ::time(nullptr);
-  }
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // its owner is alive
-  auto text = ReadAll(fd.get(), 256);
-  return text.ok() && *text == owner + "\n";
 }
 
 // The box's ids and mode, for whoever adopts it later.
@@ -622,19 +593,7 @@ Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type)
   std::string what = "socket in box " + box.id;
   auto pidfd = AgentPidfd(box);
   if (!pidfd.ok()) return pidfd.status().Wrap(what);
-  // setns() changes only the calling thread's namespace: do it on a thread of its own.
-  int fd = -1, err = 0;
-  std::thread t([&] {
-    if (::setns(pidfd->get(), CLONE_NEWNET) != 0) {
-      err = errno;
-      return;
-    }
-    fd = ::socket(domain, type | SOCK_CLOEXEC, 0);
-    if (fd < 0) err = errno;
-  });
-  t.join();
-  if (err != 0) return Status::Error(what, err);
-  return UniqueFd(fd);
+  return SocketInNetworkOf(pidfd->get(), domain, type, what);
 }
 
 Result<BoxStats> NativeRuntime::Stats(const Box& box) {

@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "runtime/box_host.h"
 #include "runtime/native/box_owners.h"
 #include "runtime/native/cgroup_internal.h"
 #include "runtime/native/disk.h"
@@ -64,23 +65,6 @@ int64_t MicrosSince(Clock::time_point& t) {
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - t).count();
   t = now;
   return us;
-}
-
-// The absolute path of `name`: itself when it holds a '/', else the first executable of that name
-// on PATH or in the sbin directories (runc is /usr/sbin/runc on Debian, off a user's PATH).
-std::string FindBinary(const std::string& name) {
-  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* env = std::getenv("PATH");
-  std::string path = std::string(env ? env : "") + ":/usr/local/sbin:/usr/sbin:/sbin:/usr/bin";
-  for (size_t b = 0; b <= path.size();) {
-    size_t e = path.find(':', b);
-    if (e == std::string::npos) e = path.size();
-    std::string dir = path.substr(b, e - b);
-    if (!dir.empty() && dir[0] == '/' && ::access((dir + "/" + name).c_str(), X_OK) == 0)
-      return dir + "/" + name;
-    b = e + 1;
-  }
-  return "";
 }
 
 std::string Trim(std::string s) {
@@ -485,21 +469,6 @@ Status AttachIdmapped(const std::string& source, const std::string& target, int 
   return {};
 }
 
-Result<UniqueFd> ListenUnix(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path)
-    return Status::Error("socket path too long: " + path, ENAMETOOLONG);
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return Status::Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    return Status::Errno("bind " + path);
-  if (::chmod(path.c_str(), 0600) != 0) return Status::Errno("chmod " + path);
-  if (::listen(fd.get(), 128) != 0) return Status::Errno("listen " + path);
-  return fd;
-}
-
 bool Connects(const std::string& path) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -507,19 +476,6 @@ bool Connects(const std::string& path) {
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   return fd && ::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-}
-
-// A box directory is an orphan of `owner` when its owner file names `owner` and nobody holds its
-// lock (as the native runtime decides; native_runtime.cc).
-bool IsOrphan(const std::string& dir, const std::string& owner) {
-  UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    struct stat st {};
-    return errno == ENOENT && ::stat(dir.c_str(), &st) == 0 && st.st_mtime + 60 < ::time(nullptr);
-  }
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
-  auto text = ReadAll(fd.get(), 256);
-  return text.ok() && *text == owner + "\n";
 }
 
 std::vector<std::string> DirNames(const std::string& dir) {
@@ -1059,19 +1015,7 @@ Result<UniqueFd> OciRuntime::OpenSocket(const Box& box, int domain, int type) {
                          ENOTSUP);
   auto pidfd = BoxProcess(Dir(box.id));
   if (!pidfd.ok()) return pidfd.status().Wrap(what);
-  // setns() changes only the calling thread's namespace: do it on a thread of its own.
-  int fd = -1, err = 0;
-  std::thread t([&] {
-    if (::setns(pidfd->get(), CLONE_NEWNET) != 0) {
-      err = errno;
-      return;
-    }
-    fd = ::socket(domain, type | SOCK_CLOEXEC, 0);
-    if (fd < 0) err = errno;
-  });
-  t.join();
-  if (err != 0) return Status::Error(what, err);
-  return UniqueFd(fd);
+  return SocketInNetworkOf(pidfd->get(), domain, type, what);
 }
 
 std::optional<std::string> OciRuntime::AgentExit(const Box& box) {

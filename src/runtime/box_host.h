@@ -1,0 +1,33 @@
+// What every runtime's boxes share on the host side: the agent's listening socket, the owner lock
+// that tells a box whose creator died (an orphan), a socket in a box's network namespace, and
+// finding a runtime's binary. The native runtime (native/) and the oci runtime (oci/) both use
+// them, so that a box directory means the same to both.
+#pragma once
+
+#include <string>
+
+#include "common/fd.h"
+#include "common/status.h"
+
+namespace sbx::runtime {
+
+// A unix socket bound at `path` (0600) and listening.
+Result<UniqueFd> ListenUnix(const std::string& path);
+
+// Whether box directory `dir` is an orphan of `owner`: its owner file names `owner` and nobody
+// holds its lock. A box directory gets its name only with its owner file in it; one without was
+// left by an older sbx whose creator died between its mkdir and its owner file, and counts once
+// it is a minute old.
+bool IsOrphan(const std::string& dir, const std::string& owner);
+
+// A new socket (socket(2) arguments; close-on-exec) in the network namespace of the process
+// `pidfd` refers to, made on a thread of its own (setns changes only the calling thread's).
+// `what` prefixes the error.
+Result<UniqueFd> SocketInNetworkOf(int pidfd, int domain, int type, const std::string& what);
+
+// The absolute path of `name`: itself when it holds a '/', else the first executable of that name
+// on PATH or in the sbin directories (runc is /usr/sbin/runc on Debian, off a user's PATH); ""
+// when there is none.
+std::string FindBinary(const std::string& name);
+
+}  // namespace sbx::runtime
