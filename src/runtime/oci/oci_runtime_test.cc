@@ -7,9 +7,11 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <linux/sockios.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -457,6 +459,13 @@ TEST_P(OciRuntimeTest, AnAgentThatCannotStart) {
     ASSERT_TRUE(box.ok()) << box.status().message();
     auto first = RunSh(*box, "true", 2000);
     EXPECT_EQ(first.second, -1) << first.first;
+    // The agent exits on its own, and may not have yet when the connection is refused: wait for
+    // that event (its pidfd turns readable; an already reaped one has none to wait for).
+    UniqueFd agent(static_cast<int>(::syscall(SYS_pidfd_open, box->init_pid, 0)));
+    if (agent) {
+      pollfd p{agent.get(), POLLIN, 0};
+      EXPECT_EQ(::poll(&p, 1, 30000), 1) << "the agent did not exit";
+    }
     EXPECT_TRUE((*rt)->AgentExit(*box).has_value());
     ASSERT_TRUE((*rt)->Destroy(*box).ok());
     ExpectGone(*box);
