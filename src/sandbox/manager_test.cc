@@ -1023,6 +1023,7 @@ TEST_F(NetworkManagerTest, CreatePreparesAttachesAtTheSyncPointAndKillReleases) 
 
   stack_.Clear();
   ASSERT_TRUE(m.Kill(key_, id).ok());
+  ASSERT_TRUE(m.AwaitCleanup(id, 30s));  // the network is released after the kill answers
   EXPECT_EQ(stack_.Calls(), (std::vector<std::string>{"release " + id}));
 
   // A sandbox with no network never reaches the stack.
@@ -1078,10 +1079,12 @@ TEST_F(NetworkManagerTest, TtlKillAndADeadAgentRelease) {
   ASSERT_TRUE(a.ok() && b.ok());
   clock_.Advance(2s);
   m.ExpireDue();
+  ASSERT_TRUE(m.AwaitCleanups(30s));  // the network is released after the kill answers
   EXPECT_EQ(stack_.live.count(a->id), 0u);
   EXPECT_EQ(stack_.live.count(b->id), 1u);
   rt_.SetExited(b->id, "killed by signal 9");
   m.ExpireDue();
+  ASSERT_TRUE(m.AwaitCleanups(30s));
   EXPECT_TRUE(stack_.live.empty());
 }
 
