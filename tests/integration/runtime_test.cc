@@ -703,7 +703,67 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
   EXPECT_NE(::access(box->dir.c_str(), F_OK), 0);
   EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
       << "a subvolume is left";
+  // A create that fails after its subvolume was made (here: its layer cannot be mounted) leaves
+  // neither the subvolume nor the box's directory.
+  BoxSpec bad = Spec();
+  bad.limits.disk_bytes = 32 << 20;
+  bad.layers = {dir_ + "/no-such-layer"};
+  EXPECT_FALSE((*rt)->Create(bad).ok());
+  EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
+      << "the failed create's subvolume is left";
+  EXPECT_NE(::access((mnt + "/run/" + bad.id).c_str(), F_OK), 0);
   (void)RemoveTree(copy);
+  rt->reset();
+}
+
+// A lower layer on the run directory's own btrfs filesystem. btrfs numbers inodes per subvolume
+// and overlayfs passes a layer's numbers through for layers of one filesystem, so an upper layer
+// in a subvolume of its own would show the numbers of the layer's files again for its own (find
+// reports loops, tar makes hard links of different files). Such a box's disk limit is an image;
+// every file inside keeps a number of its own.
+TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsKeepsInodeNumbersUnique) {
+  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
+  const std::string img = dir_ + "/btrfs.img", mnt = dir_ + "/btrfs";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0711), 0);
+  ASSERT_EQ(::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
+                      " > /dev/null && mount -o loop " + img + " " + mnt + " && chmod 711 " + mnt)
+                         .c_str()),
+            0);
+  struct Unmount {
+    std::string mnt;
+    ~Unmount() { ::umount2(mnt.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  // The box's only layer, on that filesystem: a static busybox and 40 directories with a file
+  // each (inode numbers from 257 on, as the writable layer's would be in a new subvolume).
+  const std::string layer = mnt + "/layer";
+  ASSERT_EQ(::system(("mkdir -p " + layer + "/bin && chmod 755 " + layer + " && cd " + layer +
+                      " && cp /bin/busybox bin/ && for a in sh find stat sort uniq wc mkdir seq; "
+                      "do ln -s busybox bin/$a; done && for i in $(seq 40); do mkdir -p opt/d$i "
+                      "&& echo $i > opt/d$i/f; done")
+                         .c_str()),
+            0);
+  NativeConfig cfg = rt_->config();
+  cfg.run_dir = mnt + "/run";
+  auto rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  ASSERT_TRUE((*rt)->btrfs());
+  BoxSpec spec = Spec();
+  spec.layers = {layer};
+  spec.binds.clear();
+  spec.limits.disk_bytes = 32 << 20;
+  auto box = (*rt)->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  EXPECT_FALSE(btrfs::IsSubvolume(box->dir + "/fs/layer"));
+  struct stat st {};
+  EXPECT_EQ(::stat((box->dir + "/disk.img").c_str(), &st), 0) << "no image was made";
+  Ran r = RunIn(*box, {"/bin/sh", "-c",
+                       "for i in $(seq 40); do mkdir -p /srv/d$i && echo $i > /srv/d$i/f; done; "
+                       "for f in $(find /opt /srv); do stat -c '%d %i' $f; done | sort | uniq -d "
+                       "| wc -l"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "0\n") << "inode numbers seen twice inside the box";
+  ASSERT_TRUE((*rt)->Destroy(*box).ok());
   rt->reset();
 }
 

@@ -51,6 +51,16 @@ bool IsSubvolume(const std::string& path) {
          sb.st_ino == kSubvolumeRootInode && IsBtrfs(path);
 }
 
+bool SameFilesystem(const std::string& a, const std::string& b) {
+  if (!IsBtrfs(a) || !IsBtrfs(b)) return false;
+  btrfs_ioctl_fs_info_args ia{}, ib{};
+  UniqueFd fa = OpenDir(a), fb = OpenDir(b);
+  if (!fa || !fb || ::ioctl(fa.get(), BTRFS_IOC_FS_INFO, &ia) != 0 ||
+      ::ioctl(fb.get(), BTRFS_IOC_FS_INFO, &ib) != 0)
+    return true;
+  return std::memcmp(ia.fsid, ib.fsid, sizeof ia.fsid) == 0;
+}
+
 Status CreateSubvolume(const std::string& path) {
   std::string what = "create subvolume " + path;
   auto at = SplitPath(path, what);

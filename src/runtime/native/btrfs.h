@@ -16,6 +16,13 @@ namespace sbx::runtime::btrfs {
 bool IsBtrfs(const std::string& path);
 // Whether `path` is the root of a btrfs subvolume (inode 256 on btrfs).
 bool IsSubvolume(const std::string& path);
+// Whether directories `a` and `b` are on one btrfs filesystem (one fsid), whichever subvolumes
+// hold them. Inode numbers are unique only within a subvolume, and overlayfs passes them through
+// when every layer is on one filesystem: an overlay whose upper layer is a subvolume of its own
+// and whose lower layers are elsewhere on that filesystem shows one inode number for different
+// files (`find` sees loops, `tar` hard links). true also when both are btrfs and either cannot
+// be asked.
+bool SameFilesystem(const std::string& a, const std::string& b);
 
 // Creates subvolume `path` (its parent must exist, on btrfs). EEXIST when something is there.
 Status CreateSubvolume(const std::string& path);

@@ -377,12 +377,20 @@ Status NativeRuntime::Prepare(Creation& c) {
   auto boot_id = RandomUuid();
   if (!boot_id.ok()) return boot_id.status();
   SBX_RETURN_IF_ERROR(WriteFile(c.fs + "/" + kBootIdFile, *boot_id + "\n", 0444));
+  auto layers = LayersFor(spec, c.root_id);
+  if (!layers.ok()) return layers.status();
+  c.layers = std::move(layers).value();
   // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
   // image of that size. The image's mount exists on the host only until the box's mount
   // namespace has its own copy (HostMount, detached in AwaitChildSetup). On btrfs a disk limit
   // is a subvolume's qgroup limit instead (btrfs.h): upper and work in the subvolume `layer`
-  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV).
-  if (btrfs_ && spec.limits.disk_bytes > 0) {
+  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV), unless
+  // a lower layer is on the same btrfs filesystem: its inode numbers and the subvolume's would
+  // collide inside the box (btrfs::SameFilesystem), so that box gets an image.
+  if (btrfs_ && spec.limits.disk_bytes > 0 &&
+      std::none_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
+        return btrfs::SameFilesystem(l, config_.run_dir);
+      })) {
     c.layer = "layer/";
     const std::string vol = c.fs + "/layer";
     std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
@@ -403,9 +411,6 @@ Status NativeRuntime::Prepare(Creation& c) {
     if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
     if (::chown(p.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + p);
   }
-  auto layers = LayersFor(spec, c.root_id);
-  if (!layers.ok()) return layers.status();
-  c.layers = std::move(layers).value();
   c.box.agent_socket = dir + "/agent.sock";
   auto listen = ListenUnix(c.box.agent_socket);
   if (!listen.ok()) return listen.status();
@@ -727,12 +732,7 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
                            " to " + *keep_upper);
     }
   }
-  // A disk-limited box's writable layer on btrfs is a subvolume: deleted at once (the kernel
-  // frees its space and its qgroup in the background), not emptied file by file.
-  if (const std::string vol = config_.run_dir + "/" + box.id + "/fs/layer";
-      btrfs::IsSubvolume(vol)) {
-    (void)btrfs::DeleteSubvolume(vol);  // failing, RemoveTree below empties it file by file
-  }
+  DeleteLayerSubvolume(config_.run_dir + "/" + box.id);
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
   // So does one of a copy of its writable layer (CopyWritableLayer) whose maker died mid-copy.
