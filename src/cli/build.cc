@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/run_net.h"
+#include "cli/runtimes.h"
 #include "cli/template.h"
 #include "cli/units.h"
 #include "common/fd.h"
@@ -140,6 +141,7 @@ int BuildCommand(const GlobalOptions& global, const BuildOptions& o) {
   auto pool = sandbox::StoreIdPool::Make(**db, *pool_config, cfg.id_base);
   if (!pool.ok()) return Fail(pool.status());
   cfg.id_pool = pool->get();
+  cfg.peer_run_dirs = HostRuntimeRunDirs(global);
   auto rt = runtime::NativeRuntime::Open(cfg);
   if (!rt.ok()) return Fail(rt.status());
   const auto& warnings = (*rt)->warnings();

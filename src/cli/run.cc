@@ -259,6 +259,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     return kExitSbxError;
   }
   cfg.id_pool = pool->get();
+  cfg.peer_run_dirs = HostRuntimeRunDirs(global);
   auto rt = runtime::NativeRuntime::Open(cfg);
   if (!rt.ok()) {
     Error(rt.status().message());
@@ -304,7 +305,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
 
   // The runtime asked for, else the template's: one this host lacks fails here, never falls back.
   runtime::Router router(**rt);
-  AddHostRuntimes(router, global, cfg.agent_path,
+  AddHostRuntimes(router, global, cfg.agent_path, cfg.id_pool,
                   !o.runtime.empty()      ? o.runtime
                   : tmpl->runtime.empty() ? "native"
                                           : tmpl->runtime);

@@ -8,44 +8,60 @@
 
 namespace sbx::cli {
 
+namespace {
+
+struct Other {
+  const char* name;
+  const char* binary;
+  const char* package;
+};
+constexpr Other kOthers[] = {{"runc", "runc", "runc"},
+                             {"gvisor", "runsc", "runsc"},
+                             {"vm", "qemu-system-x86_64", "qemu-system-x86"}};
+
+std::string RunDir(const GlobalOptions& global, const Other& o) {
+  return global.data_dir + "/run-" + o.name;
+}
+
+}  // namespace
+
 void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global,
-                     const std::string& agent_path, const std::string& only) {
-  struct Other {
-    const char* name;
-    const char* binary;
-    const char* package;
-  };
-  for (const Other& o : {Other{"runc", "runc", "runc"}, Other{"gvisor", "runsc", "runsc"},
-                         Other{"vm", "qemu-system-x86_64", "qemu-system-x86"}}) {
+                     const std::string& agent_path, runtime::IdPool* pool,
+                     const std::string& only) {
+  for (const Other& o : kOthers) {
+    const std::string name = o.name;
     if (runtime::FindBinary(o.binary).empty()) {
-      router.SetUnavailable(o.name, std::string(o.binary) +
-                                        " is not installed (make deps installs " + o.package + ")");
-    } else if (!only.empty() && only != o.name) {
-      router.SetUnavailable(o.name, "not asked for");  // sbx run opens only the runtime it uses
-    } else if (std::string(o.name) == "gvisor") {
+      router.SetUnavailable(
+          name, std::string(o.binary) + " is not installed (make deps installs " + o.package + ")");
+    } else if (!only.empty() && only != name) {
+      router.SetUnavailable(name, "not asked for");  // sbx run opens only the runtime it uses
+    } else if (name == "gvisor" || name == "runc") {
       runtime::OciConfig c;
-      c.name = o.name;
+      c.name = name;
       c.binary = o.binary;
       if (const char* p = std::getenv("SBX_RUNSC_PLATFORM"); p != nullptr && *p != '\0')
         c.platform = p;
       if (const char* p = std::getenv("SBX_CGROUP_PARENT"); p != nullptr && *p != '\0')
         c.cgroup_parent = p;
-      c.run_dir = global.data_dir + "/run-" + o.name;
+      c.run_dir = RunDir(global, o);
       c.agent_path = agent_path;
+      c.id_pool = pool;
       auto rt = runtime::OciRuntime::Open(c);
       if (rt.ok())
-        router.Add(o.name, std::move(*rt));
+        router.Add(name, std::move(*rt));
       else
-        router.SetUnavailable(o.name, rt.status().message());
-    } else if (std::string(o.name) == "runc") {
-      // runtime/oci drives runc, but its boxes would share one host id range until the oci
-      // runtimes take per-box ranges from the daemon's pool: not offered until then.
-      router.SetUnavailable(o.name, "runc boxes do not get a host id range of their own yet");
+        router.SetUnavailable(name, rt.status().message());
     } else {
-      router.SetUnavailable(o.name,
+      router.SetUnavailable(name,
                             std::string("this sbx cannot run boxes under ") + o.binary + " yet");
     }
   }
+}
+
+std::vector<std::string> HostRuntimeRunDirs(const GlobalOptions& global) {
+  std::vector<std::string> out;
+  for (const Other& o : kOthers) out.push_back(RunDir(global, o));
+  return out;
 }
 
 }  // namespace sbx::cli

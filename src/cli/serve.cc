@@ -315,6 +315,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
     return kExitSbxError;
   }
   cfg.id_pool = pool->get();
+  cfg.peer_run_dirs = HostRuntimeRunDirs(global);
   auto rt = runtime::NativeRuntime::Open(cfg);
   if (!rt.ok()) {
     std::fprintf(stderr, "sbx: %s\n", rt.status().message().c_str());
@@ -401,7 +402,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
                  build_network->Describe());
   // Sandboxes run under their template's runtime, or the one a create asks for (runtimes.h).
   runtime::Router runtimes(**rt);
-  AddHostRuntimes(runtimes, global, cfg.agent_path);
+  AddHostRuntimes(runtimes, global, cfg.agent_path, cfg.id_pool);
   sandbox::Manager manager(mc, runtimes, templates, **st);
   audit_to = &manager;
   struct AuditOff {

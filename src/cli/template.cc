@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -12,6 +13,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "runtime/runtime.h"
 #include "sandbox/templates.h"
 #include "storage/image.h"
 #include "store/store.h"
@@ -33,7 +35,7 @@ Result<std::unique_ptr<store::Store>> OpenTemplateStore(const GlobalOptions& g) 
 }
 
 struct TemplateFlags {
-  std::string name, path, cache_size, ref;
+  std::string name, path, cache_size, ref, runtime;
   bool json = false, replace = false;
 };
 
@@ -159,20 +161,24 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
                        {"source", t.source},
                        {"size_bytes", t.size_bytes},
                        {"layers", t.layers},
+                       {"runtime", t.runtime},
                        {"aliases", aliases[t.name]}});
     }
     if (lf->json) {
       std::printf("%s\n", json{{"templates", items}}.dump(2).c_str());
       return 0;
     }
-    std::vector<std::vector<std::string>> rows = {{"NAME", "KIND", "SIZE", "SOURCE", "ALIASES"}};
+    std::vector<std::vector<std::string>> rows = {
+        {"NAME", "KIND", "SIZE", "RUNTIME", "SOURCE", "ALIASES"}};
     for (const auto& t : items) {
       std::string a;
       for (const auto& n : t["aliases"]) a += (a.empty() ? "" : ",") + n.get<std::string>();
       int64_t size = t["size_bytes"].get<int64_t>();
-      rows.push_back({t["name"].get<std::string>(), t["kind"].get<std::string>(),
-                      size > 0 ? FormatSize(size) : "-", t["source"].get<std::string>(),
-                      a.empty() ? "-" : a});
+      rows.push_back(
+          {t["name"].get<std::string>(), t["kind"].get<std::string>(),
+           size > 0 ? FormatSize(size) : "-",
+           t["runtime"].get<std::string>().empty() ? "-" : t["runtime"].get<std::string>(),
+           t["source"].get<std::string>(), a.empty() ? "-" : a});
     }
     std::vector<size_t> width(rows[0].size(), 0);
     for (const auto& r : rows)
@@ -273,6 +279,31 @@ void RegisterTemplateVerbs(CLI::App& app, const GlobalOptions& g, ClientVerbs& v
     }
     std::fprintf(stderr, "sbx: removed %zu layers, freed %s\n", removed->size(),
                  FormatSize(freed).c_str());
+    return 0;
+  });
+
+  auto rtf = std::make_shared<TemplateFlags>();
+  CLI::App* rt = tmpl->add_subcommand(
+      "runtime",
+      "Set what a template's sandboxes run under (native, runc, gvisor, vm; default: the "
+      "daemon's); a create names another only with a key that may (sbx key create --runtime)");
+  rt->add_option("name", rtf->name, "Template name (not an alias: its template's counts)")
+      ->required();
+  rt->add_option("runtime", rtf->runtime, "native, runc, gvisor, vm, or default")->required();
+  verbs.Add(rt, [rtf, &g] {
+    std::string runtime = rtf->runtime == "default" ? "" : rtf->runtime;
+    if (!runtime.empty() &&
+        std::find(std::begin(runtime::kRuntimeNames), std::end(runtime::kRuntimeNames), runtime) ==
+            std::end(runtime::kRuntimeNames))
+      return Fail(runtime::UnknownRuntime(runtime));
+    auto st = OpenTemplateStore(g);
+    if (!st.ok()) return Fail(st.status());
+    if (Status s = (*st)->SetTemplateRuntime(rtf->name, runtime); !s.ok()) return Fail(s);
+    std::printf("%s\n", rtf->name.c_str());
+    std::fprintf(stderr,
+                 "sbx: template %s runs under %s (new sandboxes; `sbx runtimes` says "
+                 "whether this host has it)\n",
+                 rtf->name.c_str(), runtime.empty() ? "the daemon's default" : runtime.c_str());
     return 0;
   });
 

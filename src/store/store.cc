@@ -1122,6 +1122,29 @@ Status Store::DeleteTemplate(const std::string& name) {
   return tx->Commit().Wrap(what);
 }
 
+Status Store::SetTemplateRuntime(const std::string& name, const std::string& runtime) {
+  std::string what = "set the runtime of template " + name;
+  if (runtime.size() > 16 ||
+      runtime.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string::npos)
+    return Invalid(what + ": a runtime name is 1 to 16 of [a-z0-9], not '" + runtime + "'");
+  MutexLock lock(mu_);
+  Result<Statement> st =
+      db_->Prepare("UPDATE templates SET runtime = ?2 WHERE name = ?1 AND kind != '" +
+                   std::string(kTemplateAlias) + "'");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, name).BindText(2, runtime);
+  SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
+  if (db_->changes() > 0) return Status();
+  Result<Statement> kind = db_->Prepare("SELECT alias_of FROM templates WHERE name = ?1");
+  if (!kind.ok()) return kind.status().Wrap(what);
+  kind->BindText(1, name);
+  Result<bool> row = kind->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  if (*row)
+    return Invalid(what + ": it is an alias of '" + kind->ColumnText(0) + "'; set that one's");
+  return Status::Error(what + ": no such template", ENOENT);
+}
+
 Result<std::optional<TemplateRecord>> Store::UseTemplate(const std::string& name,
                                                          const std::string& pin_for) {
   std::string what = "use template " + name;

@@ -422,6 +422,10 @@ class Store {
   Result<std::vector<TemplateRecord>> ListTemplates();  // by name
   // ENOENT if missing; EBUSY while aliases point to it.
   Status DeleteTemplate(const std::string& name);
+  // Sets the runtime template `name`'s sandboxes run under ("": the daemon's default). ENOENT if
+  // missing; EINVAL for an alias (its template's is the one that counts) or a name not of 1 to 16
+  // [a-z0-9] (which runtimes exist is the caller's to check: runtime::kRuntimeNames).
+  Status SetTemplateRuntime(const std::string& name, const std::string& runtime);
   // The template `name` stands for (an alias is followed), in one transaction with: pinning its
   // layers for sandbox `pin_for` (unless empty) and noting the use (last_used_at) of the
   // template, the alias and the layers. nullopt for an unknown name.

@@ -1034,6 +1034,14 @@ TEST_F(StoreTest, TemplatesAreCheckedAgainstTheirLayersAndTargets) {
   EXPECT_EQ(store->AddTemplate({.name = "a", .kind = kTemplateAlias, .alias_of = "base"}).err(),
             EINVAL);  // an alias of an alias
   ASSERT_TRUE(store->AddTemplate({.name = "a", .kind = kTemplateAlias, .alias_of = "alpine"}).ok());
+  // The operator sets a template's runtime; an alias has its template's.
+  ASSERT_TRUE(store->SetTemplateRuntime("alpine", "runc").ok());
+  EXPECT_EQ((*store->GetTemplate("alpine"))->runtime, "runc");
+  EXPECT_EQ(store->SetTemplateRuntime("a", "vm").err(), EINVAL);
+  EXPECT_EQ(store->SetTemplateRuntime("alpine", "Bad name").err(), EINVAL);
+  EXPECT_EQ(store->SetTemplateRuntime("nope", "vm").err(), ENOENT);
+  ASSERT_TRUE(store->SetTemplateRuntime("alpine", "").ok());
+  EXPECT_EQ((*store->GetTemplate("alpine"))->runtime, "");
   EXPECT_EQ(store->DeleteTemplate("alpine").err(), EBUSY);
   ASSERT_TRUE(store->DeleteTemplate("a").ok());
   ASSERT_TRUE(store->DeleteTemplate("alpine").ok());

@@ -1069,6 +1069,70 @@ TEST_F(ServeTest, AGvisorSandboxRunsOnGvisorsKernel) {
   EXPECT_EQ(d_->Exec(again.value("id", ""), {{"argv", {"cat", "/root/k"}}}).out, "kept\n");
 }
 
+// Issue 15 (threat 46 under the oci runtimes): a runc box maps its own range of host ids from the
+// daemon's pool, as a native box does, and keeps it across a restart of the daemon, whose start
+// frees the ranges of boxes gone from every runtime's run directory and only those.
+TEST_F(ServeTest, RuncSandboxesTakeHostIdRangesOfTheirOwn) {
+  if (::system("command -v runc > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "runc is missing (make deps installs the runc package)";
+  auto base_of = [&](const std::string& id) {
+    std::istringstream map(d_->Exec(id, {{"argv", {"cat", "/proc/self/uid_map"}}}).out);
+    uint64_t inside = 1, host = 0, count = 0;
+    map >> inside >> host >> count;
+    EXPECT_EQ(inside, 0u);
+    EXPECT_EQ(count, 65536u);
+    return host;
+  };
+  std::set<uint64_t> bases;
+  std::string native = d_->Json("POST", "/v1/sandboxes", json::object(), 201)["id"];
+  bases.insert(base_of(native));
+  std::vector<std::string> runc;
+  for (int i = 0; i < 2; ++i) {
+    json made = d_->Json("POST", "/v1/sandboxes", {{"runtime", "runc"}}, 201);
+    EXPECT_EQ(made["runtime"], "runc");
+    runc.push_back(made["id"]);
+    bases.insert(base_of(runc.back()));
+  }
+  EXPECT_EQ(bases.size(), 3u) << "two boxes map the same host ids";
+  d_->Stop();
+  d_->Start();
+  for (const auto& id : runc) EXPECT_TRUE(bases.count(base_of(id))) << "not the range it had";
+  json next = d_->Json("POST", "/v1/sandboxes", {{"runtime", "runc"}}, 201);
+  EXPECT_FALSE(bases.count(base_of(next["id"]))) << "a live box's range was handed out again";
+  runc.push_back(next["id"]);
+  // The operator makes runc the host template's runtime (the daemon running): a tenant's create
+  // that names none runs under it, and the tenant may no longer name native.
+  auto set = RunProcess({SBX_BIN, "--data-dir", dir_, "template", "runtime", "host", "runc"});
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_EQ(d_->Json("GET", "/v1/templates/host")["runtime"], "runc");
+  auto ls = RunProcess({SBX_BIN, "--data-dir", dir_, "template", "ls", "--json"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("\"runtime\": \"runc\""), std::string::npos) << ls.out;
+  EXPECT_NE(
+      RunProcess({SBX_BIN, "--data-dir", dir_, "template", "runtime", "host", "hyperv"}).exit_code,
+      0);
+  store::NewApiKey tenant = MakeKey(dir_, "tenant");
+  auto made = d_->Call("POST", "/v1/sandboxes", "{}", Bearer(tenant.secret));
+  ASSERT_EQ(made.status, 201) << made.body;
+  EXPECT_EQ(json::parse(made.body)["runtime"], "runc");
+  EXPECT_EQ(
+      d_->Call("POST", "/v1/sandboxes", R"({"runtime":"native"})", Bearer(tenant.secret)).status,
+      403);
+  ASSERT_EQ(
+      RunProcess({SBX_BIN, "--data-dir", dir_, "template", "runtime", "host", "default"}).exit_code,
+      0);
+  EXPECT_FALSE(d_->Json("GET", "/v1/templates/host").contains("runtime"));
+  EXPECT_EQ(
+      d_->Call("DELETE",
+               "/v1/sandboxes/" + json::parse(made.body)["id"].get<std::string>() + "?wait=true",
+               "", Bearer(tenant.secret))
+          .status,
+      204);
+  for (const auto& id : runc)
+    EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id + "?wait=true").status, 204);
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-runc)\"").c_str()), 0);
+}
+
 // Issue 10 finding 4: after kill -9 of a box's agent from the host the record stayed `running`,
 // with its cgroups and directory, until the TTL. The daemon notices within its scan (0.5 s).
 TEST_F(ServeTest, ADeadAgentFailsItsSandboxAndFreesItsBox) {

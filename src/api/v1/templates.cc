@@ -46,6 +46,7 @@ json TemplateJson(const sandbox::TemplateInfo& t) {
             {"layers", t.record.layers.size()},
             {"created_at", IsoTime(t.created_at)}};
   if (!t.record.alias_of.empty()) j["alias_of"] = t.record.alias_of;
+  if (!t.record.runtime.empty()) j["runtime"] = t.record.runtime;
   if (!t.build_id.empty()) {
     j["build"] = {{"id", t.build_id}, {"state", StateName(t.state)}};
     if (!t.error.empty()) j["build"]["error"] = t.error;

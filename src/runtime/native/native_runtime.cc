@@ -826,9 +826,14 @@ Result<int> NativeRuntime::ReapOrphans(const std::string& owner) {
   if (config_.id_pool != nullptr) {
     auto holders = config_.id_pool->Holders();
     if (!holders.ok()) return holders.status().Wrap("reap orphans");
-    for (const auto& id : *holders) {
+    auto gone = [](const std::string& path) {
       struct stat st {};
-      if (::lstat((config_.run_dir + "/" + id).c_str(), &st) != 0 && errno == ENOENT)
+      return ::lstat(path.c_str(), &st) != 0 && errno == ENOENT;
+    };
+    for (const auto& id : *holders) {
+      if (!gone(config_.run_dir + "/" + id)) continue;
+      if (std::all_of(config_.peer_run_dirs.begin(), config_.peer_run_dirs.end(),
+                      [&](const std::string& d) { return gone(d + "/" + id); }))
         SBX_RETURN_IF_ERROR(config_.id_pool->Release(id).Wrap("reap orphans"));
     }
   }

@@ -33,6 +33,10 @@ struct NativeConfig {
   // Where boxes whose spec names no range get their private one (not owned; must outlive the
   // runtime). nullptr: they share id_base.
   IdPool* id_pool = nullptr;
+  // The run directories of the other runtimes whose boxes take ranges from id_pool (the oci
+  // runtimes'). ReapOrphans frees a held range whose box directory is gone; gone means from
+  // run_dir and from each of these.
+  std::vector<std::string> peer_run_dirs;
   // false forces the fallback (no idmapped mounts), as when Open's probe finds them unavailable.
   bool idmap = true;
   // false: the root's overlay always gets its layers as one lowerdir option string, as on
