@@ -88,13 +88,19 @@ struct SpawnOptions {
   int fd3 = -1;  // when >= 0, its descriptor 3 (runc --preserve-fds 1)
   // Resource limits set in the child before its exec, inherited by everything it starts.
   std::vector<std::pair<int, rlimit>> rlimits;
+  // Run it in a mount namespace of its own with an empty /proc/sys/net. runsc 20221219 tells
+  // the host's network namespace by /proc/sys/net/core/rmem_default existing, which it does in
+  // every namespace on kernels since 6.x, so its `start` refuses every box with a network
+  // ("cannot run with network enabled in root network namespace"). Hidden, the test holds
+  // again: sbx gives runsc only namespaces it made, never the host's.
+  bool hide_proc_sys_net = false;
   std::chrono::milliseconds timeout = kCommandWait;
 };
 
 // The child of SpawnWithLimits, between vfork() and execve(): it shares the parent's memory, so
 // it runs only system calls on what the parent prepared, and never returns.
 [[noreturn]] void ExecChild(char* const* argv, const int* fds, const rlimit* limits,
-                            const int* resources, size_t nlimits) {
+                            const int* resources, size_t nlimits, bool hide_proc_sys_net) {
   // Default dispositions and an empty mask for the new program (the parent blocked everything
   // around the vfork).
   struct sigaction dfl {};
@@ -109,6 +115,12 @@ struct SpawnOptions {
   if (fds[2] >= 0 && ::dup2(fds[2], 3) < 0) ::_exit(127);
   for (size_t i = 0; i < nlimits; ++i)
     if (::setrlimit(static_cast<__rlimit_resource>(resources[i]), &limits[i]) != 0) ::_exit(127);
+  if (hide_proc_sys_net &&
+      (::unshare(CLONE_NEWNS) != 0 ||
+       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+       ::mount("sbx-hidden", "/proc/sys/net", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               "size=4k,mode=555") != 0))
+    ::_exit(127);
   ::execve(argv[0], argv, environ);
   ::_exit(127);
 }
@@ -142,7 +154,7 @@ Result<Ran> Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = 
                             fd3};
   pid_t pid = -1;
   int rc = 0;
-  if (!o.rlimits.empty()) {
+  if (!o.rlimits.empty() || o.hide_proc_sys_net) {
     std::vector<rlimit> limits;
     std::vector<int> resources;
     for (const auto& [resource, limit] : o.rlimits) {
@@ -156,7 +168,7 @@ Result<Ran> Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = 
     // ExecChild makes only system calls, on memory prepared above, then execs or _exits.
     if (pid == 0)
       ExecChild(args.data(), child_fds, limits.data(),  // NOLINT(clang-analyzer-unix.Vfork)
-                resources.data(), limits.size());
+                resources.data(), limits.size(), o.hide_proc_sys_net);
     rc = pid < 0 ? errno : 0;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   } else {
@@ -361,13 +373,14 @@ bool AwaitExit(int pidfd, std::chrono::milliseconds timeout) {
 // It exits when this object goes (its pipe closes) or this process dies.
 class UsernsHolder {
  public:
-  static Result<std::unique_ptr<UsernsHolder>> Make(uint32_t base) {
+  // `extra`: more namespaces for it to hold, owned by the user namespace (CLONE_NEWNET).
+  static Result<std::unique_ptr<UsernsHolder>> Make(uint32_t base, unsigned long extra = 0) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) return Status::Errno("pipe");
     UniqueFd r(p[0]), w(p[1]);
     const int rfd = r.get();
     int pidfd = -1;
-    long pid = CloneOwnedBy(CLONE_NEWUSER, base, &pidfd);
+    long pid = CloneOwnedBy(CLONE_NEWUSER | extra, base, &pidfd);
     if (pid == 0) {
       // The child: raw system calls only (a clone of a multi-threaded process). It keeps nothing
       // of the parent's but the pipe's read end, and waits for its EOF.
@@ -399,7 +412,10 @@ class UsernsHolder {
     }
   }
   int fd() const { return ns_.get(); }
-  std::string path() const { return "/proc/" + std::to_string(pid_) + "/ns/user"; }
+  pid_t pid() const { return pid_; }
+  std::string path(const char* ns = "user") const {
+    return "/proc/" + std::to_string(pid_) + "/ns/" + ns;
+  }
 
  private:
   UsernsHolder(pid_t pid, UniqueFd pidfd) : pid_(pid), pidfd_(std::move(pidfd)) {}
@@ -643,23 +659,29 @@ OciRuntime::OciRuntime(OciConfig config, OciKind kind, std::string binary, std::
 
 OciRuntime::~OciRuntime() = default;
 
-std::vector<std::string> OciRuntime::Command(const std::vector<std::string>& args) const {
+std::vector<std::string> OciRuntime::Command(const std::vector<std::string>& args,
+                                             const std::string& network) const {
   std::vector<std::string> argv = {binary_, "--root", config_.run_dir + "/.state"};
   if (kind_ == OciKind::kGvisor) {
-    // --network=none: loopback only, inside gVisor's own network stack. --host-uds=create: the
+    // --network=none: loopback only, inside gVisor's own network stack; a box with a network is
+    // made with --network=sandbox (Launch): gVisor's stack drives the link sbx put in its
+    // namespace, so the host's stack never handles the box's packets. --host-uds=create: the
     // box may create host unix sockets in its bound directories, and nothing more (not connect to
     // the host's): how the agent's socket reaches the host. --overlay2=none: writes go to the
     // box's writable layer on the host (fs/upper), where snapshots read them, not to a gVisor
     // memory overlay. No --oci-seccomp: see oci_spec.cc.
-    argv.insert(argv.end(), {"--platform=" + config_.platform, "--network=none",
+    argv.insert(argv.end(), {"--platform=" + config_.platform, "--network=" + network,
                              "--host-uds=create", "--overlay2=none"});
   }
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
 
-Result<std::string> OciRuntime::Run(const std::vector<std::string>& args) const {
-  auto r = Spawn(Command(args));
+Result<std::string> OciRuntime::Run(const std::vector<std::string>& args,
+                                    const std::string& network) const {
+  SpawnOptions o;
+  o.hide_proc_sys_net = network == "sandbox";
+  auto r = Spawn(Command(args, network), o);
   const std::string what = config_.name + ": " + config_.binary + " " + args.front();
   if (!r.ok()) return r.status().Wrap(what);
   if (r->status != 0) {
@@ -741,10 +763,6 @@ Status OciRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(spec.id, spec.limits));
   if (spec.limits.disk_bytes > 0)
     return Status::Error("a disk limit is not supported under " + config_.name + " yet", ENOTSUP);
-  if (kind_ == OciKind::kGvisor && spec.at_sync_point)
-    return Status::Error(
-        "a network other than none is not supported under gvisor yet (runsc --network=none)",
-        ENOTSUP);
   auto dir = BoxDir::Make(config_.run_dir, spec.id, spec.owner);
   if (!dir.ok()) return dir.status();
   c.dir.emplace(std::move(dir).value());
@@ -782,7 +800,11 @@ Status OciRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(WriteFile(up + kAgentInside, "", 0555));
   if (::chown((up + kAgentInside).c_str(), base, base) != 0) return Status::Errno("chown agent");
 
-  auto holder = UsernsHolder::Make(base);
+  // A gVisor box with a network: the holder holds its network namespace too, where the sync point
+  // puts the box's link before `runsc create` (Launch), which hands the links it finds there to
+  // gVisor's own stack (--network=sandbox).
+  const bool gvisor_net = kind_ == OciKind::kGvisor && spec.at_sync_point;
+  auto holder = UsernsHolder::Make(base, gvisor_net ? CLONE_NEWNET : 0);
   if (!holder.ok()) return holder.status();
   c.userns = std::move(holder).value();
   // The layers and read-only binds as idmapped mounts on the host: files show their real owners
@@ -858,6 +880,7 @@ Status OciRuntime::Prepare(Creation& c) {
   // runc joins the holder's namespace (owned by the box's root id, as a native box's). runsc
   // makes its own for its gofer from the mappings.
   if (kind_ == OciKind::kRunc) in.userns_path = c.userns->path();
+  if (gvisor_net) in.netns_path = c.userns->path("net");
   in.limits = spec.limits;
   in.nofile = BoxNofile();
   in.cgroups_path = CgroupsPath(spec.id);
@@ -879,13 +902,18 @@ Status OciRuntime::Launch(Creation& c) {
   std::vector<std::string> args = {"create", "--bundle", d};
   if (c.listen) args.insert(args.end(), {"--preserve-fds", "1"});
   args.push_back(id);
+  // gVisor: the box's link goes into the namespace the holder keeps before `create`, whose
+  // sandbox process joins it; `start` hands the links it finds there (their addresses and
+  // routes) to gVisor's stack.
+  const bool gvisor_net = kind_ == OciKind::kGvisor && c.spec.at_sync_point;
+  if (gvisor_net) SBX_RETURN_IF_ERROR(c.spec.at_sync_point(c.userns->pid()));
   c.container.Arm();
   // The container keeps the binary's stdout and stderr: agent.log, never a pipe.
   SpawnOptions o;
   o.log_fd = c.log.get();
   o.fd3 = c.listen ? c.listen.get() : -1;
   o.rlimits = BoxRlimits();
-  auto created = Spawn(Command(args), o);
+  auto created = Spawn(Command(args, gvisor_net ? "sandbox" : "none"), o);
   if (!created.ok()) return created.status().Wrap(config_.binary + " create");
   if (created->status != 0) {
     auto log = ReadFile(d + "/agent.log", 1 << 20);
@@ -902,12 +930,14 @@ Status OciRuntime::Launch(Creation& c) {
                                 std::to_string(c.box.init_pid) + " " +
                                     std::to_string(ProcessStartTime(c.box.init_pid)) + "\n",
                                 0600));
-  // runc: its init waits in the box's namespaces for `start`, the sync point. (gVisor boxes with
-  // a hook were refused in Prepare.)
-  if (c.spec.at_sync_point) SBX_RETURN_IF_ERROR(c.spec.at_sync_point(c.box.init_pid));
+  // runc: its init waits in the box's namespaces for `start`, the sync point. (gVisor's was
+  // before `create`.)
+  if (c.spec.at_sync_point && !gvisor_net)
+    SBX_RETURN_IF_ERROR(c.spec.at_sync_point(c.box.init_pid));
   c.listen.reset();  // the box holds it now
   c.userns.reset();  // runc's init joined it; runsc's gofer has its own
-  SBX_RETURN_IF_ERROR(Run({"start", id}).status());
+  // runsc sets the network up at `start`, from that call's flags.
+  SBX_RETURN_IF_ERROR(Run({"start", id}, gvisor_net ? "sandbox" : "none").status());
   c.box.timings.child_us = MicrosSince(c.t);
   return {};
 }
@@ -1010,8 +1040,8 @@ Result<UniqueFd> OciRuntime::OpenSocket(const Box& box, int domain, int type) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id).Wrap(what));
   if (kind_ == OciKind::kGvisor)
     return Status::Error(what +
-                             ": a gVisor box's loopback is inside gVisor's own network stack "
-                             "(runsc --network=none), not in a host network namespace",
+                             ": a gVisor box's sockets are inside gVisor's own network stack, "
+                             "not in a host network namespace",
                          ENOTSUP);
   auto pidfd = BoxProcess(Dir(box.id));
   if (!pidfd.ok()) return pidfd.status().Wrap(what);

@@ -87,7 +87,9 @@ class OciRuntime : public Runtime {
 
   // The argv of one call of the binary: its path, the global flags every call of this runtime
   // passes, then `args`.
-  std::vector<std::string> Command(const std::vector<std::string>& args) const;
+  // `network`: runsc's --network (gVisor only).
+  std::vector<std::string> Command(const std::vector<std::string>& args,
+                                   const std::string& network = "none") const;
 
  private:
   OciRuntime(OciConfig config, OciKind kind, std::string binary, std::string version,
@@ -98,7 +100,8 @@ class OciRuntime : public Runtime {
   Status Launch(Creation& c);   // `create`, the sync point hook, `start`
   Status AwaitAgent(Creation& c);
   // Runs the binary; its stdout, or an error naming the runtime, the command and its stderr.
-  Result<std::string> Run(const std::vector<std::string>& args) const;
+  Result<std::string> Run(const std::vector<std::string>& args,
+                          const std::string& network = "none") const;
   // Destroy; with `keep_upper`, the writable layer is moved there before the directory goes.
   Status DestroyBox(const Box& box, const std::string* keep_upper);
   std::string Dir(const std::string& id) const { return config_.run_dir + "/" + id; }

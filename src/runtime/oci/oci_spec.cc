@@ -175,11 +175,13 @@ std::string BuildOciSpec(const OciSpecInput& in) {
 
   json user_ns = {{"type", "user"}};
   if (!in.userns_path.empty()) user_ns["path"] = in.userns_path;
+  json net_ns = {{"type", "network"}};
+  if (!in.netns_path.empty()) net_ns["path"] = in.netns_path;
   json namespaces = json::array({{{"type", "pid"}},
                                  {{"type", "ipc"}},
                                  {{"type", "uts"}},
                                  {{"type", "mount"}},
-                                 {{"type", "network"}},
+                                 net_ns,
                                  user_ns});
   // The box sees "/" as its cgroup. gVisor's cgroups are its own anyway.
   if (!gvisor) namespaces.push_back({{"type", "cgroup"}});

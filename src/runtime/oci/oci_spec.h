@@ -37,6 +37,9 @@ struct OciSpecInput {
   // mapping): the box's namespace is then owned by that process's user, not by root. "": the OCI
   // runtime makes one. runc joins it; runsc makes its own for the gofer either way.
   std::string userns_path;
+  // The network namespace to join ("/proc/<pid>/ns/net"), one sbx gave the box's link already
+  // (gVisor's `--network=sandbox` takes the links it finds there at create). "": a new one.
+  std::string netns_path;
   Limits limits;
   // RLIMIT_NOFILE's hard limit in the box: the native runtime's 65536, or the caller's own hard
   // limit where that is lower (a limit cannot be raised from inside a user namespace).

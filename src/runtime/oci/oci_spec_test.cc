@@ -126,6 +126,16 @@ TEST(OciSpecTest, GvisorDiffersWhereItMust) {
   EXPECT_EQ(o["process"]["rlimits"][0]["soft"], 65536);
   EXPECT_EQ(o["process"]["rlimits"][1]["type"], "RLIMIT_CORE");
   EXPECT_FALSE(r["process"].contains("rlimits"));
+  // A networked gVisor box joins the namespace its link was put in; others get a new one.
+  auto net_ns = [](const json& spec) {
+    for (const auto& ns : spec["linux"]["namespaces"])
+      if (ns["type"] == "network") return ns;
+    return json();
+  };
+  EXPECT_FALSE(net_ns(g).contains("path"));
+  OciSpecInput networked = Input(OciKind::kGvisor);
+  networked.netns_path = "/proc/43/ns/net";
+  EXPECT_EQ(net_ns(Spec(networked))["path"], "/proc/43/ns/net");
   // Its /proc and /sys are gVisor's own: nothing to mask.
   EXPECT_FALSE(g["linux"].contains("maskedPaths"));
   EXPECT_TRUE(r["linux"]["maskedPaths"].size() > 10);
