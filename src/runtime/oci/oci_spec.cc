@@ -126,11 +126,10 @@ std::string SeccompToOciJson(const SeccompRules& rules) { return SeccompJson(rul
 std::string BuildOciSpec(const OciSpecInput& in) {
   const bool gvisor = in.kind == OciKind::kGvisor;
   json caps = CapabilityNames(KeptCapabilities());
-  // Native boxes get RLIMIT_NOFILE 65536 (soft and hard). sbx-agent closes every descriptor up to
-  // the soft limit one close(2) at a time where close_range(2) is missing, as in gVisor 20221219,
-  // and each call costs ~0.1 ms under the ptrace platform: 65536 would make every command take
-  // seconds to start. So gVisor boxes start at 1024 and may raise it to the same 65536.
-  const int64_t nofile_soft = gvisor ? std::min<int64_t>(1024, in.nofile) : in.nofile;
+  // RLIMIT_NOFILE 65536, soft and hard, as native boxes. (Where close_range(2) is missing, as in
+  // gVisor 20221219, sbx-agent closes what /proc/self/fd lists before a command's exec, not every
+  // number up to the limit.)
+  const int64_t nofile_soft = in.nofile;
   json process = {
       {"terminal", false},
       {"user", {{"uid", 0}, {"gid", 0}}},
