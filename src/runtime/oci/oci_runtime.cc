@@ -29,6 +29,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "common/fs.h"
@@ -784,10 +785,14 @@ Status OciRuntime::Prepare(Creation& c) {
   // the host) is below it in directories of that id's alone (0700), so that no other host user
   // and no other box reaches the box's files.
   if (::chmod(d.c_str(), 0711) != 0) return Status::Errno("chmod " + d);
+  // fs/upper is the box's "/" (an overlay's root takes its upper directory's mode): 0755 as in
+  // native boxes, or no user but root could reach anything inside; fs/ above it keeps the host out.
   for (const char* sub :
        {"/fs", "/fs/upper", "/fs/work", "/fs/root", "/lower", "/binds", "/over"}) {
     std::string p = d + sub;
-    if (::mkdir(p.c_str(), 0700) != 0) return Status::Errno("mkdir " + p);
+    const mode_t mode = std::string_view(sub) == "/fs/upper" ? 0755 : 0700;
+    if (::mkdir(p.c_str(), mode) != 0 || ::chmod(p.c_str(), mode) != 0)
+      return Status::Errno("mkdir " + p);
     if (::chown(p.c_str(), base, base) != 0) return Status::Errno("chown " + p);
   }
   // Mount points of sbx's own binds, made in the (still empty) writable layer so that whatever a

@@ -238,6 +238,12 @@ TEST_P(OciRuntimeTest, ABoxRunsCommandsThroughItsAgentAndDestroyLeavesNothing) {
                    "limit ok; python3 -c \"import os; "
                    "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\"");
   EXPECT_EQ(fds.first, "limit ok\n[0, 1, 2, 3]\n");
+  // Users other than root reach the box's files: "/" is 0755, as in a native box.
+  auto user =
+      RunSh(*box,
+            "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c "
+            "'cd /tmp && echo x > /tmp/u && cat /etc/hostname > /dev/null && echo user ok'");
+  EXPECT_EQ(user.first, "user ok\n");
   auto ms = [](auto a, auto b) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
   };
