@@ -138,6 +138,22 @@ Status RemoveTree(const std::string& path) {
   return {};
 }
 
+Result<std::string> RandomUuid() {
+  unsigned char b[16];
+  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
+    return Status::Errno("getrandom");
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[b[i] >> 4];
+    out += kHex[b[i] & 15];
+  }
+  return out;
+}
+
 std::string RandomId(size_t length) {
   static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   std::string out(length, 'a');

@@ -32,5 +32,7 @@ Result<UniqueFd> OpenPrivateFile(const std::string& path, const std::string& wha
 
 // 16 random characters from [a-z0-9], for box and template ids.
 std::string RandomId(size_t length = 16);
+// A random (version 4) UUID in the kernel's boot_id form: 36 lowercase characters.
+Result<std::string> RandomUuid();
 
 }  // namespace sbx

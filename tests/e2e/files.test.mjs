@@ -2,7 +2,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
-import { SDKS, withSandbox, sleep } from './helpers.mjs'
+import { SDKS, withSandbox, sleep, skipUnder } from './helpers.mjs'
 
 // A unary envd call in Connect's JSON codec, as an SDK without its own client for it would make.
 async function envdRpc(sbx, method, body) {
@@ -97,7 +97,10 @@ for (const [name, sdk] of SDKS) {
     })
   })
 
-  test(`${name}: file metadata on write, getInfo, list, rename and watch entries`, async () => {
+  test(`${name}: file metadata on write, getInfo, list, rename and watch entries`, {
+    // sbx keeps E2B's file metadata in user.* extended attributes; gVisor 20221219's gofer has none.
+    skip: skipUnder('gvisor', "the gofer's files take no user.* extended attributes"),
+  }, async () => {
     await withSandbox(sdk, {}, async (sbx) => {
       // Header names are case-insensitive: keys come back lower-cased, as from envd.
       const w = await sbx.files.write('/home/user/m.txt', 'meta', { metadata: { Owner: 'alice', stage: 'draft 1' } })
@@ -194,7 +197,7 @@ for (const [name, sdk] of SDKS) {
       await sbx.files.write('/home/user/big.bin', data.buffer)
       const grew = peakKiB() - before
       assert.ok(grew < 64 * 1024, `daemon peak RSS grew by ${grew} KiB`)
-      const sum = await sbx.commands.run('stat -c %s /home/user/big.bin && od -An -tu1 -j 8192 -N1 /home/user/big.bin')
+      const sum = await sbx.commands.run('wc -c < /home/user/big.bin && od -An -tu1 -j 8192 -N1 /home/user/big.bin')
       assert.deepEqual(sum.stdout.trim().split(/\s+/), [String(size), String(8192 % 251)])
     })
   })

@@ -19,3 +19,8 @@ export async function withSandbox(sdk, opts, fn) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+// What the daemon's default template runs under (run.sh's E2E_RUNTIME; `sbx template runtime`).
+// A test that cannot pass under it says why, as its skip reason.
+export const RUNTIME = process.env.E2E_RUNTIME || 'native'
+export const skipUnder = (runtime, why) => (RUNTIME === runtime ? `under ${runtime}: ${why}` : false)

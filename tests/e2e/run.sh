@@ -8,7 +8,10 @@
 # internet (tests/network/fakenet.sh: nothing can leave the machine), the daemon with networking
 # and the fake internet's DNS and CA, and the tests are the *.live.mjs files.
 #
-# usage: [FAKENET=...] run.sh SBX_BINARY WORK_DIR
+# With E2E_RUNTIME=NAME the daemon's default template runs under that runtime (tests that cannot
+# pass there skip, saying why: helpers.mjs skipUnder).
+#
+# usage: [FAKENET=...] [E2E_RUNTIME=...] run.sh SBX_BINARY WORK_DIR
 set -eu
 command -v node >/dev/null && command -v npm >/dev/null || {
   echo "e2e: node and npm are needed (Node 20+)" >&2
@@ -60,6 +63,21 @@ export SBX_DAEMON_PID="$DAEMON"  # for tests that watch the daemon's memory
 # For tests that make a second key with the CLI (templates.test.mjs).
 SBX_BIN=$(cd "$(dirname "$SBX")" && pwd)/$(basename "$SBX")
 export SBX_BIN SBX_DATA_DIR="$DATA"
+# With E2E_RUNTIME=NAME every sandbox of the default template runs under that runtime (`sbx
+# template runtime`; E2B's `base` is an alias of `host`); one this host lacks skips the run (77).
+if [ -n "${E2E_RUNTIME:-}" ]; then
+  why=$($IN_NS node -e '
+    const r = await fetch(process.env.E2B_API_URL + "/v1/runtimes",
+                          { headers: { Authorization: "Bearer " + process.env.E2B_API_KEY } })
+    const rt = (await r.json()).runtimes.find((x) => x.name === process.env.E2E_RUNTIME)
+    if (!rt || !rt.available) console.log(rt ? rt.reason : "unknown runtime")
+  ' --input-type=module)
+  if [ -n "$why" ]; then
+    echo "e2e: skipped: runtime $E2E_RUNTIME is not available here: $why" >&2
+    exit 77
+  fi
+  "$SBX" --data-dir "$DATA" template runtime host "$E2E_RUNTIME" >/dev/null
+fi
 
 rc=0
 # shellcheck disable=SC2086

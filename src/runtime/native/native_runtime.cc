@@ -46,23 +46,6 @@ namespace {
 // The box's own boot id, in its fs/ directory (mount_plan.h, MountPlanInput::boot_id).
 constexpr char kBootIdFile[] = "boot_id";
 
-// A random (version 4) UUID in the kernel's boot_id form: 36 lowercase characters.
-Result<std::string> RandomUuid() {
-  unsigned char b[16];
-  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
-    return Status::Errno("getrandom for the box's boot id");
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
-    out += kHex[b[i] >> 4];
-    out += kHex[b[i] & 15];
-  }
-  return out;
-}
-
 int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
   auto now = std::chrono::steady_clock::now();
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - t).count();

@@ -867,6 +867,12 @@ Status OciRuntime::Prepare(Creation& c) {
     if (::mkdir(sock.c_str(), 0700) != 0 || ::chown(sock.c_str(), base, base) != 0)
       return Status::Errno("mkdir " + sock);
     binds.push_back({sock, kSockInside, false});
+    // A boot id of the box's own (gVisor's /proc has none): what a restore or a fork changes, as
+    // E2B's SDK checks after a pause without memory. (runc refuses binds into /proc.)
+    auto boot_id = RandomUuid();
+    if (!boot_id.ok()) return boot_id.status();
+    SBX_RETURN_IF_ERROR(WriteFile(d + "/boot_id", *boot_id + "\n", 0444));
+    binds.push_back({d + "/boot_id", "/proc/sys/kernel/random/boot_id", true});
   } else if (c.args.size() > 1 && c.args[1] == "--listen-fd") {
     auto l = ListenUnix(d + "/agent.sock");
     if (!l.ok()) return l.status();

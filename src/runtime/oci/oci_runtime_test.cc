@@ -244,6 +244,15 @@ TEST_P(OciRuntimeTest, ABoxRunsCommandsThroughItsAgentAndDestroyLeavesNothing) {
             "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c "
             "'cd /tmp && echo x > /tmp/u && cat /etc/hostname > /dev/null && echo user ok'");
   EXPECT_EQ(user.first, "user ok\n");
+  // gVisor's /proc has no boot id: the box gets one of its own (runc's is the host's: runc
+  // refuses binds into /proc).
+  if (name_ == "gvisor") {
+    auto boot = RunSh(*box, "cat /proc/sys/kernel/random/boot_id");
+    auto host = ReadFile("/proc/sys/kernel/random/boot_id");
+    ASSERT_TRUE(host.ok());
+    EXPECT_EQ(boot.first.size(), 37u) << boot.first;
+    EXPECT_NE(boot.first, *host);
+  }
   auto ms = [](auto a, auto b) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
   };
