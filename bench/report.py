@@ -284,6 +284,7 @@ def markdown(results, svg_rel, json_rel):
     _snapshots_section(results, w)
     _pools_section(results, w)
     _hotpaths_section(results, w)
+    _runtimes_section(results, w)
 
     # Goals
     w("## Goals (issue 5)\n")
@@ -1078,6 +1079,50 @@ def svg(results):
                   f'{d["success_rate"] * 100:.0f}% ok</text>')
     a("</svg>")
     return "\n".join(e)
+
+
+def _runtimes_section(results, w):
+    """Section 11: create to first command and idle memory per runtime (bench/runtimes.py,
+    issue 15 item 5)."""
+    s = _open_section(results, w, "runtimes", "## 11. Runtimes (issue 15)")
+    if not s:
+        return
+    w("One `sbx serve` (networking off). Per round, in rotated order of the runtimes the daemon "
+      "lists available: sequential creates by `sbx-bench-api create-run` naming the runtime "
+      "(`POST /v1/sandboxes {\"runtime\": R}` with memory 256 MiB + pids 256, host template, "
+      "then `true` through the commands route; DELETE after each run, outside the timed "
+      "window). *create* is the create's own answer, *to first command* adds the command's "
+      "exit. Then idle boxes of each runtime, left alone for "
+      f"{(s.get('config') or {}).get('settle_s', '?')} s: the memory their cgroup holds (the "
+      "sandbox record's `stats.memory_bytes`; under gVisor the Sentry and the gofer, under runc "
+      "and native the agent). Milliseconds and MiB, P50 (P95).\n")
+    if s.get("error"):
+        w(f"**Failed**: `{_one_line(s['error'])}`\n")
+    for n in s.get("notes", []):
+        w(f"- cleanup: `{_one_line(n)}`")
+
+    def cell(v, digits=1):
+        v = v or {}
+        if v.get("p50") is None:
+            return "–"
+        return f"{v['p50']:.{digits}f} ({v['p95']:.{digits}f})"
+
+    rows = s.get("runtimes", {})
+    if rows:
+        w("| runtime | runs ok | create | to first command | / native (to first command) | "
+          "idle box memory |")
+        w("|---|---:|---:|---:|---:|---:|")
+        for name, r in rows.items():
+            if "unavailable" in r:
+                w(f"| {name} | not available here: {_one_line(r['unavailable'])} |||||")
+                continue
+            w(f"| {name} | {(r.get('total') or {}).get('n', 0)} of {r.get('runs')} | "
+              f"{cell(r.get('create'))} | {cell(r.get('total'))} | "
+              f"{_ratio(r.get('ratio_total_to_native'))} | "
+              f"{cell((r.get('memory') or {}).get('mib'), 2)} |")
+            for e in r.get("errors", []):
+                w(f"| | error: `{_one_line(e)}` |||||")
+        w("")
 
 
 def _hotpaths_section(results, w):

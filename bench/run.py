@@ -34,7 +34,8 @@ with the reason (the facade does not exist yet).
 Usage: python3 bench/run.py [--build DIR] [--quick] [--skip-density] [--only KEY,KEY]
   --only takes contender keys, `net` (the network rows), `templates` (the template rows) and
   `snapshots` (the snapshot rows), `pools` (the warm pool rows), `hotpaths` (issue 14 item 6:
-  the cold path, exec and stdout rows). `--only net`, `--only templates`, `--only snapshots` or a
+  the cold path, exec and stdout rows), `runtimes` (issue 15: create to first command and idle
+  memory per runtime). `--only net`, `--only templates`, `--only snapshots` or a
   comma-separated list of them runs only those sections and merges
   them into bench/results/latest.json, keeping the other sections of the run there.
 """
@@ -56,6 +57,7 @@ import daemon as daemon_mod  # noqa: E402
 import net as net_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
 import pools as pools_mod  # noqa: E402
+import runtimes as runtimes_mod  # noqa: E402
 import snapshots as snapshots_mod  # noqa: E402
 import templates as templates_mod  # noqa: E402
 import report  # noqa: E402
@@ -775,6 +777,8 @@ def main():
             results["snapshots"] = snapshots_mod.run_snapshots(build, tmp, pid, log, args.quick)
         if keep is None or "pools" in keep:
             results["pools"] = pools_mod.run_pools(build, tmp, pid, log, args.quick)
+        if keep is None or "runtimes" in keep:
+            results["runtimes"] = runtimes_mod.run_runtimes(build, tmp, pid, log, args.quick)
         if args.skip_density:
             results["density"] = {"error": "skipped (--skip-density)"}
         else:
@@ -853,7 +857,7 @@ def run_hotpaths(build, tmp, pid, log_fn, quick):
 # The sections `--only` can run alone: key -> the function that runs it.
 SECTIONS = {"net": net_mod.run_net, "templates": templates_mod.run_templates,
             "snapshots": snapshots_mod.run_snapshots, "pools": pools_mod.run_pools,
-            "hotpaths": run_hotpaths}
+            "hotpaths": run_hotpaths, "runtimes": runtimes_mod.run_runtimes}
 
 
 def run_sections_only(build, args, keys):

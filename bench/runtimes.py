@@ -1,0 +1,151 @@
+"""The runtime rows (issue 15 item 5): create to first command through the REST API under each
+runtime this host has (native, runc, gvisor; vm where it boots), and the memory an idle box
+costs under each, in one run.
+
+One `sbx serve` (networking off). Per round, in rotated order of the runtimes: `runs` sequential
+creates by sbx-bench-api `create-run` with the create naming the runtime (POST /v1/sandboxes
+{"runtime": R, limits as the latency table's}, then `true` through the commands route, DELETE
+after each run outside the timed window): the create's own answer and create to the first
+command's exit. Then IDLE boxes of each runtime are made and left alone for SETTLE seconds, and
+their memory is read from the sandbox record's stats (the box's memory cgroup: for gVisor its
+Sentry and gofer, for runc and native the agent and what it started). A runtime the daemon lists
+unavailable is reported with its reason, not measured. Everything the section made is removed
+at the end, also when a step fails.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import daemon as daemon_mod
+import peers as peers_mod
+from stats import ratio, summarize
+
+FULL = {"runs": 30, "rounds": 2, "idle": 5, "settle_s": 5}
+QUICK = {"runs": 8, "rounds": 1, "idle": 2, "settle_s": 2}
+
+
+def body(runtime):
+    return json.dumps({"runtime": runtime,
+                       "limits": {"memory_bytes": peers_mod.MEMORY_BYTES,
+                                  "pids": peers_mod.PIDS}})
+
+
+class RuntimeBench:
+    def __init__(self, build_dir, tmp, pid, log, cfg):
+        self.d = daemon_mod.Daemon(build_dir, tmp, pid, name="sbx-serve-runtimes",
+                                   flags=["--network", "off"])
+        self.tmp = tmp
+        self.log = log
+        self.cfg = cfg
+
+    def batch(self, runtime, runs):
+        errdir = tempfile.mkdtemp(prefix="errs-", dir=self.tmp)
+        argv = self.d.client_argv("create-run", "-c", "1", "-n", str(runs), "-e", errdir,
+                                  body=body(runtime))
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        create, total, failed = [], [], 0
+        for line in p.stdout.splitlines():
+            parts = line.split()
+            if len(parts) != 9:
+                continue
+            status, tot, cr = int(parts[4]), int(parts[3]), int(parts[5])
+            if status != 0 or cr < 0:
+                failed += 1
+                continue
+            create.append(cr / 1e6)
+            total.append(tot / 1e6)
+        errors = []
+        for name in sorted(os.listdir(errdir))[:3]:
+            with open(os.path.join(errdir, name)) as f:
+                errors.append(f.read().strip()[-300:])
+        shutil.rmtree(errdir, ignore_errors=True)
+        if p.returncode != 0 and not create:
+            raise RuntimeError(f"sbx-bench-api exited {p.returncode}: {p.stderr[-300:]}")
+        return create, total, failed, errors
+
+    def idle_memory(self, runtime):
+        ids = []
+        try:
+            for _ in range(self.cfg["idle"]):
+                ids.append(self.d._call("POST", "/v1/sandboxes", json.loads(body(runtime)))["id"])
+            time.sleep(self.cfg["settle_s"])  # idle means left alone: the wait is the measurement
+            mem = [self.d._call("GET", f"/v1/sandboxes/{i}")["stats"]["memory_bytes"]
+                   for i in ids]
+        finally:
+            for i in ids:
+                self.d._call("DELETE", f"/v1/sandboxes/{i}?wait=true")
+        return {"boxes": len(mem), "mib": summarize([m / 2**20 for m in mem])}
+
+    def run(self):
+        out = {"runtimes": {}}
+        self.d.start()
+        if self.d.error:
+            raise RuntimeError(self.d.error)
+        listed = self.d._call("GET", "/v1/runtimes")["runtimes"]
+        names = [r["name"] for r in listed if r["available"]]
+        for r in listed:
+            if not r["available"]:
+                out["runtimes"][r["name"]] = {"unavailable": r.get("reason", "")}
+        samples = {n: {"create": [], "total": [], "failed": 0, "errors": []} for n in names}
+        for rnd in range(self.cfg["rounds"]):
+            k = rnd % len(names)
+            for name in names[k:] + names[:k]:
+                c, t, f, errors = self.batch(name, self.cfg["runs"])
+                s = samples[name]
+                s["create"] += c
+                s["total"] += t
+                s["failed"] += f
+                s["errors"] += errors
+        for name in names:
+            s = samples[name]
+            row = {"create": summarize(s["create"]), "total": summarize(s["total"]),
+                   "failed": s["failed"], "runs": self.cfg["runs"] * self.cfg["rounds"]}
+            if s["errors"]:
+                row["errors"] = s["errors"][:3]
+            row["memory"] = self.idle_memory(name)
+            out["runtimes"][name] = row
+            self.log(f"runtimes: {name}: create P50 {row['create'].get('p50')} ms, to first "
+                     f"command {row['total'].get('p50')} ms, idle box "
+                     f"{row['memory']['mib'].get('p50')} MiB")
+        base = out["runtimes"].get("native", {}).get("total", {}).get("p50")
+        for name in names:
+            row = out["runtimes"][name]
+            row["ratio_total_to_native"] = ratio(row["total"].get("p50"), base)
+        return out
+
+    def close(self):
+        notes = []
+        n = self.d.stop()
+        if n:
+            notes.append(n)
+        shutil.rmtree(self.d.data, ignore_errors=True)
+        return notes
+
+
+def run_runtimes(build_dir, tmp, pid, log, quick):
+    """The runtime rows; always returns a dict (with "error" when a step failed) and leaves no
+    process or file of the run behind."""
+    cfg = dict(QUICK if quick else FULL)
+    t0 = time.time()
+    res = {"config": cfg, "quick": quick,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
+    with open("/proc/loadavg") as f:
+        res["load_at_start"] = " ".join(f.read().split()[:3])
+    b = RuntimeBench(build_dir, tmp, pid, log, cfg)
+    try:
+        res.update(b.run())
+    except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    finally:
+        notes = b.close()
+        if notes:
+            res["notes"] = notes
+    with open("/proc/loadavg") as f:
+        res["load_at_end"] = " ".join(f.read().split()[:3])
+    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    res["duration_s"] = round(time.time() - t0, 1)
+    return res
