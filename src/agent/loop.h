@@ -71,6 +71,8 @@ class Agent {
   bool ProcessFrames(Connection& c);  // false: protocol error, close
   bool HandleFrame(Connection& c, const protocol::Header& h, const std::string& payload);
   void HandleFileRequest(Connection& c, const protocol::Header& h, const protocol::Reader& r);
+  // port_relay.cc: TCP_CONNECT. false: the connection is the relay's now (or broken), close it.
+  bool ConnectPort(Connection& c, uint32_t id, const protocol::Reader& r);
   void FlushAll();
   void FlushConnection(Connection& c);
   void OnRoom(Connection& c);

@@ -50,52 +50,6 @@ struct ChildArgs {
   _exit(127);
 }
 
-// Closes every descriptor from 3 on except `keep`. close_range where the kernel has it; else
-// (gVisor 20221219 has none) each descriptor /proc/self/fd lists, read with raw getdents64 into
-// a buffer on the stack (procfs positions that listing by descriptor number, so closing as it
-// goes skips nothing); else one by one up to the soft limit. Closing only up to the soft limit
-// would miss the agent's own descriptors above it: the agent raises its limit, its children get
-// the one it was given.
-void CloseAllBut(int keep) {
-  const unsigned k = static_cast<unsigned>(keep);
-  if ((k <= 3 || ::syscall(SYS_close_range, 3U, k - 1, 0U) == 0) &&
-      ::syscall(SYS_close_range, k + 1, ~0U, 0U) == 0)
-    return;
-  int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    alignas(8) char buf[4096];
-    long n;
-    while ((n = ::syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
-      for (long off = 0; off < n;) {
-        // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
-        unsigned short reclen;
-        std::memcpy(&reclen, buf + off + 16, sizeof reclen);
-        const char* name = buf + off + 19;
-        off += reclen;
-        int fd = 0;
-        bool number = *name != '\0';
-        for (const char* c = name; *c != '\0'; ++c) {
-          if (*c < '0' || *c > '9' || fd > 100000000) {
-            number = false;
-            break;
-          }
-          fd = fd * 10 + (*c - '0');
-        }
-        if (number && fd > 2 && fd != keep && fd != dir) ::close(fd);
-      }
-    }
-    ::close(dir);
-    if (n == 0) return;
-  }
-  struct rlimit rl;
-  long max = 65536;
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 65536 &&
-      rl.rlim_cur < 1048576)
-    max = static_cast<long>(rl.rlim_cur);
-  for (long fd = 3; fd < max; ++fd)
-    if (fd != keep) ::close(static_cast<int>(fd));
-}
-
 // What the agent spawns is the OOM killer's first choice in the box: +500 (raising is always
 // allowed, lowering below the inherited minimum never is). Where the runtime could protect the
 // agent (-1000, see native_runtime.cc) a child would otherwise inherit that and be unkillable,
@@ -196,6 +150,52 @@ const char* StageName(int stage) {
 }
 
 }  // namespace
+
+// Closes every descriptor from 3 on except `keep`. close_range where the kernel has it; else
+// (gVisor 20221219 has none) each descriptor /proc/self/fd lists, read with raw getdents64 into
+// a buffer on the stack (procfs positions that listing by descriptor number, so closing as it
+// goes skips nothing); else one by one up to the soft limit. Closing only up to the soft limit
+// would miss the agent's own descriptors above it: the agent raises its limit, its children get
+// the one it was given.
+void CloseAllBut(int keep) {
+  const unsigned k = static_cast<unsigned>(keep);
+  if ((k <= 3 || ::syscall(SYS_close_range, 3U, k - 1, 0U) == 0) &&
+      ::syscall(SYS_close_range, k + 1, ~0U, 0U) == 0)
+    return;
+  int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    alignas(8) char buf[4096];
+    long n;
+    while ((n = ::syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+      for (long off = 0; off < n;) {
+        // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+        unsigned short reclen;
+        std::memcpy(&reclen, buf + off + 16, sizeof reclen);
+        const char* name = buf + off + 19;
+        off += reclen;
+        int fd = 0;
+        bool number = *name != '\0';
+        for (const char* c = name; *c != '\0'; ++c) {
+          if (*c < '0' || *c > '9' || fd > 100000000) {
+            number = false;
+            break;
+          }
+          fd = fd * 10 + (*c - '0');
+        }
+        if (number && fd > 2 && fd != keep && fd != dir) ::close(fd);
+      }
+    }
+    ::close(dir);
+    if (n == 0) return;
+  }
+  struct rlimit rl;
+  long max = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 65536 &&
+      rl.rlim_cur < 1048576)
+    max = static_cast<long>(rl.rlim_cur);
+  for (long fd = 3; fd < max; ++fd)
+    if (fd != keep) ::close(static_cast<int>(fd));
+}
 
 std::vector<std::string> ExecCandidates(const std::string& argv0, const std::string& path_env) {
   if (argv0.find('/') != std::string::npos) return {argv0};

@@ -14,6 +14,11 @@
 
 namespace sbx::agent {
 
+// Closes every descriptor from 3 on except `keep` (>= 3, or 2 to keep none): close_range, or
+// where the kernel has none what /proc/self/fd lists. System calls only, on the stack: fit for
+// the child of a fork.
+void CloseAllBut(int keep);
+
 struct SpawnPlan {
   std::vector<std::string> argv;  // non-empty, no NUL bytes
   std::vector<std::string> env;   // final environment, "KEY=VALUE"

@@ -162,7 +162,7 @@ awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex, const PortTar
   }
   // Making a socket in the box's network namespace waits on the kernel: off the I/O thread.
   auto socket = co_await http::OnPool(
-      ctx.blocking, [&] { return ctx.manager.TcpSocket(target.owner, target.rec.id); });
+      ctx.blocking, [&] { return ctx.manager.TcpSocket(target.owner, target.rec.id, port); });
   if (!socket.ok()) co_return socket.status();
   // E2B's maskRequestHost: the box sees this Host (with ${PORT} replaced), not the client's.
   if (!target.rec.mask_request_host.empty()) {
@@ -171,7 +171,9 @@ awaitable<Status> RelayToPort(ApiContext& ctx, http::Exchange& ex, const PortTar
       host.replace(at, 7, std::to_string(port));
     head = WithHost(head, host);
   }
-  co_return co_await ex.Relay(std::move(*socket), network::BoxLoopback(port), std::move(head));
+  const sockaddr_in to = network::BoxLoopback(port);
+  co_return co_await ex.Relay(std::move(socket->fd), socket->connected ? nullptr : &to,
+                              std::move(head));
 }
 
 std::string WithTarget(const std::string& head, std::string_view target) {

@@ -63,6 +63,47 @@ Result<AgentConnection> AgentConnection::Connect(const std::string& socket_path,
   return conn;
 }
 
+Result<UniqueFd> AgentConnection::ConnectPort(const std::string& socket_path, int port,
+                                              int timeout_ms) {
+  const std::string what = "connect to port " + std::to_string(port);
+  auto conn = Connect(socket_path, timeout_ms);
+  if (!conn.ok()) return conn.status().Wrap(what);
+  const int64_t deadline = Deadline(timeout_ms);
+  const uint32_t id = conn->NextId();
+  SBX_RETURN_IF_ERROR(conn->Send(Type::kTcpConnect, id, Writer().Int(Tag::kPort, port)));
+  // The reply exactly: its header, then its payload, each read to its last byte and no further.
+  auto read_exactly = [&](char* p, size_t n) -> Status {
+    while (n > 0) {
+      pollfd pfd{conn->fd(), POLLIN, 0};
+      int r = ::poll(&pfd, 1, Left(deadline));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::Errno(what);
+      if (r == 0) return Status::Error(what + ": no answer from the agent", ETIMEDOUT);
+      ssize_t got = ::read(conn->fd(), p, n);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got < 0) return Status::Errno(what);
+      if (got == 0) return Status::Error(what + ": the agent closed the connection", ECONNRESET);
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return {};
+  };
+  char head[kHeaderSize];
+  SBX_RETURN_IF_ERROR(read_exactly(head, sizeof head));
+  Header h;
+  if (!DecodeHeader(head, &h) || h.id != id)
+    return Status::Error(what + ": unexpected reply", EPROTO);
+  std::string payload(h.len, '\0');
+  SBX_RETURN_IF_ERROR(read_exactly(payload.data(), payload.size()));
+  Frame f;
+  f.header = h;
+  f.payload = std::move(payload);
+  if (!f.fields.Parse(f.payload)) return Status::Error(what + ": malformed reply", EPROTO);
+  if (h.type == Type::kError) return ErrorFromFrame(f);
+  if (h.type != Type::kOk) return Status::Error(what + ": unexpected reply", EPROTO);
+  return std::move(conn->fd_);
+}
+
 uint32_t AgentConnection::NextId() {
   uint32_t id = next_id_++;
   if (next_id_ == 0) next_id_ = 1;

@@ -53,6 +53,13 @@ class AgentConnection {
   // Connects to the agent's unix socket and does the HELLO handshake. Retries ECONNREFUSED and
   // ENOENT (the agent is still starting) until timeout_ms.
   static Result<AgentConnection> Connect(const std::string& socket_path, int timeout_ms = 5000);
+  // A new connection that asks the agent for a TCP connection to `port` on the box's loopback
+  // (TCP_CONNECT) and, once the agent has it, is that connection: its socket carries the port's
+  // bytes both ways from then on. The reply is read to its last byte and no further, so nothing
+  // the port sends first is lost. The agent's errno when it cannot connect (ECONNREFUSED: nothing
+  // listens there).
+  static Result<UniqueFd> ConnectPort(const std::string& socket_path, int port,
+                                      int timeout_ms = 5000);
 
   AgentConnection(AgentConnection&&) = default;
   AgentConnection& operator=(AgentConnection&&) = default;

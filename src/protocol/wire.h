@@ -67,6 +67,9 @@ enum class Type : uint16_t {
   // flow control (client -> agent, no reply), for the subscription named by the header's id
   kPause = 63,
   kResume = 64,
+  // ports: a TCP connection to the box's loopback, after whose OK the connection carries its
+  // bytes both ways, unframed (docs/agent-protocol.md, "Ports")
+  kTcpConnect = 80,
 };
 
 // Field tags. One namespace for all messages; docs/agent-protocol.md lists which message uses
@@ -128,6 +131,8 @@ enum class Tag : uint16_t {
   kWithEntry = 66,    // int 0/1: WATCH events carry the entry's fields
   kEntry = 67,        // record: entry fields, nested in a WATCH_EVENT
   kFollow = 68,       // int 0/1: STAT resolves a symlink (the target's type and mode)
+  // ports
+  kPort = 80,  // int: 1..65535
 };
 
 enum class FileType : int64_t { kFile = 1, kDir = 2, kSymlink = 3, kOther = 4 };

@@ -1,5 +1,6 @@
 #include "sandbox/manager.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -1356,7 +1357,8 @@ Result<Connected> Manager::Connect(const store::ApiKeyRecord& key, const std::st
   return out;
 }
 
-Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::string& id) {
+Result<Manager::PortSocket> Manager::TcpSocket(const store::ApiKeyRecord& key,
+                                               const std::string& id, int port) {
   auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) return rec.status();
   if (rec->state != store::kStateRunning)
@@ -1367,8 +1369,20 @@ Result<UniqueFd> Manager::TcpSocket(const store::ApiKeyRecord& key, const std::s
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
   auto socket = runtime_.OpenSocket(*box, AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
-  if (!socket.ok()) return ForClients(id, "socket", socket.status());
-  return socket;
+  if (socket.ok()) return PortSocket{std::move(socket).value(), false};
+  if (socket.status().err() != ENOTSUP) return ForClients(id, "socket", socket.status());
+  // Through the agent (TCP_CONNECT): its connection becomes the port's stream.
+  auto stream = protocol::AgentConnection::ConnectPort(box->agent_socket, port);
+  if (!stream.ok()) {
+    // Nothing listening, or the port refused: the client's to know, as a refused connect.
+    int err = stream.status().err();
+    if (err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH) return stream.status();
+    return ForClients(id, "port", stream.status());
+  }
+  int flags = ::fcntl(stream->get(), F_GETFL);
+  if (flags < 0 || ::fcntl(stream->get(), F_SETFL, flags | O_NONBLOCK) != 0)
+    return Status::Errno("port stream of sandbox " + id);
+  return PortSocket{std::move(stream).value(), true};
 }
 
 Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,

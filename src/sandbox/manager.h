@@ -389,9 +389,16 @@ class Manager {
   // connection before it records the end, so a facade whose stream from the box ended asks this
   // to tell a killed sandbox from a dropped connection. Blocking (for the transition).
   Result<store::SandboxRecord> Settled(const store::ApiKeyRecord& key, const std::string& id);
-  // A TCP socket (non-blocking, not connected) in a running sandbox's network namespace, to
-  // reach a port on its loopback. EBUSY when the sandbox is paused.
-  Result<UniqueFd> TcpSocket(const store::ApiKeyRecord& key, const std::string& id);
+  // A way to `port` on a running sandbox's loopback (EBUSY when it is paused): a TCP socket in
+  // its network namespace, not connected yet (connected false: connect it to 127.0.0.1:port);
+  // or, where the runtime has no namespace the host can open one in (gVisor), a stream the
+  // box's agent connected there (connected true: bytes go as they are; the agent's errno, such
+  // as ECONNREFUSED, when it could not connect).
+  struct PortSocket {
+    UniqueFd fd;
+    bool connected = false;
+  };
+  Result<PortSocket> TcpSocket(const store::ApiKeyRecord& key, const std::string& id, int port);
 
   // The agent connection of a running sandbox (EBUSY when paused), shared by every caller and
   // re-established after the agent connection drops. Single-flight: while one caller connects,

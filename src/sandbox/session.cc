@@ -749,11 +749,12 @@ Awaitable<Result<std::unique_ptr<Watch>>> Session::WatchDir(const std::string& p
 
 Awaitable<Result<UniqueFd>> Session::ConnectPort(int port) {
   if (port < 1 || port > 65535) co_return Status::Error("port: from 1 to 65535", EINVAL);
-  auto fd = manager_.TcpSocket(key_, record_.id);
+  auto fd = manager_.TcpSocket(key_, record_.id, port);
   if (!fd.ok()) co_return fd.status();
+  if (fd->connected) co_return std::move(fd->fd);  // the agent's stream to the port (gVisor)
   asio::ip::tcp::socket sock(co_await asio::this_coro::executor);
   boost::system::error_code ec;
-  sock.assign(asio::ip::tcp::v4(), fd->release(), ec);
+  sock.assign(asio::ip::tcp::v4(), fd->fd.release(), ec);
   if (ec) co_return Status::Error("connect to port " + std::to_string(port), ec.value());
   asio::ip::tcp::endpoint to(asio::ip::address_v4::loopback(), static_cast<uint16_t>(port));
   co_await sock.async_connect(to, asio::redirect_error(asio::use_awaitable, ec));

@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { request } from 'node:http'
-import { SDKS, withSandbox, sleep, skipUnder } from './helpers.mjs'
+import { SDKS, withSandbox, sleep } from './helpers.mjs'
 
 // An HTTP server for the sandbox: echoes requests as JSON, serves /big (5 MiB), and turns an
 // `Upgrade: echo` request into a raw echo of whatever follows the 101.
@@ -77,9 +77,7 @@ function call({ path = '/', method = 'GET', headers = {}, body, chunked = false 
 
 const [name, sdk] = SDKS[0]
 
-test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgrades, 502s`, {
-  skip: skipUnder('gvisor', "ports need a socket in the box's stack, which is gVisor's own"),
-}, async () => {
+test(`${name}: sandbox ports through the daemon (headers and Host), bodies, upgrades, 502s`, async () => {
   await withSandbox(sdk, {}, async (sbx) => {
     await sbx.files.write('/home/user/server.py', SERVER)
     await sbx.commands.run('python3 /home/user/server.py', { background: true })

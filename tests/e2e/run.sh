@@ -51,7 +51,7 @@ stop() {
   if [ -n "${FAKENET:-}" ]; then "$FAKENET" down "$TAG" "$DATA/net"; fi
 }
 trap 'stop' EXIT INT TERM
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do  # up to 60 s: the start probes the runtimes (gVisor: a real box)
   [ -s "$DATA/serve.port" ] && [ -s "$DATA/api-key" ] && break
   sleep 0.1
 done

@@ -1060,6 +1060,28 @@ TEST_F(ServeTest, AGvisorSandboxRunsOnGvisorsKernel) {
   auto r = d_->Exec(id, {{"command", "dmesg | head -1; echo kept > /root/k"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Starting gVisor"), std::string::npos) << r.out;
+  // A port on its loopback, which is gVisor's own: reached through the agent (TCP_CONNECT and
+  // a relay process in the box), a closed one answered 502.
+  ASSERT_EQ(d_->Exec(id, {{"command", "mkfifo /tmp/up && mkdir -p /srv && echo hi > /srv/a.txt"}})
+                .exit_code,
+            0);
+  d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
+           {{"argv",
+             {"python3", "-c",
+              "import http.server, functools\n"
+              "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv')\n"
+              "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), h)\n"
+              "open('/tmp/up', 'w').close()\n"
+              "s.serve_forever()\n"}},
+            {"background", true}},
+           201);
+  ASSERT_EQ(d_->Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);  // returns once it listens
+  for (int i = 0; i < 3; ++i) {  // each a connection and a relay of its own
+    auto got = d_->Call("GET", "/v1/sandboxes/" + id + "/ports/8000/a.txt");
+    EXPECT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.body, "hi\n");
+  }
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/ports/8001/").status, 502);
   json snap = d_->Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
   EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id + "?wait=true").status, 204);
   EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-gvisor)\"").c_str()), 0);

@@ -140,8 +140,9 @@ class Exchange {
   // Connects `socket` (a non-blocking TCP socket) to `address`; an error then means nothing was
   // sent to the client, so the caller still answers. Once connected, sends `head` and then the
   // client's raw bytes upstream and the upstream's bytes back unchanged, until the upstream
-  // closes (a WebSocket upgrade passes through too); the connection closes after.
-  boost::asio::awaitable<Status> Relay(UniqueFd socket, const sockaddr_in& address,
+  // closes (a WebSocket upgrade passes through too); the connection closes after. `address`
+  // null: `socket` is a stream connected already (any family), used as it is.
+  boost::asio::awaitable<Status> Relay(UniqueFd socket, const sockaddr_in* address,
                                        std::string head);
 
   // ---- WebSocket ----

@@ -179,7 +179,7 @@ Router TestRouter(Probe& probe) {
     to.sin_port = htons(static_cast<uint16_t>(std::stoi(ex.Param("port"))));
     to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     std::string head = ex.ForwardHead({"x-secret"});
-    Status s = co_await ex.Relay(std::move(fd), to, std::move(head));
+    Status s = co_await ex.Relay(std::move(fd), &to, std::move(head));
     if (!s.ok() && !ex.responded()) co_await ex.RespondError(502, "bad_gateway", s.message());
   });
   return r;

@@ -5,6 +5,7 @@
 // clang-format on
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "api/http/connection.h"
 #include "api/http/exchange.h"
@@ -126,19 +127,27 @@ std::string Exchange::ForwardHead(std::initializer_list<std::string_view> drop) 
   return head;
 }
 
-net::awaitable<Status> Exchange::Relay(UniqueFd socket, const sockaddr_in& address,
+net::awaitable<Status> Exchange::Relay(UniqueFd socket, const sockaddr_in* address,
                                        std::string head) {
   if (state_ != State::kNone) co_return Status::Error("relay: response already started");
   Stream upstream(conn_.executor());
   boost::system::error_code ec;
-  upstream.assign(net::generic::stream_protocol(AF_INET, IPPROTO_TCP), socket.release(), ec);
+  sockaddr_storage own{};
+  socklen_t own_len = sizeof own;
+  if (::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&own), &own_len) != 0)
+    co_return Status::Errno("relay: socket");
+  upstream.assign(
+      net::generic::stream_protocol(own.ss_family, own.ss_family == AF_UNIX ? 0 : IPPROTO_TCP),
+      socket.release(), ec);
   if (ec) co_return StatusFrom("relay: socket", ec);
-  net::generic::stream_protocol::endpoint to(&address, sizeof address);
-  conn_.SetDeadline(conn_.state_.options.write_timeout);
-  co_await upstream.async_connect(to, net::redirect_error(net::use_awaitable, ec));
-  conn_.ClearDeadline();
-  // Nothing was sent to the client yet: the caller can still answer (502 for a closed port).
-  if (ec) co_return StatusFrom("relay: connect", ec);
+  if (address != nullptr) {
+    net::generic::stream_protocol::endpoint to(address, sizeof *address);
+    conn_.SetDeadline(conn_.state_.options.write_timeout);
+    co_await upstream.async_connect(to, net::redirect_error(net::use_awaitable, ec));
+    conn_.ClearDeadline();
+    // Nothing was sent to the client yet: the caller can still answer (502 for a closed port).
+    if (ec) co_return StatusFrom("relay: connect", ec);
+  }
 
   state_ = State::kStreaming;
   status_ = 502;                                 // until the upstream's status line says otherwise
