@@ -22,7 +22,7 @@ import time
 
 import daemon as daemon_mod
 import peers as peers_mod
-from stats import ratio, summarize
+from stats import ratio, run_bench, summarize
 
 FULL = {"runs": 30, "rounds": 2, "idle": 5, "settle_s": 5}
 QUICK = {"runs": 8, "rounds": 1, "idle": 2, "settle_s": 2}
@@ -130,22 +130,4 @@ def run_runtimes(build_dir, tmp, pid, log, quick):
     """The runtime rows; always returns a dict (with "error" when a step failed) and leaves no
     process or file of the run behind."""
     cfg = dict(QUICK if quick else FULL)
-    t0 = time.time()
-    res = {"config": cfg, "quick": quick,
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
-    with open("/proc/loadavg") as f:
-        res["load_at_start"] = " ".join(f.read().split()[:3])
-    b = RuntimeBench(build_dir, tmp, pid, log, cfg)
-    try:
-        res.update(b.run())
-    except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError) as e:
-        res["error"] = str(e)
-    finally:
-        notes = b.close()
-        if notes:
-            res["notes"] = notes
-    with open("/proc/loadavg") as f:
-        res["load_at_end"] = " ".join(f.read().split()[:3])
-    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    res["duration_s"] = round(time.time() - t0, 1)
-    return res
+    return run_bench(cfg, quick, RuntimeBench(build_dir, tmp, pid, log, cfg))

@@ -1,4 +1,8 @@
-"""Percentiles and summaries of latency samples (stdlib only)."""
+"""Percentiles and summaries of latency samples, and the frame of a bench section's results
+(stdlib only)."""
+
+import subprocess
+import time
 
 
 def percentile(sorted_values, p):
@@ -34,3 +38,31 @@ def ratio(a, b):
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def _load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def run_bench(cfg, quick, bench):
+    """Runs a section's bench object (run() -> its rows, close() -> cleanup notes) between the
+    fields every section's results carry: its configuration, when it ran, the load average at
+    both ends and its duration. Always returns a dict, with "error" when a step failed; close()
+    runs whatever happened."""
+    t0 = time.time()
+    res = {"config": cfg, "quick": quick,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+           "load_at_start": _load()}
+    try:
+        res.update(bench.run())
+    except (OSError, ValueError, KeyError, RuntimeError, subprocess.SubprocessError) as e:
+        res["error"] = str(e)
+    finally:
+        notes = bench.close()
+        if notes:
+            res["notes"] = notes
+    res["load_at_end"] = _load()
+    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    res["duration_s"] = round(time.time() - t0, 1)
+    return res

@@ -654,22 +654,33 @@ TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
   EXPECT_EQ(Slots(), 0u);
 }
 
+// A 1 GiB btrfs filesystem on a loop device, made in `dir` and mounted at <dir>/btrfs (0711)
+// until it goes (detached: the loop device goes with its last user).
+struct BtrfsMount {
+  explicit BtrfsMount(const std::string& dir) {
+    const std::string img = dir + "/btrfs.img", at = dir + "/btrfs";
+    if (::mkdir(at.c_str(), 0711) == 0 &&
+        ::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
+                  " > /dev/null && mount -o loop " + img + " " + at + " && chmod 711 " + at)
+                     .c_str()) == 0)
+      mnt = at;
+  }
+  ~BtrfsMount() {
+    if (ok()) ::umount2(mnt.c_str(), MNT_DETACH);
+  }
+  bool ok() const { return !mnt.empty(); }
+  std::string mnt;
+};
+
 // Issue 14 item 3: with the run directory on btrfs, a disk limit is the qgroup limit of a
 // subvolume holding the writable layer, not an ext4 image on a loop device. The btrfs filesystem
 // is one the test makes on a loop device.
 TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
   if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
-  const std::string img = dir_ + "/btrfs.img", mnt = dir_ + "/btrfs";
-  ASSERT_EQ(::mkdir(mnt.c_str(), 0711), 0);
-  ASSERT_EQ(::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
-                      " > /dev/null && mount -o loop " + img + " " + mnt + " && chmod 711 " + mnt)
-                         .c_str()),
-            0);
-  struct Unmount {
-    std::string mnt;
-    ~Unmount() { ::umount2(mnt.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  BtrfsMount btrfs_fs(dir_);
+  ASSERT_TRUE(btrfs_fs.ok());
+  const std::string& mnt = btrfs_fs.mnt;
   NativeConfig cfg = rt_->config();
   cfg.run_dir = mnt + "/run";
   auto rt = NativeRuntime::Open(cfg);
@@ -724,16 +735,9 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
 TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsKeepsInodeNumbersUnique) {
   if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
-  const std::string img = dir_ + "/btrfs.img", mnt = dir_ + "/btrfs";
-  ASSERT_EQ(::mkdir(mnt.c_str(), 0711), 0);
-  ASSERT_EQ(::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
-                      " > /dev/null && mount -o loop " + img + " " + mnt + " && chmod 711 " + mnt)
-                         .c_str()),
-            0);
-  struct Unmount {
-    std::string mnt;
-    ~Unmount() { ::umount2(mnt.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  BtrfsMount btrfs_fs(dir_);
+  ASSERT_TRUE(btrfs_fs.ok());
+  const std::string& mnt = btrfs_fs.mnt;
   // The box's only layer, on that filesystem: a static busybox and 40 directories with a file
   // each (inode numbers from 257 on, as the writable layer's would be in a new subvolume).
   const std::string layer = mnt + "/layer";

@@ -464,26 +464,31 @@ TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {
   EXPECT_EQ(d_->Call("POST", "/v1/sandboxes", json{{"public_ports", "yes"}}.dump()).status, 400);
 }
 
+// Starts python's http.server on the box's 127.0.0.1:8000, serving /srv with a.txt ("hi\n");
+// returns once it listens: it opens a FIFO the test's command waits on, so nothing polls.
+void ServeSrvOnPort8000(Daemon& d, const std::string& id) {
+  auto setup = d.Exec(id, {{"command", "mkfifo /tmp/up && mkdir -p /srv && echo hi > /srv/a.txt"}});
+  ASSERT_EQ(setup.exit_code, 0) << setup.err;
+  d.Json("POST", "/v1/sandboxes/" + id + "/commands",
+         {{"argv",
+           {"python3", "-c",
+            "import http.server, functools\n"
+            "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv')\n"
+            "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), h)\n"
+            "open('/tmp/up', 'w').close()\n"
+            "s.serve_forever()\n"}},
+          {"background", true}},
+         201);
+  ASSERT_EQ(d.Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);
+}
+
 // /v1/sandboxes/{id}/ports/{port}/...: the native way to a box port (api/ingress.h), with the
 // owner's API key or the traffic token. The server signals that it listens through a FIFO the
 // test's command waits on, so nothing polls.
 TEST_F(ServeTest, V1PortRouteRelaysWithTheKeyOrTheTrafficToken) {
   json s = d_->Json("POST", "/v1/sandboxes", json::object(), 201);
   std::string id = s["id"], token = s["traffic_token"];
-  auto setup =
-      d_->Exec(id, {{"command", "mkfifo /tmp/up && mkdir -p /srv && echo hi > /srv/a.txt"}});
-  ASSERT_EQ(setup.exit_code, 0) << setup.err;
-  d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
-           {{"argv",
-             {"python3", "-c",
-              "import http.server, functools\n"
-              "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv')\n"
-              "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), h)\n"
-              "open('/tmp/up', 'w').close()\n"
-              "s.serve_forever()\n"}},
-            {"background", true}},
-           201);
-  ASSERT_EQ(d_->Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);  // returns once it listens
+  ServeSrvOnPort8000(*d_, id);
   const std::string base = "/v1/sandboxes/" + id + "/ports/8000";
   // With the owner's key (which the server in the box never sees).
   auto with_key = d_->Call("GET", base + "/a.txt");
@@ -1062,20 +1067,7 @@ TEST_F(ServeTest, AGvisorSandboxRunsOnGvisorsKernel) {
   EXPECT_NE(r.out.find("Starting gVisor"), std::string::npos) << r.out;
   // A port on its loopback, which is gVisor's own: reached through the agent (TCP_CONNECT and
   // a relay process in the box), a closed one answered 502.
-  ASSERT_EQ(d_->Exec(id, {{"command", "mkfifo /tmp/up && mkdir -p /srv && echo hi > /srv/a.txt"}})
-                .exit_code,
-            0);
-  d_->Json("POST", "/v1/sandboxes/" + id + "/commands",
-           {{"argv",
-             {"python3", "-c",
-              "import http.server, functools\n"
-              "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv')\n"
-              "s = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), h)\n"
-              "open('/tmp/up', 'w').close()\n"
-              "s.serve_forever()\n"}},
-            {"background", true}},
-           201);
-  ASSERT_EQ(d_->Exec(id, {{"command", "cat /tmp/up"}}).exit_code, 0);  // returns once it listens
+  ServeSrvOnPort8000(*d_, id);
   for (int i = 0; i < 3; ++i) {  // each a connection and a relay of its own
     auto got = d_->Call("GET", "/v1/sandboxes/" + id + "/ports/8000/a.txt");
     EXPECT_EQ(got.status, 200) << got.body;
