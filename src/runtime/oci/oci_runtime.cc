@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -276,6 +277,14 @@ std::vector<std::string> MountsBelow(const std::string& dir) {
 
 // Unmounts (detaching) everything mounted at or below `dir`, the latest mounts first. Mounts of
 // mounts (a bind over a bind) take more than one pass.
+// A box's writable layer (its upper directory) on the host: in its disk image's mount when it
+// has a disk limit.
+std::string Upper(const std::string& box_dir) {
+  const std::string image = box_dir + "/fs/disk/upper";
+  struct stat st {};
+  return ::lstat(image.c_str(), &st) == 0 ? image : box_dir + "/fs/upper";
+}
+
 Status UnmountBelow(const std::string& dir) {
   for (int pass = 0; pass < 8; ++pass) {
     auto mounts = MountsBelow(dir);
@@ -762,8 +771,6 @@ Status OciRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("a box needs at least one layer", EINVAL);
   SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(spec.id, spec.limits));
-  if (spec.limits.disk_bytes > 0)
-    return Status::Error("a disk limit is not supported under " + config_.name + " yet", ENOTSUP);
   auto dir = BoxDir::Make(config_.run_dir, spec.id, spec.owner);
   if (!dir.ok()) return dir.status();
   c.dir.emplace(std::move(dir).value());
@@ -785,19 +792,32 @@ Status OciRuntime::Prepare(Creation& c) {
   // the host) is below it in directories of that id's alone (0700), so that no other host user
   // and no other box reaches the box's files.
   if (::chmod(d.c_str(), 0711) != 0) return Status::Errno("chmod " + d);
-  // fs/upper is the box's "/" (an overlay's root takes its upper directory's mode): 0755 as in
-  // native boxes, or no user but root could reach anything inside; fs/ above it keeps the host out.
-  for (const char* sub :
-       {"/fs", "/fs/upper", "/fs/work", "/fs/root", "/lower", "/binds", "/over"}) {
-    std::string p = d + sub;
-    const mode_t mode = std::string_view(sub) == "/fs/upper" ? 0755 : 0700;
+  auto make_dir = [&](const std::string& p, mode_t mode) -> Status {
     if (::mkdir(p.c_str(), mode) != 0 || ::chmod(p.c_str(), mode) != 0)
       return Status::Errno("mkdir " + p);
     if (::chown(p.c_str(), base, base) != 0) return Status::Errno("chown " + p);
+    return {};
+  };
+  for (const char* sub : {"/fs", "/fs/root", "/lower", "/binds", "/over"})
+    SBX_RETURN_IF_ERROR(make_dir(d + sub, 0700));
+  // The writable layer: fs/{upper,work}, or with a disk limit the same in an ext4 image of that
+  // size mounted on fs/disk (on the host for the box's life: the root overlay, mounted on the
+  // host, writes there). The image's undo is its mount's, after the overlay's (HostMounts).
+  std::string layer = d + "/fs";
+  if (spec.limits.disk_bytes > 0) {
+    layer = d + "/fs/disk";
+    SBX_RETURN_IF_ERROR(make_dir(layer, 0700));
+    SBX_RETURN_IF_ERROR(MountDiskImage(d + "/disk.img", layer, spec.limits.disk_bytes, base));
+    c.mounts.Add(layer);
+    if (::chmod(layer.c_str(), 0700) != 0) return Status::Errno("chmod " + layer);
   }
+  // upper is the box's "/" (an overlay's root takes its upper directory's mode): 0755 as in native
+  // boxes, or no user but root could reach anything inside; fs/ above it keeps the host out.
+  const std::string up = layer + "/upper";
+  SBX_RETURN_IF_ERROR(make_dir(up, 0755));
+  SBX_RETURN_IF_ERROR(make_dir(layer + "/work", 0700));
   // Mount points of sbx's own binds, made in the (still empty) writable layer so that whatever a
   // layer has at /.sbx is hidden, never followed.
-  const std::string up = d + "/fs/upper";
   for (const std::string p : {"/.sbx", "/.sbx/run"}) {
     if (::mkdir((up + p).c_str(), 0755) != 0) return Status::Errno("mkdir " + up + p);
     if (::chown((up + p).c_str(), base, base) != 0) return Status::Errno("chown " + up + p);
@@ -851,7 +871,7 @@ Status OciRuntime::Prepare(Creation& c) {
   // The root: an overlay of the idmapped layers under the writable layer, on the host, with
   // overlayfs' user.* xattrs as in a native box (its writable layer has the same form).
   std::string opts =
-      "userxattr,lowerdir=" + lower + ",upperdir=" + up + ",workdir=" + d + "/fs/work";
+      "userxattr,lowerdir=" + lower + ",upperdir=" + up + ",workdir=" + layer + "/work";
   if (opts.size() >= 4000)
     return Status::Error(std::to_string(spec.layers.size()) + " layers do not fit one overlay",
                          E2BIG);
@@ -1031,7 +1051,15 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
     s.pids_current = data.value("/pids/current"_json_pointer, uint64_t{0});
     st = s;
   }
-  if (auto disk = DirectoryUsage(Dir(box.id) + "/fs/upper"); disk.ok()) {
+  struct statvfs vfs {};
+  const std::string dir = Dir(box.id);
+  if (Upper(dir) != dir + "/fs/upper") {
+    // A disk limit: its image's filesystem.
+    if (::statvfs((dir + "/fs/disk").c_str(), &vfs) == 0) {
+      st->disk_used = static_cast<uint64_t>(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize;
+      st->disk_total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    }
+  } else if (auto disk = DirectoryUsage(dir + "/fs/upper"); disk.ok()) {
     st->disk_used = disk->used;
     st->disk_total = disk->total;
   }
@@ -1122,6 +1150,9 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
     if (!stopped.ok() || !unmounted.ok()) {
       kept = Status::Error("keep the writable layer of box " + box.id + ": the box is not stopped",
                            EBUSY);
+    } else if (::access((dir + "/disk.img").c_str(), F_OK) == 0) {
+      kept = Status::Error("keep the writable layer of box " + box.id + ": it has a disk limit",
+                           ENOTSUP);
     } else if (::rename((dir + "/fs/upper").c_str(), keep_upper->c_str()) != 0) {
       kept =
           Status::Errno("keep the writable layer of box " + box.id + ": rename to " + *keep_upper);
@@ -1145,8 +1176,7 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
 Status OciRuntime::CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   const std::string what = "copy the writable layer of box " + box.id;
-  UniqueFd src(
-      ::open((Dir(box.id) + "/fs/upper").c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd src(::open(Upper(Dir(box.id)).c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!src) return Status::Errno(what + ": open");
   auto copied = CopyLayerTree(src.get(), dest, limit_bytes);
   if (!copied.ok()) return copied.status().Wrap(what);

@@ -22,6 +22,7 @@
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/cgroup_internal.h"
+#include "runtime/native/disk.h"
 #include "storage/template.h"
 #include "store/store.h"
 
@@ -355,6 +356,35 @@ TEST_P(OciRuntimeTest, FreezeThawStatsAndACopyOfTheWritableLayer) {
   ASSERT_TRUE(listed.ok()) << listed.status().message();
   ASSERT_TRUE(rt_->Destroy(*box).ok());
   ExpectGone(*box);
+}
+
+// A disk limit: the writable layer in an ext4 image of that size, mounted on the host beside the
+// box (the root overlay writes there); a write past it is ENOSPC inside, the stats are the
+// image's, and the box goes with its image's mount and loop device.
+TEST_P(OciRuntimeTest, ADiskLimitIsAnImageOfThatSize) {
+  BoxSpec spec = Spec();
+  spec.limits.disk_bytes = 32 << 20;
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  auto [out, code] = RunSh(*box,
+                           "echo kept > /root/k && head -c 64M /dev/zero > /root/z; echo $?; "
+                           "cat /root/k; setpriv --reuid=1000 --regid=1000 --clear-groups sh -c "
+                           "'cd /tmp && echo user ok'");
+  EXPECT_EQ(out, "1\nkept\nuser ok\n");
+  auto stats = rt_->Stats(*box);
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_LE(stats->disk_total, uint64_t{32} << 20);
+  EXPECT_GE(stats->disk_total, uint64_t{20} << 20);
+  EXPECT_GE(stats->disk_used, uint64_t{16} << 20);
+  std::string dest = dir_ + "/copy";
+  ASSERT_EQ(::mkdir(dest.c_str(), 0700), 0);
+  ASSERT_TRUE(rt_->CopyWritableLayer(*box, dest, 1 << 30).ok());
+  EXPECT_EQ(*ReadFile(dest + "/root/k"), "kept\n");
+  auto loop = LoopDeviceOf(box->dir + "/disk.img");
+  ASSERT_TRUE(loop.ok()) << loop.status().message();
+  ASSERT_TRUE(rt_->Destroy(*box).ok());
+  ExpectGone(*box);
+  EXPECT_FALSE(LoopDeviceOf(box->dir + "/disk.img").ok()) << *loop << " is still attached";
 }
 
 // runc boxes run under the native seccomp policy: a denied call is EPERM (or EAFNOSUPPORT for a
