@@ -315,6 +315,13 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(can.message());
     return kExitSbxError;
   }
+  // Boxes of earlier runs under this runtime that were killed before they could clean up (the
+  // native runtime's were reaped above; a killed run's watchdog has killed their processes).
+  if (!spec.runtime.empty() && spec.runtime != "native") {
+    if (auto reaped = router.ReapOrphans("run"); reaped.ok() && *reaped > 0 && global.verbose)
+      std::fprintf(stderr, "sbx: removed %d %s box(es) left by killed runs\n", *reaped,
+                   spec.runtime.c_str());
+  }
   spec.id = RandomId();
   spec.layers = tmpl->layers;
   spec.binds = tmpl->binds;

@@ -1,13 +1,22 @@
 // `sbx run` end to end: real boxes, real namespaces and cgroups. Each test checks what the user
 // sees (output, exit status, messages) and that nothing is left on the host afterwards.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "common/fd.h"
 #include "common/fs.h"
 #include "sbx_process.h"
 
@@ -281,6 +290,65 @@ TEST_F(RunTest, ABoxOfAKilledRunDiesAndIsReapedByTheNextRun) {
   auto next = Sbx({"--", "true"});
   EXPECT_EQ(next.exit_code, 0) << next.err;
   // TearDown checks that no box directory, cgroup or mount is left.
+}
+
+// An oci box's processes are not sbx run's children and do not hear of its death: a watchdog of
+// sbx run's kills the box's first process when sbx run dies, and the next run under that runtime
+// removes what is left. sbx run is killed once the command says it runs, so no timer decides.
+TEST_F(RunTest, AnOciBoxOfAKilledRunDiesWithItAndIsReapedByTheNextRun) {
+  for (const std::string rt : {"runc", "gvisor"}) {
+    SCOPED_TRACE(rt);
+    const std::string binary = rt == "gvisor" ? "runsc" : "runc";
+    if (::system(("command -v " + binary + " > /dev/null 2>&1").c_str()) != 0) continue;
+    int out[2];
+    ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    UniqueFd out_r(out[0]), out_w(out[1]);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out_w.get(), 1);
+    std::vector<std::string> args = {
+        SBX_BIN, "--data-dir", data_dir_, "run", "--runtime",
+        rt,      "--",         "sh",      "-c",  "echo up; exec sleep 600"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::string parent = "SBX_CGROUP_PARENT=" + cgroup_parent_;
+    std::vector<char*> env;
+    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    env.push_back(parent.data());
+    env.push_back(nullptr);
+    pid_t sbx = -1;
+    ASSERT_EQ(::posix_spawn(&sbx, SBX_BIN, &fa, nullptr, argv.data(), env.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    out_w.reset();
+    std::string said;
+    char buf[64];
+    for (ssize_t n;
+         said.find("up\n") == std::string::npos && (n = ::read(out_r.get(), buf, sizeof buf)) > 0;)
+      said.append(buf, static_cast<size_t>(n));
+    ASSERT_EQ(said, "up\n");
+    // The box's first process (runc: the container's PID 1; gVisor: the sandbox process).
+    std::string box;
+    if (DIR* d = ::opendir((data_dir_ + "/run-" + rt).c_str())) {
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') box = e->d_name;
+      ::closedir(d);
+    }
+    ASSERT_FALSE(box.empty());
+    pid_t first = std::atoi(ReadText(data_dir_ + "/run-" + rt + "/" + box + "/pid").c_str());
+    ASSERT_GT(first, 0);
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, first, 0)));
+    ASSERT_TRUE(pidfd);
+    ASSERT_EQ(::kill(sbx, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(sbx, &status, 0), sbx);
+    pollfd p{pidfd.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 60000), 1) << "the box's first process outlived sbx run";
+    auto next = Sbx({"--runtime", rt, "--", "true"});
+    EXPECT_EQ(next.exit_code, 0) << next.err;
+    EXPECT_NE(::access((data_dir_ + "/run-" + rt + "/" + box).c_str(), F_OK), 0)
+        << "the killed run's box directory is left";
+  }
 }
 
 TEST_F(RunTest, DiskLimitHolds) {

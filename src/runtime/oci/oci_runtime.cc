@@ -755,6 +755,12 @@ Result<Box> OciRuntime::Create(const BoxSpec& spec) {
   SBX_RETURN_IF_ERROR(Launch(c).Wrap(what));
   SBX_RETURN_IF_ERROR(AwaitAgent(c).Wrap(what));
   c.box.timings.agent_us = MicrosSince(c.t);
+  std::unique_ptr<Watchdog> watchdog;
+  if (spec.die_with_parent) {
+    auto w = StartWatchdog(c.dir->path());
+    if (!w.ok()) return w.status().Wrap(what);
+    watchdog = std::move(w).value();
+  }
   // Live: from here Destroy owns everything.
   c.container.Commit();
   c.mounts.Commit();
@@ -762,8 +768,47 @@ Result<Box> OciRuntime::Create(const BoxSpec& spec) {
   {
     MutexLock g(mu_);
     owner_locks_[spec.id] = std::move(lock);
+    if (watchdog) watchdogs_[spec.id] = std::move(watchdog);
   }
   return c.box;
+}
+
+OciRuntime::Watchdog::~Watchdog() {
+  wake.reset();  // it wakes, finds the box's first process gone (or kills it), and exits
+  siginfo_t info{};
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd.get()), &info,
+                  WEXITED | __WALL) < 0 &&
+         errno == EINTR) {
+  }
+}
+
+Result<std::unique_ptr<OciRuntime::Watchdog>> OciRuntime::StartWatchdog(const std::string& dir) {
+  auto first = BoxProcess(dir);
+  if (!first.ok()) return first.status().Wrap("watchdog");
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return Status::Errno("watchdog: pipe");
+  UniqueFd r(p[0]), w(p[1]);
+  const int rfd = r.get(), target = first->get();
+  int pidfd = -1;
+  // fork semantics (x86-64 clone(flags, stack, parent_tid, ...): the pidfd lands at parent_tid).
+  long pid = ::syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, nullptr, &pidfd, nullptr, nullptr);
+  if (pid == 0) {
+    // The child: raw system calls only (a clone of a possibly multi-threaded process). It keeps
+    // the pipe's read end and the box's pidfd, waits for EOF, then kills.
+    ::syscall(SYS_dup3, rfd, 0, 0);
+    ::syscall(SYS_dup3, target, 1, 0);
+    ::syscall(SYS_close_range, 2, ~0U, 0);
+    char ch;
+    while (::syscall(SYS_read, 0, &ch, 1) != 0 && errno == EINTR) {
+    }
+    ::syscall(SYS_pidfd_send_signal, 1, SIGKILL, nullptr, 0);
+    ::syscall(SYS_exit_group, 0);
+  }
+  if (pid < 0) return Status::Errno("watchdog: clone");
+  auto dog = std::make_unique<Watchdog>();
+  dog->wake = std::move(w);
+  dog->pidfd.reset(pidfd);
+  return dog;
 }
 
 Status OciRuntime::Prepare(Creation& c) {
@@ -1133,6 +1178,15 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
   const std::string what = "destroy box " + box.id;
   const std::string dir = Dir(box.id);
   Status stopped = Stop(box);
+  std::unique_ptr<Watchdog> watchdog;
+  {
+    MutexLock g(mu_);
+    if (auto it = watchdogs_.find(box.id); it != watchdogs_.end()) {
+      watchdog = std::move(it->second);
+      watchdogs_.erase(it);
+    }
+  }
+  watchdog.reset();  // the box's first process is dead: it has nothing left to kill
   // delete --force kills what is left and removes the binary's state and the box's cgroups.
   auto unknown = [](const Status& s) {
     const std::string m = s.message();

@@ -122,6 +122,17 @@ class OciRuntime : public Runtime {
   Mutex mu_;
   // Per live box created or adopted by this process: its open, flock()ed <dir>/owner file.
   std::map<std::string, UniqueFd> owner_locks_ GUARDED_BY(mu_);
+  // Boxes made with die_with_parent: a process of ours that kills the box's first process once
+  // the last write end of its pipe is gone (this process died, or Destroy closed it), and the
+  // write end. Unlike native boxes, an OCI box's processes are not our children and do not
+  // hear of our death themselves.
+  struct Watchdog {
+    UniqueFd wake, pidfd;
+    ~Watchdog();
+  };
+  std::map<std::string, std::unique_ptr<Watchdog>> watchdogs_ GUARDED_BY(mu_);
+  // Starts the Watchdog of box directory `dir` (its first process from `dir`/pid).
+  static Result<std::unique_ptr<Watchdog>> StartWatchdog(const std::string& dir);
 };
 
 }  // namespace sbx::runtime
