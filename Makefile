@@ -25,6 +25,13 @@ DEB_PACKAGES += btrfs-progs
 # The oci runtime's binaries (docs/isolation.md, "The oci runtime (gVisor, runc)"): gVisor's runsc
 # and runc. Without them those runtimes are listed unavailable and their tests skipped.
 DEB_PACKAGES += runsc runc
+# The vm runtime (docs/isolation.md, "The vm runtime"): QEMU's microvm, and Debian's kernel for its
+# guests, unpacked into VM_KERNEL_DIR with its modules.dep (never installed as the host's kernel:
+# its maintainer scripts are for a host). The generic flavour, not the cloud one: the cloud kernel
+# has no 9p, which shares the layers. busybox-static and e2fsprogs make the guest's initramfs and
+# writable layer; kmod's depmod writes the modules.dep the runtime reads.
+DEB_PACKAGES += qemu-system-x86 busybox-static e2fsprogs kmod
+VM_KERNEL_DIR ?= /var/cache/sbx/vm-kernel
 
 .PHONY: all deps build test test-sanitize fuzz run format tidy thread-safety clean bench
 
@@ -38,6 +45,17 @@ deps:
 	  echo "deps: installing:" $$missing; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all present"; fi
+	@if ! ls $(VM_KERNEL_DIR)/boot/vmlinuz-* >/dev/null 2>&1; then \
+	  pkg=$$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$$/\1/p' | head -n1); \
+	  if [ -z "$$pkg" ]; then apt-get update -qq; \
+	    pkg=$$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-amd64\)$$/\1/p' | head -n1); fi; \
+	  echo "deps: unpacking $$pkg into $(VM_KERNEL_DIR)"; \
+	  tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq $$pkg) && \
+	  rm -rf $(VM_KERNEL_DIR).new && mkdir -p $(VM_KERNEL_DIR).new && \
+	  dpkg-deb -x $$tmp/*.deb $(VM_KERNEL_DIR).new && rm -rf $$tmp $(VM_KERNEL_DIR) && \
+	  /sbin/depmod -b $(VM_KERNEL_DIR).new $${pkg#linux-image-} && \
+	  mv $(VM_KERNEL_DIR).new $(VM_KERNEL_DIR); \
+	else echo "deps: vm kernel present in $(VM_KERNEL_DIR)"; fi
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	cmake -S . -B $(BUILD) -G Ninja -DSBX_WERROR=$(SBX_WERROR)
@@ -49,7 +67,7 @@ build: deps $(BUILD)/build.ninja
 test: build thread-safety
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 	@cat $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt $(BUILD)/network-report.txt 2>/dev/null || true
-	@awk -F': ' '/^probes run: /{r+=$$2} /^passed: /{p+=$$2} /^failed: /{f+=$$2} /^skipped: /{s+=$$2} /^host leaks: /{l+=$$2} END{if (r) printf "\nsecurity battery total: probes run %d, passed %d, failed %d, skipped %d, host leaks %d\n", r, p, f, s, l}' $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt $(BUILD)/network-report.txt 2>/dev/null || true
+	@awk -F': ' 'FNR==1{rt=""} /^runtime: /{rt=$$2; if (!(rt in seen)) {seen[rt]=1; order[++n]=rt}} /^runtime skipped: /{why[rt]=substr($$0, 18)} /^wall time: /{w[rt]=$$2} /^probes run: /{r+=$$2; R[rt]+=$$2} /^passed: /{p+=$$2; P[rt]+=$$2} /^failed: /{f+=$$2; F[rt]+=$$2} /^skipped: /{s+=$$2; S[rt]+=$$2} /^host leaks: /{l+=$$2; L[rt]+=$$2} END{if (n) printf "\n"; for (i = 1; i <= n; i++) {k = order[i]; if (k in why) printf "security battery under %s: skipped (%s)\n", k, why[k]; else printf "security battery under %s: probes run %d, passed %d, failed %d, skipped %d, host leaks %d, wall time %s\n", k, R[k], P[k], F[k], S[k], L[k], w[k]} if (r) printf "\nsecurity battery total: probes run %d, passed %d, failed %d, skipped %d, host leaks %d\n", r, p, f, s, l}' $(BUILD)/battery-report.txt $(BUILD)/tenant-report.txt $(BUILD)/network-report.txt 2>/dev/null || true
 
 # The API, agent channel, manager and store unit tests (CTest label `sanitize`, see
 # SBX_SANITIZE_TESTS in CMakeLists.txt) built once more with -fsanitize=address,undefined in

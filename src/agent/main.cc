@@ -8,6 +8,14 @@
 //                                8 MiB; a K, M or G suffix multiplies by 1024s)
 //   --sudo-socket NAME           serve sudo (sudo.h) on abstract socket NAME (default, as PID 1:
 //                                "sbx-sudo"; otherwise none)
+//   --vm-port DEV                in a vm box's guest: a child carries the connections of the
+//                                virtio-serial port DEV to the agent's socket (vm_mux.h); needs
+//                                --listen
+//   --vm-channel-fd N            on the host, for a vm box: no agent, only the host's end of the
+//                                port (vm_mux.h), serving the connections of --listen-fd; with
+//   --vm-ready-fd N              written and closed once the guest's end says hello, and
+//   --vm-console-fd N            the guest's serial console, copied to
+//   --vm-console-log-fd N        this file, bounded (vm_mux.h)
 //
 // Called as `sudo` (the host template's /usr/local/bin/sudo is this binary), it is sudo's client
 // instead (sudo.h).
@@ -29,6 +37,7 @@
 #include "agent/loop.h"
 #include "agent/sudo.h"
 #include "agent/users.h"
+#include "agent/vm_mux.h"
 
 namespace {
 
@@ -36,7 +45,7 @@ using sbx::agent::Log;
 
 int Usage() {
   Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N] [--memory-cap BYTES] "
-      "[--sudo-socket NAME]");
+      "[--sudo-socket NAME] [--vm-port DEV | --vm-channel-fd N [--vm-ready-fd N]]");
   return 2;
 }
 
@@ -107,6 +116,8 @@ int main(int argc, char** argv) {
 
   sbx::agent::AgentOptions opts;
   std::string listen_path;
+  std::string vm_port;
+  int vm_channel_fd = -1, vm_ready_fd = -1, vm_console_fd = -1, vm_console_log_fd = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) return Usage();
@@ -128,14 +139,58 @@ int main(int argc, char** argv) {
       auto n = ParseBytes(v);
       if (!n || *n < sbx::agent::MemoryBudget::kMinCap) return Usage();
       opts.memory_cap = *n;
+    } else if (a == "--vm-port") {
+      if (v.empty() || v[0] != '/') return Usage();
+      vm_port = v;
+    } else if (a == "--vm-channel-fd" || a == "--vm-ready-fd" || a == "--vm-console-fd" ||
+               a == "--vm-console-log-fd") {
+      auto n = sbx::agent::ParseId(v);
+      if (!n || *n < 3 || *n > 1u << 20) return Usage();
+      int& fd = a == "--vm-channel-fd"   ? vm_channel_fd
+                : a == "--vm-ready-fd"   ? vm_ready_fd
+                : a == "--vm-console-fd" ? vm_console_fd
+                                         : vm_console_log_fd;
+      fd = static_cast<int>(*n);
     } else {
       return Usage();
     }
   }
   if ((opts.listen_fd >= 0) == !listen_path.empty()) return Usage();
+  if (vm_channel_fd >= 0) {
+    if (opts.listen_fd < 0 || !vm_port.empty()) return Usage();
+    sbx::agent::MuxOptions mux;
+    mux.channel_fd = vm_channel_fd;
+    mux.listen_fd = opts.listen_fd;
+    mux.ready_fd = vm_ready_fd;
+    mux.console_fd = vm_console_fd;
+    mux.console_log_fd = vm_console_log_fd;
+    return sbx::agent::RunMux(mux);
+  }
+  if (!vm_port.empty() && listen_path.empty()) return Usage();
   if (!listen_path.empty()) {
     opts.listen_fd = BindPath(listen_path);
     if (opts.listen_fd < 0) return 1;
+  }
+  // The guest's end of a vm box's port: a child of its own (the agent is single-threaded), started
+  // once the agent's socket listens, so that the first stream it opens connects.
+  if (!vm_port.empty()) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      Log("fork: %s", strerror(errno));
+      return 1;
+    }
+    if (pid == 0) {
+      ::close(opts.listen_fd);
+      int port = ::open(vm_port.c_str(), O_RDWR | O_CLOEXEC);
+      if (port < 0) {
+        Log("open %s: %s", vm_port.c_str(), strerror(errno));
+        ::_exit(1);
+      }
+      sbx::agent::MuxOptions mux;
+      mux.channel_fd = port;
+      mux.agent_path = listen_path;
+      ::_exit(sbx::agent::RunMux(mux));
+    }
   }
 
   opts.pid1 = ::getpid() == 1;

@@ -5,6 +5,7 @@
 
 #include "runtime/box_host.h"
 #include "runtime/oci/oci_runtime.h"
+#include "runtime/vm/vm_runtime.h"
 
 namespace sbx::cli {
 
@@ -47,6 +48,23 @@ void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global,
       c.agent_path = agent_path;
       c.id_pool = pool;
       auto rt = runtime::OciRuntime::Open(c);
+      if (rt.ok())
+        router.Add(name, std::move(*rt));
+      else
+        router.SetUnavailable(name, rt.status().message());
+    } else if (name == "vm") {
+      runtime::VmConfig c;
+      c.qemu = o.binary;
+      // Where `make deps` unpacks the guest kernel, unless the operator points elsewhere.
+      if (const char* p = std::getenv("SBX_VM_KERNEL_DIR"); p != nullptr && *p != '\0')
+        c.kernel_dir = p;
+      if (const char* p = std::getenv("SBX_VM_ACCEL"); p != nullptr && *p != '\0') c.accel = p;
+      if (const char* p = std::getenv("SBX_CGROUP_PARENT"); p != nullptr && *p != '\0')
+        c.cgroup_parent = p;
+      c.run_dir = RunDir(global, o);
+      c.agent_path = agent_path;
+      c.id_pool = pool;
+      auto rt = runtime::VmRuntime::Open(c);
       if (rt.ok())
         router.Add(name, std::move(*rt));
       else

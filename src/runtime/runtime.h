@@ -2,9 +2,9 @@
 // PID 1, and can freeze, thaw, measure and destroy it. Everything above this interface (the CLI,
 // the sandbox manager) talks to the box only through the agent socket it returns.
 //
-// Implementations: native/ (namespaces + cgroups; the default), oci/ (gVisor's runsc). Later:
-// vm/. A Router
-// (router.h) holds every runtime of the host and sends each call to the box's own.
+// Implementations: native/ (namespaces + cgroups; the default), oci/ (runc and gVisor's runsc),
+// vm/ (a QEMU microvm per box). A Router (router.h) holds every runtime of the host and sends
+// each call to the box's own.
 #pragma once
 
 #include <sys/types.h>

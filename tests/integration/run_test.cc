@@ -110,6 +110,28 @@ TEST_F(RunTest, GvisorRunsTheBoxOnItsOwnKernel) {
   EXPECT_NE(bad.err.find("not one of native, runc, gvisor, vm"), std::string::npos) << bad.err;
 }
 
+TEST_F(RunTest, AVmRunsTheBoxOnItsOwnKernel) {
+  if (::system("command -v qemu-system-x86_64 > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "qemu-system-x86_64 is missing (make deps installs qemu-system-x86)";
+  if (::system("ls /var/cache/sbx/vm-kernel/boot/vmlinuz-* > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no guest kernel in /var/cache/sbx/vm-kernel (make deps unpacks one)";
+  auto r = Sbx({"--runtime", "vm", "--", "uname", "-r"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::string guest;
+  if (DIR* d = ::opendir("/var/cache/sbx/vm-kernel/boot")) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind("vmlinuz-", 0) == 0) guest = e->d_name + 8;
+    ::closedir(d);
+  }
+  EXPECT_EQ(r.out, guest + "\n") << r.err;
+  EXPECT_NE(r.out, ReadText("/proc/sys/kernel/osrelease")) << "the host's kernel answered";
+  DIR* d = ::opendir((data_dir_ + "/run-vm").c_str());
+  ASSERT_NE(d, nullptr);
+  while (dirent* e = ::readdir(d))
+    EXPECT_TRUE(e->d_name[0] == '.') << "leaked vm box directory " << e->d_name;
+  ::closedir(d);
+}
+
 TEST_F(RunTest, RootInsideIsUidZero) {
   auto r = Sbx({"--", "id", "-u"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

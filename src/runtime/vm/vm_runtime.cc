@@ -1,0 +1,920 @@
+#include "runtime/vm/vm_runtime.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+
+#include "common/fs.h"
+#include "runtime/box_host.h"
+#include "runtime/native/box_owners.h"
+#include "runtime/native/cgroup_internal.h"
+#include "runtime/native/native_runtime.h"
+#include "runtime/vm/initramfs.h"
+
+extern char** environ;
+
+namespace sbx::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A boot under TCG on a loaded 2-core host took up to 13 s; the deadline leaves room for more.
+constexpr auto kBootWait = std::chrono::seconds(120);
+constexpr auto kProbeWait = std::chrono::seconds(20);  // KVM's probe: it boots in well under 1 s
+constexpr auto kStopWait = std::chrono::seconds(5);
+constexpr auto kToolWait = std::chrono::seconds(60);  // mke2fs
+constexpr int64_t kDefaultMemory = 512LL << 20;       // the guest's RAM without a limit
+constexpr int64_t kDefaultDisk = 4LL << 30;           // the writable layer without a limit
+constexpr int64_t kQemuOverhead = 256LL << 20;        // QEMU's own memory beside the guest's
+constexpr char kProbeVersion[] = "vm-accel-1";
+
+int64_t MicrosSince(Clock::time_point& t) {
+  auto now = Clock::now();
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - t).count();
+  t = now;
+  return us;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+std::string Tail(const std::string& path, size_t n) {
+  auto s = ReadFile(path, 16 << 20);
+  if (!s.ok()) return "";
+  return Trim(s->size() > n ? s->substr(s->size() - n) : *s);
+}
+
+// A QEMU option value: its commas doubled.
+std::string QemuEscape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    out += ch;
+    if (ch == ',') out += ',';
+  }
+  return out;
+}
+
+// A single-quoted shell word.
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) {
+    if (ch == '\'')
+      out += "'\\''";
+    else
+      out += ch;
+  }
+  return out + "'";
+}
+
+// A process started by Spawn: its pid and a pidfd of it.
+struct Started {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+};
+
+// Starts `argv` (no shell) with stdin from /dev/null, stdout and stderr on `log_fd`, and each
+// (target, source) of `fds` as its descriptor target; nothing else of ours is inherited
+// (everything we open is close-on-exec). posix_spawn: no code of ours runs in the child.
+Result<Started> Spawn(const std::vector<std::string>& argv, int log_fd,
+                      const std::vector<std::pair<int, int>>& fds = {}) {
+  // Sources moved above every target first, so that one dup2 never overwrites another's source.
+  std::vector<UniqueFd> high;
+  for (const auto& [target, source] : fds) {
+    high.emplace_back(::fcntl(source, F_DUPFD_CLOEXEC, 64));
+    if (!high.back()) return Status::Errno("dup");
+  }
+  UniqueFd high_log(::fcntl(log_fd, F_DUPFD_CLOEXEC, 64));
+  if (!high_log) return Status::Errno("dup");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, high_log.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, high_log.get(), 2);
+  int last = 2;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    posix_spawn_file_actions_adddup2(&fa, high[i].get(), fds[i].first);
+    last = std::max(last, fds[i].first);
+  }
+  // Whatever this process holds without close-on-exec (a daemon's listening sockets) is not the
+  // box's to keep.
+  posix_spawn_file_actions_addclosefrom_np(&fa, last + 1);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  // A session of its own: a terminal's ^C or a signal to the daemon's process group is not the
+  // box's (a box outlives its daemon).
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return Status::Error("run " + argv[0], rc);
+  Started s;
+  s.pid = pid;
+  s.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!s.pidfd) return Status::Errno("pidfd_open " + argv[0]);
+  return s;
+}
+
+// Waits until the process of `pidfd` exits, at most `timeout`. True when it did.
+bool AwaitExit(int pidfd, std::chrono::milliseconds timeout) {
+  pollfd p{pidfd, POLLIN, 0};
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() < 0) left = std::chrono::milliseconds(0);
+    int n = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return false;
+  }
+}
+
+// Reaps a child of ours that has exited; its exit status (128 + signal), or -1.
+int Reap(int pidfd) {
+  siginfo_t info{};
+  if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info,
+               WEXITED | WNOHANG | __WALL) != 0 ||
+      info.si_pid == 0)
+    return -1;
+  return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
+}
+
+// Runs a tool to completion (its output on `log_fd`); an error naming it and its exit status.
+Status RunTool(const std::vector<std::string>& argv, int log_fd, const std::string& log_path) {
+  auto p = Spawn(argv, log_fd);
+  if (!p.ok()) return p.status();
+  if (!AwaitExit(p->pidfd.get(), kToolWait)) {
+    ::syscall(SYS_pidfd_send_signal, p->pidfd.get(), SIGKILL, nullptr, 0U);
+    AwaitExit(p->pidfd.get(), kStopWait);
+    Reap(p->pidfd.get());
+    return Status::Error(argv[0] + " did not finish", ETIMEDOUT);
+  }
+  int st = Reap(p->pidfd.get());
+  if (st != 0)
+    return Status::Error(
+        argv[0] + " exited with " + std::to_string(st) + ": " + Tail(log_path, 1000), EIO);
+  return {};
+}
+
+// The process <file> names ("<pid> <start time>"): a pidfd of it while it is still that process
+// and not a zombie (pids are reused), else ESRCH.
+Result<UniqueFd> LiveProcess(const std::string& file) {
+  auto text = ReadFile(file, 64);
+  if (!text.ok()) return Status::Error("no pid recorded", ESRCH);
+  char* end = nullptr;
+  long pid = std::strtol(text->c_str(), &end, 10);
+  unsigned long long start = std::strtoull(end, nullptr, 10);
+  if (pid <= 0) return Status::Error("no pid recorded", ESRCH);
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)));
+  if (!pidfd) return Status::Error("it is gone", ESRCH);
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+  if (!stat.ok()) return Status::Error("it is gone", ESRCH);
+  size_t paren = stat->rfind(')');
+  bool zombie = paren == std::string::npos || paren + 2 >= stat->size() ||
+                (*stat)[paren + 2] == 'Z' || (*stat)[paren + 2] == 'X';
+  if (zombie || ProcessStartTime(static_cast<pid_t>(pid)) != start)
+    return Status::Error("it is gone", ESRCH);
+  return pidfd;
+}
+
+Status RecordPid(const std::string& file, pid_t pid) {
+  return WriteFile(file, std::to_string(pid) + " " + std::to_string(ProcessStartTime(pid)) + "\n",
+                   0600);
+}
+
+// Every mount point at or below `dir` in this process's mount table, in the table's order.
+std::vector<std::string> MountsBelow(const std::string& dir) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    // id parent major:minor root mount-point ...; octal escapes only for space, tab, \n and '\'
+    size_t f = 0;
+    for (int field = 0; field < 4 && f != std::string::npos; ++field) f = line.find(' ', f + 1);
+    if (f == std::string::npos) continue;
+    size_t g = line.find(' ', f + 1);
+    std::string mp = line.substr(f + 1, g == std::string::npos ? g : g - f - 1);
+    if (mp == dir || mp.rfind(dir + "/", 0) == 0) out.push_back(mp);
+  }
+  return out;
+}
+
+Status UnmountBelow(const std::string& dir) {
+  for (int pass = 0; pass < 4; ++pass) {
+    auto mounts = MountsBelow(dir);
+    if (mounts.empty()) return {};
+    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
+      (void)::umount2(it->c_str(), MNT_DETACH);
+  }
+  auto left = MountsBelow(dir);
+  return left.empty() ? Status() : Status::Error("unmount " + left.front(), EBUSY);
+}
+
+std::vector<std::string> DirNames(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// A read-only bind of `source` at `target` (made first, as a directory or a file like `source`),
+// nosuid and nodev.
+Status BindReadOnly(const std::string& source, const std::string& target) {
+  struct stat st {};
+  if (::stat(source.c_str(), &st) != 0) return Status::Errno("stat " + source);
+  if (S_ISDIR(st.st_mode)) {
+    if (::mkdir(target.c_str(), 0755) != 0) return Status::Errno("mkdir " + target);
+  } else if (S_ISREG(st.st_mode)) {
+    SBX_RETURN_IF_ERROR(WriteFile(target, "", 0644));
+  } else {
+    return Status::Error("share " + source + " with a vm box: neither a directory nor a file",
+                         ENOTSUP);
+  }
+  if (::mount(source.c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+    return Status::Errno("bind " + source);
+  if (::mount(nullptr, target.c_str(), nullptr,
+              MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0) {
+    Status s = Status::Errno("make the bind of " + source + " read-only");
+    (void)::umount2(target.c_str(), MNT_DETACH);
+    return s;
+  }
+  return {};
+}
+
+// Copies the agent binary to `dest` (0555) unless it is already there with the same content:
+// written beside it and renamed, so a running box keeps the file it execs.
+Status InstallAgent(const std::string& src, const std::string& dest) {
+  auto want = ReadFile(src, 256 << 20);
+  if (!want.ok()) return want.status().Wrap("read sbx-agent");
+  if (auto have = ReadFile(dest, 256 << 20); have.ok() && *have == *want) return {};
+  std::string tmp = dest + ".new-" + std::to_string(::getpid());
+  SBX_RETURN_IF_ERROR(WriteFile(tmp, *want, 0555));
+  if (::chmod(tmp.c_str(), 0555) != 0 || ::rename(tmp.c_str(), dest.c_str()) != 0) {
+    Status s = Status::Errno("install " + dest);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return {};
+}
+
+// The host's TSC rate in kHz, for a TCG guest (whose TSC is the host's): calibrating it against
+// the emulated PIT fails on a loaded host and the boot then hangs. 0 when unknown.
+long HostTscKhz() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("cpu MHz", 0) != 0) continue;
+    size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    return std::lround(std::strtod(line.c_str() + colon + 1, nullptr) * 1000);
+  }
+  return 0;
+}
+
+// A file made for the box's root id alone.
+Result<UniqueFd> BoxFile(const std::string& path, uint32_t base, int flags = O_WRONLY) {
+  UniqueFd fd(::open(path.c_str(), flags | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) return Status::Errno("create " + path);
+  if (::fchown(fd.get(), base, base) != 0) return Status::Errno("chown " + path);
+  return fd;
+}
+
+}  // namespace
+
+// Everything one Create makes, in the order it is made: the owners undo it in reverse when
+// Create returns early, and are committed once the box is live.
+struct VmRuntime::Creation {
+  explicit Creation(const BoxSpec& s) : spec(s) {}
+  ~Creation() {
+    if (!committed && dir) (void)UnmountBelow(dir->path());
+  }
+  const BoxSpec& spec;
+  Box box;
+  Clock::time_point t = Clock::now();
+  std::optional<BoxDir> dir;  // its destructor removes the directory, after the unmounts above
+  uint32_t base = 0;
+  std::vector<size_t> dir_binds;  // indices of the spec's binds that are directories
+  UniqueFd listen;                // agent.sock, passed to the port's host end
+  UniqueFd log;                   // qemu.log: QEMU's and the tools' stderr
+  CgroupOwner cgroup;
+  ChildProcess mux, qemu;
+  UniqueFd mux_pidfd, qemu_pidfd;
+  UniqueFd ready;  // read end: a byte once the guest's end said hello
+  bool committed = false;
+};
+
+Result<std::unique_ptr<VmRuntime>> VmRuntime::Open(const VmConfig& config) {
+  const std::string who = "runtime vm";
+  std::string qemu = FindBinary(config.qemu);
+  if (qemu.empty())
+    return Status::Error(who + ": " + config.qemu + " is not installed (make deps installs it)",
+                         ENOENT);
+  std::string setpriv = FindBinary("setpriv"), mke2fs = FindBinary("mke2fs");
+  if (setpriv.empty() || mke2fs.empty())
+    return Status::Error(who + ": setpriv (util-linux) and mke2fs (e2fsprogs) are needed", ENOENT);
+  if (::access(config.busybox.c_str(), X_OK) != 0)
+    return Status::Error(
+        who + ": no static busybox at " + config.busybox + " (make deps installs busybox-static)",
+        ENOENT);
+  std::string kernel, release;
+  for (const auto& n : DirNames(config.kernel_dir + "/boot")) {
+    if (n.rfind("vmlinuz-", 0) != 0) continue;
+    kernel = config.kernel_dir + "/boot/" + n;
+    release = n.substr(8);
+  }
+  if (kernel.empty())
+    return Status::Error(
+        who + ": no guest kernel in " + config.kernel_dir + "/boot (make deps unpacks one)",
+        ENOENT);
+  if (config.run_dir.empty() || config.run_dir[0] != '/')
+    return Status::Error(who + ": run directory '" + config.run_dir + "' is not absolute", EINVAL);
+  if (::access(config.agent_path.c_str(), R_OK) != 0)
+    return Status::Errno(who + ": sbx-agent " + config.agent_path);
+  auto cg = ProbeCgroupHost(config.cgroup_parent);
+  if (!cg.ok()) return cg.status().Wrap(who + ": cgroups");
+  // 0711: QEMU and the port's host end run as a box's root id and pass through to what they open
+  // by name; nothing here can be listed by them.
+  SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir, 0711).Wrap(who));
+  if (::chmod(config.run_dir.c_str(), 0711) != 0)
+    return Status::Errno(who + ": chmod " + config.run_dir);
+  std::unique_ptr<VmRuntime> rt(new VmRuntime(config, std::move(cg).value()));
+  rt->qemu_ = qemu;
+  rt->setpriv_ = setpriv;
+  rt->mke2fs_ = mke2fs;
+  rt->kernel_ = kernel;
+  rt->release_ = release;
+  SBX_RETURN_IF_ERROR(InstallAgent(config.agent_path, config.run_dir + "/.sbx-agent").Wrap(who));
+  InitramfsInput in;
+  in.busybox = config.busybox;
+  in.agent = config.agent_path;
+  in.modules_dir = config.kernel_dir + "/lib/modules/" + release;
+  SBX_RETURN_IF_ERROR(WriteInitramfs(in, config.run_dir + "/.initramfs").Wrap(who));
+  SBX_RETURN_IF_ERROR(rt->ProbeAccel().Wrap(who));
+  return rt;
+}
+
+VmRuntime::VmRuntime(VmConfig config, CgroupHost cgroups)
+    : config_(std::move(config)), cgroups_(std::move(cgroups)) {}
+
+VmRuntime::~VmRuntime() = default;
+
+std::vector<std::string> VmRuntime::AsBox(uint32_t base) const {
+  // No capability, no way to gain one, none of the host's groups; only /dev/kvm's group when KVM
+  // is used and the device is the group's (ProbeAccel).
+  std::vector<std::string> argv = {setpriv_, "--reuid=" + std::to_string(base),
+                                   "--regid=" + std::to_string(base)};
+  struct stat kvm {};
+  if (accel_ == "kvm" && ::stat("/dev/kvm", &kvm) == 0 && (kvm.st_mode & 0060) == 0060)
+    argv.push_back("--groups=" + std::to_string(kvm.st_gid));
+  else
+    argv.push_back("--clear-groups");
+  argv.insert(argv.end(), {"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"});
+  return argv;
+}
+
+std::vector<std::string> VmRuntime::QemuArgs(const std::string& dir, const std::string& accel,
+                                             const BoxSpec* spec,
+                                             const std::vector<size_t>& dir_binds) const {
+  int64_t mem =
+      spec != nullptr && spec->limits.memory_bytes > 0 ? spec->limits.memory_bytes : kDefaultMemory;
+  int cpus = spec != nullptr && spec->limits.cpus > 0
+                 ? std::max(1, static_cast<int>(std::ceil(spec->limits.cpus)))
+                 : 1;
+  std::string append = "console=ttyS0 quiet panic=-1";
+  if (accel == "tcg") {
+    if (long khz = HostTscKhz(); khz > 0)
+      append += " tsc_early_khz=" + std::to_string(khz) + " tsc=reliable";
+  }
+  if (spec == nullptr) append += " sbx.probe";
+  std::vector<std::string> a = {
+      qemu_,
+      "-M",
+      "microvm",
+      "-cpu",
+      accel == "kvm" ? "host" : "max",
+      // TCG's translation cache is 1 GiB by default: a bound, since it counts in the box's memory.
+      "-accel",
+      accel == "kvm" ? "kvm" : "tcg,tb-size=64",
+      "-m",
+      std::to_string(std::max<int64_t>(mem >> 20, 64)) + "M",
+      "-smp",
+      std::to_string(cpus),
+      "-nodefaults",
+      "-no-user-config",
+      "-display",
+      "none",
+      "-no-reboot",
+      "-sandbox",
+      "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+      "-kernel",
+      QemuEscape(kernel_),
+      "-initrd",
+      QemuEscape(config_.run_dir + "/.initramfs"),
+      "-append",
+      append,
+      "-chardev",
+      spec == nullptr ? "file,id=con,path=" + QemuEscape(dir + "/console.log")
+                      : std::string("socket,id=con,fd=4"),
+      "-serial",
+      "chardev:con",
+  };
+  if (spec == nullptr) return a;
+  auto share = [&](const std::string& tag, const std::string& path) {
+    a.insert(a.end(),
+             {"-fsdev",
+              "local,id=" + tag + ",path=" + QemuEscape(path) + ",security_model=none,readonly=on",
+              "-device", "virtio-9p-device,fsdev=" + tag + ",mount_tag=" + tag});
+  };
+  a.insert(a.end(), {"-device", "virtio-serial-device", "-chardev", "socket,id=agent,fd=3",
+                     "-device", "virtserialport,chardev=agent,name=sbx.agent"});
+  share("cfg", dir + "/cfg");
+  for (size_t i = 0; i < spec->layers.size(); ++i)
+    share("l" + std::to_string(i), dir + "/lower/" + std::to_string(i));
+  for (size_t i : dir_binds) share("b" + std::to_string(i), dir + "/binds/" + std::to_string(i));
+  a.insert(a.end(), {"-drive",
+                     "file=" + QemuEscape(dir + "/disk.img") +
+                         ",format=raw,if=none,id=rw,discard=unmap,detect-zeroes=unmap",
+                     "-device", "virtio-blk-device,drive=rw"});
+  return a;
+}
+
+Status VmRuntime::ProbeAccel() {
+  if (!config_.accel.empty()) {
+    if (config_.accel != "kvm" && config_.accel != "tcg")
+      return Status::Error("accelerator '" + config_.accel + "' is neither kvm nor tcg", EINVAL);
+    accel_ = config_.accel;
+    accel_why_ = "configured";
+    return {};
+  }
+  struct stat kvm {};
+  if (::stat("/dev/kvm", &kvm) != 0) {
+    accel_ = "tcg";
+    accel_why_ = "no /dev/kvm";
+    return {};
+  }
+  if ((kvm.st_mode & 0006) != 0006 && (kvm.st_mode & 0060) != 0060) {
+    // QEMU runs as the box's root id, which is in no group of the host's.
+    accel_ = "tcg";
+    accel_why_ = "/dev/kvm is open to neither its group nor others, and QEMU runs unprivileged";
+    return {};
+  }
+  // KVM is there; whether a guest boots under it is another matter (a nested guest has hung after
+  // the bootloader): a probe boot, remembered for this boot of the host.
+  auto boot = ReadFile("/proc/sys/kernel/random/boot_id", 64);
+  const std::string key = std::string(kProbeVersion) + " " + (boot.ok() ? Trim(*boot) : "") + " ";
+  const std::string memo = config_.run_dir + "/.accel";
+  if (auto seen = ReadFile(memo, 1024); boot.ok() && seen.ok() && seen->rfind(key, 0) == 0) {
+    std::string rest = Trim(seen->substr(key.size()));
+    accel_ = rest.substr(0, rest.find(' '));
+    accel_why_ = rest.find(' ') == std::string::npos ? "" : rest.substr(rest.find(' ') + 1);
+    if (accel_ == "kvm" || accel_ == "tcg") return {};
+  }
+  accel_ = "kvm";
+  const std::string dir = config_.run_dir + "/.probe-" + RandomId(8);
+  SBX_RETURN_IF_ERROR(MakeDirs(dir, 0711));
+  std::string why;
+  {
+    auto con = BoxFile(dir + "/console.log", config_.id_base);
+    UniqueFd log(::open((dir + "/qemu.log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    if (!con.ok() || !log) {
+      (void)RemoveTree(dir);
+      return con.ok() ? Status::Errno("create " + dir + "/qemu.log") : con.status();
+    }
+    std::vector<std::string> argv = AsBox(config_.id_base);
+    auto q = QemuArgs(dir, "kvm", nullptr, {});
+    argv.insert(argv.end(), q.begin(), q.end());
+    auto p = Spawn(argv, log.get());
+    if (!p.ok()) {
+      why = p.status().message();
+    } else {
+      bool exited = AwaitExit(p->pidfd.get(), kProbeWait);
+      if (!exited) {
+        ::syscall(SYS_pidfd_send_signal, p->pidfd.get(), SIGKILL, nullptr, 0U);
+        AwaitExit(p->pidfd.get(), kStopWait);
+      }
+      Reap(p->pidfd.get());
+      auto out = ReadFile(dir + "/console.log", 1 << 20);
+      if (out.ok() && out->find("sbx-probe-ok") != std::string::npos) {
+        why = "";
+      } else if (!exited) {
+        why = "a probe boot under KVM did not finish within 20 s";
+      } else {
+        why = "a probe boot under KVM failed: " + Tail(dir + "/qemu.log", 300);
+      }
+    }
+  }
+  (void)RemoveTree(dir);
+  if (why.empty()) {
+    accel_why_ = "a probe boot under KVM answered";
+  } else {
+    accel_ = "tcg";
+    accel_why_ = why;
+  }
+  if (boot.ok()) (void)WriteFile(memo, key + accel_ + " " + accel_why_ + "\n", 0600);
+  return {};
+}
+
+Status VmRuntime::CanCreate(const std::string& name) const {
+  if (name == "vm") return {};
+  return Status::Error("runtime " + (name.empty() ? std::string(kRuntimeNames[0]) : name) +
+                           ": this is the vm runtime",
+                       ENOTSUP);
+}
+
+Result<Box> VmRuntime::Create(const BoxSpec& spec) {
+  const std::string what = "create box " + spec.id;
+  SBX_RETURN_IF_ERROR(CanCreate(spec.runtime).Wrap(what));
+  Creation c(spec);
+  SBX_RETURN_IF_ERROR(Prepare(c).Wrap(what));
+  c.box.timings.prepare_us = MicrosSince(c.t);
+  SBX_RETURN_IF_ERROR(Launch(c).Wrap(what));
+  // Live: from here Destroy owns everything.
+  c.committed = true;
+  c.cgroup.Commit();
+  c.mux.Commit();
+  c.qemu.Commit();
+  UniqueFd lock = c.dir->Commit();
+  {
+    MutexLock g(mu_);
+    owner_locks_[spec.id] = std::move(lock);
+    children_[spec.id] = {std::move(c.qemu_pidfd), std::move(c.mux_pidfd)};
+  }
+  return c.box;
+}
+
+Status VmRuntime::Prepare(Creation& c) {
+  const BoxSpec& spec = c.spec;
+  SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
+  if (spec.layers.empty()) return Status::Error("a box needs at least one layer", EINVAL);
+  SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(spec.id, spec.limits));
+  if (spec.at_sync_point)
+    return Status::Error("the vm runtime runs boxes without a network only (policy none) yet",
+                         ENOTSUP);
+  for (const auto& b : spec.binds) {
+    if (b.target.empty() || b.target[0] != '/')
+      return Status::Error("bind target '" + b.target + "' is not absolute", EINVAL);
+    if (!b.read_only)
+      return Status::Error("the vm runtime shares host directories read-only only", ENOTSUP);
+  }
+  auto dir = BoxDir::Make(config_.run_dir, spec.id, spec.owner);
+  if (!dir.ok()) return dir.status();
+  c.dir.emplace(std::move(dir).value());
+  const std::string d = c.dir->path();
+  if (spec.id_base != 0) {
+    c.base = spec.id_base;
+  } else if (config_.id_pool != nullptr) {
+    auto base = c.dir->AcquireIdRange(config_.id_pool);
+    if (!base.ok()) return base.status();
+    c.base = *base;
+  } else {
+    c.base = config_.id_base;
+  }
+  const uint32_t base = c.base;
+  SBX_RETURN_IF_ERROR(WriteFile(d + "/ids", std::to_string(base) + " 1\n", 0600));
+  if (::chmod(d.c_str(), 0711) != 0) return Status::Errno("chmod " + d);
+  for (const char* sub : {"/lower", "/binds", "/cfg"})
+    if (::mkdir((d + sub).c_str(), 0711) != 0) return Status::Errno("mkdir " + d + sub);
+  if (::chmod((d + "/cfg").c_str(), 0755) != 0) return Status::Errno("chmod " + d + "/cfg");
+  for (size_t i = 0; i < spec.layers.size(); ++i)
+    SBX_RETURN_IF_ERROR(BindReadOnly(spec.layers[i], d + "/lower/" + std::to_string(i)));
+  // A directory is a 9p share of its own (tag b<i>); a file (the network's /etc/hosts and the
+  // like) is bound into cfg/ and bound from there in the guest.
+  std::string binds;
+  for (size_t i = 0; i < spec.binds.size(); ++i) {
+    const BindMount& b = spec.binds[i];
+    struct stat st {};
+    if (::stat(b.source.c_str(), &st) != 0) return Status::Errno("stat " + b.source);
+    const std::string n = std::to_string(i);
+    if (S_ISDIR(st.st_mode)) {
+      SBX_RETURN_IF_ERROR(BindReadOnly(b.source, d + "/binds/" + n));
+      binds += "  bind b" + n + " " + ShellQuote(b.target) + "\n";
+      c.dir_binds.push_back(i);
+    } else {
+      SBX_RETURN_IF_ERROR(BindReadOnly(b.source, d + "/cfg/f" + n));
+      binds += "  file f" + n + " " + ShellQuote(b.target) + "\n";
+    }
+    for (const auto& sub : b.overlaid)
+      binds += "  over " + ShellQuote(b.target) + " " + ShellQuote(sub) + "\n";
+  }
+  SBX_RETURN_IF_ERROR(WriteFile(d + "/cfg/box.sh",
+                                "SBX_HOSTNAME=" + ShellQuote(spec.hostname) +
+                                    "\nSBX_LAYERS=" + std::to_string(spec.layers.size()) +
+                                    "\nsbx_binds() {\n  :\n" + binds + "}\n",
+                                0644));
+
+  c.log.reset(::open((d + "/qemu.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!c.log) return Status::Errno("open " + d + "/qemu.log");
+  // The writable layer: a sparse ext4 image, the box id's, without a journal (it lives as long as
+  // the box; a crash of the box loses it anyway).
+  const int64_t disk = spec.limits.disk_bytes > 0 ? spec.limits.disk_bytes : kDefaultDisk;
+  auto img = BoxFile(d + "/disk.img", base);
+  if (!img.ok()) return img.status();
+  if (::ftruncate(img->get(), disk) != 0) return Status::Errno("size " + d + "/disk.img");
+  img->reset();
+  SBX_RETURN_IF_ERROR(RunTool({mke2fs_, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
+                               "-E", "root_owner=0:0,nodiscard", d + "/disk.img"},
+                              c.log.get(), d + "/qemu.log")
+                          .Wrap("make the writable layer"));
+  auto l = ListenUnix(d + "/agent.sock");
+  if (!l.ok()) return l.status();
+  c.listen = std::move(l).value();
+
+  c.box.id = spec.id;
+  c.box.dir = d;
+  c.box.id_base = base;
+  c.box.runtime = "vm";
+  c.box.agent_socket = d + "/agent.sock";
+  return {};
+}
+
+Status VmRuntime::Launch(Creation& c) {
+  const std::string d = c.dir->path();
+  const BoxSpec& spec = c.spec;
+  // QEMU's cgroup: the guest's memory and QEMU's own, the guest's CPUs.
+  Limits host = spec.limits;
+  host.memory_bytes =
+      (spec.limits.memory_bytes > 0 ? spec.limits.memory_bytes : kDefaultMemory) + kQemuOverhead;
+  host.pids = 0;  // QEMU's threads; the guest's processes are its kernel's business
+  auto cg = Cgroup::Create(cgroups_, spec.id, host);
+  if (!cg.ok()) return cg.status();
+  c.cgroup = CgroupOwner(std::move(cg).value());
+  c.box.timings.cgroup_us = MicrosSince(c.t);
+
+  int sp[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
+    return Status::Errno("socketpair");
+  UniqueFd host_end(sp[0]), qemu_end(sp[1]);
+  int rp[2];
+  if (::pipe2(rp, O_CLOEXEC) != 0) return Status::Errno("pipe");
+  c.ready.reset(rp[0]);
+  UniqueFd ready_w(rp[1]);
+  // setpriv sets the parent-death signal after its change of ids, which would clear it.
+  std::vector<std::string> pre = AsBox(c.base);
+  if (spec.die_with_parent) pre.insert(pre.begin() + 1, "--pdeathsig=KILL");
+
+  // The guest's serial console: a socket QEMU writes, which the host end copies into console.log
+  // (root's; opened here, read-write: the copy reads back the part it keeps), bounded.
+  int cp[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, cp) != 0)
+    return Status::Errno("socketpair");
+  UniqueFd console_host(cp[0]), console_qemu(cp[1]);
+  UniqueFd console_log(
+      ::open((d + "/console.log").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!console_log) return Status::Errno("open " + d + "/console.log");
+
+  // The port's host end: serves agent.sock (passed as fd 3) over QEMU's socket (fd 4).
+  std::vector<std::string> mux_argv = pre;
+  mux_argv.insert(mux_argv.end(),
+                  {config_.run_dir + "/.sbx-agent", "--listen-fd", "3", "--vm-channel-fd", "4",
+                   "--vm-ready-fd", "5", "--vm-console-fd", "6", "--vm-console-log-fd", "7"});
+  auto mux = Spawn(mux_argv, c.log.get(),
+                   {{3, c.listen.get()},
+                    {4, host_end.get()},
+                    {5, ready_w.get()},
+                    {6, console_host.get()},
+                    {7, console_log.get()}});
+  if (!mux.ok()) return mux.status().Wrap("start the port's host end");
+  c.mux = ChildProcess(mux->pid, UniqueFd(::fcntl(mux->pidfd.get(), F_DUPFD_CLOEXEC, 0)));
+  c.mux_pidfd = std::move(mux->pidfd);
+  SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(mux->pid));
+  SBX_RETURN_IF_ERROR(RecordPid(d + "/mux.pid", mux->pid));
+
+  std::vector<std::string> argv = pre;
+  auto q = QemuArgs(d, accel_, &spec, c.dir_binds);
+  argv.insert(argv.end(), q.begin(), q.end());
+  auto qemu = Spawn(argv, c.log.get(), {{3, qemu_end.get()}, {4, console_qemu.get()}});
+  if (!qemu.ok()) return qemu.status().Wrap("start QEMU");
+  c.qemu = ChildProcess(qemu->pid, UniqueFd(::fcntl(qemu->pidfd.get(), F_DUPFD_CLOEXEC, 0)));
+  c.qemu_pidfd = std::move(qemu->pidfd);
+  SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(qemu->pid));
+  SBX_RETURN_IF_ERROR(RecordPid(d + "/pid", qemu->pid));
+  c.box.init_pid = qemu->pid;
+  c.listen.reset();
+  console_host.reset();
+  console_qemu.reset();
+  console_log.reset();
+  host_end.reset();
+  qemu_end.reset();
+  ready_w.reset();
+  c.box.timings.clone_us = MicrosSince(c.t);
+
+  // The guest boots, assembles its root and starts the agent; its end of the port says hello.
+  const auto deadline = Clock::now() + kBootWait;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      return Status::Error("its agent did not answer within " + std::to_string(kBootWait.count()) +
+                               " s; console: " + Tail(d + "/console.log", 800),
+                           ETIMEDOUT);
+    pollfd p[3] = {{c.ready.get(), POLLIN, 0},
+                   {c.qemu_pidfd.get(), POLLIN, 0},
+                   {c.mux_pidfd.get(), POLLIN, 0}};
+    if (::poll(p, 3, static_cast<int>(left.count())) < 0 && errno != EINTR)
+      return Status::Errno("poll");
+    if (p[0].revents != 0) {
+      char b = 0;
+      if (::read(c.ready.get(), &b, 1) == 1) break;
+      // EOF without the byte: the host end exited; the next poll tells who.
+    }
+    if (p[1].revents != 0 || p[2].revents != 0)
+      return Status::Error(std::string(p[1].revents != 0 ? "QEMU" : "the port's host end") +
+                               " exited before the agent answered: " + Tail(d + "/qemu.log", 800) +
+                               "; console: " + Tail(d + "/console.log", 800),
+                           ECHILD);
+  }
+  c.box.timings.agent_us = MicrosSince(c.t);
+  return {};
+}
+
+Status VmRuntime::Freeze(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  return Cgroup::Open(cgroups_, box.id)->Freeze().Wrap("freeze box " + box.id);
+}
+
+Status VmRuntime::Thaw(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  return Cgroup::Open(cgroups_, box.id)->Thaw().Wrap("thaw box " + box.id);
+}
+
+Result<BoxStats> VmRuntime::Stats(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  auto st = Cgroup::Open(cgroups_, box.id)->Stats();
+  if (!st.ok()) return st.status().Wrap("stats of box " + box.id);
+  struct stat img {};
+  if (::stat((Dir(box.id) + "/disk.img").c_str(), &img) == 0) {
+    st->disk_used = static_cast<uint64_t>(img.st_blocks) * 512;
+    st->disk_total = static_cast<uint64_t>(img.st_size);
+  }
+  return st;
+}
+
+Result<UniqueFd> VmRuntime::OpenSocket(const Box& box, int domain, int type) {
+  (void)domain;
+  (void)type;
+  return Status::Error("socket in box " + box.id +
+                           ": a vm box's sockets are in its guest's kernel, not in a host network "
+                           "namespace",
+                       ENOTSUP);
+}
+
+std::optional<std::string> VmRuntime::AgentExit(const Box& box) {
+  if (!ValidateBoxId(box.id).ok()) return "invalid box id";
+  const std::string dir = Dir(box.id);
+  const bool qemu = LiveProcess(dir + "/pid").ok();
+  const bool mux = LiveProcess(dir + "/mux.pid").ok();
+  if (qemu && mux) return std::nullopt;
+  std::string how = qemu ? "the host end of the agent's port exited" : "QEMU exited";
+  {
+    MutexLock g(mu_);
+    if (auto it = children_.find(box.id); it != children_.end()) {
+      int st = Reap((qemu ? it->second.second : it->second.first).get());
+      if (st >= 0) how += " with status " + std::to_string(st);
+    }
+  }
+  if (auto log = Tail(dir + "/qemu.log", 400); !log.empty()) how += "; qemu.log ends: " + log;
+  if (auto con = Tail(dir + "/console.log", 400); !con.empty()) how += "; the console ends: " + con;
+  return how;
+}
+
+Status VmRuntime::Stop(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  // QEMU is the whole guest and the host end its only other process: killing the cgroup's
+  // processes (thawed first) stops every process of the box.
+  Status killed = Cgroup::Open(cgroups_, box.id)->KillAll();
+  const std::string dir = Dir(box.id);
+  for (const char* f : {"/pid", "/mux.pid"}) {
+    auto p = LiveProcess(dir + f);
+    if (!p.ok()) continue;
+    ::syscall(SYS_pidfd_send_signal, p->get(), SIGKILL, nullptr, 0U);
+    if (!AwaitExit(p->get(), kStopWait))
+      return Status::Error("stop box " + box.id + ": its " + (f + 1) + " process did not exit",
+                           ETIMEDOUT);
+  }
+  MutexLock g(mu_);
+  if (auto it = children_.find(box.id); it != children_.end()) {
+    for (UniqueFd* fd : {&it->second.first, &it->second.second}) {
+      if (!*fd) continue;
+      AwaitExit(fd->get(), kStopWait);
+      Reap(fd->get());
+    }
+    children_.erase(it);
+  }
+  return killed.ok() ? Status() : killed.Wrap("stop box " + box.id);
+}
+
+Status VmRuntime::Destroy(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  const std::string what = "destroy box " + box.id;
+  const std::string dir = Dir(box.id);
+  Status stopped = Stop(box);
+  Status cgroup = Cgroup::Open(cgroups_, box.id)->Destroy();
+  Status unmounted = UnmountBelow(dir);
+  Status fs = unmounted.ok() ? RemoveTree(dir) : unmounted;
+  {
+    MutexLock g(mu_);
+    owner_locks_.erase(box.id);
+  }
+  if (fs.ok() && config_.id_pool != nullptr) {
+    Status released = config_.id_pool->Release(box.id);
+    if (!released.ok()) return released.Wrap(what);
+  }
+  for (const Status* s : {&stopped, &cgroup, &fs})
+    if (!s->ok()) return s->Wrap(what);
+  return {};
+}
+
+Result<std::vector<std::string>> VmRuntime::ListBoxes() {
+  DIR* d = ::opendir(config_.run_dir.c_str());
+  if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
+  std::vector<std::string> ids;
+  while (dirent* e = ::readdir(d)) {
+    std::string id = e->d_name;
+    if (ValidateBoxId(id).ok()) ids.push_back(id);
+  }
+  ::closedir(d);
+  return ids;
+}
+
+Result<Box> VmRuntime::Adopt(const std::string& id) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(id));
+  const std::string what = "adopt box " + id;
+  Box box;
+  box.id = id;
+  box.dir = Dir(id);
+  box.runtime = "vm";
+  box.agent_socket = box.dir + "/agent.sock";
+  UniqueFd lock(::open((box.dir + "/owner").c_str(), O_RDWR | O_CLOEXEC));
+  if (!lock) return Status::Errno(what + ": open owner");
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
+    return Status::Error(what + ": owned by a live process", EBUSY);
+  if (auto ids = ReadFile(box.dir + "/ids", 64); ids.ok())
+    box.id_base = static_cast<uint32_t>(std::strtoul(ids->c_str(), nullptr, 10));
+  if (!LiveProcess(box.dir + "/pid").ok() || !LiveProcess(box.dir + "/mux.pid").ok())
+    return Status::Error(what + ": its agent is gone", ESRCH);
+  auto pid = ReadFile(box.dir + "/pid", 64);
+  box.init_pid = pid.ok() ? static_cast<pid_t>(std::atoi(pid->c_str())) : -1;
+  MutexLock g(mu_);
+  owner_locks_[id] = std::move(lock);
+  return box;
+}
+
+Result<int> VmRuntime::ReapOrphans(const std::string& owner) {
+  auto ids = ListBoxes();
+  if (!ids.ok()) return ids.status();
+  int reaped = 0;
+  for (const auto& id : *ids) {
+    {
+      MutexLock g(mu_);
+      if (owner_locks_.count(id)) continue;  // ours and alive
+    }
+    if (!IsOrphan(Dir(id), owner)) continue;
+    Box box;
+    box.id = id;
+    if (Destroy(box).ok()) ++reaped;
+  }
+  for (const auto& name : DirNames(config_.run_dir)) {
+    const std::string path = config_.run_dir + "/" + name;
+    // Creations whose creator died before the rename; probe directories of a dead prober.
+    bool probe = name.rfind(".probe-", 0) == 0;
+    if (!IsAbandonedCreation(name) && !probe) continue;
+    if (probe) {
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 || st.st_mtime + 120 > ::time(nullptr)) continue;
+    }
+    (void)UnmountBelow(path);
+    if (RemoveTree(path).ok()) ++reaped;
+  }
+  return reaped;
+}
+
+}  // namespace sbx::runtime

@@ -1,0 +1,334 @@
+// VmRuntime with real QEMU: one box of the host template booted on the guest kernel (under TCG
+// here, or KVM where the probe boot answers), reached through its agent over the virtio-serial
+// port (two connections at once), its files, its console's bound, a QEMU that dies, then destroyed
+// with nothing left on the host (QEMU, the port's host end, the disk image, the socket, the
+// cgroup, the box directory, a mount). Boots are seconds under TCG: the one box does everything.
+// Needs root; skipped, saying why, without QEMU or the kernel (make deps).
+#include "runtime/vm/vm_runtime.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "agent/vm_mux.h"
+#include "common/fd.h"
+#include "common/fs.h"
+#include "protocol/client.h"
+#include "runtime/box_host.h"
+#include "runtime/native/cgroup.h"
+#include "runtime/vm/initramfs.h"
+#include "storage/template.h"
+#include "store/store.h"
+
+namespace sbx::runtime {
+namespace {
+
+using protocol::Tag;
+using protocol::Type;
+
+constexpr char kKernelDir[] = "/var/cache/sbx/vm-kernel";
+
+std::vector<std::string> DirNames(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Why the vm runtime cannot run here ("" when it can).
+std::string Missing() {
+  if (::geteuid() != 0) return "needs root";
+  if (FindBinary("qemu-system-x86_64").empty())
+    return "qemu-system-x86_64 is not installed (make deps installs qemu-system-x86)";
+  bool kernel = false;
+  for (const auto& n : DirNames(std::string(kKernelDir) + "/boot"))
+    kernel = kernel || n.rfind("vmlinuz-", 0) == 0;
+  if (!kernel) return std::string("no guest kernel in ") + kKernelDir + " (make deps unpacks one)";
+  return "";
+}
+
+// Spawns `command` under /bin/sh in the box on connection `c`; the process's tag for Collect.
+Status Start(protocol::AgentConnection& c, const std::string& command) {
+  protocol::Writer w;
+  w.Str(Tag::kArgv, "/bin/sh")
+      .Str(Tag::kArgv, "-c")
+      .Str(Tag::kArgv, command)
+      .Str(Tag::kEnv, "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin");
+  return c.Call(Type::kSpawn, w).status();
+}
+
+// The stdout and exit code of the process started on `c`.
+std::pair<std::string, int64_t> Collect(protocol::AgentConnection& c, int timeout_ms = 60000) {
+  std::string out;
+  for (;;) {
+    auto f = c.Receive(timeout_ms);
+    if (!f.ok()) return {out + "receive: " + f.status().message(), -1};
+    if (f->type() == Type::kOutput && f->fields.Int(Tag::kStream) == 1)
+      out += f->fields.Str(Tag::kData);
+    if (f->type() == Type::kExit) return {out, f->fields.Int(Tag::kExitCode, -1)};
+  }
+}
+
+std::pair<std::string, int64_t> RunSh(const Box& box, const std::string& command) {
+  auto c = protocol::AgentConnection::Connect(box.agent_socket, 60000);
+  if (!c.ok()) return {"connect: " + c.status().message(), -1};
+  if (Status s = Start(*c, command); !s.ok()) return {"spawn: " + s.message(), -1};
+  return Collect(*c);
+}
+
+bool Dead(pid_t pid) {
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+  if (!stat.ok()) return true;
+  size_t paren = stat->rfind(')');
+  return paren != std::string::npos && paren + 2 < stat->size() &&
+         ((*stat)[paren + 2] == 'Z' || (*stat)[paren + 2] == 'X');
+}
+
+int64_t MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+TEST(VmInitramfsTest, ModulesComeAfterWhatTheyNeed) {
+  if (!Missing().empty() && Missing() != "needs root") GTEST_SKIP() << Missing();
+  std::string modules;
+  for (const auto& n : DirNames(std::string(kKernelDir) + "/lib/modules"))
+    modules = std::string(kKernelDir) + "/lib/modules/" + n;
+  auto mods = ResolveModules(modules, {"9pnet_virtio", "virtio_mmio"});
+  ASSERT_TRUE(mods.ok()) << mods.status().message();
+  auto pos = [&](const std::string& name) {
+    for (size_t i = 0; i < mods->size(); ++i)
+      if ((*mods)[i].find("/" + name + ".ko") != std::string::npos) return static_cast<int>(i);
+    return -1;
+  };
+  ASSERT_GE(pos("virtio_ring"), 0);
+  EXPECT_LT(pos("virtio_ring"), pos("virtio"));
+  EXPECT_LT(pos("virtio"), pos("virtio_mmio"));
+  EXPECT_LT(pos("9pnet"), pos("9pnet_virtio"));
+  auto none = ResolveModules(modules, {"no_such_module"});
+  EXPECT_EQ(none.status().err(), ENOENT);
+}
+
+TEST(VmRuntimeOpenTest, AMissingKernelFailsSayingWhere) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root";
+  VmConfig c;
+  c.run_dir = "/tmp/sbx-vm-open-test-" + std::to_string(::getpid());
+  c.agent_path = SBX_AGENT_BIN;
+  c.kernel_dir = "/nonexistent/vm-kernel";
+  auto rt = VmRuntime::Open(c);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("/nonexistent/vm-kernel"), std::string::npos)
+      << rt.status().message();
+  (void)RemoveTree(c.run_dir);
+}
+
+class VmRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string why = Missing(); !why.empty()) GTEST_SKIP() << why;
+    char tmpl[] = "/tmp/sbx-vm-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    ASSERT_EQ(::chmod(tmpl, 0711), 0);
+    dir_ = tmpl;
+    config_.run_dir = dir_ + "/run";
+    config_.agent_path = SBX_AGENT_BIN;
+    config_.kernel_dir = kKernelDir;
+    config_.cgroup_parent = "sbx-vm-test-" + std::to_string(::getpid());
+    auto t0 = std::chrono::steady_clock::now();
+    auto rt = VmRuntime::Open(config_);
+    ASSERT_TRUE(rt.ok()) << rt.status().message();
+    std::cout << "vm: Open took " << MsSince(t0) << " ms; accelerator " << (*rt)->accel() << " ("
+              << (*rt)->accel_why() << "); guest kernel " << (*rt)->kernel_release() << "\n";
+    rt_ = std::move(rt).value();
+    auto st = store::Store::Open(dir_ + "/sbx.db");
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    storage::TemplateStore ts;
+    ts.dir = dir_ + "/templates";
+    auto t = storage::ResolveTemplate(ts, **st, "host", "");
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    tmpl_ = *t;
+  }
+
+  void TearDown() override {
+    if (dir_.empty()) return;
+    rt_.reset();
+    for (const auto& n : DirNames(dir_ + "/run"))
+      EXPECT_EQ(n[0], '.') << "leaked box directory " << n;
+    auto mounts = ReadFile("/proc/self/mountinfo", 16 << 20);
+    ASSERT_TRUE(mounts.ok());
+    EXPECT_EQ(mounts->find(dir_), std::string::npos) << "a mount is left under " << dir_;
+    if (auto host = ProbeCgroupHost(config_.cgroup_parent); host.ok()) {
+      for (const auto& d : {host->v2_dir}) {
+        if (d.empty()) continue;
+        for (const auto& n : DirNames(d)) {
+          struct stat st {};
+          if (::stat((d + "/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+            ADD_FAILURE() << "cgroup left: " << d << "/" << n;
+        }
+        (void)::rmdir(d.c_str());
+      }
+      for (const auto& [controller, d] : host->v1_dirs) (void)::rmdir(d.c_str());
+    }
+    (void)RemoveTree(dir_);
+  }
+
+  std::string dir_;
+  VmConfig config_;
+  std::unique_ptr<VmRuntime> rt_;
+  storage::Template tmpl_;
+};
+
+TEST_F(VmRuntimeTest, ABoxRunsOnItsOwnKernelThroughItsAgentAndDestroyLeavesNothing) {
+  BoxSpec spec;
+  spec.id = RandomId();
+  spec.runtime = "vm";
+  spec.layers = tmpl_.layers;
+  spec.binds = tmpl_.binds;
+  spec.limits.memory_bytes = 256 << 20;
+  spec.limits.disk_bytes = 256 << 20;
+  auto t0 = std::chrono::steady_clock::now();
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  std::cout << "vm: boot to an answering agent took " << MsSince(t0) << " ms (prepare "
+            << box->timings.prepare_us / 1000 << " ms, agent " << box->timings.agent_us / 1000
+            << " ms)\n";
+  EXPECT_EQ(rt_->AgentExit(*box), std::nullopt);
+  struct stat st {};
+  ASSERT_EQ(::lstat(box->agent_socket.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_uid, 0u) << "the agent socket is root's, never QEMU's id's";
+
+  // The guest's own kernel, not the host's.
+  t0 = std::chrono::steady_clock::now();
+  auto [release, code] = RunSh(*box, "uname -r");
+  std::cout << "vm: first command took " << MsSince(t0) << " ms\n";
+  EXPECT_EQ(code, 0) << release;
+  EXPECT_EQ(release, rt_->kernel_release() + "\n");
+  utsname host{};
+  ::uname(&host);
+  auto [pid1, code1] = RunSh(*box, "cat /proc/1/cmdline | tr '\\0' ' '; echo; id -u; hostname");
+  EXPECT_EQ(code1, 0);
+  EXPECT_EQ(pid1,
+            "/.sbx/sbx-agent --listen /.sbx/run/agent.sock --vm-port /dev/vport0p1 \n0\nsbx\n");
+
+  // Files: written on the writable layer (ext4 in the guest), read back; the layers are read-only
+  // underneath, and the host's /usr is there.
+  auto [wrote, wcode] = RunSh(*box,
+                              "echo hello > /root.txt && mkdir -p /home/x && cp /root.txt "
+                              "/home/x/y && cat /home/x/y && test -x /usr/bin/env && "
+                              "findmnt -no FSTYPE / ");
+  EXPECT_EQ(wcode, 0) << wrote;
+  EXPECT_EQ(wrote, "hello\noverlay\n");
+
+  // Two connections at once, each with a process whose output interleaves with the other's.
+  auto a = protocol::AgentConnection::Connect(box->agent_socket, 60000);
+  auto b = protocol::AgentConnection::Connect(box->agent_socket, 60000);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(Start(*a, "seq 1 30000 | tail -n 1").ok());
+  ASSERT_TRUE(Start(*b, "seq 1 20000 | tail -n 1").ok());
+  auto [bout, bcode] = Collect(*b);
+  EXPECT_EQ(bout, "20000\n");
+  EXPECT_EQ(bcode, 0);
+  auto [aout, acode2] = Collect(*a);
+  EXPECT_EQ(aout, "30000\n");
+  EXPECT_EQ(acode2, 0);
+
+  EXPECT_TRUE(rt_->Freeze(*box).ok());
+  EXPECT_TRUE(rt_->Thaw(*box).ok());
+  auto stats = rt_->Stats(*box);
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_GT(stats->memory_current, 0u);
+  EXPECT_EQ(stats->disk_total, 256u << 20);
+  auto [after, acode] = RunSh(*box, "cat /root.txt");
+  EXPECT_EQ(after, "hello\n");
+
+  const std::string cgroup_dir =
+      ProbeCgroupHost(config_.cgroup_parent).ok()
+          ? ProbeCgroupHost(config_.cgroup_parent)->v2_dir + "/" + spec.id
+          : "";
+  // The guest writes its console at will; the host keeps the newest part of it, bounded.
+  t0 = std::chrono::steady_clock::now();
+  auto [flood, fcode] =
+      RunSh(*box, "head -c 1100000 /dev/zero | tr '\\0' x > /dev/console; echo END > /dev/console");
+  EXPECT_EQ(fcode, 0) << flood;
+  const std::string console = box->dir + "/console.log";
+  UniqueFd in(::inotify_init1(IN_CLOEXEC));
+  ASSERT_TRUE(in);
+  ASSERT_GE(::inotify_add_watch(in.get(), console.c_str(), IN_MODIFY), 0);
+  for (;;) {
+    auto log = ReadFile(console, 4 << 20);
+    ASSERT_TRUE(log.ok());
+    ASSERT_LE(log->size(), agent::kMuxConsoleMax);
+    if (log->size() >= 5 && log->compare(log->size() - 5, 5, "END\r\n") == 0) {
+      EXPECT_GT(log->size(), agent::kMuxConsoleKeep) << "the console's older part was dropped";
+      break;
+    }
+    pollfd p{in.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 60000), 1) << "the console's end never reached console.log";
+    char buf[4096];
+    (void)!::read(in.get(), buf, sizeof buf);
+  }
+  std::cout << "vm: 1.1 MB through the console took " << MsSince(t0) << " ms\n";
+
+  // A QEMU that dies is reported, with how.
+  pid_t qemu = box->init_pid;
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, qemu, 0)));
+  ASSERT_TRUE(pidfd);
+  ASSERT_EQ(::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0U), 0);
+  pollfd p{pidfd.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  auto exit = rt_->AgentExit(*box);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_NE(exit->find("QEMU exited with status 137"), std::string::npos) << *exit;
+  t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(rt_->Destroy(*box).ok());
+  std::cout << "vm: destroy took " << MsSince(t0) << " ms\n";
+  EXPECT_TRUE(Dead(qemu)) << "QEMU lives";
+  EXPECT_NE(::lstat(box->dir.c_str(), &st), 0) << "the box directory is left";
+  if (!cgroup_dir.empty()) {
+    EXPECT_NE(::lstat(cgroup_dir.c_str(), &st), 0) << cgroup_dir;
+  }
+  EXPECT_TRUE(rt_->AgentExit(*box).has_value());
+  EXPECT_TRUE(rt_->Destroy(*box).ok()) << "Destroy is idempotent";
+}
+
+TEST_F(VmRuntimeTest, CreatesItCannotDoFailLeavingNothing) {
+  // No QEMU starts for any of these; TearDown checks that no directory, mount or cgroup is left.
+  BoxSpec spec;
+  spec.id = RandomId();
+  spec.runtime = "vm";
+  spec.layers = tmpl_.layers;
+  spec.at_sync_point = [](pid_t) { return Status(); };  // a network
+  auto net = rt_->Create(spec);
+  ASSERT_FALSE(net.ok());
+  EXPECT_EQ(net.status().err(), ENOTSUP) << net.status().message();
+  spec.at_sync_point = nullptr;
+  spec.binds = {{"/usr", "/usr", false, {}}};  // writable
+  auto rw = rt_->Create(spec);
+  EXPECT_EQ(rw.status().err(), ENOTSUP) << rw.status().message();
+  spec.binds = tmpl_.binds;
+  spec.layers.push_back(dir_ + "/no-such-layer");  // fails after some layers are bound
+  auto missing = rt_->Create(spec);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no-such-layer"), std::string::npos)
+      << missing.status().message();
+  spec.runtime = "native";
+  EXPECT_EQ(rt_->Create(spec).status().err(), ENOTSUP);
+}
+
+}  // namespace
+}  // namespace sbx::runtime
