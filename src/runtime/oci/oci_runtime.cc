@@ -869,6 +869,16 @@ Status OciRuntime::Prepare(Creation& c) {
   }
   SBX_RETURN_IF_ERROR(WriteFile(up + kAgentInside, "", 0555));
   if (::chown((up + kAgentInside).c_str(), base, base) != 0) return Status::Errno("chown agent");
+  // gVisor: /tmp in the writable layer, as in every other box. Where a bundle mounts nothing
+  // there runsc mounts a tmpfs of the Sentry's own, which no disk limit covers and no snapshot
+  // sees; so /tmp is bound to itself (the root's own /tmp, below: made here, sticky, when no
+  // layer has one).
+  if (kind_ == OciKind::kGvisor) {
+    const std::string tmp = up + "/tmp";
+    if (::mkdir(tmp.c_str(), 01777) != 0 || ::chmod(tmp.c_str(), 01777) != 0 ||
+        ::chown(tmp.c_str(), base, base) != 0)
+      return Status::Errno("mkdir " + tmp);
+  }
 
   // A gVisor box with a network: the holder holds its network namespace too, where the sync point
   // puts the box's link before `runsc create` (Launch), which hands the links it finds there to
@@ -932,6 +942,7 @@ Status OciRuntime::Prepare(Creation& c) {
     if (::mkdir(sock.c_str(), 0700) != 0 || ::chown(sock.c_str(), base, base) != 0)
       return Status::Errno("mkdir " + sock);
     binds.push_back({sock, kSockInside, false});
+    binds.push_back({d + "/fs/root/tmp", "/tmp", false});
     // A boot id of the box's own (gVisor's /proc has none): what a restore or a fork changes, as
     // E2B's SDK checks after a pause without memory. (runc refuses binds into /proc.)
     auto boot_id = RandomUuid();
