@@ -4,6 +4,19 @@
 // and, after every case, a count of what the box left behind on the host (mounts, loop devices,
 // cgroups, processes in foreign user or network namespaces, files under <data dir>/run).
 //
+// Under every runtime `sbx runtimes` lists as available (native, runc, gvisor; vm is listed and
+// skipped with its reason): one test each, SecurityBattery.AllCases/<runtime>, every box made with
+// `sbx run --runtime <runtime>`, the probe told `runtime=<runtime>`. Where a runtime's precise
+// outcome differs, the probe (or the host-side check here) asserts that runtime's outcome and
+// says why beside it; what a runtime fails for real (a disk limit refused under OCI, gVisor's /tmp
+// outside the writable layer, gVisor's whole-box OOM kill, gVisor's Sentry sharing the host's uid
+// 65534) is marked REAL FAILURE, and fails the test unless it is on the short list of those not
+// fixed yet (kKnownFailures), which the report counts apart as known failures. The
+// leak count also covers the OCI run directory (<data dir>/run-<runtime>, but for the runtime's
+// kept entries), the state root's containers, and processes of the runtime left (their command
+// line names the data directory) or in a box's cgroup. Under gVisor the self-contained cases
+// share one box (probe batch), as a box costs ~2 s there.
+//
 // The inside half is probe.c: a static program fed to the box on stdin, so nothing about the box
 // has to change for the test:
 //   sbx run -i -- /bin/sh -c 'cat > /tmp/probe && chmod +x /tmp/probe && exec /tmp/probe "$@"'
@@ -26,6 +39,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -49,6 +63,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "daemon_process.h"
+#include "nlohmann/json.hpp"
 
 #ifndef SBX_BIN
 #error "SBX_BIN must name the sbx binary"
@@ -145,18 +162,25 @@ std::vector<MountEntry> Mounts() {
   return out;
 }
 
-// Bytes allocated on disk below `dir` (this filesystem only): what sbx itself takes of the host's
-// disk, unmoved by whatever else the machine writes meanwhile (a build, another test).
+// Bytes allocated on disk below `dir`, not crossing into mounts: what sbx itself takes of the
+// host's disk, unmoved by whatever else the machine writes meanwhile (a build, another test). An
+// OCI box's idmapped layers (the host's /usr among them) are mounted below its directory on the
+// same filesystem, so the walk skips every mount point, not just other devices.
 uint64_t UsedBytes(const std::string& dir) {
   static uint64_t total;
+  static std::set<std::string> mounts;
   total = 0;
+  mounts.clear();
+  for (const auto& m : Mounts())
+    if (StartsWith(m.point, dir + "/")) mounts.insert(m.point);
   nftw(
       dir.c_str(),
-      [](const char*, const struct stat* st, int, struct FTW*) {
+      [](const char* path, const struct stat* st, int, struct FTW*) -> int {
+        if (mounts.count(path)) return FTW_SKIP_SUBTREE;
         total += static_cast<uint64_t>(st->st_blocks) * 512;
-        return 0;
+        return FTW_CONTINUE;
       },
-      64, FTW_PHYS | FTW_MOUNT);
+      64, FTW_PHYS | FTW_MOUNT | FTW_ACTIONRETVAL);
   return total;
 }
 
@@ -173,7 +197,8 @@ std::string Fnv1a(const std::string& s) {
 // watches its peak RSS, and kills it after a deadline.
 
 struct RunOptions {
-  std::string stdin_data;          // written, then stdin is closed
+  std::string stdin_data;          // written, then stdin is closed (see keep_stdin_open)
+  bool keep_stdin_open = false;    // ... only once CloseStdin() is called: a probe's release
   double kill_after_s = 60;        // SIGKILL to sbx after this long
   bool count_stdout_only = false;  // do not keep stdout (floods)
   double delay_read_s = 0;         // do not read stdout for this long (back-pressure)
@@ -225,6 +250,9 @@ class SbxProcess {
     if (thread_.joinable()) thread_.join();
   }
   pid_t pid() const { return result_.pid; }
+  // With keep_stdin_open: closes the command's stdin once all of stdin_data is written (the
+  // probe's `release=stdin` sees EOF).
+  void CloseStdin() { close_stdin_ = true; }
   RunResult Wait() {
     thread_.join();
     return result_;
@@ -234,7 +262,7 @@ class SbxProcess {
   void Pump(int in, int out, int err) {
     fcntl(in, F_SETFL, O_NONBLOCK);
     size_t written = 0;
-    if (opts_.stdin_data.empty()) close(in), in = -1;
+    if (opts_.stdin_data.empty() && !opts_.keep_stdin_open) close(in), in = -1;
     bool first_line_seen = false;
     std::string line_buf;
     char buf[1 << 16];
@@ -252,7 +280,11 @@ class SbxProcess {
       pollfd fds[3];
       int n = 0;
       bool reading_out = out >= 0 && t >= opts_.delay_read_s;
-      if (in >= 0) fds[n++] = {in, POLLOUT, 0};
+      if (in >= 0 && written == opts_.stdin_data.size() && close_stdin_) {
+        close(in);
+        in = -1;
+      }
+      if (in >= 0 && written < opts_.stdin_data.size()) fds[n++] = {in, POLLOUT, 0};
       if (reading_out) fds[n++] = {out, POLLIN, 0};
       if (err >= 0) fds[n++] = {err, POLLIN, 0};
       if (poll(fds, n, 100) < 0 && errno != EINTR) break;
@@ -262,7 +294,8 @@ class SbxProcess {
           ssize_t w =
               write(in, opts_.stdin_data.data() + written, opts_.stdin_data.size() - written);
           if (w > 0) written += w;
-          if ((w < 0 && errno != EAGAIN) || written == opts_.stdin_data.size()) {
+          if ((w < 0 && errno != EAGAIN) ||
+              (written == opts_.stdin_data.size() && !opts_.keep_stdin_open)) {
             close(in);
             in = -1;
           }
@@ -306,6 +339,7 @@ class SbxProcess {
   RunOptions opts_;
   RunResult result_;
   Clock::time_point started_;
+  std::atomic<bool> close_stdin_{false};
   std::thread thread_;
 };
 
@@ -320,9 +354,12 @@ struct CgroupHierarchy {
 struct Leaks {
   int mounts = 0, loops = 0, cgroups = 0, userns_procs = 0, netns = 0, run_files = 0, links = 0;
   int chains = 0;  // per-box chains ("box-<id>") in sbx's nftables table (firewall.h)
+  // Processes left of the runtime (runc, runsc's sandbox and gofer: their command line names the
+  // data directory) or in a box's cgroup, whatever their namespaces.
+  int procs = 0;
   std::vector<std::string> what;
   int total() const {
-    return mounts + loops + cgroups + userns_procs + netns + run_files + links + chains;
+    return mounts + loops + cgroups + userns_procs + netns + run_files + links + chains + procs;
   }
 };
 
@@ -342,16 +379,25 @@ std::set<std::string> BoxLinks() {
   return out;
 }
 
+// The OCI runtimes' own entries in their run directory, kept from one box to the next: the
+// agent's copy, Open's probe memo and layer, and the binary's state root (docs/isolation.md, "The
+// oci runtime"). What is inside the state root is per container, and counted.
+const char* const kOciKeptEntries[] = {".sbx-agent", ".probe", ".probe-layer", ".state"};
+
 class Host {
  public:
-  Host() {
-    parent_ = "sbx-battery-" + std::to_string(getpid());
+  // `runtime`: the box's (sbx run --runtime); its boxes live under <data dir>/run for native,
+  // <data dir>/run-<runtime> for the others (cli/runtimes.cc).
+  explicit Host(const std::string& runtime) {
+    parent_ = "sbx-battery-" + runtime + "-" + std::to_string(getpid());
     setenv("SBX_CGROUP_PARENT", parent_.c_str(), 1);
     char tmpl[] = "/tmp/sbx-battery-XXXXXX";
     root_ = mkdtemp(tmpl);
     chmod(root_.c_str(), 0755);  // the boxes' root (an unprivileged host uid) walks through it
     data_dir_ = root_ + "/data";
     mkdir(data_dir_.c_str(), 0755);
+    run_dir_ = data_dir_ + (runtime == "native" ? "/run" : "/run-" + runtime);
+    oci_ = runtime != "native";
     FindCgroups();
     // Only our own namespaces are the host's: namespace inode numbers are reused once freed, so
     // a snapshot of every process's namespaces could name a box's namespace later on. Processes
@@ -369,6 +415,8 @@ class Host {
   Host& operator=(const Host&) = delete;
 
   const std::string& data_dir() const { return data_dir_; }
+  // Where the runtime keeps its boxes' directories (writable layers among them).
+  const std::string& run_dir() const { return run_dir_; }
   const std::string& parent() const { return parent_; }
   const std::vector<CgroupHierarchy>& cgroups() const { return cgroups_; }
 
@@ -380,6 +428,33 @@ class Host {
       if (std::find(names.begin(), names.end(), controller) == names.end()) continue;
       for (const auto& n : ListDir(h.parent_dir))
         if (IsDir(h.parent_dir + "/" + n)) out.push_back(h.parent_dir + "/" + n);
+    }
+    return out;
+  }
+
+  // Whether `p` may be a process of sbx or its runtimes, by its name alone (runc, runc:[2:INIT],
+  // runsc's "exe", sbx, sbx-agent) or by being in a box's cgroup: only those have their command
+  // line read, as reading another's cmdline takes its memory map's lock, which a process stalled
+  // elsewhere on the machine (at its own memory limit) can hold for minutes.
+  bool MayBeRuntime(pid_t p) const {
+    std::string base = "/proc/" + std::to_string(p) + "/";
+    std::string comm = ReadFile(base + "comm");
+    if (StartsWith(comm, "runc") || StartsWith(comm, "runsc") || StartsWith(comm, "exe") ||
+        StartsWith(comm, "sbx"))
+      return true;
+    return ReadFile(base + "cgroup").find("/" + parent_ + "/") != std::string::npos;
+  }
+
+  // Processes whose command line names our data directory (the runtime binaries', left).
+  std::vector<pid_t> RuntimePids() const {
+    std::vector<pid_t> out;
+    for (pid_t p : AllPids()) {
+      if (p == getpid() || !MayBeRuntime(p)) continue;
+      std::string cmdline = ReadFile("/proc/" + std::to_string(p) + "/cmdline");
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      if (cmdline.find(data_dir_ + "/") != std::string::npos ||
+          cmdline.find(data_dir_ + " ") != std::string::npos)
+        out.push_back(p);
     }
     return out;
   }
@@ -420,6 +495,7 @@ class Host {
       ino_t u = InodeOf(base + "ns/user"), n = InodeOf(base + "ns/net");
       bool new_user = u && u != host_userns_, new_net = n && n != host_netns_;
       if (!new_user && !new_net) continue;
+      if (AwaitingHostReap(p)) continue;
       std::string cg = ReadFile(base + "cgroup");
       std::string comm = Split(ReadFile(base + "comm"), '\n').empty()
                              ? "?"
@@ -443,6 +519,32 @@ class Host {
     l.netns = static_cast<int>(new_netns.size());
     for (ino_t n : new_netns) l.what.push_back("net ns " + std::to_string(n));
     CountFiles(data_dir_ + "/run", &l.run_files, &l.what);
+    if (oci_) {
+      for (const auto& e : ListDir(run_dir_)) {
+        if (std::find(std::begin(kOciKeptEntries), std::end(kOciKeptEntries), e) !=
+            std::end(kOciKeptEntries))
+          continue;
+        ++l.run_files;
+        l.what.push_back("file " + run_dir_ + "/" + e);
+        if (IsDir(run_dir_ + "/" + e)) CountFiles(run_dir_ + "/" + e, &l.run_files, &l.what);
+      }
+      CountFiles(run_dir_ + "/.state", &l.run_files, &l.what);
+    }
+    const std::string self = std::to_string(getpid());
+    for (pid_t p : AllPids()) {
+      std::string base = "/proc/" + std::to_string(p) + "/";
+      if (std::to_string(p) == self) continue;
+      if (!MayBeRuntime(p)) continue;
+      std::string cmdline = ReadFile(base + "cmdline");
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      bool runtime_proc = cmdline.find(data_dir_ + "/") != std::string::npos ||
+                          cmdline.find(data_dir_ + " ") != std::string::npos;
+      bool in_box = ReadFile(base + "cgroup").find("/" + parent_ + "/") != std::string::npos;
+      if (!runtime_proc && !in_box) continue;
+      if (AwaitingHostReap(p)) continue;
+      ++l.procs;
+      l.what.push_back("process " + std::to_string(p) + ": " + cmdline.substr(0, 160));
+    }
     for (const auto& c : BoxChains()) {
       if (chains_at_start_.count(c)) continue;
       ++l.chains;
@@ -457,6 +559,7 @@ class Host {
   }
 
   const std::set<std::string>& foreign() const { return foreign_; }
+  int awaiting_reap() const { return awaiting_reap_; }
 
   // Removes the empty cgroup parents and the data directory.
   void Cleanup() {
@@ -468,6 +571,21 @@ class Host {
   }
 
  private:
+  // Under an OCI runtime, a zombie whose parent is the host's init: the box's first process,
+  // orphaned when `runc create` / runsc exited, killed and waiting for this host's PID 1, which
+  // reaps orphans up to ~2 s late (docs/isolation.md, "Timings"). It holds nothing but its pid:
+  // counted apart, not as a leak. Anything else of a box (alive, or a zombie some process of sbx
+  // keeps) is a leak.
+  bool AwaitingHostReap(pid_t p) {
+    if (!oci_) return false;  // a native box's processes are sbx's own children: no exception
+    std::string st = ReadFile("/proc/" + std::to_string(p) + "/stat");
+    auto rp = st.rfind(')');
+    if (rp == std::string::npos || rp + 4 >= st.size() || st[rp + 2] != 'Z') return false;
+    if (atoi(st.c_str() + rp + 4) != 1) return false;
+    ++awaiting_reap_;
+    return true;
+  }
+
   // The boxes' chains in the table sbx makes in the namespace it runs in (read only: `nft list`).
   static std::set<std::string> BoxChains() {
     std::set<std::string> out;
@@ -497,13 +615,22 @@ class Host {
     }
     return n;
   }
-  static void CountFiles(const std::string& dir, int* n, std::vector<std::string>* what) {
+  // Counts the entries below `dir`, not descending into mount points (counted as mounts: an OCI
+  // box's root and its idmapped layers, the host's /usr among them, are mounted below its
+  // directory).
+  static void CountFiles(const std::string& dir, int* n, std::vector<std::string>* what,
+                         const std::set<std::string>& mounts = MountPoints()) {
     for (const auto& e : ListDir(dir)) {
       std::string p = dir + "/" + e;
       ++*n;
       if (*n <= 20) what->push_back("file " + p);
-      if (IsDir(p)) CountFiles(p, n, what);
+      if (IsDir(p) && !mounts.count(p)) CountFiles(p, n, what, mounts);
     }
+  }
+  static std::set<std::string> MountPoints() {
+    std::set<std::string> out;
+    for (const auto& m : Mounts()) out.insert(m.point);
+    return out;
   }
 
   // Where sbx puts boxes' cgroups: <mount>/<our own cgroup in that hierarchy>/<parent>, in every
@@ -539,19 +666,38 @@ class Host {
     }
   }
 
-  std::string parent_, root_, data_dir_;
+  std::string parent_, root_, data_dir_, run_dir_;
+  bool oci_ = false;
   std::vector<CgroupHierarchy> cgroups_;
   ino_t host_userns_ = 0, host_netns_ = 0;
   std::set<std::string> chains_at_start_;
   std::set<std::string> links_before_;
   std::set<std::string> foreign_;
+  int awaiting_reap_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
 // Cases and the report.
 
+// Real isolation failures of a runtime, found by this battery and not fixed yet (each says why in
+// its case's REAL FAILURE detail and in the issue's note): runtime and case.
+constexpr std::pair<const char*, const char*> kKnownFailures[] = {
+    // runsc 20221219 runs every box's Sentry as the host's uid 65534: any host process of that
+    // uid (and a compromised Sentry of another box) may signal it.
+    {"gvisor", "46b-host-user-signals"},
+    // The memory limit covers the whole sandbox: the host's OOM killer takes the Sentry, and the
+    // box's agent with it.
+    {"gvisor", "43a-bomb-then-exec"},
+};
+
+bool IsKnownFailure(const std::string& runtime, const std::string& id) {
+  for (const auto& [r, c] : kKnownFailures)
+    if (runtime == r && id == c) return true;
+  return false;
+}
+
 struct Outcome {
-  std::string id, row, word, detail;  // word: PASS, FAIL, SKIP
+  std::string id, row, word, detail;  // word: PASS, FAIL, SKIP, KNOWN (kKnownFailures)
   int leaks = 0;
   std::string leak_detail;
 };
@@ -570,15 +716,103 @@ Parsed ParseProbe(const std::string& id, const std::string& out) {
   return {"", ""};
 }
 
+std::string Fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Which cgroup versions the battery ran under, and why the other was not run.
+std::string CgroupVersionsNote() {
+  std::string unified = ReadFile("/sys/fs/cgroup/cgroup.controllers");
+  bool pure_v2 = !unified.empty();
+  if (!pure_v2) unified = ReadFile("/sys/fs/cgroup/unified/cgroup.controllers");
+  bool v2_usable = unified.find("memory") != std::string::npos &&
+                   unified.find("pids") != std::string::npos &&
+                   unified.find("cpu") != std::string::npos;
+  if (pure_v2) return "cgroup v2 (this host has no v1 hierarchies: v1 skipped)";
+  if (v2_usable)
+    return "cgroup v2 (sbx picks v2 when the unified hierarchy has the controllers; v1 not run)";
+  return "cgroup v1; cgroup v2 skipped: the unified hierarchy here has no memory/cpu/pids "
+         "controllers (hybrid mode), so sbx cannot put a box under v2 on this machine; the v2 "
+         "driver is unit-tested against a scratch cgroupfs (cgroup_test)";
+}
+
+std::string UtcNow() {
+  char buf[32];
+  time_t t = time(nullptr);
+  tm u{};
+  gmtime_r(&t, &u);
+  strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &u);
+  return buf;
+}
+
+// Every runtime the battery knows, in the report's order; `sbx runtimes` says which this host
+// has.
+const char* const kRuntimes[] = {"native", "runc", "gvisor", "vm"};
+
+std::string SectionPath(const std::string& runtime) {
+  std::string all = BATTERY_REPORT;
+  auto dot = all.rfind(".txt");
+  return all.substr(0, dot) + "-" + runtime + (dot == std::string::npos ? "" : ".txt");
+}
+
+// Writes one runtime's section, prints it, and makes battery-report.txt again from every
+// runtime's latest section (each runtime is its own test process, possibly running at the same
+// time: a lock file orders them).
+void WriteSection(const std::string& runtime, const std::string& text) {
+  printf("%s", text.c_str());
+  fflush(stdout);
+  std::ofstream(SectionPath(runtime)) << text;
+  int lock =
+      open((std::string(BATTERY_REPORT) + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock >= 0) flock(lock, LOCK_EX);
+  std::string sections, ran, not_run;
+  for (const char* rt : kRuntimes) {
+    std::string sec = ReadFile(SectionPath(rt));
+    if (sec.empty()) {
+      not_run += Fmt("%s%s (no report: its test did not run)", not_run.empty() ? "" : "; ", rt);
+      continue;
+    }
+    sections += "\n" + sec;
+    auto why = sec.find("runtime skipped: ");
+    if (why == std::string::npos)
+      ran += (ran.empty() ? "" : ", ") + std::string(rt);
+    else
+      not_run += (not_run.empty() ? "" : "; ") + std::string(rt) + " (" +
+                 Split(sec.substr(why + 17), '\n')[0] + ")";
+  }
+  std::ostringstream os;
+  os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API, "
+        "row 34 for network none, rows 42, 43 and 46 inside boxes), under every runtime of this "
+        "host\n"
+     << "sbx: " << SBX_BIN << "\n"
+     << "configurations run: runtimes " << (ran.empty() ? "none" : ran) << "; "
+     << CgroupVersionsNote() << "\n"
+     << "runtimes not run: " << (not_run.empty() ? "none" : not_run) << "\n"
+     << "covered elsewhere: row 24 file-API part (tests/integration/runtime_test "
+        "FileApiStaysInsideTheBox), row 25 for template tarballs (src/storage/template_test); "
+        "row 37 (another sandbox's ports need its token: tests/e2e/ports.test.mjs); "
+        "rows 38, 41, 43 (through the API), 44, 45: tenant_test (tenant-report.txt); "
+        "not yet applicable: row 25 archive upload, rows 32, 33, 35, 36, 39, 40 (egress "
+        "policies, secrets, daemon restarts)\n"
+     << sections;
+  std::ofstream(BATTERY_REPORT) << os.str();
+  if (lock >= 0) close(lock);
+}
+
 class Battery {
  public:
-  Battery() : probe_bytes_(ReadFile(PROBE_BIN)) {}
+  explicit Battery(std::string runtime)
+      : runtime_(std::move(runtime)), host_(runtime_), probe_bytes_(ReadFile(PROBE_BIN)) {}
 
   Host& host() { return host_; }
+  // The runtime every box of this battery runs under (`sbx run --runtime`).
+  const std::string& runtime() const { return runtime_; }
+  bool native() const { return runtime_ == "native"; }
+  bool gvisor() const { return runtime_ == "gvisor"; }
+  bool runc() const { return runtime_ == "runc"; }
 
   std::vector<std::string> SbxRun(const std::vector<std::string>& flags,
                                   const std::vector<std::string>& cmd) {
     std::vector<std::string> a = {SBX_BIN, "--data-dir", host_.data_dir(), "run"};
+    if (!native()) a.insert(a.end(), {"--runtime", runtime_});
     a.insert(a.end(), flags.begin(), flags.end());
     a.push_back("--");
     a.insert(a.end(), cmd.begin(), cmd.end());
@@ -587,10 +821,14 @@ class Battery {
   std::vector<std::string> ProbeRun(const std::string& id, const std::vector<std::string>& args,
                                     std::vector<std::string> flags = {}) {
     flags.insert(flags.begin(), "-i");
-    std::vector<std::string> cmd = {
-        "/bin/sh", "-c", "cat > /tmp/probe && chmod +x /tmp/probe && exec /tmp/probe \"$@\"", "sh",
-        id};
+    // head, not cat: what follows the probe on stdin stays for it (release=stdin).
+    std::vector<std::string> cmd = {"/bin/sh", "-c",
+                                    "head -c " + std::to_string(probe_bytes_.size()) +
+                                        " > /tmp/probe && chmod +x /tmp/probe && exec /tmp/probe "
+                                        "\"$@\"",
+                                    "sh", id};
     cmd.insert(cmd.end(), args.begin(), args.end());
+    cmd.push_back("runtime=" + runtime_);
     return SbxRun(flags, cmd);
   }
   RunOptions ProbeOptions(double kill_after = 60) {
@@ -600,19 +838,29 @@ class Battery {
     return o;
   }
 
-  // Records one case: the inside verdict (or a host-side one), then the leak count after it.
+  // Records one case: the inside verdict (or a host-side one), then the leak count after it. A
+  // failure this runtime is known to have (kKnownFailures: a real one, not fixed yet, said in the
+  // issue) is counted as KNOWN, apart from passes and new failures: the figures show it, and
+  // only a failure not on that list fails the test. One that passes now is a failure too, so
+  // the list cannot go stale.
   void Record(const std::string& id, const std::string& row, std::string word, std::string detail) {
+    const bool known = IsKnownFailure(runtime_, id);
+    if (known && word == "FAIL" && StartsWith(detail, "REAL FAILURE"))
+      word = "KNOWN";
+    else if (known && word == "PASS")
+      word = "FAIL", detail = "passes now: remove it from kKnownFailures; " + detail;
     Leaks l = host_.Check();
     Outcome o{id, row, word, detail, l.total(), ""};
     for (size_t i = 0; i < l.what.size() && i < 8; ++i)
       o.leak_detail += (i ? "; " : "") + l.what[i];
     if (l.total()) {
-      o.leak_detail =
-          "mounts=" + std::to_string(l.mounts) + " loops=" + std::to_string(l.loops) +
-          " cgroups=" + std::to_string(l.cgroups) +
-          " userns-procs=" + std::to_string(l.userns_procs) + " netns=" + std::to_string(l.netns) +
-          " run-files=" + std::to_string(l.run_files) + " links=" + std::to_string(l.links) +
-          " chains=" + std::to_string(l.chains) + ": " + o.leak_detail;
+      o.leak_detail = "mounts=" + std::to_string(l.mounts) + " loops=" + std::to_string(l.loops) +
+                      " cgroups=" + std::to_string(l.cgroups) +
+                      " userns-procs=" + std::to_string(l.userns_procs) +
+                      " netns=" + std::to_string(l.netns) +
+                      " run-files=" + std::to_string(l.run_files) +
+                      " links=" + std::to_string(l.links) + " chains=" + std::to_string(l.chains) +
+                      " procs=" + std::to_string(l.procs) + ": " + o.leak_detail;
     }
     leaks_ += l.total();
     fprintf(stderr, "[battery] %-26s %s %s%s\n", id.c_str(), word.c_str(), detail.c_str(),
@@ -658,51 +906,40 @@ class Battery {
   void CleanLeftovers() {
     // A leak must not turn into a cascade of failures in the cases after it.
     for (pid_t p : host_.BoxPids()) kill(p, SIGKILL);
+    for (pid_t p : host_.RuntimePids()) kill(p, SIGKILL);
     usleep(200000);
     for (const auto& h : host_.cgroups()) {
       for (const auto& n : ListDir(h.parent_dir)) rmdir((h.parent_dir + "/" + n).c_str());
     }
   }
 
-  // Which cgroup versions the battery ran under, and why the other was not run.
-  static std::string CgroupVersionsNote() {
-    std::string unified = ReadFile("/sys/fs/cgroup/cgroup.controllers");
-    bool pure_v2 = !unified.empty();
-    if (!pure_v2) unified = ReadFile("/sys/fs/cgroup/unified/cgroup.controllers");
-    bool v2_usable = unified.find("memory") != std::string::npos &&
-                     unified.find("pids") != std::string::npos &&
-                     unified.find("cpu") != std::string::npos;
-    if (pure_v2) return "cgroup v2 (this host has no v1 hierarchies: v1 skipped)";
-    if (v2_usable)
-      return "cgroup v2 (sbx picks v2 when the unified hierarchy has the controllers; v1 not run)";
-    return "cgroup v1; cgroup v2 skipped: the unified hierarchy here has no memory/cpu/pids "
-           "controllers (hybrid mode), so sbx cannot put a box under v2 on this machine; the v2 "
-           "driver is unit-tested against a scratch cgroupfs (cgroup_test)";
-  }
-
-  void Report() {
-    int run = 0, passed = 0, failed = 0, skipped = 0;
+  // This runtime's section of the report: battery-report-<runtime>.txt, then battery-report.txt
+  // made again from every runtime's section (the Makefile's awk sums its figures).
+  void Report(double seconds) {
+    int run = 0, passed = 0, failed = 0, skipped = 0, known = 0;
     std::ostringstream os;
     for (const auto& o : outcomes_) {
       ++run;
       if (o.word == "PASS") ++passed;
       if (o.word == "FAIL") ++failed;
       if (o.word == "SKIP") ++skipped;
+      if (o.word == "KNOWN") ++known;
     }
-    os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API, "
-          "row 34 for network none, rows 42, 43 and 46 inside boxes)\n"
-       << "sbx: " << SBX_BIN << "\n"
+    os << "runtime: " << runtime_ << "\n"
        << "probes run: " << run << "\npassed: " << passed << "\nfailed: " << failed
-       << "\nskipped: " << skipped << "\nhost leaks: " << leaks_ << "\n";
+       << "\nknown failures: " << known << "\nskipped: " << skipped << "\nhost leaks: " << leaks_
+       << "\n"
+       << Fmt("wall time: %.0f s\n", seconds) << "finished: " << UtcNow() << "\n";
     for (const auto& o : outcomes_)
       if (o.word == "SKIP") os << "  skipped " << o.id << ": " << o.detail << "\n";
-    os << "configurations run: runtime native, " << CgroupVersionsNote() << "\n";
-    os << "covered elsewhere: row 24 file-API part (tests/integration/runtime_test "
-          "FileApiStaysInsideTheBox), row 25 for template tarballs (src/storage/template_test); "
-          "row 37 (another sandbox's ports need its token: tests/e2e/ports.test.mjs); "
-          "rows 38, 41, 43 (through the API), 44, 45: tenant_test (tenant-report.txt); "
-          "not yet applicable: row 25 archive upload, rows 32, 33, 35, 36, 39, 40 (egress "
-          "policies, secrets, daemon restarts)\n";
+    for (const auto& o : outcomes_)
+      if (o.word == "FAIL") os << "  FAILED " << o.id << ": " << o.detail << "\n";
+    for (const auto& o : outcomes_)
+      if (o.word == "KNOWN") os << "  KNOWN FAILURE " << o.id << ": " << o.detail << "\n";
+    os << "configuration: runtime " << runtime_ << ", " << CgroupVersionsNote() << "\n";
+    if (host_.awaiting_reap())
+      os << "zombies of ended boxes seen waiting for the host's init to reap them (not leaks): "
+         << host_.awaiting_reap() << " sightings\n";
     if (!host_.foreign().empty()) {
       os << "processes in new namespaces not ours (other activity on this machine, not counted):";
       for (const auto& f : host_.foreign()) os << " " << f;
@@ -718,16 +955,14 @@ class Battery {
       if (o.leaks) os << " | LEAKS: " << o.leak_detail;
       os << "\n";
     }
-    std::string text = os.str();
-    printf("%s", text.c_str());
-    fflush(stdout);
-    std::ofstream(BATTERY_REPORT) << text;
+    WriteSection(runtime_, os.str());
   }
 
   const std::vector<Outcome>& outcomes() const { return outcomes_; }
   int leaks() const { return leaks_; }
 
  private:
+  std::string runtime_;
   Host host_;
   std::string probe_bytes_;
   std::vector<Outcome> outcomes_;
@@ -767,7 +1002,6 @@ struct Sentinel {
   }
 };
 
-std::string Fmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string Fmt(const char* fmt, ...) {
   char buf[1024];
   va_list ap;
@@ -805,20 +1039,11 @@ bool HostCanFork(int n) {
   return true;
 }
 
-// Creates `path` inside every live box (through /proc/<pid>/root), which a probe waiting in
-// hold_until() takes as its release.
-void ReleaseBoxes(Host& host, const std::string& path) {
-  for (pid_t p : host.BoxPids()) {
-    int fd = open(("/proc/" + std::to_string(p) + "/root" + path).c_str(),
-                  O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
-    if (fd >= 0) close(fd);
-  }
-}
-
-// Host paths under <data dir>/run named `name` (the writable layers are plain directories).
+// Host paths under the runtime's run directory named `name` (the writable layers are plain
+// directories).
 std::vector<std::string> FindInRun(Host& host, const std::string& name) {
   std::vector<std::string> out;
-  std::string cmd = "find '" + host.data_dir() + "/run' -xdev -name '" + name + "' 2>/dev/null";
+  std::string cmd = "find '" + host.run_dir() + "' -xdev -name '" + name + "' 2>/dev/null";
   if (FILE* f = popen(cmd.c_str(), "r")) {
     char line[2048];
     while (fgets(line, sizeof line, f)) {
@@ -912,6 +1137,12 @@ void RunRow43(Battery& b) {
     Parsed v = b.RunProbe("43a-bomb-then-exec", {}, {"--memory", "64M", "--timeout", "60s"},
                           b.ProbeOptions(90), &r);
     std::vector<std::string> failures;
+    // gVisor: a real failure, left failing. The limit covers the whole sandbox and the host's OOM
+    // killer takes the Sentry, so the bomb kills the box's PID 1 and every process with it.
+    if (b.gvisor() && r.exit_code == 125 && r.err.find("connection closed") != std::string::npos)
+      failures.push_back(
+          "REAL FAILURE under gvisor: the memory bomb killed the whole box (the Sentry is the "
+          "host's OOM victim), not the offending process alone");
     if (v.word != "PASS") failures.push_back("probe: " + v.word + " " + v.detail);
     if (r.err.find("out of memory") == std::string::npos)
       failures.push_back("expected sbx to report the kernel's OOM kill, got stderr '" +
@@ -928,13 +1159,13 @@ void RunRow43(Battery& b) {
 void RunRow21PerBox(Battery& b) {
   Host& host = b.host();
   std::string base = "sbx-battery-ids-" + std::to_string(getpid());
-  std::string release = "/tmp/" + base + "-release";
   std::vector<std::unique_ptr<SbxProcess>> boxes;
   for (int i = 0; i < 2; ++i) {
     std::string token = base + "-" + std::to_string(i);
+    RunOptions o = b.ProbeOptions(60);
+    o.keep_stdin_open = true;
     boxes.push_back(std::make_unique<SbxProcess>(
-        b.ProbeRun("21-root-owner", {"token=" + token, "release=" + release, "hold=30"}),
-        b.ProbeOptions(60)));
+        b.ProbeRun("21-root-owner", {"token=" + token, "release=stdin", "hold=30"}), o));
   }
   std::vector<std::string> failures;
   uid_t owner[2] = {0, 0};
@@ -951,7 +1182,7 @@ void RunRow21PerBox(Battery& b) {
     owner[i] = st.st_uid;
     seen += Fmt("box %d root file owned by host %u:%u; ", i, st.st_uid, st.st_gid);
   }
-  ReleaseBoxes(host, release);
+  for (auto& p : boxes) p->CloseStdin();
   for (auto& p : boxes) {
     RunResult r = p->Wait();
     if (r.exit_code != 0)
@@ -974,17 +1205,16 @@ void RunRow21PerBox(Battery& b) {
 // and watches; the host still can too. And no user namespace can be made inside, by the box's own
 // limit.
 void RunRow42(Battery& b) {
-  Host& host = b.host();
   {
-    std::string release = "/tmp/sbx-battery-inotify-" + std::to_string(getpid());
     std::atomic<bool> reported{false};
     std::string line;
     RunOptions o = b.ProbeOptions(60);
+    o.keep_stdin_open = true;
     o.on_first_line = [&](const std::string& l) {
       line = l;
       reported = true;
     };
-    SbxProcess a(b.ProbeRun("42b-inotify-exhaust", {"release=" + release, "hold=30"}), o);
+    SbxProcess a(b.ProbeRun("42b-inotify-exhaust", {"release=stdin", "hold=30"}), o);
     auto t0 = Clock::now();
     while (!reported && SecondsSince(t0) < 30) usleep(20000);
     std::vector<std::string> failures, limited;  // limited: what a per-box limit must prevent
@@ -1015,7 +1245,7 @@ void RunRow42(Battery& b) {
               .push_back(Fmt("the host (uid %u) could not create an inotify instance", uid));
       }
     }
-    ReleaseBoxes(host, release);
+    a.CloseStdin();
     RunResult ra = a.Wait();
     if (ra.exit_code != 0) failures.push_back(Fmt("exhausting box exited %d", ra.exit_code));
     std::string what;
@@ -1037,6 +1267,28 @@ void RunRow42(Battery& b) {
   }
   Parsed v = b.RunProbe("42a-userns-limit", {});
   b.Record("42a-userns-limit", "42", v.word, v.detail);
+}
+
+// What host uid 65534 gets from kill(pid, 0) for each pid: "EPERM", "ESRCH" or "success".
+std::vector<std::pair<pid_t, std::string>> SignalsAsNobody(const std::vector<pid_t>& pids) {
+  std::vector<std::pair<pid_t, std::string>> out;
+  for (pid_t target : pids) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+          setresuid(65534, 65534, 65534) != 0)
+        _exit(255);
+      _exit(kill(target, 0) == 0 ? 0 : errno);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    int e = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (e == ESRCH) continue;  // gone meanwhile
+    out.push_back({target, e == 0     ? "success"
+                           : e == 255 ? "setresuid failed"
+                                      : strerrorname_np(e)});
+  }
+  return out;
 }
 
 // Row 46: a host user (uid 65534) cannot stat or run anything under the template cache or a box's
@@ -1094,25 +1346,43 @@ void RunRow46Templates(Battery& b) {
   }
   // A live box's writable layer, with a setuid file made inside by its root.
   std::string token = "sbx-battery-suid-" + std::to_string(getpid());
-  std::string release = "/tmp/" + token + "-release";
+  std::vector<std::pair<pid_t, std::string>> signals;
   {
     RunOptions o = b.ProbeOptions(60);
+    o.keep_stdin_open = true;
     SbxProcess box(
         b.SbxRun({"-i"}, {"/bin/sh", "-c",
-                          "cat > /tmp/probe && chmod +x /tmp/probe && cp /tmp/probe /root/" +
+                          "head -c " + std::to_string(o.stdin_data.size()) +
+                              " > /tmp/probe && chmod +x /tmp/probe && cp /tmp/probe /root/" +
                               token + " && chmod 4755 /root/" + token +
                               " && exec /tmp/probe 21-root-owner token=" + token +
-                              "-mark release=" + release + " hold=30"}),
+                              "-mark release=stdin hold=30 runtime=" + b.runtime()}),
         o);
     std::string f = WaitInRun(host, token, 30);
     if (f.empty()) {
       failures.push_back("the box's setuid file never appeared under <data dir>/run");
     } else {
-      std::string id_dir = f.substr(0, f.find('/', (host.data_dir() + "/run/").size()));
-      check("box dir " + id_dir.substr(host.data_dir().size()), id_dir + "/.");
+      std::string id_dir = f.substr(0, f.find('/', (host.run_dir() + "/").size()));
+      if (b.native()) {
+        check("box dir " + id_dir.substr(host.data_dir().size()), id_dir + "/.");
+      } else {
+        // OCI: the box directory is root's and 0711, as runc's init and runsc's gofer (the box's
+        // host ids) pass through it (docs/isolation.md, "A box, step by step"): others may
+        // traverse but not list it, and the box's own tree below (fs/: the writable layer and
+        // root) is the box's ids' alone.
+        struct stat st {};
+        std::string got = stat(id_dir.c_str(), &st) == 0
+                              ? Fmt("%04o %u:%u", st.st_mode & 07777, st.st_uid, st.st_gid)
+                              : "missing";
+        detail += "box dir " + id_dir.substr(host.data_dir().size()) + ": " + got + "; ";
+        if (got != "0711 0:0")
+          failures.push_back("box dir " + id_dir + ": expected 0711 0:0, got " + got);
+        check("the box's fs/ " + (id_dir + "/fs").substr(host.data_dir().size()), id_dir + "/fs/.");
+      }
       check("setuid file in the writable layer", f);
+      signals = SignalsAsNobody(host.BoxPids());
     }
-    ReleaseBoxes(host, release);
+    box.CloseStdin();
     RunResult r = box.Wait();
     if (r.exit_code != 0)
       failures.push_back(Fmt("the box exited %d: %s", r.exit_code, r.err.substr(0, 200).c_str()));
@@ -1123,14 +1393,89 @@ void RunRow46Templates(Battery& b) {
     b.RecordChecks("46-host-user-layers", "46", failures, "");
   else
     b.Record("46-host-user-layers", "46", "PASS", detail);
+  // 46b: a host user (uid 65534) signals none of the box's processes on the host (kill(pid, 0):
+  // nothing is sent). Under gVisor the Sentry runs as host uid 65534 itself: a real failure, left
+  // failing (any process of the host's nobody can stop or kill every gVisor box, and every Sentry
+  // shares one host id with every other).
+  std::vector<std::string> sig_failures;
+  int refused = 0;
+  for (const auto& [pid, got] : signals) {
+    if (got == "EPERM")
+      ++refused;
+    else
+      sig_failures.push_back(Fmt("uid 65534 kill(%d, 0): %s", pid, got.c_str()));
+  }
+  if (signals.empty()) sig_failures.push_back("no box process found to signal");
+  if (!sig_failures.empty() && b.gvisor())
+    sig_failures.insert(sig_failures.begin(),
+                        "REAL FAILURE under gvisor: the Sentry runs as the host's uid 65534");
+  b.RecordChecks(
+      "46b-host-user-signals", "46", sig_failures,
+      Fmt("uid 65534 kill(pid, 0) on each of the box's %d host processes: EPERM", refused));
 }
 
-TEST(SecurityBattery, AllCases) {
+// Whether `sbx runtimes` (a real daemon's GET /v1/runtimes, in a data directory of its own)
+// lists `runtime` as available; `*why_not` is its reason when not.
+bool RuntimeAvailable(const std::string& runtime, std::string* why_not) {
+  char tmpl[] = "/tmp/sbx-battery-runtimes-XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    *why_not = "could not make a data directory to ask sbx runtimes";
+    return false;
+  }
+  std::string dir = tmpl;
+  chmod(dir.c_str(), 0755);  // Open's probe box (its root is an unprivileged host uid) walks in
+  std::string json;
+  {
+    sbx::test::DaemonProcess daemon(dir);
+    daemon.Start();
+    if (daemon.port() != 0) {
+      SbxProcess ask({SBX_BIN, "--data-dir", dir, "runtimes", "--json"}, RunOptions());
+      RunResult r = ask.Wait();
+      json = r.out;
+      if (r.exit_code != 0) *why_not = "sbx runtimes failed: " + r.err.substr(0, 300);
+    } else {
+      *why_not = "sbx serve did not start to answer sbx runtimes: " + daemon.log().substr(0, 300);
+    }
+  }
+  std::string rm = "rm -rf --one-file-system '" + dir + "'";
+  if (system(rm.c_str()) != 0) fprintf(stderr, "battery: could not remove %s\n", dir.c_str());
+  auto parsed = nlohmann::json::parse(json, nullptr, false);
+  if (parsed.is_discarded()) {
+    if (why_not->empty()) *why_not = "sbx runtimes printed no JSON: " + json.substr(0, 300);
+    return false;
+  }
+  for (const auto& rt : parsed.value("runtimes", nlohmann::json::array())) {
+    if (rt.value("name", "") != runtime) continue;
+    if (rt.value("available", false)) return true;
+    *why_not = "sbx runtimes: " + rt.value("reason", std::string("unavailable, no reason given"));
+    return false;
+  }
+  *why_not = "sbx runtimes does not list it";
+  return false;
+}
+
+// One test per runtime (SecurityBattery.AllCases/native, /runc, /gvisor, /vm), so ctest runs them
+// side by side; a runtime this host lacks is a skip with `sbx runtimes`' reason, in the report
+// too.
+class SecurityBattery : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SecurityBattery, AllCases) {
+  const std::string runtime = GetParam();
   ASSERT_EQ(geteuid(), 0u) << "the battery needs root (sbx run does)";
   ASSERT_EQ(access(SBX_BIN, X_OK), 0) << SBX_BIN;
   ASSERT_EQ(access(PROBE_BIN, X_OK), 0) << PROBE_BIN;
   signal(SIGPIPE, SIG_IGN);  // sbx may exit before it has read all of its stdin
-  Battery b;
+  std::string why_not;
+  bool available = RuntimeAvailable(runtime, &why_not);
+  if (available && runtime == "vm")
+    available = false, why_not = "available, but the battery has no expectations for it yet";
+  if (!available) {
+    WriteSection(runtime, "runtime: " + runtime + "\nruntime skipped: " + why_not +
+                              "\nfinished: " + UtcNow() +
+                              "\nprobes run: 0\npassed: 0\nfailed: 0\nskipped: 0\nhost leaks: 0\n");
+    GTEST_SKIP() << "runtime " << runtime << " skipped: " << why_not;
+  }
+  Battery b(runtime);
   Host& host = b.host();
   auto t_start = Clock::now();
 
@@ -1170,17 +1515,36 @@ TEST(SecurityBattery, AllCases) {
     o.on_first_line = [&](const std::string&) {
       // The leak counters must see a live box, or a zero after each case proves nothing.
       Leaks live = host.Check();
-      detector = Fmt("a live box counts cgroups=%d userns-procs=%d netns=%d run-files=%d",
-                     live.cgroups, live.userns_procs, live.netns, live.run_files);
-      if (!live.cgroups || !live.userns_procs || !live.netns || !live.run_files)
+      detector = Fmt(
+          "a live box counts cgroups=%d userns-procs=%d netns=%d run-files=%d procs=%d mounts=%d",
+          live.cgroups, live.userns_procs, live.netns, live.run_files, live.procs, live.mounts);
+      // An OCI box's root and layers are mounts below its run directory (a native one's only
+      // with --disk: seen at row 28).
+      if (!live.cgroups || !live.userns_procs || !live.netns || !live.run_files || !live.procs ||
+          (!b.native() && !live.mounts))
         detector_failures.push_back("expected the leak counters to see a live box, got " +
                                     detector);
-      int found = 0;
+      int found = 0, sentry_procs = 0;
       for (pid_t p : host.BoxPids()) {
         std::string status = ReadFile("/proc/" + std::to_string(p) + "/status");
         auto u = status.find("Uid:");
         long uid = u == std::string::npos ? -1 : atol(status.c_str() + u + 4);
-        if (uid < 100000) failures.push_back(Fmt("box process %d runs as host uid %ld", p, uid));
+        // gVisor: the Sentry (runsc's sandbox process and its threads) runs as host uid 65534 in
+        // a user namespace of its own that maps only that id (docs/isolation.md, "Ids, limits,
+        // cgroups"); the box's root is the Sentry's, and what it writes lands through the gofer,
+        // which runs as the box's range. Only that shape is let through.
+        std::vector<std::string> map_fields;
+        for (const auto& f : Split(ReadFile("/proc/" + std::to_string(p) + "/uid_map"), ' '))
+          if (!f.empty() && f != "\n") map_fields.push_back(Split(f, '\n')[0]);
+        bool sentry =
+            b.gvisor() && uid == 65534 &&
+            InodeOf("/proc/" + std::to_string(p) + "/ns/user") != InodeOf("/proc/self/ns/user") &&
+            map_fields == std::vector<std::string>{"65534", "65534", "1"};
+        if (sentry) {
+          ++sentry_procs;
+        } else if (uid < 100000) {
+          failures.push_back(Fmt("box process %d runs as host uid %ld", p, uid));
+        }
         for (const char* dir : {"/tmp", "/root", "/var/tmp", "/var", "/home/user"}) {
           std::string f = "/proc/" + std::to_string(p) + "/root" + dir + "/" + token;
           struct stat st;
@@ -1195,7 +1559,7 @@ TEST(SecurityBattery, AllCases) {
         }
       }
       // The writable layer on the host, when it is a plain directory.
-      std::string cmd = "find '" + host.data_dir() + "/run' -xdev -name '" + token +
+      std::string cmd = "find '" + host.run_dir() + "' -xdev -name '" + token +
                         "' -printf '%p %U\\n' 2>/dev/null";
       if (FILE* f = popen(cmd.c_str(), "r")) {
         char line[1024];
@@ -1212,6 +1576,12 @@ TEST(SecurityBattery, AllCases) {
       }
       if (!found)
         failures.push_back("expected the file made inside to be visible from the host, got none");
+      if (b.gvisor())
+        seen +=
+            Fmt("%d Sentry tasks as host uid 65534 in their own user namespace (65534 65534 1); ",
+                sentry_procs);
+      if (b.gvisor() && !sentry_procs)
+        failures.push_back("expected the gVisor Sentry among the box's processes, got none");
     };
     std::vector<std::string> args = {"token=" + token, "hold=4"};
     Parsed v = b.RunProbe("21-root-owner", args, {}, o);
@@ -1227,6 +1597,30 @@ TEST(SecurityBattery, AllCases) {
     for (const auto& line : Split(lister.Wait().out, '\n')) cases.push_back(Split(line, '\t'));
   }
   ASSERT_GT(cases.size(), 40u);
+  // gVisor: a box costs ~2 s to make and destroy, so the self-contained cases share one box, each
+  // in a process of its own (probe batch); 08 keeps its own box, as it kills everything in it.
+  // Native and runc keep a box per case.
+  std::map<std::string, Parsed> batched;
+  if (b.gvisor()) {
+    std::string ids;
+    for (const auto& c : cases)
+      if (c[0] != "08-kill-all") ids += (ids.empty() ? "" : ",") + c[0];
+    std::vector<std::string> args = ctx;
+    args.push_back("cases=" + ids);
+    RunResult r;
+    b.RunProbe("batch", args, {}, b.ProbeOptions(300), &r, /*check_exit=*/false);
+    for (const auto& c : cases) {
+      if (c[0] == "08-kill-all") continue;
+      Parsed v = ParseProbe(c[0], r.out);
+      if (v.word.empty())
+        v = {"FAIL", Fmt("expected a line from the batch box, got none (sbx exit %d, stderr '%s')",
+                         r.exit_code, r.err.substr(0, 300).c_str())};
+      else if (r.exit_code != 0)
+        v = {"FAIL", Fmt("expected the batch box's sbx to exit 0, got %d (%s)", r.exit_code,
+                         v.detail.c_str())};
+      batched[c[0]] = v;
+    }
+  }
   for (const auto& c : cases) {
     const std::string& id = c[0];
     const std::string& row = c.size() > 1 ? c[1] : "?";
@@ -1256,7 +1650,7 @@ TEST(SecurityBattery, AllCases) {
                          ") and a neighbour box survived");
       continue;
     }
-    Parsed v = b.RunProbe(id, ctx);
+    Parsed v = batched.count(id) ? batched[id] : b.RunProbe(id, ctx);
     if (id == "34a-host-network") {
       // The host side: the loopback service saw no connection.
       int conn = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
@@ -1300,9 +1694,12 @@ TEST(SecurityBattery, AllCases) {
     for (const char* v : {"low=", "high="}) {
       auto pos = line.find(v);
       std::string e = pos == std::string::npos ? "" : Split(line.substr(pos + strlen(v)), ' ')[0];
-      if (e != "EPERM" && e != "EIO")
+      // gVisor 20221219 does not implement TIOCSTI: ENOTTY, on its own terminal.
+      bool ok = b.gvisor() ? e == "ENOTTY" : (e == "EPERM" || e == "EIO");
+      if (!ok)
         failures.push_back(std::string("expected TIOCSTI (") + v +
-                           ") on the -t terminal to fail with EPERM/EIO, got '" + e + "'");
+                           ") on the -t terminal to fail with " +
+                           (b.gvisor() ? "ENOTTY" : "EPERM/EIO") + ", got '" + e + "'");
     }
     if (r.exit_code != 0)
       failures.push_back(Fmt("exit %d: %s", r.exit_code, r.err.substr(0, 200).c_str()));
@@ -1324,9 +1721,13 @@ TEST(SecurityBattery, AllCases) {
                               : Split(ReadFile(d + "/pids.max"), '\n')[0];
         uint64_t cur = ReadU64(d + "/pids.current");
         during += Fmt("pids.max=%s pids.current=%llu", max.c_str(), (unsigned long long)cur);
-        if (max != "64") failures.push_back("pids.max is " + max + ", expected 64");
-        if (cur > 64)
-          failures.push_back(Fmt("pids.current %llu above 64", (unsigned long long)cur));
+        // gVisor: the host limit is the sandbox's, 16 x pids + 256 (GvisorHostPids: each box
+        // process costs the Sentry several host tasks, and a limit it hits kills the Sentry).
+        const std::string want = b.gvisor() ? "1280" : "64";
+        if (max != want) failures.push_back("pids.max is " + max + ", expected " + want);
+        if (cur > std::stoull(want))
+          failures.push_back(
+              Fmt("pids.current %llu above %s", (unsigned long long)cur, want.c_str()));
       }
       auto t = Clock::now();
       if (!HostCanFork(20)) failures.push_back("the host could not fork during the bomb");
@@ -1335,9 +1736,19 @@ TEST(SecurityBattery, AllCases) {
     RunResult r;
     Parsed v = b.RunProbe("26-fork-bomb", {"hold=2"}, {"--pids", "64", "--timeout", "30s"}, o, &r,
                           /*check_exit=*/false);
+    // gVisor: no process limit inside; the bomb reaches the sandbox's host limit, where the
+    // Sentry cannot start a host thread and dies, box and all (docs/isolation.md, "Ids, limits,
+    // cgroups"): sbx loses the agent (exit 125). What row 26 asks of the host still holds, and is
+    // checked the same: the host limit, the host forking during the bomb and after, nothing left.
+    bool sentry_died = b.gvisor() && ParseProbe("26-fork-bomb", r.out).word.empty() &&
+                       r.exit_code == 125 && r.err.find("connection closed") != std::string::npos &&
+                       during.size();
+    if (sentry_died)
+      v = {"PASS", "no limit inside gVisor: the box died at the host pids limit (sbx: " +
+                       Split(r.err, '\n')[0] + ")"};
     if (v.word != "PASS") failures.insert(failures.begin(), "probe: " + v.word + " " + v.detail);
     if (r.killed_by_us) failures.push_back("sbx did not end within 40 s; killed it");
-    if (r.exit_code != 0 && r.exit_code != 124)
+    if (r.exit_code != 0 && r.exit_code != 124 && !sentry_died)
       failures.push_back(Fmt("sbx exited %d (expected 0, or 124 on its timeout)", r.exit_code));
     if (!HostCanFork(5)) failures.push_back("the host could not fork after the bomb");
     b.RecordChecks(
@@ -1360,10 +1771,21 @@ TEST(SecurityBattery, AllCases) {
       r = p.Wait();
     }
     std::vector<std::string> failures;
-    if (r.exit_code != 137) failures.push_back(Fmt("expected exit 137, got %d", r.exit_code));
-    if (r.err.find("out of memory") == std::string::npos)
-      failures.push_back("expected \"out of memory\" on stderr, got '" + r.err.substr(0, 300) +
-                         "'");
+    if (b.gvisor()) {
+      // gVisor: the limit covers the whole sandbox, and the process holding the box's memory on
+      // the host is the Sentry: the kernel's OOM killer takes it, box and all, and sbx loses the
+      // agent (exit 125) before it can read the OOM count. Still inside the box's cgroup only:
+      // the host and this battery go on. (Row 43 asks more, and fails under gVisor.)
+      if (r.exit_code != 125) failures.push_back(Fmt("expected exit 125, got %d", r.exit_code));
+      if (r.err.find("connection closed") == std::string::npos)
+        failures.push_back("expected sbx to lose the agent (\"connection closed\"), got '" +
+                           r.err.substr(0, 300) + "'");
+    } else {
+      if (r.exit_code != 137) failures.push_back(Fmt("expected exit 137, got %d", r.exit_code));
+      if (r.err.find("out of memory") == std::string::npos)
+        failures.push_back("expected \"out of memory\" on stderr, got '" + r.err.substr(0, 300) +
+                           "'");
+    }
     if (!r.out.empty()) failures.push_back("stdout: " + r.out.substr(0, 200));
     std::string err_line = Split(r.err, '\n').empty() ? "" : Split(r.err, '\n').back();
     b.RecordChecks(id, "27", failures, Fmt("exit %d; stderr: ", r.exit_code) + err_line);
@@ -1392,8 +1814,42 @@ TEST(SecurityBattery, AllCases) {
     };
     RunResult r;
     Parsed v = b.RunProbe(f.probe, f.args, {"--disk", "64M", "--timeout", "60s"}, o, &r);
+    if (!b.native() && r.exit_code == 125 &&
+        r.err.find("disk limit is not supported") != std::string::npos) {
+      // A real failure, left failing: the OCI runtime has no disk limit (OciRuntime::Prepare
+      // refuses one, ENOTSUP), so row 28's limit cannot hold. The evidence: what a box of the
+      // only configuration sbx accepts (no --disk) writes to the host's disk, bounded by the
+      // probe's own cap.
+      std::string evidence;
+      if (f.id == "28a-disk-fill-root") {
+        // The writable layer's blocks while the box lives (the data directory as a whole holds
+        // the host's /usr too, idmapped onto the same filesystem, under an OCI box's lower/).
+        uint64_t layer = 0;
+        RunOptions e = b.ProbeOptions(90);
+        e.on_first_line = [&](const std::string&) {
+          for (const auto& d : ListDir(host.run_dir()))
+            if (d[0] != '.') layer += UsedBytes(host.run_dir() + "/" + d + "/fs/upper");
+        };
+        RunResult er;
+        Parsed ev = b.RunProbe(f.probe, {"dir=/root", "cap_mb=128", "hold=1"}, {"--timeout", "60s"},
+                               e, &er, /*check_exit=*/false);
+        evidence = Fmt(
+            "; without --disk the box's writes reach the host's disk unbounded: probe %s %s; its "
+            "writable layer held %.1f MiB on the host's disk",
+            ev.word.c_str(), ev.detail.c_str(), double(layer) / (1 << 20));
+      }
+      b.Record(f.id, "28", "FAIL",
+               "REAL FAILURE under " + b.runtime() + ": no disk limit; sbx run --disk 64M: '" +
+                   Split(r.err, '\n')[0] + "'" + evidence);
+      continue;
+    }
     uint64_t after = UsedBytes(host.data_dir());
     std::vector<std::string> failures;
+    // gVisor: where a bundle mounts nothing at /tmp runsc mounts a tmpfs of the Sentry's own
+    // (memory, outside the disk limit); sbx binds the writable layer's /tmp there.
+    if (b.gvisor() && f.id == "28b-disk-fill-tmp" && v.word == "FAIL")
+      failures.push_back(
+          "REAL FAILURE under gvisor: /tmp is not the writable layer's, outside --disk");
     if (v.word != "PASS") failures.push_back("probe: " + v.word + " " + v.detail);
     auto mib = [](double x) { return x / (1 << 20); };
     double grew_during = during ? mib(double(during) - double(before)) : 0;
@@ -1508,8 +1964,8 @@ TEST(SecurityBattery, AllCases) {
 
   b.RecordChecks("00-leak-detector", "-", detector_failures, detector);
 
-  b.Report();
-  fprintf(stderr, "[battery] finished in %.0f s\n", SecondsSince(t_start));
+  b.Report(SecondsSince(t_start));
+  fprintf(stderr, "[battery] %s finished in %.0f s\n", runtime.c_str(), SecondsSince(t_start));
   host.Cleanup();
 
   for (const auto& o : b.outcomes()) {
@@ -1518,5 +1974,10 @@ TEST(SecurityBattery, AllCases) {
   }
   EXPECT_EQ(b.leaks(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(, SecurityBattery,
+                         ::testing::ValuesIn(std::vector<std::string>(std::begin(kRuntimes),
+                                                                      std::end(kRuntimes))),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
