@@ -1,18 +1,24 @@
 #include "runtime/box_host.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <thread>
+
+#include "common/fs.h"
+#include "runtime/native/native_runtime.h"
 
 namespace sbx::runtime {
 
@@ -70,6 +76,97 @@ std::string FindBinary(const std::string& name) {
     b = e + 1;
   }
   return "";
+}
+
+namespace {
+
+// Decodes the octal escapes (\040) of a mountinfo field.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+      out += static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> MountsBelow(const std::string& dir) {
+  std::vector<std::string> out;
+  auto info = ReadFile("/proc/self/mountinfo", 16 << 20);
+  if (!info.ok()) return out;
+  size_t pos = 0;
+  while (pos < info->size()) {
+    size_t end = info->find('\n', pos);
+    if (end == std::string::npos) end = info->size();
+    std::string line = info->substr(pos, end - pos);
+    pos = end + 1;
+    // id parent major:minor root mount-point ...
+    size_t f = 0;
+    for (int field = 0; field < 4 && f != std::string::npos; ++field) f = line.find(' ', f + 1);
+    if (f == std::string::npos) continue;
+    size_t g = line.find(' ', f + 1);
+    std::string mp = Unescape(line.substr(f + 1, g == std::string::npos ? g : g - f - 1));
+    if (mp == dir || mp.rfind(dir + "/", 0) == 0) out.push_back(mp);
+  }
+  return out;
+}
+
+// Unmounts (detaching) everything mounted at or below `dir`, the latest mounts first. Mounts of
+// mounts (a bind over a bind) take more than one pass.
+Status UnmountBelow(const std::string& dir) {
+  for (int pass = 0; pass < 8; ++pass) {
+    auto mounts = MountsBelow(dir);
+    if (mounts.empty()) return {};
+    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
+      (void)::umount2(it->c_str(), MNT_DETACH);
+  }
+  auto left = MountsBelow(dir);
+  if (left.empty()) return {};
+  return Status::Error("unmount " + left.front(), EBUSY);
+}
+
+std::vector<std::string> DirNames(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> ListBoxIds(const std::string& run_dir) {
+  DIR* d = ::opendir(run_dir.c_str());
+  if (d == nullptr) return Status::Errno("opendir " + run_dir);
+  std::vector<std::string> ids;
+  while (dirent* e = ::readdir(d)) {
+    std::string id = e->d_name;
+    if (ValidateBoxId(id).ok()) ids.push_back(id);
+  }
+  ::closedir(d);
+  return ids;
+}
+
+Status InstallAgent(const std::string& src, const std::string& dest) {
+  auto want = ReadFile(src, 256 << 20);
+  if (!want.ok()) return want.status().Wrap("read sbx-agent");
+  if (auto have = ReadFile(dest, 256 << 20); have.ok() && *have == *want) return {};
+  std::string tmp = dest + ".new-" + std::to_string(::getpid());
+  SBX_RETURN_IF_ERROR(WriteFile(tmp, *want, 0555));
+  if (::chmod(tmp.c_str(), 0555) != 0 || ::rename(tmp.c_str(), dest.c_str()) != 0) {
+    Status s = Status::Errno("install " + dest);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return {};
 }
 
 }  // namespace sbx::runtime

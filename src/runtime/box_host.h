@@ -1,10 +1,12 @@
 // What every runtime's boxes share on the host side: the agent's listening socket, the owner lock
 // that tells a box whose creator died (an orphan), a socket in a box's network namespace, and
-// finding a runtime's binary. The native runtime (native/) and the oci runtime (oci/) both use
-// them, so that a box directory means the same to both.
+// finding a runtime's binary, the mounts below a box's directory, the box directories of a run
+// directory, the agent's copy. The native (native/), oci (oci/) and vm (vm/) runtimes use them,
+// so that a box directory means the same to all.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/fd.h"
 #include "common/status.h"
@@ -29,5 +31,20 @@ Result<UniqueFd> SocketInNetworkOf(int pidfd, int domain, int type, const std::s
 // on PATH or in the sbin directories (runc is /usr/sbin/runc on Debian, off a user's PATH); ""
 // when there is none.
 std::string FindBinary(const std::string& name);
+
+// Every mount point at or below `dir` in this process's mount table, in the table's order.
+std::vector<std::string> MountsBelow(const std::string& dir);
+// Detaches every mount at or below `dir`, latest first; EBUSY naming one still there after a few
+// passes.
+Status UnmountBelow(const std::string& dir);
+
+// The names in directory `dir` but "." and ".." (none when it cannot be read).
+std::vector<std::string> DirNames(const std::string& dir);
+// The names in run directory `run_dir` that are box ids (ValidateBoxId).
+Result<std::vector<std::string>> ListBoxIds(const std::string& run_dir);
+
+// Copies the agent binary to `dest` (0555) unless it is already there with the same content:
+// written beside it and renamed, so a running box keeps the file it execs.
+Status InstallAgent(const std::string& src, const std::string& dest);
 
 }  // namespace sbx::runtime

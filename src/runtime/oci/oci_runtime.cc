@@ -239,62 +239,12 @@ Result<Ran> Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = 
   return r;
 }
 
-// Decodes the octal escapes (\040) of a mountinfo field.
-std::string Unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
-      out += static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-// Every mount point at or below `dir` in this process's mount table, in the table's order.
-std::vector<std::string> MountsBelow(const std::string& dir) {
-  std::vector<std::string> out;
-  auto info = ReadFile("/proc/self/mountinfo", 16 << 20);
-  if (!info.ok()) return out;
-  size_t pos = 0;
-  while (pos < info->size()) {
-    size_t end = info->find('\n', pos);
-    if (end == std::string::npos) end = info->size();
-    std::string line = info->substr(pos, end - pos);
-    pos = end + 1;
-    // id parent major:minor root mount-point ...
-    size_t f = 0;
-    for (int field = 0; field < 4 && f != std::string::npos; ++field) f = line.find(' ', f + 1);
-    if (f == std::string::npos) continue;
-    size_t g = line.find(' ', f + 1);
-    std::string mp = Unescape(line.substr(f + 1, g == std::string::npos ? g : g - f - 1));
-    if (mp == dir || mp.rfind(dir + "/", 0) == 0) out.push_back(mp);
-  }
-  return out;
-}
-
-// Unmounts (detaching) everything mounted at or below `dir`, the latest mounts first. Mounts of
-// mounts (a bind over a bind) take more than one pass.
 // A box's writable layer (its upper directory) on the host: in its disk image's mount when it
 // has a disk limit.
 std::string Upper(const std::string& box_dir) {
   const std::string image = box_dir + "/fs/disk/upper";
   struct stat st {};
   return ::lstat(image.c_str(), &st) == 0 ? image : box_dir + "/fs/upper";
-}
-
-Status UnmountBelow(const std::string& dir) {
-  for (int pass = 0; pass < 8; ++pass) {
-    auto mounts = MountsBelow(dir);
-    if (mounts.empty()) return {};
-    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
-      (void)::umount2(it->c_str(), MNT_DETACH);
-  }
-  auto left = MountsBelow(dir);
-  if (left.empty()) return {};
-  return Status::Error("unmount " + left.front(), EBUSY);
 }
 
 // The immutable flag of directory `path` (FS_IOC_SETFLAGS).
@@ -502,34 +452,6 @@ bool Connects(const std::string& path) {
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   return fd && ::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-}
-
-std::vector<std::string> DirNames(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return out;
-}
-
-// Copies the agent binary to `dest` (0555) unless it is already there with the same content:
-// written beside it and renamed, so a running box keeps the file it execs.
-Status InstallAgent(const std::string& src, const std::string& dest) {
-  auto want = ReadFile(src, 256 << 20);
-  if (!want.ok()) return want.status().Wrap("read sbx-agent");
-  if (auto have = ReadFile(dest, 256 << 20); have.ok() && *have == *want) return {};
-  std::string tmp = dest + ".new-" + std::to_string(::getpid());
-  SBX_RETURN_IF_ERROR(WriteFile(tmp, *want, 0555));
-  if (::chmod(tmp.c_str(), 0555) != 0 || ::rename(tmp.c_str(), dest.c_str()) != 0) {
-    Status s = Status::Errno("install " + dest);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return {};
 }
 
 // The skeleton root of Open's probe container: the host's /usr is bound over its usr, and the
@@ -1248,17 +1170,7 @@ Status OciRuntime::CopyWritableLayer(const Box& box, const std::string& dest, in
   return {};
 }
 
-Result<std::vector<std::string>> OciRuntime::ListBoxes() {
-  DIR* d = ::opendir(config_.run_dir.c_str());
-  if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
-  std::vector<std::string> ids;
-  while (dirent* e = ::readdir(d)) {
-    std::string id = e->d_name;
-    if (ValidateBoxId(id).ok()) ids.push_back(id);
-  }
-  ::closedir(d);
-  return ids;
-}
+Result<std::vector<std::string>> OciRuntime::ListBoxes() { return ListBoxIds(config_.run_dir); }
 
 Result<Box> OciRuntime::Adopt(const std::string& id) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(id));

@@ -209,45 +209,6 @@ Status RecordPid(const std::string& file, pid_t pid) {
                    0600);
 }
 
-// Every mount point at or below `dir` in this process's mount table, in the table's order.
-std::vector<std::string> MountsBelow(const std::string& dir) {
-  std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  for (std::string line; std::getline(in, line);) {
-    // id parent major:minor root mount-point ...; octal escapes only for space, tab, \n and '\'
-    size_t f = 0;
-    for (int field = 0; field < 4 && f != std::string::npos; ++field) f = line.find(' ', f + 1);
-    if (f == std::string::npos) continue;
-    size_t g = line.find(' ', f + 1);
-    std::string mp = line.substr(f + 1, g == std::string::npos ? g : g - f - 1);
-    if (mp == dir || mp.rfind(dir + "/", 0) == 0) out.push_back(mp);
-  }
-  return out;
-}
-
-Status UnmountBelow(const std::string& dir) {
-  for (int pass = 0; pass < 4; ++pass) {
-    auto mounts = MountsBelow(dir);
-    if (mounts.empty()) return {};
-    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it)
-      (void)::umount2(it->c_str(), MNT_DETACH);
-  }
-  auto left = MountsBelow(dir);
-  return left.empty() ? Status() : Status::Error("unmount " + left.front(), EBUSY);
-}
-
-std::vector<std::string> DirNames(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return out;
-}
-
 // A read-only bind of `source` at `target` (made first, as a directory or a file like `source`),
 // nosuid and nodev.
 Status BindReadOnly(const std::string& source, const std::string& target) {
@@ -267,22 +228,6 @@ Status BindReadOnly(const std::string& source, const std::string& target) {
               MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0) {
     Status s = Status::Errno("make the bind of " + source + " read-only");
     (void)::umount2(target.c_str(), MNT_DETACH);
-    return s;
-  }
-  return {};
-}
-
-// Copies the agent binary to `dest` (0555) unless it is already there with the same content:
-// written beside it and renamed, so a running box keeps the file it execs.
-Status InstallAgent(const std::string& src, const std::string& dest) {
-  auto want = ReadFile(src, 256 << 20);
-  if (!want.ok()) return want.status().Wrap("read sbx-agent");
-  if (auto have = ReadFile(dest, 256 << 20); have.ok() && *have == *want) return {};
-  std::string tmp = dest + ".new-" + std::to_string(::getpid());
-  SBX_RETURN_IF_ERROR(WriteFile(tmp, *want, 0555));
-  if (::chmod(tmp.c_str(), 0555) != 0 || ::rename(tmp.c_str(), dest.c_str()) != 0) {
-    Status s = Status::Errno("install " + dest);
-    ::unlink(tmp.c_str());
     return s;
   }
   return {};
@@ -853,17 +798,7 @@ Status VmRuntime::Destroy(const Box& box) {
   return {};
 }
 
-Result<std::vector<std::string>> VmRuntime::ListBoxes() {
-  DIR* d = ::opendir(config_.run_dir.c_str());
-  if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
-  std::vector<std::string> ids;
-  while (dirent* e = ::readdir(d)) {
-    std::string id = e->d_name;
-    if (ValidateBoxId(id).ok()) ids.push_back(id);
-  }
-  ::closedir(d);
-  return ids;
-}
+Result<std::vector<std::string>> VmRuntime::ListBoxes() { return ListBoxIds(config_.run_dir); }
 
 Result<Box> VmRuntime::Adopt(const std::string& id) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(id));
