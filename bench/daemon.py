@@ -13,9 +13,11 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import peers as peers_mod
@@ -375,3 +377,31 @@ def run_stream(daemon, build_dir, log, nbytes=STREAM_BYTES):
     log(f"stream via sbx run: {ref.get('mb_per_s', 0):.0f} MB/s")
     res["daemon_vmhwm_lifetime_kb_at_end"] = daemon.status_kb("VmHWM")
     return res
+
+
+def create_runs(daemon, tmp, workers, runs, body=CREATE_BODY, timeout=900):
+    """`sbx-bench-api create-run` against `daemon`: the create and create-to-first-command times
+    (ms) of the runs that succeeded, how many failed, and the first three failures' messages."""
+    errdir = tempfile.mkdtemp(prefix="errs-", dir=tmp)
+    argv = daemon.client_argv("create-run", "-c", str(workers), "-n", str(runs), "-e", errdir,
+                              body=body)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    create, total, failed = [], [], 0
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 9:
+            continue
+        status, tot, cr = int(parts[4]), int(parts[3]), int(parts[5])
+        if status != 0 or cr < 0:
+            failed += 1
+            continue
+        create.append(cr / 1e6)
+        total.append(tot / 1e6)
+    errors = []
+    for name in sorted(os.listdir(errdir))[:3]:
+        with open(os.path.join(errdir, name)) as f:
+            errors.append(f.read().strip()[-300:])
+    shutil.rmtree(errdir, ignore_errors=True)
+    if p.returncode != 0 and not create:
+        raise RuntimeError(f"sbx-bench-api exited {p.returncode}: {p.stderr[-300:]}")
+    return create, total, failed, errors

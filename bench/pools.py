@@ -58,23 +58,7 @@ class PoolBench:
         raise RuntimeError(f"the pool did not reach {size} in {timeout} s: {self.pool()}")
 
     def api_batch(self, workers, runs):
-        errdir = tempfile.mkdtemp(prefix="errs-", dir=self.tmp)
-        argv = self.d.client_argv("create-run", "-c", str(workers), "-n", str(runs), "-e", errdir)
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-        create, total, failed = [], [], 0
-        for line in p.stdout.splitlines():
-            parts = line.split()
-            if len(parts) != 9:
-                continue
-            status, tot, cr = int(parts[4]), int(parts[3]), int(parts[5])
-            if status != 0 or cr < 0:
-                failed += 1
-                continue
-            create.append(cr / 1e6)
-            total.append(tot / 1e6)
-        shutil.rmtree(errdir, ignore_errors=True)
-        if p.returncode != 0 and not create:
-            raise RuntimeError(f"sbx-bench-api exited {p.returncode}: {p.stderr[-300:]}")
+        create, total, failed, _ = daemon_mod.create_runs(self.d, self.tmp, workers, runs)
         return create, total, failed
 
     def bwrap_batch(self, workers, runs):

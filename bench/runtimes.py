@@ -14,10 +14,7 @@ at the end, also when a step fails.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import tempfile
 import time
 
 import daemon as daemon_mod
@@ -45,29 +42,7 @@ class RuntimeBench:
         self.cfg = cfg
 
     def batch(self, runtime, runs):
-        errdir = tempfile.mkdtemp(prefix="errs-", dir=self.tmp)
-        argv = self.d.client_argv("create-run", "-c", "1", "-n", str(runs), "-e", errdir,
-                                  body=body(runtime))
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-        create, total, failed = [], [], 0
-        for line in p.stdout.splitlines():
-            parts = line.split()
-            if len(parts) != 9:
-                continue
-            status, tot, cr = int(parts[4]), int(parts[3]), int(parts[5])
-            if status != 0 or cr < 0:
-                failed += 1
-                continue
-            create.append(cr / 1e6)
-            total.append(tot / 1e6)
-        errors = []
-        for name in sorted(os.listdir(errdir))[:3]:
-            with open(os.path.join(errdir, name)) as f:
-                errors.append(f.read().strip()[-300:])
-        shutil.rmtree(errdir, ignore_errors=True)
-        if p.returncode != 0 and not create:
-            raise RuntimeError(f"sbx-bench-api exited {p.returncode}: {p.stderr[-300:]}")
-        return create, total, failed, errors
+        return daemon_mod.create_runs(self.d, self.tmp, 1, runs, body=body(runtime), timeout=1800)
 
     def idle_memory(self, runtime):
         ids = []
