@@ -16,6 +16,8 @@
 //   --vm-ready-fd N              written and closed once the guest's end says hello, and
 //   --vm-console-fd N            the guest's serial console, copied to
 //   --vm-console-log-fd N        this file, bounded (vm_mux.h)
+//   --vm-reset HOSTNAME          the guest has run before (restored from saved memory): reset
+//                                its end first, re-keyed with this hostname (vm_mux.h)
 //
 // Called as `sudo` (the host template's /usr/local/bin/sudo is this binary), it is sudo's client
 // instead (sudo.h).
@@ -45,7 +47,8 @@ using sbx::agent::Log;
 
 int Usage() {
   Log("usage: sbx-agent (--listen-fd N | --listen PATH) [--max-procs N] [--memory-cap BYTES] "
-      "[--sudo-socket NAME] [--vm-port DEV | --vm-channel-fd N [--vm-ready-fd N]]");
+      "[--sudo-socket NAME] [--vm-port DEV | --vm-channel-fd N [--vm-ready-fd N] [--vm-reset "
+      "HOST]]");
   return 2;
 }
 
@@ -118,6 +121,8 @@ int main(int argc, char** argv) {
   std::string listen_path;
   std::string vm_port;
   int vm_channel_fd = -1, vm_ready_fd = -1, vm_console_fd = -1, vm_console_log_fd = -1;
+  bool vm_reset = false;
+  std::string vm_hostname;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) return Usage();
@@ -139,6 +144,10 @@ int main(int argc, char** argv) {
       auto n = ParseBytes(v);
       if (!n || *n < sbx::agent::MemoryBudget::kMinCap) return Usage();
       opts.memory_cap = *n;
+    } else if (a == "--vm-reset") {
+      if (v.size() > 64) return Usage();
+      vm_reset = true;
+      vm_hostname = v;
     } else if (a == "--vm-port") {
       if (v.empty() || v[0] != '/') return Usage();
       vm_port = v;
@@ -164,6 +173,8 @@ int main(int argc, char** argv) {
     mux.ready_fd = vm_ready_fd;
     mux.console_fd = vm_console_fd;
     mux.console_log_fd = vm_console_log_fd;
+    mux.reset = vm_reset;
+    mux.reset_hostname = vm_hostname;
     return sbx::agent::RunMux(mux);
   }
   if (!vm_port.empty() && listen_path.empty()) return Usage();

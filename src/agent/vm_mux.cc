@@ -1,10 +1,15 @@
 #include "agent/vm_mux.h"
 
 #include <fcntl.h>
+#include <linux/random.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,7 +98,21 @@ class Mux {
       return 1;
     }
     const bool guest = o_.listen_fd < 0;
-    if (guest) Frame(0, kMuxHello, nullptr, 0);
+    int quiesce_fd = -1;  // the host's end: SIGUSR1 asks it to quiesce
+    if (guest) {
+      Frame(0, kMuxHello, nullptr, 0);
+    } else {
+      sigset_t usr1;
+      sigemptyset(&usr1);
+      sigaddset(&usr1, SIGUSR1);
+      ::sigprocmask(SIG_BLOCK, &usr1, nullptr);
+      quiesce_fd = ::signalfd(-1, &usr1, SFD_NONBLOCK | SFD_CLOEXEC);
+      if (quiesce_fd < 0) {
+        Log("vm mux: signalfd: %s", strerror(errno));
+        return 1;
+      }
+      if (o_.reset) SendReset();
+    }
     std::vector<pollfd> fds;
     std::vector<uint32_t> ids;
     for (;;) {
@@ -102,10 +121,14 @@ class Mux {
       fds.push_back(
           {o_.channel_fd, static_cast<short>(POLLIN | (chan_out_.empty() ? 0 : POLLOUT)), 0});
       ids.push_back(0);
-      if (!guest && ready_) {
+      const bool accepting = !guest && ready_ && !quiescing_;
+      if (accepting) {
         fds.push_back({o_.listen_fd, POLLIN, 0});
         ids.push_back(0);
       }
+      const size_t signals = fds.size();
+      fds.push_back({quiesce_fd, POLLIN, 0});  // -1 (ignored by poll) in the guest
+      ids.push_back(0);
       const size_t console = fds.size();
       fds.push_back({console_fd_, POLLIN, 0});  // -1 (ignored by poll) without a console
       ids.push_back(0);
@@ -122,24 +145,107 @@ class Mux {
         Log("vm mux: poll: %s", strerror(errno));
         return 1;
       }
-      if (fds[0].revents & POLLOUT) {
-        if (!chan_out_.Flush(o_.channel_fd)) return ChannelGone("write");
+      if ((fds[0].revents & POLLOUT) && !chan_out_.Flush(o_.channel_fd)) {
+        if (!guest) return ChannelGone("write");
+        AwaitHost();
+        continue;
       }
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-        if (!ReadChannel()) return ChannelGone("read");
+        if (!ReadChannel()) {
+          if (!guest) return ChannelGone("read");
+          AwaitHost();
+          continue;
+        }
+        if (quiesced_) {
+          CloseStreams();
+          return 0;
+        }
       }
-      if (!guest && ready_ && (fds[1].revents & POLLIN)) Accept();
+      if (accepting && (fds[1].revents & POLLIN)) Accept();
+      if (fds[signals].revents & POLLIN) {
+        signalfd_siginfo si;
+        while (::read(quiesce_fd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        }
+        if (!quiescing_) {
+          // The daemon's connections end here; the guest's end closes its side of each.
+          quiescing_ = true;
+          CloseStreams();
+          Frame(0, kMuxQuiesce, nullptr, 0);
+        }
+      }
       if (fds[console].revents != 0) CopyConsole();
       for (size_t i = first_stream; i < fds.size(); ++i) {
         auto it = streams_.find(ids[i]);
         if (it == streams_.end() || fds[i].revents == 0) continue;
         Service(it->first, it->second, fds[i].revents);
       }
-      if (!chan_out_.Flush(o_.channel_fd)) return ChannelGone("write");
+      if (!chan_out_.Flush(o_.channel_fd)) {
+        if (!guest) return ChannelGone("write");
+        AwaitHost();
+      }
     }
   }
 
  private:
+  void CloseStreams() {
+    for (auto& [id, s] : streams_) ::close(s.fd);
+    streams_.clear();
+  }
+
+  // The guest: the host's end is gone (a virtio port reads EOF and polls as hung up while no host
+  // end is connected). Whatever was in flight is moot: wait for a host's end to connect again (it
+  // then sends kReset). Polled: a hung-up port is always ready.
+  void AwaitHost() {
+    CloseStreams();
+    in_.clear();
+    chan_out_ = Queue();
+    for (;;) {
+      pollfd p{o_.channel_fd, POLLOUT, 0};
+      if (::poll(&p, 1, 0) >= 0 && (p.revents & (POLLHUP | POLLERR)) == 0) return;
+      timespec pause{0, 20 * 1000 * 1000};
+      ::nanosleep(&pause, nullptr);
+    }
+  }
+
+  // The host: kReset, re-keying a guest that has run before.
+  void SendReset() {
+    std::string p(8 + kMuxEntropy, '\0');
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    const int64_t ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+    for (int i = 0; i < 8; ++i)
+      p[i] = static_cast<char>((static_cast<uint64_t>(ns) >> (8 * i)) & 0xff);
+    if (::getrandom(p.data() + 8, kMuxEntropy, 0) != static_cast<ssize_t>(kMuxEntropy))
+      Log("vm mux: getrandom: %s", strerror(errno));
+    p += o_.reset_hostname;
+    Frame(0, kMuxReset, p.data(), p.size());
+  }
+
+  // The guest: a restored copy of a running system takes the host's clock (its own stood still
+  // while it was saved), fresh entropy for its kernel's generator (each fork of one saved state
+  // would otherwise draw the same numbers) and its new hostname.
+  static void ApplyReset(const char* p, uint32_t len) {
+    if (len < 8 + kMuxEntropy) return;
+    uint64_t ns = 0;
+    for (int i = 0; i < 8; ++i)
+      ns |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    if (::clock_settime(CLOCK_REALTIME, &ts) != 0)
+      Log("vm mux: set the clock: %s", strerror(errno));
+    struct {
+      int entropy_count;
+      int buf_size;
+      uint32_t buf[kMuxEntropy / 4];
+    } seed{static_cast<int>(kMuxEntropy * 8), static_cast<int>(kMuxEntropy), {}};
+    std::memcpy(seed.buf, p + 8, kMuxEntropy);
+    int fd = ::open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::ioctl(fd, RNDADDENTROPY, &seed) != 0 || ::ioctl(fd, RNDRESEEDCRNG) != 0)
+      Log("vm mux: reseed: %s", strerror(errno));
+    if (fd >= 0) ::close(fd);
+    if (len > 8 + kMuxEntropy && ::sethostname(p + 8 + kMuxEntropy, len - 8 - kMuxEntropy) != 0)
+      Log("vm mux: sethostname: %s", strerror(errno));
+  }
+
   int ChannelGone(const char* what) {
     // The other end is gone (QEMU exited, or the host's end was killed): so is every stream.
     if (errno != 0) Log("vm mux: channel %s: %s", what, strerror(errno));
@@ -236,7 +342,7 @@ class Mux {
       uint32_t id = GetU32(h);
       uint8_t type = static_cast<uint8_t>(h[4]);
       uint32_t len = GetU32(h + 5);
-      if (len > kMuxMaxPayload || type > kMuxClose) {
+      if (len > kMuxMaxPayload || type > kMuxReset) {
         Log("vm mux: bad frame (type %u, length %u)", type, len);
         errno = EPROTO;
         return false;
@@ -244,6 +350,7 @@ class Mux {
       if (in_.size() - pos - kMuxHeader < len) break;
       OnFrame(id, type, h + kMuxHeader, len);
       pos += kMuxHeader + len;
+      if (quiesced_) break;
     }
     in_.erase(0, pos);
     return true;
@@ -292,6 +399,20 @@ class Mux {
         }
         return;
       }
+      case kMuxQuiesce:
+        if (!guest) return;
+        CloseStreams();
+        Frame(0, kMuxQuiesced, nullptr, 0);
+        return;
+      case kMuxQuiesced:
+        if (!guest && quiescing_) quiesced_ = true;
+        return;
+      case kMuxReset:
+        if (!guest) return;
+        CloseStreams();
+        ApplyReset(p, len);
+        Frame(0, kMuxHello, nullptr, 0);
+        return;
       default:
         return;
     }
@@ -303,6 +424,8 @@ class Mux {
   std::map<uint32_t, Stream> streams_;
   uint32_t next_id_ = 1;
   bool ready_ = false;
+  bool quiescing_ = false;  // the host: kQuiesce sent
+  bool quiesced_ = false;   // the host: the guest answered it
   int console_fd_;
 };
 

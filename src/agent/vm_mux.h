@@ -11,11 +11,20 @@
 //   | stream u32| type u8| length u32| payload (length) |
 //   +-----------+--------+-----------+------------------+
 //
-//   kHello  guest -> host, stream 0: the guest's end runs and the agent listens (sent once)
-//   kOpen   host -> guest: a new stream (ids chosen by the host, never reused)
-//   kData   either way: bytes of a stream, 1..kMaxPayload
-//   kClose  either way: the stream is gone (EOF or error); the other end closes it once what it
-//           holds for it is written
+//   kHello     guest -> host, stream 0: the guest's end runs and the agent listens (sent at start
+//              and in answer to kReset)
+//   kOpen      host -> guest: a new stream (ids chosen by the host, never reused)
+//   kData      either way: bytes of a stream, 1..kMaxPayload
+//   kClose     either way: the stream is gone (EOF or error); the other end closes it once what it
+//              holds for it is written
+//   kQuiesce   host -> guest: the host's end is going away (its box's memory is being saved): the
+//              guest closes every stream and answers kQuiesced; the host's end exits on it. Both
+//              directions then stop at a frame's end, with nothing in flight.
+//   kQuiesced  guest -> host
+//   kReset     host -> guest, sent first by a host end started for a box restored from saved
+//              memory (or a saved box's source running on): the guest closes every stream it
+//              still has, applies the payload when there is one, and says kHello. Payload: the
+//              host's CLOCK_REALTIME (i64 ns), 32 bytes of entropy, the box's hostname.
 //
 // Each end queues what it cannot write yet (per stream, and for the channel), so a slow reader of
 // one stream never stops the others; a stream whose queue passes kMaxQueued is closed.
@@ -30,6 +39,10 @@ inline constexpr uint8_t kMuxHello = 0;
 inline constexpr uint8_t kMuxOpen = 1;
 inline constexpr uint8_t kMuxData = 2;
 inline constexpr uint8_t kMuxClose = 3;
+inline constexpr uint8_t kMuxQuiesce = 4;
+inline constexpr uint8_t kMuxQuiesced = 5;
+inline constexpr uint8_t kMuxReset = 6;
+inline constexpr size_t kMuxEntropy = 32;
 inline constexpr uint32_t kMuxMaxPayload = 64 << 10;
 inline constexpr size_t kMuxHeader = 9;
 
@@ -48,7 +61,15 @@ struct MuxOptions {
   // at will, and the host's disk is not its to fill.
   int console_fd = -1;
   int console_log_fd = -1;
+  // Host: the guest has run before (its memory was restored, or it ran on after a save): send
+  // kReset first, re-keying it with this hostname. In the guest it is ignored.
+  bool reset = false;
+  std::string reset_hostname;
 };
+
+// The host's end quiesces (kQuiesce) on SIGUSR1 and exits once the guest answered. The guest's
+// end outlives the host's: when its channel says the host is gone (a virtio port's hang-up) it
+// closes its streams and waits for a host's end to connect and send kReset.
 
 inline constexpr size_t kMuxConsoleMax = 1 << 20;
 inline constexpr size_t kMuxConsoleKeep = 256 << 10;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cli/template.h"
 #include "runtime/box_host.h"
 #include "runtime/oci/oci_runtime.h"
 #include "runtime/vm/vm_runtime.h"
@@ -64,6 +65,8 @@ void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global,
       c.run_dir = RunDir(global, o);
       c.agent_path = agent_path;
       c.id_pool = pool;
+      // The template store's layers never change once made: they reach the guest as an image.
+      c.immutable_layers = storage::LayerDir(CliTemplateStore(global.data_dir, 0), "");
       auto rt = runtime::VmRuntime::Open(c);
       if (rt.ok())
         router.Add(name, std::move(*rt));

@@ -1,6 +1,7 @@
 #include "runtime/router.h"
 
 #include <cerrno>
+#include <tuple>
 #include <utility>
 
 namespace sbx::runtime {
@@ -30,7 +31,12 @@ void Router::SetUnavailable(const std::string& name, const std::string& why) {
 
 std::vector<RuntimeInfo> Router::Runtimes() const {
   std::vector<RuntimeInfo> out;
-  for (const auto& s : slots_) out.push_back({s.name, s.runtime != nullptr, s.why});
+  for (const auto& s : slots_) {
+    RuntimeInfo info{s.name, s.runtime != nullptr, s.why, "", ""};
+    if (s.runtime != nullptr)
+      std::tie(info.accelerator, info.accelerator_why) = s.runtime->Accelerator();
+    out.push_back(std::move(info));
+  }
   return out;
 }
 
@@ -91,6 +97,18 @@ Status Router::DestroyKeepingUpper(const Box& box, const std::string& dest) {
 }
 Status Router::CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) {
   return Of(box).CopyWritableLayer(box, dest, limit_bytes);
+}
+
+Status Router::SaveMemory(const Box& box, const std::string& dest, bool stop) {
+  return Of(box).SaveMemory(box, dest, stop);
+}
+
+Result<Box> Router::RestoreMemory(const BoxSpec& spec, const std::string& src) {
+  SBX_RETURN_IF_ERROR(CanCreate(spec.runtime));
+  const std::string name = spec.runtime.empty() ? slots_[0].name : spec.runtime;
+  auto box = Find(name)->runtime->RestoreMemory(spec, src);
+  if (box.ok()) box->runtime = name;
+  return box;
 }
 
 // A box known by its id alone (a record's, after a restart) may be any runtime's: each one's

@@ -38,6 +38,8 @@ class Router : public Runtime {
   Status Destroy(const Box& box) override;
   Status DestroyKeepingUpper(const Box& box, const std::string& dest) override;
   Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) override;
+  Status SaveMemory(const Box& box, const std::string& dest, bool stop) override;
+  Result<Box> RestoreMemory(const BoxSpec& spec, const std::string& src) override;
   Result<int> ReapOrphans(const std::string& owner) override;
   Result<Box> Adopt(const std::string& id) override;
   Result<std::vector<std::string>> ListBoxes() override;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/fd.h"
@@ -36,6 +37,9 @@ struct RuntimeInfo {
   std::string name;
   bool available = false;
   std::string why;  // when not available
+  // What its boxes run on, where that depends on the host (the vm runtime: "kvm" or "tcg"), and
+  // why; empty otherwise.
+  std::string accelerator, accelerator_why;
 };
 
 struct Limits {
@@ -148,6 +152,8 @@ class Runtime {
     }
     return out;
   }
+  // The accelerator its boxes run on and why (RuntimeInfo::accelerator), or empty ones.
+  virtual std::pair<std::string, std::string> Accelerator() const { return {}; }
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;
@@ -191,6 +197,25 @@ class Runtime {
     (void)dest;
     (void)limit_bytes;
     return Status::Error("copy the writable layer of box " + box.id + ": this runtime cannot",
+                         ENOTSUP);
+  }
+  // Memory snapshots (the vm runtime; ENOTSUP from the others). SaveMemory saves the box's
+  // memory and devices, a copy of its writable layer and what else a restore needs into `dest`,
+  // an empty directory. The box stands still while it is saved and its agent connections close
+  // (its processes live on); then it runs on, or with `stop` is stopped as by Stop (Destroy
+  // removes the rest).
+  virtual Status SaveMemory(const Box& box, const std::string& dest, bool stop) {
+    (void)dest;
+    (void)stop;
+    return Status::Error("save the memory of box " + box.id + ": this runtime cannot", ENOTSUP);
+  }
+  // A new box of `spec` from what SaveMemory saved in `src` (which stays, and can start more):
+  // its processes, memory and writable layer as they were, re-keyed with spec's id and hostname,
+  // the host's clock and fresh entropy. EINVAL when `spec` does not have the saved box's shape
+  // (memory, CPUs, layers, binds).
+  virtual Result<Box> RestoreMemory(const BoxSpec& spec, const std::string& src) {
+    (void)src;
+    return Status::Error("restore box " + spec.id + " from saved memory: this runtime cannot",
                          ENOTSUP);
   }
   // Destroys every box of `owner` whose owning process is gone; returns how many it removed.

@@ -113,9 +113,10 @@ Result<std::vector<std::string>> ResolveModules(const std::string& modules_dir,
 }
 
 std::string GuestInit() {
-  // The box's configuration is /cfg/box.sh (shared read-only by the host: VmRuntime::Create
-  // writes it): SBX_HOSTNAME, SBX_LAYERS and a function sbx_binds calling `bind` (a shared
-  // directory), `file` (a file shared in /cfg) and `over`.
+  // The box's configuration is /cfg/box.sh, on the disk with serial "cfg" (VmRuntime::Create
+  // writes it): SBX_HOSTNAME, SBX_LAYERS, SBX_STACK (1: the layers are the directories 0, 1, ...
+  // of the disk with serial "layers"; 0: each is the 9p share l<i>) and a function sbx_binds
+  // calling `bind` (a shared directory), `file` (a file copied into /cfg) and `over`.
   return R"SH(#!/bin/busybox sh
 B=/bin/busybox
 fail() { echo "sbx-init: $*" >/dev/console; $B poweroff -f; }
@@ -124,17 +125,31 @@ $B mount -t proc proc /proc
 $B mount -t sysfs sys /sys
 for m in $($B cat /lib/modules/order); do $B insmod /lib/modules/$m || fail "insmod $m"; done
 if $B grep -q sbx.probe /proc/cmdline; then echo sbx-probe-ok >/dev/console; $B poweroff -f; fi
+dev() {
+  for d in /sys/block/vd*; do
+    [ "$($B cat $d/serial 2>/dev/null)" = "$1" ] && { echo "/dev/${d##*/}"; return 0; }
+  done
+  echo /dev/none-$1
+}
 P="trans=virtio,version=9p2000.L,msize=262144"
-$B mkdir -p /cfg /layers /rw && $B mount -t 9p -o ro,$P cfg /cfg || fail "mount the box's configuration"
+$B mkdir -p /cfg /layers /stack /rw
+$B mount -t ext4 -o ro,noload "$(dev cfg)" /cfg || fail "mount the box's configuration"
 . /cfg/box.sh
+[ "$SBX_STACK" = 1 ] && { $B mount -t ext4 -o ro,noload "$(dev layers)" /stack || fail "mount the layers"; }
 lower=""
 i=0
 while [ $i -lt "$SBX_LAYERS" ]; do
-  $B mkdir -p /layers/$i && $B mount -t 9p -o ro,cache=loose,$P l$i /layers/$i || fail "mount layer $i"
-  lower="$lower${lower:+:}/layers/$i"
+  if [ "$SBX_STACK" = 1 ]; then
+    l=/stack/$i
+  else
+    l=/layers/$i
+    $B mkdir -p $l && $B mount -t 9p -o ro,cache=loose,$P l$i $l || fail "mount layer $i"
+  fi
+  [ $i = 0 ] && top=$l
+  lower="$lower${lower:+:}$l"
   i=$((i+1))
 done
-$B mount -t ext4 -o noatime /dev/vda /rw || fail "mount the writable layer"
+$B mount -t ext4 -o noatime "$(dev rw)" /rw || fail "mount the writable layer"
 $B mkdir -p /rw/upper /rw/work
 $B mount -t overlay -o lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work root /newroot || fail "mount the root"
 bind() { $B mkdir -p "/newroot$2" && $B mount -t 9p -o ro,cache=loose,$P "$1" "/newroot$2" || fail "bind $2"; }
@@ -143,8 +158,8 @@ file() {
     $B mount --bind "/cfg/$1" "/newroot$2" && $B mount -o remount,bind,ro "/newroot$2" || fail "bind $2"
 }
 over() {
-  [ -d "/layers/0$1/$2" ] && [ -d "/newroot$1/$2" ] || return 0
-  $B mount -t overlay -o ro,lowerdir="/layers/0$1/$2:/newroot$1/$2" over "/newroot$1/$2" || fail "overlay $1/$2"
+  [ -d "$top$1/$2" ] && [ -d "/newroot$1/$2" ] || return 0
+  $B mount -t overlay -o ro,lowerdir="$top$1/$2:/newroot$1/$2" over "/newroot$1/$2" || fail "overlay $1/$2"
 }
 sbx_binds
 R=/newroot

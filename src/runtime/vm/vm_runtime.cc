@@ -2,24 +2,31 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <linux/fs.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "common/fs.h"
 #include "runtime/box_host.h"
@@ -39,10 +46,13 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kBootWait = std::chrono::seconds(120);
 constexpr auto kProbeWait = std::chrono::seconds(20);  // KVM's probe: it boots in well under 1 s
 constexpr auto kStopWait = std::chrono::seconds(5);
-constexpr auto kToolWait = std::chrono::seconds(60);  // mke2fs
-constexpr int64_t kDefaultMemory = 512LL << 20;       // the guest's RAM without a limit
-constexpr int64_t kDefaultDisk = 4LL << 30;           // the writable layer without a limit
-constexpr int64_t kQemuOverhead = 256LL << 20;        // QEMU's own memory beside the guest's
+constexpr auto kToolWait = std::chrono::seconds(300);  // mke2fs (a stack image: seconds per GB)
+// Saving or restoring a guest's memory: QEMU writes or reads its RAM's pages in use, at disk speed.
+constexpr auto kMigrateWait = std::chrono::seconds(300);
+constexpr auto kQuiesceWait = std::chrono::seconds(30);
+constexpr int64_t kDefaultMemory = 512LL << 20;  // the guest's RAM without a limit
+constexpr int64_t kDefaultDisk = 4LL << 30;      // the writable layer without a limit
+constexpr int64_t kQemuOverhead = 256LL << 20;   // QEMU's own memory beside the guest's
 constexpr char kProbeVersion[] = "vm-accel-1";
 
 int64_t MicrosSince(Clock::time_point& t) {
@@ -254,23 +264,184 @@ Result<UniqueFd> BoxFile(const std::string& path, uint32_t base, int flags = O_W
   return fd;
 }
 
+// A connected unix stream socket to `path` (close-on-exec).
+Result<UniqueFd> ConnectTo(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path)
+    return Status::Error("socket path too long: " + path, ENAMETOOLONG);
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return Status::Errno("socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    return Status::Errno("connect " + path);
+  return fd;
+}
+
+// Copies the file `from` to `to` (made, 0600, `owner`'s): a reflink where the filesystem has them,
+// else its data extents only, so that a sparse disk image stays sparse.
+Status CopySparse(const std::string& from, const std::string& to, uid_t owner) {
+  UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) return Status::Errno("open " + from);
+  struct stat st {};
+  if (::fstat(in.get(), &st) != 0) return Status::Errno("stat " + from);
+  UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!out) return Status::Errno("create " + to);
+  if (::fchown(out.get(), owner, owner) != 0) return Status::Errno("chown " + to);
+  if (::ioctl(out.get(), FICLONE, in.get()) == 0) return {};
+  if (::ftruncate(out.get(), st.st_size) != 0) return Status::Errno("size " + to);
+  off_t pos = 0;
+  while (pos < st.st_size) {
+    off_t data = ::lseek(in.get(), pos, SEEK_DATA);
+    if (data < 0 && errno == ENXIO) break;  // only a hole is left
+    if (data < 0) return Status::Errno("seek " + from);
+    off_t hole = ::lseek(in.get(), data, SEEK_HOLE);
+    if (hole < 0) return Status::Errno("seek " + from);
+    for (off_t off = data; off < hole;) {
+      loff_t a = off, b = off;
+      ssize_t n =
+          ::copy_file_range(in.get(), &a, out.get(), &b, static_cast<size_t>(hole - off), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::Errno("copy " + from);
+      if (n == 0) break;
+      off += n;
+    }
+    pos = hole;
+  }
+  if (::fsync(out.get()) != 0) return Status::Errno("sync " + to);
+  return {};
+}
+
+// QEMU's monitor (QMP): one JSON object per line each way; events are skipped.
+class Qmp {
+ public:
+  static Result<Qmp> Connect(const std::string& path, Clock::time_point deadline) {
+    auto fd = ConnectTo(path);
+    if (!fd.ok()) return fd.status().Wrap("QEMU's monitor");
+    Qmp q(std::move(fd).value(), deadline);
+    auto greeting = q.Read();  // {"QMP": {...}}
+    if (!greeting.ok()) return greeting.status();
+    auto caps = q.Call("qmp_capabilities");
+    if (!caps.ok()) return caps.status();
+    return q;
+  }
+
+  // Runs `command`; its "return", or EIO with QEMU's description of the error. `fd` (not -1)
+  // goes with it (SCM_RIGHTS), for getfd.
+  Result<nlohmann::json> Call(const std::string& command,
+                              const nlohmann::json& args = nlohmann::json::object(), int fd = -1) {
+    nlohmann::json req = {{"execute", command}};
+    if (!args.empty()) req["arguments"] = args;
+    std::string line = req.dump() + "\n";
+    msghdr m{};
+    iovec v{line.data(), line.size()};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0) {
+      m.msg_control = ctl;
+      m.msg_controllen = sizeof ctl;
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    if (::sendmsg(fd_.get(), &m, MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
+      return Status::Errno("QEMU's monitor: send " + command);
+    for (;;) {
+      auto reply = Read();
+      if (!reply.ok()) return reply.status().Wrap(command);
+      if (reply->contains("event")) continue;
+      if (reply->contains("error"))
+        return Status::Error(command + ": " + (*reply)["error"].value("desc", reply->dump()), EIO);
+      return reply->value("return", nlohmann::json::object());
+    }
+  }
+
+ private:
+  Qmp(UniqueFd fd, Clock::time_point deadline) : fd_(std::move(fd)), deadline_(deadline) {}
+
+  Result<nlohmann::json> Read() {
+    for (;;) {
+      if (size_t nl = buf_.find('\n'); nl != std::string::npos) {
+        auto j = nlohmann::json::parse(buf_.substr(0, nl), nullptr, false);
+        buf_.erase(0, nl + 1);
+        if (j.is_discarded() || !j.is_object())
+          return Status::Error("QEMU's monitor said what is not JSON", EPROTO);
+        return j;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      pollfd p{fd_.get(), POLLIN, 0};
+      int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::Error("QEMU's monitor did not answer in time", ETIMEDOUT);
+      char chunk[4096];
+      ssize_t got = ::read(fd_.get(), chunk, sizeof chunk);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return Status::Error("QEMU's monitor closed", ECONNRESET);
+      buf_.append(chunk, static_cast<size_t>(got));
+      if (buf_.size() > (1 << 20)) return Status::Error("QEMU's monitor: a line too long", EPROTO);
+    }
+  }
+
+  UniqueFd fd_;
+  Clock::time_point deadline_;
+  std::string buf_;
+};
+
+// Waits, polling QEMU's monitor, until `query` answers a status other than those in `busy`; that
+// status.
+Result<std::string> AwaitStatus(Qmp& q, const std::string& query, const std::string& field,
+                                const std::vector<std::string>& busy, Clock::time_point deadline) {
+  for (;;) {
+    auto r = q.Call(query);
+    if (!r.ok()) return r.status();
+    std::string st = r->value(field, "");
+    if (std::find(busy.begin(), busy.end(), st) == busy.end()) return st;
+    if (Clock::now() > deadline) return Status::Error(query + " still says " + st, ETIMEDOUT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// What a stack image must hold: the layers' bytes in 4 KiB blocks and their inodes (nftw's
+// callback has no argument of its own: these are guarded by VmRuntime::images_mu_).
+uint64_t walk_bytes = 0, walk_inodes = 0;
+int CountEntry(const char*, const struct stat* st, int, FTW*) {
+  ++walk_inodes;
+  if (S_ISREG(st->st_mode) || S_ISDIR(st->st_mode) || S_ISLNK(st->st_mode))
+    walk_bytes += (static_cast<uint64_t>(st->st_size) + 4095) / 4096 * 4096;
+  return 0;
+}
+
+// FNV-1a: a name for a stack image from what identifies its layers.
+uint64_t Fnv(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
 }  // namespace
 
 // Everything one Create makes, in the order it is made: the owners undo it in reverse when
 // Create returns early, and are committed once the box is live.
 struct VmRuntime::Creation {
-  explicit Creation(const BoxSpec& s) : spec(s) {}
+  Creation(const BoxSpec& s, const std::string* from) : spec(s), restore_from(from) {}
   ~Creation() {
     if (!committed && dir) (void)UnmountBelow(dir->path());
   }
   const BoxSpec& spec;
+  const std::string* restore_from;  // a memory snapshot's directory, or null: a boot
   Box box;
   Clock::time_point t = Clock::now();
   std::optional<BoxDir> dir;  // its destructor removes the directory, after the unmounts above
   uint32_t base = 0;
-  std::vector<size_t> dir_binds;  // indices of the spec's binds that are directories
-  UniqueFd listen;                // agent.sock, passed to the port's host end
-  UniqueFd log;                   // qemu.log: QEMU's and the tools' stderr
+  Layout layout;
+  UniqueFd stack;  // the stack image, read-only (QEMU's fd 5)
+  UniqueFd log;    // qemu.log: QEMU's and the tools' stderr
   CgroupOwner cgroup;
   ChildProcess mux, qemu;
   UniqueFd mux_pidfd, qemu_pidfd;
@@ -348,8 +519,7 @@ std::vector<std::string> VmRuntime::AsBox(uint32_t base) const {
 }
 
 std::vector<std::string> VmRuntime::QemuArgs(const std::string& dir, const std::string& accel,
-                                             const BoxSpec* spec,
-                                             const std::vector<size_t>& dir_binds) const {
+                                             const BoxSpec* spec, const Layout& layout) const {
   int64_t mem =
       spec != nullptr && spec->limits.memory_bytes > 0 ? spec->limits.memory_bytes : kDefaultMemory;
   int cpus = spec != nullptr && spec->limits.cpus > 0
@@ -389,7 +559,7 @@ std::vector<std::string> VmRuntime::QemuArgs(const std::string& dir, const std::
       append,
       "-chardev",
       spec == nullptr ? "file,id=con,path=" + QemuEscape(dir + "/console.log")
-                      : std::string("socket,id=con,fd=4"),
+                      : std::string("socket,id=con,fd=4,server=on,wait=off"),
       "-serial",
       "chardev:con",
   };
@@ -400,16 +570,27 @@ std::vector<std::string> VmRuntime::QemuArgs(const std::string& dir, const std::
               "local,id=" + tag + ",path=" + QemuEscape(path) + ",security_model=none,readonly=on",
               "-device", "virtio-9p-device,fsdev=" + tag + ",mount_tag=" + tag});
   };
-  a.insert(a.end(), {"-device", "virtio-serial-device", "-chardev", "socket,id=agent,fd=3",
-                     "-device", "virtserialport,chardev=agent,name=sbx.agent"});
-  share("cfg", dir + "/cfg");
-  for (size_t i = 0; i < spec->layers.size(); ++i)
-    share("l" + std::to_string(i), dir + "/lower/" + std::to_string(i));
-  for (size_t i : dir_binds) share("b" + std::to_string(i), dir + "/binds/" + std::to_string(i));
-  a.insert(a.end(), {"-drive",
-                     "file=" + QemuEscape(dir + "/disk.img") +
-                         ",format=raw,if=none,id=rw,discard=unmap,detect-zeroes=unmap",
-                     "-device", "virtio-blk-device,drive=rw"});
+  auto disk = [&](const std::string& id, const std::string& file, const std::string& opts) {
+    a.insert(a.end(), {"-drive", "file=" + file + ",format=raw,if=none,id=" + id + opts, "-device",
+                       "virtio-blk-device,drive=" + id + ",serial=" + id});
+  };
+  // The monitor and the port are QEMU's listening sockets: sbx connects the port (and a later host
+  // end again, after a save); sbx alone talks to the monitor.
+  a.insert(a.end(), {"-chardev", "socket,id=qmp,fd=6,server=on,wait=off", "-mon",
+                     "chardev=qmp,mode=control", "-device", "virtio-serial-device", "-chardev",
+                     "socket,id=agent,fd=3,server=on,wait=off", "-device",
+                     "virtserialport,chardev=agent,name=sbx.agent"});
+  disk("cfg", QemuEscape(dir + "/cfg.img"), ",readonly=on");
+  if (layout.stack) {
+    a.insert(a.end(), {"-add-fd", "fd=5,set=1"});
+    disk("layers", "/dev/fdset/1", ",readonly=on");
+  } else {
+    for (size_t i = 0; i < spec->layers.size(); ++i)
+      share("l" + std::to_string(i), dir + "/lower/" + std::to_string(i));
+  }
+  for (size_t i : layout.dir_binds)
+    share("b" + std::to_string(i), dir + "/binds/" + std::to_string(i));
+  disk("rw", QemuEscape(dir + "/disk.img"), ",discard=unmap,detect-zeroes=unmap");
   return a;
 }
 
@@ -456,7 +637,7 @@ Status VmRuntime::ProbeAccel() {
       return con.ok() ? Status::Errno("create " + dir + "/qemu.log") : con.status();
     }
     std::vector<std::string> argv = AsBox(config_.id_base);
-    auto q = QemuArgs(dir, "kvm", nullptr, {});
+    auto q = QemuArgs(dir, "kvm", nullptr, Layout{});
     argv.insert(argv.end(), q.begin(), q.end());
     auto p = Spawn(argv, log.get());
     if (!p.ok()) {
@@ -496,10 +677,16 @@ Status VmRuntime::CanCreate(const std::string& name) const {
                        ENOTSUP);
 }
 
-Result<Box> VmRuntime::Create(const BoxSpec& spec) {
-  const std::string what = "create box " + spec.id;
+Result<Box> VmRuntime::Create(const BoxSpec& spec) { return Make(spec, nullptr); }
+
+Result<Box> VmRuntime::RestoreMemory(const BoxSpec& spec, const std::string& src) {
+  return Make(spec, &src);
+}
+
+Result<Box> VmRuntime::Make(const BoxSpec& spec, const std::string* restore_from) {
+  const std::string what = (restore_from ? "restore box " : "create box ") + spec.id;
   SBX_RETURN_IF_ERROR(CanCreate(spec.runtime).Wrap(what));
-  Creation c(spec);
+  Creation c(spec, restore_from);
   SBX_RETURN_IF_ERROR(Prepare(c).Wrap(what));
   c.box.timings.prepare_us = MicrosSince(c.t);
   SBX_RETURN_IF_ERROR(Launch(c).Wrap(what));
@@ -516,6 +703,36 @@ Result<Box> VmRuntime::Create(const BoxSpec& spec) {
   }
   return c.box;
 }
+
+namespace {
+
+// True when `path` is inside the directory `dir` (both resolved).
+bool IsUnder(const std::string& path, const std::string& dir) {
+  char rp[PATH_MAX], rd[PATH_MAX];
+  if (::realpath(path.c_str(), rp) == nullptr || ::realpath(dir.c_str(), rd) == nullptr)
+    return false;
+  std::string p = rp, d = rd;
+  return p.size() > d.size() + 1 && p.compare(0, d.size(), d) == 0 && p[d.size()] == '/';
+}
+
+// What of QEMU's arguments a restore must repeat: all but the kernel's command line (read once, at
+// boot; its TSC rate may differ from one reading to the next), with the box's directory as "@".
+std::string Shape(const std::vector<std::string>& args, const std::string& dir) {
+  std::string out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-append") {
+      ++i;
+      continue;
+    }
+    std::string a = args[i];
+    for (size_t at = a.find(dir); at != std::string::npos; at = a.find(dir, at + 1))
+      a.replace(at, dir.size(), "@");
+    out += a + "\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 Status VmRuntime::Prepare(Creation& c) {
   const BoxSpec& spec = c.spec;
@@ -549,12 +766,26 @@ Status VmRuntime::Prepare(Creation& c) {
   if (::chmod(d.c_str(), 0711) != 0) return Status::Errno("chmod " + d);
   for (const char* sub : {"/lower", "/binds", "/cfg"})
     if (::mkdir((d + sub).c_str(), 0711) != 0) return Status::Errno("mkdir " + d + sub);
-  if (::chmod((d + "/cfg").c_str(), 0755) != 0) return Status::Errno("chmod " + d + "/cfg");
-  for (size_t i = 0; i < spec.layers.size(); ++i)
-    SBX_RETURN_IF_ERROR(BindReadOnly(spec.layers[i], d + "/lower/" + std::to_string(i)));
+  c.log.reset(::open((d + "/qemu.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!c.log) return Status::Errno("open " + d + "/qemu.log");
+
+  // Layers: one image of the whole stack when every layer is immutable, else a 9p share each.
+  c.layout.stack = !config_.immutable_layers.empty();
+  for (const auto& l : spec.layers)
+    c.layout.stack = c.layout.stack && IsUnder(l, config_.immutable_layers);
+  if (c.layout.stack) {
+    auto img = StackImage(spec.layers, c.log.get(), d + "/qemu.log");
+    if (!img.ok()) return img.status();
+    c.stack.reset(::open(img->c_str(), O_RDONLY | O_CLOEXEC));
+    if (!c.stack) return Status::Errno("open " + *img);
+  } else {
+    for (size_t i = 0; i < spec.layers.size(); ++i)
+      SBX_RETURN_IF_ERROR(BindReadOnly(spec.layers[i], d + "/lower/" + std::to_string(i)));
+  }
   // A directory is a 9p share of its own (tag b<i>); a file (the network's /etc/hosts and the
-  // like) is bound into cfg/ and bound from there in the guest.
+  // like) is copied into cfg/ and bound from there in the guest.
   std::string binds;
+  int64_t cfg_bytes = 0;
   for (size_t i = 0; i < spec.binds.size(); ++i) {
     const BindMount& b = spec.binds[i];
     struct stat st {};
@@ -563,10 +794,16 @@ Status VmRuntime::Prepare(Creation& c) {
     if (S_ISDIR(st.st_mode)) {
       SBX_RETURN_IF_ERROR(BindReadOnly(b.source, d + "/binds/" + n));
       binds += "  bind b" + n + " " + ShellQuote(b.target) + "\n";
-      c.dir_binds.push_back(i);
-    } else {
-      SBX_RETURN_IF_ERROR(BindReadOnly(b.source, d + "/cfg/f" + n));
+      c.layout.dir_binds.push_back(i);
+    } else if (S_ISREG(st.st_mode)) {
+      auto data = ReadFile(b.source, 16 << 20);
+      if (!data.ok()) return data.status().Wrap("share " + b.source + " with a vm box");
+      SBX_RETURN_IF_ERROR(WriteFile(d + "/cfg/f" + n, *data, st.st_mode & 0755));
+      cfg_bytes += static_cast<int64_t>(data->size());
       binds += "  file f" + n + " " + ShellQuote(b.target) + "\n";
+    } else {
+      return Status::Error("share " + b.source + " with a vm box: neither a directory nor a file",
+                           ENOTSUP);
     }
     for (const auto& sub : b.overlaid)
       binds += "  over " + ShellQuote(b.target) + " " + ShellQuote(sub) + "\n";
@@ -574,25 +811,46 @@ Status VmRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(WriteFile(d + "/cfg/box.sh",
                                 "SBX_HOSTNAME=" + ShellQuote(spec.hostname) +
                                     "\nSBX_LAYERS=" + std::to_string(spec.layers.size()) +
+                                    "\nSBX_STACK=" + (c.layout.stack ? "1" : "0") +
                                     "\nsbx_binds() {\n  :\n" + binds + "}\n",
                                 0644));
+  const std::string shape = Shape(QemuArgs(d, accel_, &spec, c.layout), d);
+  SBX_RETURN_IF_ERROR(WriteFile(d + "/shape", shape, 0600));
 
-  c.log.reset(::open((d + "/qemu.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (!c.log) return Status::Errno("open " + d + "/qemu.log");
-  // The writable layer: a sparse ext4 image, the box id's, without a journal (it lives as long as
-  // the box; a crash of the box loses it anyway).
-  const int64_t disk = spec.limits.disk_bytes > 0 ? spec.limits.disk_bytes : kDefaultDisk;
-  auto img = BoxFile(d + "/disk.img", base);
-  if (!img.ok()) return img.status();
-  if (::ftruncate(img->get(), disk) != 0) return Status::Errno("size " + d + "/disk.img");
-  img->reset();
-  SBX_RETURN_IF_ERROR(RunTool({mke2fs_, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-                               "-E", "root_owner=0:0,nodiscard", d + "/disk.img"},
-                              c.log.get(), d + "/qemu.log")
-                          .Wrap("make the writable layer"));
-  auto l = ListenUnix(d + "/agent.sock");
-  if (!l.ok()) return l.status();
-  c.listen = std::move(l).value();
+  if (c.restore_from != nullptr) {
+    // The saved box's disks, as they were (the guest's kernel holds their state in its memory).
+    const std::string& src = *c.restore_from;
+    auto saved = ReadFile(src + "/shape", 1 << 20);
+    if (!saved.ok()) return saved.status().Wrap("the saved box in " + src);
+    if (*saved != shape)
+      return Status::Error(
+          "its spec is not the saved box's: memory, CPUs, layers and binds must be the same",
+          EINVAL);
+    SBX_RETURN_IF_ERROR(CopySparse(src + "/cfg.img", d + "/cfg.img", base));
+    SBX_RETURN_IF_ERROR(CopySparse(src + "/disk.img", d + "/disk.img", base));
+  } else {
+    // The configuration's disk, and the writable layer: sparse ext4 images, the box id's, without
+    // a journal (the writable layer lives as long as the box; a crash of the box loses it anyway).
+    auto cfg = BoxFile(d + "/cfg.img", base);
+    if (!cfg.ok()) return cfg.status();
+    if (::ftruncate(cfg->get(), (8 << 20) + cfg_bytes * 2) != 0)
+      return Status::Errno("size " + d + "/cfg.img");
+    cfg->reset();
+    SBX_RETURN_IF_ERROR(
+        RunTool({mke2fs_, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0", "-d",
+                 d + "/cfg", "-E", "root_owner=0:0,nodiscard", d + "/cfg.img"},
+                c.log.get(), d + "/qemu.log")
+            .Wrap("make the configuration's disk"));
+    const int64_t disk = spec.limits.disk_bytes > 0 ? spec.limits.disk_bytes : kDefaultDisk;
+    auto img = BoxFile(d + "/disk.img", base);
+    if (!img.ok()) return img.status();
+    if (::ftruncate(img->get(), disk) != 0) return Status::Errno("size " + d + "/disk.img");
+    img->reset();
+    SBX_RETURN_IF_ERROR(RunTool({mke2fs_, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
+                                 "-E", "root_owner=0:0,nodiscard", d + "/disk.img"},
+                                c.log.get(), d + "/qemu.log")
+                            .Wrap("make the writable layer"));
+  }
 
   c.box.id = spec.id;
   c.box.dir = d;
@@ -600,6 +858,140 @@ Status VmRuntime::Prepare(Creation& c) {
   c.box.runtime = "vm";
   c.box.agent_socket = d + "/agent.sock";
   return {};
+}
+
+Result<std::string> VmRuntime::StackImage(const std::vector<std::string>& layers, int log_fd,
+                                          const std::string& log_path) {
+  // Named after what identifies each layer: its path, and its root directory's inode and time (a
+  // layer removed and made again under the same path is another).
+  std::string key;
+  for (const auto& l : layers) {
+    struct stat st {};
+    if (::stat(l.c_str(), &st) != 0) return Status::Errno("stat layer " + l);
+    key += l + "\n" + std::to_string(st.st_dev) + " " + std::to_string(st.st_ino) + " " +
+           std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "\n";
+  }
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.img", static_cast<unsigned long long>(Fnv(key)));
+  const std::string images = config_.run_dir + "/.images";
+  const std::string img = images + "/" + name;
+  MutexLock g(images_mu_);
+  if (::access(img.c_str(), F_OK) == 0) return img;
+  SBX_RETURN_IF_ERROR(MakeDirs(images, 0700));
+  // The layers side by side (0, 1, ...) under one directory, read-only binds, for mke2fs -d.
+  const std::string stage = images + "/.build-" + RandomId(8);
+  const std::string tmp = img + ".tmp-" + RandomId(8);
+  auto cleanup = [&] {
+    (void)UnmountBelow(stage);
+    (void)RemoveTree(stage);
+    ::unlink(tmp.c_str());
+  };
+  if (::mkdir(stage.c_str(), 0700) != 0) return Status::Errno("mkdir " + stage);
+  walk_bytes = 0;
+  walk_inodes = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Status bound = BindReadOnly(layers[i], stage + "/" + std::to_string(i));
+    if (!bound.ok()) {
+      cleanup();
+      return bound;
+    }
+    if (::nftw(layers[i].c_str(), CountEntry, 64, FTW_PHYS) != 0) {
+      Status s = Status::Errno("walk layer " + layers[i]);
+      cleanup();
+      return s;
+    }
+  }
+  // Room for every block and inode, and some: mke2fs fails rather than overfill, so a second try
+  // doubles it. The image is sparse: room costs nothing.
+  uint64_t size = walk_bytes + walk_bytes / 4 + walk_inodes * 512 + (64ULL << 20);
+  const uint64_t inodes = walk_inodes + walk_inodes / 4 + 1024;
+  Status made;
+  for (int attempt = 0; attempt < 2; ++attempt, size *= 2) {
+    ::unlink(tmp.c_str());
+    UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!f || ::ftruncate(f.get(), static_cast<off_t>(size)) != 0) {
+      made = Status::Errno("create " + tmp);
+      break;
+    }
+    f.reset();
+    made = RunTool({mke2fs_, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0", "-N",
+                    std::to_string(inodes), "-d", stage, "-E", "nodiscard", tmp},
+                   log_fd, log_path);
+    if (made.ok()) break;
+  }
+  // Beside it, its layers: ReapOrphans removes the image once one of them is gone.
+  std::string list;
+  for (const auto& l : layers) list += l + "\n";
+  if (made.ok()) made = WriteFile(img + ".layers", list, 0600);
+  if (made.ok() && ::rename(tmp.c_str(), img.c_str()) != 0) made = Status::Errno("rename " + tmp);
+  cleanup();
+  if (!made.ok()) return made.Wrap("make the image of the template's layers");
+  return img;
+}
+
+Result<VmRuntime::HostEnd> VmRuntime::StartHostEnd(const std::string& dir, uint32_t base,
+                                                   bool die_with_parent, bool reset,
+                                                   const std::string& hostname, int log_fd) {
+  // agent.sock: bound here, root's (0600) in the root-owned directory, so that nothing running as
+  // the box's id can replace it; bound again by each host end.
+  ::unlink((dir + "/agent.sock").c_str());
+  auto listen = ListenUnix(dir + "/agent.sock");
+  if (!listen.ok()) return listen.status();
+  auto port = ConnectTo(dir + "/port.sock");
+  if (!port.ok()) return port.status().Wrap("QEMU's end of the agent's port");
+  auto console = ConnectTo(dir + "/console.sock");
+  if (!console.ok()) return console.status().Wrap("QEMU's serial console");
+  int rp[2];
+  if (::pipe2(rp, O_CLOEXEC) != 0) return Status::Errno("pipe");
+  HostEnd he;
+  he.ready.reset(rp[0]);
+  UniqueFd ready_w(rp[1]);
+  // The console's copy (root's; read-write: the copy reads back the part it keeps), bounded.
+  UniqueFd console_log(
+      ::open((dir + "/console.log").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!console_log) return Status::Errno("open " + dir + "/console.log");
+  std::vector<std::string> argv = AsBox(base);
+  // setpriv sets the parent-death signal after its change of ids, which would clear it.
+  if (die_with_parent) argv.insert(argv.begin() + 1, "--pdeathsig=KILL");
+  argv.insert(argv.end(),
+              {config_.run_dir + "/.sbx-agent", "--listen-fd", "3", "--vm-channel-fd", "4",
+               "--vm-ready-fd", "5", "--vm-console-fd", "6", "--vm-console-log-fd", "7"});
+  if (reset) argv.insert(argv.end(), {"--vm-reset", hostname});
+  auto mux = Spawn(argv, log_fd,
+                   {{3, listen->get()},
+                    {4, port->get()},
+                    {5, ready_w.get()},
+                    {6, console->get()},
+                    {7, console_log.get()}});
+  if (!mux.ok()) return mux.status().Wrap("start the port's host end");
+  he.pid = mux->pid;
+  he.pidfd = std::move(mux->pidfd);
+  return he;
+}
+
+Status VmRuntime::AwaitReady(const std::string& dir, int ready, int qemu_pidfd, int mux_pidfd) {
+  const auto deadline = Clock::now() + kBootWait;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      return Status::Error("its agent did not answer within " + std::to_string(kBootWait.count()) +
+                               " s; console: " + Tail(dir + "/console.log", 800),
+                           ETIMEDOUT);
+    pollfd p[3] = {{ready, POLLIN, 0}, {qemu_pidfd, POLLIN, 0}, {mux_pidfd, POLLIN, 0}};
+    if (::poll(p, 3, static_cast<int>(left.count())) < 0 && errno != EINTR)
+      return Status::Errno("poll");
+    if (p[0].revents != 0) {
+      char b = 0;
+      if (::read(ready, &b, 1) == 1) return {};
+      // EOF without the byte: the host end exited; the next poll tells who.
+    }
+    if (p[1].revents != 0 || p[2].revents != 0)
+      return Status::Error(
+          std::string(p[1].revents != 0 ? "QEMU" : "the port's host end") +
+              " exited before the agent answered: " + Tail(dir + "/qemu.log", 800) +
+              "; console: " + Tail(dir + "/console.log", 800),
+          ECHILD);
+  }
 }
 
 Status VmRuntime::Launch(Creation& c) {
@@ -615,90 +1007,159 @@ Status VmRuntime::Launch(Creation& c) {
   c.cgroup = CgroupOwner(std::move(cg).value());
   c.box.timings.cgroup_us = MicrosSince(c.t);
 
-  int sp[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
-    return Status::Errno("socketpair");
-  UniqueFd host_end(sp[0]), qemu_end(sp[1]);
-  int rp[2];
-  if (::pipe2(rp, O_CLOEXEC) != 0) return Status::Errno("pipe");
-  c.ready.reset(rp[0]);
-  UniqueFd ready_w(rp[1]);
-  // setpriv sets the parent-death signal after its change of ids, which would clear it.
-  std::vector<std::string> pre = AsBox(c.base);
-  if (spec.die_with_parent) pre.insert(pre.begin() + 1, "--pdeathsig=KILL");
-
-  // The guest's serial console: a socket QEMU writes, which the host end copies into console.log
-  // (root's; opened here, read-write: the copy reads back the part it keeps), bounded.
-  int cp[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, cp) != 0)
-    return Status::Errno("socketpair");
-  UniqueFd console_host(cp[0]), console_qemu(cp[1]);
-  UniqueFd console_log(
-      ::open((d + "/console.log").c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-  if (!console_log) return Status::Errno("open " + d + "/console.log");
-
-  // The port's host end: serves agent.sock (passed as fd 3) over QEMU's socket (fd 4).
-  std::vector<std::string> mux_argv = pre;
-  mux_argv.insert(mux_argv.end(),
-                  {config_.run_dir + "/.sbx-agent", "--listen-fd", "3", "--vm-channel-fd", "4",
-                   "--vm-ready-fd", "5", "--vm-console-fd", "6", "--vm-console-log-fd", "7"});
-  auto mux = Spawn(mux_argv, c.log.get(),
-                   {{3, c.listen.get()},
-                    {4, host_end.get()},
-                    {5, ready_w.get()},
-                    {6, console_host.get()},
-                    {7, console_log.get()}});
-  if (!mux.ok()) return mux.status().Wrap("start the port's host end");
-  c.mux = ChildProcess(mux->pid, UniqueFd(::fcntl(mux->pidfd.get(), F_DUPFD_CLOEXEC, 0)));
-  c.mux_pidfd = std::move(mux->pidfd);
-  SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(mux->pid));
-  SBX_RETURN_IF_ERROR(RecordPid(d + "/mux.pid", mux->pid));
-
-  std::vector<std::string> argv = pre;
-  auto q = QemuArgs(d, accel_, &spec, c.dir_binds);
+  // QEMU's listening sockets: the agent's port, the serial console, the monitor.
+  std::vector<std::pair<int, UniqueFd>> fds;
+  for (const auto& [fd, name] : {std::pair{3, "port"}, {4, "console"}, {6, "qmp"}}) {
+    auto l = ListenUnix(d + "/" + name + ".sock");
+    if (!l.ok()) return l.status();
+    fds.emplace_back(fd, std::move(l).value());
+  }
+  if (c.layout.stack) fds.emplace_back(5, std::move(c.stack));
+  std::vector<std::string> argv = AsBox(c.base);
+  if (spec.die_with_parent) argv.insert(argv.begin() + 1, "--pdeathsig=KILL");
+  auto q = QemuArgs(d, accel_, &spec, c.layout);
   argv.insert(argv.end(), q.begin(), q.end());
-  auto qemu = Spawn(argv, c.log.get(), {{3, qemu_end.get()}, {4, console_qemu.get()}});
+  if (c.restore_from != nullptr) {
+    // QEMU reads the saved memory from fd 7, then waits, stopped, for the monitor's cont.
+    UniqueFd memory(::open((*c.restore_from + "/memory").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!memory) return Status::Errno("open " + *c.restore_from + "/memory");
+    fds.emplace_back(7, std::move(memory));
+    argv.insert(argv.end(), {"-incoming", "fd:7"});
+  }
+  std::vector<std::pair<int, int>> pass;
+  for (const auto& [target, fd] : fds) pass.emplace_back(target, fd.get());
+  auto qemu = Spawn(argv, c.log.get(), pass);
   if (!qemu.ok()) return qemu.status().Wrap("start QEMU");
   c.qemu = ChildProcess(qemu->pid, UniqueFd(::fcntl(qemu->pidfd.get(), F_DUPFD_CLOEXEC, 0)));
   c.qemu_pidfd = std::move(qemu->pidfd);
   SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(qemu->pid));
   SBX_RETURN_IF_ERROR(RecordPid(d + "/pid", qemu->pid));
   c.box.init_pid = qemu->pid;
-  c.listen.reset();
-  console_host.reset();
-  console_qemu.reset();
-  console_log.reset();
-  host_end.reset();
-  qemu_end.reset();
-  ready_w.reset();
+  fds.clear();
+
+  if (c.restore_from != nullptr) {
+    auto mon = Qmp::Connect(d + "/qmp.sock", Clock::now() + kMigrateWait);
+    Result<std::string> st =
+        mon.ok() ? AwaitStatus(*mon, "query-status", "status", {"inmigrate", "prelaunch"},
+                               Clock::now() + kMigrateWait)
+                 : Result<std::string>(mon.status());
+    if (st.ok() && *st == "paused") {
+      auto cont = mon->Call("cont");
+      if (!cont.ok()) st = cont.status();
+    } else if (st.ok() && *st != "running") {
+      st = Status::Error("QEMU is " + *st + " after loading it", EIO);
+    }
+    if (!st.ok())
+      return st.status().Wrap("load the saved memory (qemu.log: " + Tail(d + "/qemu.log", 400) +
+                              ")");
+  }
+
+  auto he = StartHostEnd(d, c.base, spec.die_with_parent, c.restore_from != nullptr,
+                         c.restore_from != nullptr ? spec.hostname : "", c.log.get());
+  if (!he.ok()) return he.status();
+  c.mux = ChildProcess(he->pid, UniqueFd(::fcntl(he->pidfd.get(), F_DUPFD_CLOEXEC, 0)));
+  c.mux_pidfd = std::move(he->pidfd);
+  c.ready = std::move(he->ready);
+  SBX_RETURN_IF_ERROR(c.cgroup->AddProcess(he->pid));
+  SBX_RETURN_IF_ERROR(RecordPid(d + "/mux.pid", he->pid));
   c.box.timings.clone_us = MicrosSince(c.t);
 
-  // The guest boots, assembles its root and starts the agent; its end of the port says hello.
-  const auto deadline = Clock::now() + kBootWait;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0)
-      return Status::Error("its agent did not answer within " + std::to_string(kBootWait.count()) +
-                               " s; console: " + Tail(d + "/console.log", 800),
-                           ETIMEDOUT);
-    pollfd p[3] = {{c.ready.get(), POLLIN, 0},
-                   {c.qemu_pidfd.get(), POLLIN, 0},
-                   {c.mux_pidfd.get(), POLLIN, 0}};
-    if (::poll(p, 3, static_cast<int>(left.count())) < 0 && errno != EINTR)
-      return Status::Errno("poll");
-    if (p[0].revents != 0) {
-      char b = 0;
-      if (::read(c.ready.get(), &b, 1) == 1) break;
-      // EOF without the byte: the host end exited; the next poll tells who.
-    }
-    if (p[1].revents != 0 || p[2].revents != 0)
-      return Status::Error(std::string(p[1].revents != 0 ? "QEMU" : "the port's host end") +
-                               " exited before the agent answered: " + Tail(d + "/qemu.log", 800) +
-                               "; console: " + Tail(d + "/console.log", 800),
-                           ECHILD);
-  }
+  // The guest boots (or goes on), and its end of the port says hello.
+  SBX_RETURN_IF_ERROR(AwaitReady(d, c.ready.get(), c.qemu_pidfd.get(), c.mux_pidfd.get()));
   c.box.timings.agent_us = MicrosSince(c.t);
   return {};
+}
+
+Status VmRuntime::SaveMemory(const Box& box, const std::string& dest, bool stop) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  const std::string what = "save the memory of box " + box.id;
+  const std::string d = Dir(box.id);
+  if (!DirNames(d + "/lower").empty() || !DirNames(d + "/binds").empty())
+    return Status::Error(what +
+                             ": it shares host directories with its guest over 9p (a layer "
+                             "from outside the template store, or a bind of a directory), "
+                             "which QEMU cannot save",
+                         ENOTSUP);
+  auto shape = ReadFile(d + "/shape", 1 << 20);
+  if (!shape.ok()) return shape.status().Wrap(what);
+  auto mux = LiveProcess(d + "/mux.pid");
+  if (!mux.ok() || !LiveProcess(d + "/pid").ok())
+    return Status::Error(what + ": its agent is gone", ESRCH);
+  auto ids = ReadFile(d + "/ids", 64);
+  const uint32_t base =
+      ids.ok() ? static_cast<uint32_t>(std::strtoul(ids->c_str(), nullptr, 10)) : 0;
+  UniqueFd log(::open((d + "/qemu.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!log) return Status::Errno(what + ": open qemu.log");
+
+  // The port quiesces (vm_mux.h): every agent connection closes, nothing is left in flight, and
+  // its host end exits.
+  ::syscall(SYS_pidfd_send_signal, mux->get(), SIGUSR1, nullptr, 0U);
+  bool quiet = AwaitExit(mux->get(), kQuiesceWait);
+  if (!quiet) ::syscall(SYS_pidfd_send_signal, mux->get(), SIGKILL, nullptr, 0U);
+  {
+    MutexLock g(mu_);
+    if (auto it = children_.find(box.id); it != children_.end() && it->second.second) {
+      AwaitExit(it->second.second.get(), kStopWait);
+      Reap(it->second.second.get());
+      it->second.second.reset();
+    }
+  }
+  // The box runs on with a new host end: after a save, or when it fails.
+  auto go_on = [&](Qmp* mon) -> Status {
+    if (mon != nullptr) {
+      auto cont = mon->Call("cont");
+      if (!cont.ok()) return cont.status();
+    }
+    auto he = StartHostEnd(d, base, false, true, "", log.get());
+    if (!he.ok()) return he.status();
+    auto cg = Cgroup::Open(cgroups_, box.id);
+    (void)cg->AddProcess(he->pid);
+    SBX_RETURN_IF_ERROR(RecordPid(d + "/mux.pid", he->pid));
+    auto qemu = LiveProcess(d + "/pid");
+    if (!qemu.ok()) return qemu.status();
+    SBX_RETURN_IF_ERROR(AwaitReady(d, he->ready.get(), qemu->get(), he->pidfd.get()));
+    MutexLock g(mu_);
+    if (auto it = children_.find(box.id); it != children_.end())
+      it->second.second = std::move(he->pidfd);
+    return {};
+  };
+  auto failed = [&](Status s, Qmp* mon) -> Status {
+    Status resumed = go_on(mon);
+    std::string also = resumed.ok() ? "" : "; and it could not go on: " + resumed.message();
+    return Status::Error(what + ": " + s.message() + also, s.err());
+  };
+  if (!quiet)
+    return failed(Status::Error("the guest's end of its port did not quiesce", ETIMEDOUT), nullptr);
+
+  auto mon = Qmp::Connect(d + "/qmp.sock", Clock::now() + kMigrateWait);
+  if (!mon.ok()) return failed(mon.status(), nullptr);
+  if (auto r = mon->Call("stop"); !r.ok()) return failed(r.status(), &*mon);
+  UniqueFd memory(
+      ::open((dest + "/memory").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!memory) return failed(Status::Errno("create " + dest + "/memory"), &*mon);
+  // QEMU's default bandwidth for a migration is 32 MiB/s: a file takes what the disk gives.
+  Result<nlohmann::json> r =
+      mon->Call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}});
+  if (r.ok()) r = mon->Call("getfd", {{"fdname", "sbx-memory"}}, memory.get());
+  if (r.ok()) r = mon->Call("migrate", {{"uri", "fd:sbx-memory"}});
+  if (!r.ok()) return failed(r.status(), &*mon);
+  auto done = AwaitStatus(*mon, "query-migrate", "status",
+                          {"none", "setup", "active", "pre-switchover", "device", "wait-unplug"},
+                          Clock::now() + kMigrateWait);
+  if (!done.ok()) return failed(done.status(), &*mon);
+  if (*done != "completed")
+    return failed(
+        Status::Error("QEMU's migration to a file " + *done + ": " + Tail(d + "/qemu.log", 400),
+                      EIO),
+        &*mon);
+  Status copied = ::fsync(memory.get()) == 0 ? Status() : Status::Errno("sync " + dest + "/memory");
+  if (copied.ok()) copied = CopySparse(d + "/disk.img", dest + "/disk.img", 0);
+  if (copied.ok()) copied = CopySparse(d + "/cfg.img", dest + "/cfg.img", 0);
+  if (copied.ok()) copied = WriteFile(dest + "/shape", *shape, 0600);
+  if (!copied.ok()) return failed(copied, &*mon);
+  if (stop) return Stop(box).Wrap(what);
+  Status on = go_on(&*mon);
+  return on.ok() ? Status() : on.Wrap(what + ": saved, but it could not go on");
 }
 
 Status VmRuntime::Freeze(const Box& box) {
@@ -848,6 +1309,32 @@ Result<int> VmRuntime::ReapOrphans(const std::string& owner) {
     }
     (void)UnmountBelow(path);
     if (RemoveTree(path).ok()) ++reaped;
+  }
+  // Stack images of layers that are gone (no box can use them again: a sandbox's layers stay
+  // while it lives), and images a dead process was making (a live one's is younger than an hour).
+  const std::string images = config_.run_dir + "/.images";
+  for (const auto& name : DirNames(images)) {
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".img") != 0) continue;
+    const std::string img = images + "/" + name;
+    auto list = ReadFile(img + ".layers", 1 << 20);
+    bool gone = !list.ok();
+    for (size_t at = 0; list.ok() && at < list->size();) {
+      size_t nl = list->find('\n', at);
+      if (nl == std::string::npos) nl = list->size();
+      if (nl > at && ::access(list->substr(at, nl - at).c_str(), F_OK) != 0) gone = true;
+      at = nl + 1;
+    }
+    if (!gone) continue;
+    ::unlink(img.c_str());
+    ::unlink((img + ".layers").c_str());
+  }
+  for (const auto& name : DirNames(images)) {
+    if (name.rfind(".build-", 0) != 0 && name.find(".tmp-") == std::string::npos) continue;
+    const std::string path = images + "/" + name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || st.st_mtime + 3600 > ::time(nullptr)) continue;
+    (void)UnmountBelow(path);
+    (void)RemoveTree(path);
   }
   return reaped;
 }

@@ -148,6 +148,8 @@ class VmRuntimeTest : public ::testing::Test {
     config_.agent_path = SBX_AGENT_BIN;
     config_.kernel_dir = kKernelDir;
     config_.cgroup_parent = "sbx-vm-test-" + std::to_string(::getpid());
+    // The template store's layers reach the guest as a stack image; the host's binds over 9p.
+    config_.immutable_layers = dir_ + "/templates/layers";
     auto t0 = std::chrono::steady_clock::now();
     auto rt = VmRuntime::Open(config_);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
@@ -247,6 +249,12 @@ TEST_F(VmRuntimeTest, ABoxRunsOnItsOwnKernelThroughItsAgentAndDestroyLeavesNothi
   EXPECT_EQ(aout, "30000\n");
   EXPECT_EQ(acode2, 0);
 
+  // The host template binds host directories (9p): QEMU cannot save such a box, and the box is
+  // left as it was.
+  ASSERT_EQ(::mkdir((dir_ + "/nosave").c_str(), 0700), 0);
+  EXPECT_EQ(rt_->SaveMemory(*box, dir_ + "/nosave", true).err(), ENOTSUP);
+  EXPECT_EQ(RunSh(*box, "cat /root.txt").first, "hello\n");
+
   EXPECT_TRUE(rt_->Freeze(*box).ok());
   EXPECT_TRUE(rt_->Thaw(*box).ok());
   auto stats = rt_->Stats(*box);
@@ -304,6 +312,142 @@ TEST_F(VmRuntimeTest, ABoxRunsOnItsOwnKernelThroughItsAgentAndDestroyLeavesNothi
   }
   EXPECT_TRUE(rt_->AgentExit(*box).has_value());
   EXPECT_TRUE(rt_->Destroy(*box).ok()) << "Destroy is idempotent";
+}
+
+// A layer of the template store holding a static busybox and its applets (no host binds: QEMU can
+// save a box of it).
+std::string BusyboxLayer(const std::string& layers) {
+  const std::string l = layers + "/busybox-test";
+  for (const char* d : {"", "/bin", "/etc", "/tmp", "/root"})
+    if (Status s = MakeDirs(l + d, 0755); !s.ok()) return "";
+  ::chmod((l + "/tmp").c_str(), 01777);
+  auto bb = ReadFile("/bin/busybox", 64 << 20);
+  if (!bb.ok() || !WriteFile(l + "/bin/busybox", *bb, 0755).ok()) return "";
+  FILE* list = ::popen("/bin/busybox --list", "r");
+  if (list == nullptr) return "";
+  char name[128];
+  while (std::fgets(name, sizeof name, list) != nullptr) {
+    std::string n = name;
+    while (!n.empty() && n.back() == '\n') n.pop_back();
+    if (!n.empty() && n != "busybox") (void)::symlink("busybox", (l + "/bin/" + n).c_str());
+  }
+  ::pclose(list);
+  if (!WriteFile(l + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0644).ok() ||
+      !WriteFile(l + "/etc/group", "root:x:0:\n", 0644).ok())
+    return "";
+  return l;
+}
+
+// The counter's value in `box`, once it has moved past `above` (each look is a command: the
+// counter ticks every 50 ms of the guest's time).
+int64_t CountPast(const Box& box, int64_t above) {
+  for (int i = 0; i < 200; ++i) {
+    auto [out, code] = RunSh(box, "cat /tmp/count 2>/dev/null");
+    int64_t n = code == 0 ? std::strtoll(out.c_str(), nullptr, 10) : 0;
+    if (n > above) return n;
+  }
+  return -1;
+}
+
+TEST_F(VmRuntimeTest, ACounterKeepsCountingAcrossSavedMemoryAndInEachFork) {
+  const std::string layer = BusyboxLayer(dir_ + "/templates/layers");
+  ASSERT_FALSE(layer.empty());
+  BoxSpec spec;
+  spec.id = RandomId();
+  spec.runtime = "vm";
+  spec.layers = {layer};
+  spec.limits.memory_bytes = 256 << 20;
+  spec.limits.disk_bytes = 64 << 20;
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  const pid_t first_qemu = box->init_pid;
+  // A process of its own, counting; its pid is kept to see that the same process goes on.
+  auto [started, scode] =
+      RunSh(*box,
+            "setsid sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; "
+            "sleep 0.05; done' </dev/null >/dev/null 2>&1 & echo started");
+  ASSERT_EQ(scode, 0) << started;
+  const int64_t before = CountPast(*box, 0);
+  ASSERT_GT(before, 0);
+  auto [pid, pcode] = RunSh(*box, "cat /tmp/pid; cat /proc/sys/kernel/random/boot_id");
+  ASSERT_EQ(pcode, 0);
+
+  // Pause to disk: saved, stopped; its directory goes with Destroy, the saved state stays.
+  const std::string saved = dir_ + "/saved";
+  ASSERT_EQ(::mkdir(saved.c_str(), 0700), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  Status s = rt_->SaveMemory(*box, saved, true);
+  ASSERT_TRUE(s.ok()) << s.message();
+  struct stat mem {};
+  ASSERT_EQ(::stat((saved + "/memory").c_str(), &mem), 0);
+  std::cout << "vm: saving 256 MiB of guest memory took " << MsSince(t0) << " ms, "
+            << mem.st_size / (1 << 20) << " MiB on disk\n";
+  EXPECT_TRUE(Dead(first_qemu)) << "a stopped box's QEMU lives";
+  ASSERT_TRUE(rt_->Destroy(*box).ok());
+
+  // Resume: the same processes, the counter going on from where it stood.
+  t0 = std::chrono::steady_clock::now();
+  auto resumed = rt_->RestoreMemory(spec, saved);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().message();
+  std::cout << "vm: restore to an answering agent took " << MsSince(t0) << " ms\n";
+  EXPECT_EQ(RunSh(*resumed, "cat /tmp/pid; cat /proc/sys/kernel/random/boot_id").first, pid)
+      << "the same process, on the same boot";
+  const int64_t resumed_at = CountPast(*resumed, before);
+  EXPECT_GT(resumed_at, before);
+  EXPECT_LT(resumed_at, before + 200) << "the counter started over, or ran while saved";
+  EXPECT_GT(CountPast(*resumed, resumed_at), resumed_at) << "the counter stopped";
+
+  // Saved again while it runs on (a fork's source): it goes on, and two forks start from it.
+  const std::string running = dir_ + "/running";
+  ASSERT_EQ(::mkdir(running.c_str(), 0700), 0);
+  ASSERT_TRUE(rt_->SaveMemory(*resumed, running, false).ok());
+  const int64_t source_at = CountPast(*resumed, resumed_at);
+  EXPECT_GT(source_at, resumed_at) << "the source stopped counting after its save";
+  EXPECT_EQ(RunSh(*resumed, "echo source > /tmp/who; cat /tmp/who").first, "source\n");
+  ASSERT_TRUE(rt_->Destroy(*resumed).ok());
+
+  std::vector<Box> forks;
+  for (int i = 1; i <= 2; ++i) {
+    BoxSpec f = spec;
+    f.id = RandomId();
+    f.hostname = "fork-" + std::to_string(i);
+    auto fork = rt_->RestoreMemory(f, running);
+    ASSERT_TRUE(fork.ok()) << fork.status().message();
+    forks.push_back(*fork);
+  }
+  std::vector<std::string> randoms;
+  for (size_t i = 0; i < forks.size(); ++i) {
+    const Box& f = forks[i];
+    EXPECT_EQ(RunSh(f, "cat /tmp/pid; cat /proc/sys/kernel/random/boot_id").first, pid);
+    const int64_t at = CountPast(f, resumed_at);
+    EXPECT_GT(at, resumed_at) << "fork " << i;
+    EXPECT_GT(CountPast(f, at), at) << "fork " << i << " stopped counting";
+    // Re-keyed: its own hostname, the host's clock, entropy of its own; its own writable layer
+    // (the source's write after the save is not there).
+    auto [who, wcode] =
+        RunSh(f, "hostname; cat /tmp/who 2>/dev/null; echo $(( $(date +%s) / 60 ))");
+    EXPECT_EQ(wcode, 0);
+    EXPECT_EQ(who,
+              "fork-" + std::to_string(i + 1) + "\n" + std::to_string(::time(nullptr) / 60) + "\n")
+        << "(a minute's turn in between fails this once)";
+    randoms.push_back(RunSh(f, "head -c 16 /dev/urandom | od -An -tx1").first);
+    EXPECT_EQ(RunSh(f, "echo " + std::to_string(i) + " > /tmp/mine; cat /tmp/mine").first,
+              std::to_string(i) + "\n");
+  }
+  ASSERT_EQ(randoms.size(), 2u);
+  EXPECT_NE(randoms[0], randoms[1]) << "two forks of one saved state drew the same random bytes";
+  EXPECT_EQ(RunSh(forks[0], "cat /tmp/mine").first, "0\n") << "the forks share a writable layer";
+
+  // A restore whose spec is not the saved box's shape fails, leaving nothing.
+  BoxSpec other = spec;
+  other.id = RandomId();
+  other.limits.memory_bytes = 512 << 20;
+  EXPECT_EQ(rt_->RestoreMemory(other, running).status().err(), EINVAL);
+
+  for (const Box& f : forks) {
+    ASSERT_TRUE(rt_->Destroy(f).ok());
+    EXPECT_TRUE(Dead(f.init_pid)) << "a fork's QEMU lives";
+  }
 }
 
 TEST_F(VmRuntimeTest, CreatesItCannotDoFailLeavingNothing) {
