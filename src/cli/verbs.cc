@@ -873,9 +873,14 @@ void RegisterRuntimes(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs)
       PrintJson(*r);
       return 0;
     }
-    Table t({"RUNTIME", "AVAILABLE", "WHY NOT"});
-    for (const auto& rt : (*r)["runtimes"])
-      t.Row({Str(rt, "name"), rt.value("available", false) ? "yes" : "no", Str(rt, "reason")});
+    Table t({"RUNTIME", "AVAILABLE", "WHY NOT", "ACCELERATOR"});
+    for (const auto& rt : (*r)["runtimes"]) {
+      std::string accel = Str(rt, "accelerator");
+      if (!accel.empty() && !Str(rt, "accelerator_reason").empty())
+        accel += " (" + Str(rt, "accelerator_reason") + ")";
+      t.Row(
+          {Str(rt, "name"), rt.value("available", false) ? "yes" : "no", Str(rt, "reason"), accel});
+    }
     t.Print();
     return 0;
   });

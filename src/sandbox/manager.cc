@@ -19,6 +19,7 @@
 #include "common/encoding.h"
 #include "common/fd.h"
 #include "common/fs.h"
+#include "runtime/box_host.h"
 #include "sandbox/manager_internal.h"
 #include "sandbox/secrets.h"
 #include "sandbox/start_ready.h"
@@ -311,7 +312,7 @@ Status Manager::Reconcile() {
     return dropped.status().Wrap("reconcile");
   auto live = store_.ListLiveSandboxes();
   if (!live.ok()) return live.status().Wrap("reconcile");
-  std::set<std::string> kept;
+  std::set<std::string> kept, saved;
   std::vector<SandboxRecord> adopted;
   for (auto& rec : *live) {
     std::string why;
@@ -320,7 +321,12 @@ Status Manager::Reconcile() {
       // recording the pause and removing the box; its files are in the recorded layers.
       Status destroyed = runtime_.Destroy(BoxOfRecord(rec));
       if (!destroyed.ok()) spdlog::warn("reconcile: {}", destroyed.message());
-      spdlog::info("reconcile: sandbox {} stays paused without memory", rec.id);
+      if (rec.saved_memory.empty())
+        spdlog::info("reconcile: sandbox {} stays paused without memory", rec.id);
+      else
+        spdlog::info("reconcile: sandbox {} stays paused, its memory in {}", rec.id,
+                     rec.saved_memory);
+      saved.insert(rec.saved_memory);
       continue;
     } else if (rec.state == store::kStateCreating) {
       why = "the daemon stopped while it was being created";
@@ -396,6 +402,16 @@ Status Manager::Reconcile() {
     if (!reaped.ok()) return reaped.status().Wrap("reconcile");
     if (*reaped > 0)
       spdlog::warn("reconcile: removed {} box(es) no record owns ({})", *reaped, owner);
+  }
+  // Saved memory no paused sandbox names (a crash between a save and its record, or during a
+  // fork) is removed.
+  if (!config_.data_dir.empty()) {
+    const std::string root = config_.data_dir + "/memory";
+    for (const auto& name : runtime::DirNames(root)) {
+      if (saved.count(root + "/" + name)) continue;
+      spdlog::warn("reconcile: removed saved memory {} no sandbox names", name);
+      (void)RemoveTree(root + "/" + name);
+    }
   }
   return {};
 }
@@ -526,7 +542,8 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
   if (*hidden) return storage::TemplateNotFound(tmpl_name);
 
   // A warm pool's box when one fits (pool.h): its disk is already taken.
-  auto claimed = ClaimPooled(key, req, tmpl_name);
+  auto claimed = req.restore_memory.empty() ? ClaimPooled(key, req, tmpl_name)
+                                            : Result<std::optional<SandboxRecord>>(std::nullopt);
   if (!claimed.ok()) {
     if (claimed.status().err() == EAGAIN && quota) quota->retry_after_s = 1;
     return claimed.status();
@@ -647,7 +664,7 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return why;
   };
 
-  auto box = MakeBox(rec, *tmpl, req.network, std::move(bound_secrets));
+  auto box = MakeBox(rec, *tmpl, req.network, std::move(bound_secrets), req.restore_memory);
   int64_t now = clock_.NowMs();
   if (!box.ok()) return failed(box.status(), box.status().message());
   SandboxRecord made = rec;
@@ -676,8 +693,9 @@ Result<SandboxRecord> Manager::Create(const store::ApiKeyRecord& key, const Crea
     return failed(put, error);
   }
   // The template's start command, and the create answers once its ready command says so; a
-  // template that never gets ready leaves no box (start_ready.h).
-  if (!tmpl->start_cmd.empty() || !tmpl->ready_cmd.empty()) {
+  // template that never gets ready leaves no box (start_ready.h). A box restored from memory
+  // runs what its source ran.
+  if (req.restore_memory.empty() && (!tmpl->start_cmd.empty() || !tmpl->ready_cmd.empty())) {
     StartReadySpec sr;
     sr.start_cmd = tmpl->start_cmd;
     sr.ready_cmd = tmpl->ready_cmd;
@@ -728,7 +746,8 @@ void Manager::Created(const store::ApiKeyRecord& key, const CreateRequest& req,
 
 Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Template& tmpl,
                                       const network::Policy& policy,
-                                      std::vector<network::SecretBinding> secrets) {
+                                      std::vector<network::SecretBinding> secrets,
+                                      const std::string& restore_memory) {
   bool networked = config_.network && policy.mode != network::Mode::kNone;
   runtime::BoxSpec spec;
   spec.id = rec.id;
@@ -764,7 +783,8 @@ Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Templat
       return stack->Attach(id, init_pid);
     };
   }
-  auto box = runtime_.Create(spec);
+  auto box =
+      restore_memory.empty() ? runtime_.Create(spec) : runtime_.RestoreMemory(spec, restore_memory);
   if (!box.ok()) return ForClients(rec.id, "create", box.status());
   return box;
 }
@@ -898,14 +918,17 @@ Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohman
     MutexLock g(mu_);
     boxes_.erase(rec.id);
   }
+  const std::string memory = std::exchange(rec.saved_memory, "");
   if (later) {
     box.init_pid = 0;  // reaped: the pid may be another process's by the time the job runs
-    cleanups_.Add(rec.id, [this, box] {
+    cleanups_.Add(rec.id, [this, box, memory] {
       if (Status d = runtime_.Destroy(box); !d.ok())
         spdlog::error("sandbox {}: killed, but its box was not removed: {}", box.id, d.message());
+      if (!memory.empty()) (void)RemoveTree(memory);
       ReleaseNetwork(box.id);
     });
   } else {
+    if (!memory.empty()) (void)RemoveTree(memory);
     ReleaseNetwork(rec.id);
   }
   rec.state = end_state;
@@ -946,6 +969,12 @@ Status Manager::RecordPause(const SandboxRecord& rec, const SandboxRecord& pause
 }
 
 Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
+  if (rec.runtime == "vm" && !config_.data_dir.empty()) {
+    // A VM's memory goes to disk: a paused VM then costs the host nothing but the file.
+    Status s = PauseMemoryLocked(rec, key_id);
+    if (s.err() != ENOTSUP) return s;
+    spdlog::info("sandbox {}: frozen, not saved: {}", rec.id, s.message());
+  }
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   // Freeze, then record. A pause the store cannot record (a full disk) is undone: a `running`
@@ -958,6 +987,72 @@ Status Manager::PauseLocked(SandboxRecord& rec, const std::string& key_id) {
   SBX_RETURN_IF_ERROR(RecordPause(rec, paused, *box));
   rec = paused;
   Audit("sandbox.pause", rec.id, key_id);
+  return {};
+}
+
+Result<std::string> Manager::NewMemoryDir(const std::string& name) {
+  const std::string root = config_.data_dir + "/memory";
+  SBX_RETURN_IF_ERROR(MakeDirs(root, 0700));
+  std::string dir = root + "/" + name + "-" + RandomId(8);
+  if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
+  return dir;
+}
+
+Status Manager::PauseMemoryLocked(SandboxRecord& rec, const std::string& key_id) {
+  auto box = BoxOf(rec.id);
+  if (!box.ok()) return box.status();
+  auto dir = NewMemoryDir(rec.id);
+  if (!dir.ok()) return dir.status().Wrap("pause " + rec.id);
+  // Saved, then stopped; a save that fails leaves the box running (SaveMemory).
+  if (Status s = runtime_.SaveMemory(*box, *dir, /*stop=*/true); !s.ok()) {
+    (void)RemoveTree(*dir);
+    return s.err() == ENOTSUP ? s : ForClients(rec.id, "pause", s);
+  }
+  SandboxRecord paused = rec;
+  paused.state = store::kStatePaused;
+  paused.on_disk = true;
+  paused.saved_memory = *dir;
+  paused.expires_at = 0;
+  paused.init_pid = 0;
+  paused.agent_socket.clear();
+  paused.box_dir.clear();
+  paused.updated_at = 0;
+  std::shared_ptr<AgentChannel> channel;
+  {
+    MutexLock g(mu_);
+    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
+    channels_.erase(rec.id);
+  }
+  if (channel) channel->Close();
+  if (Status put = store_.PutSandbox(paused); !put.ok()) {
+    // Not recorded: it runs again from what was saved, as its record says.
+    Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
+    (void)runtime_.Destroy(*box);
+    auto tmpl = storage::TemplateOfLayers(templates_, rec.layers);
+    Result<runtime::Box> again =
+        tmpl.ok() ? MakeBox(rec, *tmpl, network::Policy{}, {}, *dir) : tmpl.status();
+    (void)RemoveTree(*dir);
+    if (!again.ok()) {
+      {
+        MutexLock g(mu_);
+        boxes_.erase(rec.id);
+      }
+      return FailUnrecordable(rec, why, again.status());
+    }
+    MutexLock g(mu_);
+    boxes_[rec.id] = *again;
+    return why;
+  }
+  if (Status s = runtime_.Destroy(*box); !s.ok())
+    spdlog::error("sandbox {}: paused with its memory on disk, but its box was not removed: {}",
+                  rec.id, s.message());
+  {
+    MutexLock g(mu_);
+    boxes_.erase(rec.id);
+  }
+  ReleaseNetwork(rec.id);
+  rec = paused;
+  Audit("sandbox.pause", rec.id, key_id, {{"memory", true}, {"on_disk", true}});
   return {};
 }
 
@@ -1111,13 +1206,14 @@ Status Manager::ResumeFromDiskLocked(SandboxRecord& rec, const std::string& key_
     secrets = std::move(*bound);
   }
   SandboxRecord running = rec;
-  auto box = MakeBox(running, *tmpl, policy, std::move(secrets));
+  auto box = MakeBox(running, *tmpl, policy, std::move(secrets), rec.saved_memory);
   if (!box.ok()) {
     ReleaseNetwork(rec.id);
     return box.status().Wrap("resume " + rec.id);
   }
   running.state = store::kStateRunning;
   running.on_disk = false;
+  running.saved_memory.clear();
   running.init_pid = box->init_pid;
   running.agent_socket = box->agent_socket;
   running.box_dir = box->dir;
@@ -1139,13 +1235,16 @@ Status Manager::ResumeFromDiskLocked(SandboxRecord& rec, const std::string& key_
     ReleaseNetwork(rec.id);
     return put.Wrap("resume " + rec.id + ": not recorded, so not resumed");
   }
+  // Running from it now: the saved memory has served (its disk was copied).
+  if (!rec.saved_memory.empty()) (void)RemoveTree(rec.saved_memory);
+  Audit("sandbox.resume", rec.id, key_id, {{"memory", !rec.saved_memory.empty()}});
   rec = running;
-  Audit("sandbox.resume", rec.id, key_id, {{"memory", false}});
   return {};
 }
 
 Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
-                                             const SandboxRecord& rec, const std::string& name) {
+                                             const SandboxRecord& rec, const std::string& name,
+                                             bool files) {
   if (rec.state != store::kStateRunning && rec.state != store::kStatePaused)
     return Status::Error("sandbox " + rec.id + " is " + rec.state + "; try again once it runs",
                          EBUSY);
@@ -1157,7 +1256,7 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   std::string id = kSnapshotPrefix + RandomId(20);
   std::vector<std::string> layers = rec.layers;
   // Paused without memory, its files are its layers already.
-  if (!rec.on_disk) {
+  if (files && !rec.on_disk) {
     SBX_RETURN_IF_ERROR(CaptureLayer(rec, id, /*stay_frozen=*/false));
     layers.insert(layers.begin(), id);
   }
@@ -1201,16 +1300,50 @@ Result<std::vector<Result<SandboxRecord>>> Manager::Fork(const store::ApiKeyReco
   if (!owned.ok()) return owned.status();
   SandboxRecord src;
   SnapshotInfo snap;
+  // A vm sandbox forks with its memory: saved here (it runs on) or where its pause saved it; the
+  // forks start from that, and the snapshot is its layers alone.
+  std::string memory, made_memory;
   {
     Transition t(*this, id, "fork");
     auto rec = LiveRecord(id);
     if (!rec.ok()) return rec.status();
-    auto taken = SnapshotLocked(key, *rec, "");
-    if (!taken.ok()) return taken.status();
+    bool with_memory = rec->runtime == "vm" && !config_.data_dir.empty();
+    if (with_memory && !rec->saved_memory.empty()) {
+      // Paused on disk: linked, not copied (a resume of the source meanwhile removes its own).
+      auto dir = NewMemoryDir("fork-" + rec->id);
+      if (!dir.ok()) return dir.status().Wrap("fork " + id);
+      for (const char* f : {"memory", "disk.img", "cfg.img", "shape"}) {
+        std::string from = rec->saved_memory + "/" + f, to = *dir + "/" + f;
+        if (::link(from.c_str(), to.c_str()) != 0) {
+          Status s = Status::Errno("fork " + id + ": link its saved " + f);
+          (void)RemoveTree(*dir);
+          return s;
+        }
+      }
+      memory = made_memory = *dir;
+    } else if (with_memory && rec->state == store::kStateRunning) {
+      auto box = BoxOf(rec->id);
+      if (!box.ok()) return box.status();
+      auto dir = NewMemoryDir("fork-" + rec->id);
+      if (!dir.ok()) return dir.status().Wrap("fork " + id);
+      if (Status s = runtime_.SaveMemory(*box, *dir, /*stop=*/false); !s.ok()) {
+        (void)RemoveTree(*dir);
+        return ForClients(id, "fork", s);
+      }
+      memory = made_memory = *dir;
+    } else if (with_memory) {
+      return Status::Error("sandbox " + id + " is paused in memory; resume it to fork it", EBUSY);
+    }
+    auto taken = SnapshotLocked(key, *rec, "", /*files=*/memory.empty());
+    if (!taken.ok()) {
+      if (!made_memory.empty()) (void)RemoveTree(made_memory);
+      return taken.status();
+    }
     src = *rec;
     snap = *taken;
   }
   CreateRequest req;
+  req.restore_memory = memory;
   req.template_name = snap.id;
   req.env = src.env;
   for (const auto& ref : src.secrets) {
@@ -1229,16 +1362,19 @@ Result<std::vector<Result<SandboxRecord>>> Manager::Fork(const store::ApiKeyReco
   req.mask_request_host = src.mask_request_host;
   std::vector<Result<SandboxRecord>> out;
   for (int i = 0; i < count; ++i) out.push_back(Create(key, req));
+  // Each fork copied what it needed of the saved memory.
+  if (!made_memory.empty()) (void)RemoveTree(made_memory);
   // Only the forks needed it: their pins keep its layer while they live.
   if (Status s = builds_->DeleteSnapshot(key, snap.id); !s.ok())
     spdlog::warn("fork of {}: its snapshot {} stays: {}", id, snap.id, s.message());
-  Audit("sandbox.fork", id, key.id, {{"count", count}, {"forks", [&] {
-                                                          nlohmann::json ids =
-                                                              nlohmann::json::array();
-                                                          for (const auto& r : out)
-                                                            ids.push_back(r.ok() ? r->id : "");
-                                                          return ids;
-                                                        }()}});
+  Audit("sandbox.fork", id, key.id,
+        {{"count", count}, {"memory", !memory.empty()}, {"forks", [&] {
+                                                           nlohmann::json ids =
+                                                               nlohmann::json::array();
+                                                           for (const auto& r : out)
+                                                             ids.push_back(r.ok() ? r->id : "");
+                                                           return ids;
+                                                         }()}});
   return out;
 }
 
@@ -1472,7 +1608,7 @@ Result<std::optional<Manager::OwnedSandbox>> Manager::OwnedBy(const std::string&
   auto rec = Record(id);
   if (!rec.ok()) return rec.status();
   bool resumable = auto_resumable && *rec && (*rec)->state == store::kStatePaused &&
-                   (*rec)->auto_resume && !(*rec)->on_disk;
+                   (*rec)->auto_resume && (!(*rec)->on_disk || !(*rec)->saved_memory.empty());
   if (!*rec || ((*rec)->state != store::kStateRunning && !resumable))
     return std::optional<OwnedSandbox>();
   auto key = store_.GetApiKey((*rec)->owner_key_id);
@@ -1488,7 +1624,8 @@ Result<SandboxRecord> Manager::AutoResume(const store::ApiKeyRecord& owner, cons
   auto rec = LiveRecord(id);
   if (!rec.ok()) return rec.status();
   if (rec->state == store::kStateRunning) return *rec;
-  if (rec->state != store::kStatePaused || !rec->auto_resume || rec->on_disk)
+  if (rec->state != store::kStatePaused || !rec->auto_resume ||
+      (rec->on_disk && rec->saved_memory.empty()))
     return Status::Error("sandbox " + id + " is " + rec->state + " and not resumed by requests",
                          EBUSY);
   SBX_RETURN_IF_ERROR(ResumeLocked(*rec, owner.id));

@@ -179,6 +179,9 @@ struct CreateRequest {
   // The runtime to run under instead of the template's (runtime::kRuntimeNames): operator keys,
   // and keys whose ApiKeyRecord::runtimes name it. "": the template's, else native.
   std::string runtime;
+  // Internal, never from a client: a box's saved memory (runtime::Runtime::SaveMemory) to start
+  // from instead of a boot (a fork of a vm sandbox). No pool, no start command.
+  std::string restore_memory;
 };
 inline constexpr size_t kMaxSecrets = 64;
 inline constexpr int kMaxForks = 100;  // per fork call, as E2B
@@ -490,15 +493,24 @@ class Manager {
   // with `stay_frozen`) into the template cache as layer `layer_id`, pinned for the sandbox.
   Status CaptureLayer(const store::SandboxRecord& rec, const std::string& layer_id,
                       bool stay_frozen);
-  // Snapshot under the sandbox's Transition.
+  // Snapshot under the sandbox's Transition. Without `files` the snapshot is the sandbox's
+  // layers alone (a vm fork's: its files travel with its saved memory).
   Result<SnapshotInfo> SnapshotLocked(const store::ApiKeyRecord& key,
-                                      const store::SandboxRecord& rec, const std::string& name);
+                                      const store::SandboxRecord& rec, const std::string& name,
+                                      bool files = true);
   // Makes the box of `rec` from `tmpl`'s layers and binds, with a network for `policy` (its
   // `secrets` bound) when the daemon has one; rec.env gets the network's variables. A network
-  // prepared for it is the caller's to release when this fails.
+  // prepared for it is the caller's to release when this fails. With `restore_memory` the box
+  // starts from that saved memory instead of a boot.
   Result<runtime::Box> MakeBox(store::SandboxRecord& rec, const storage::Template& tmpl,
                                const network::Policy& policy,
-                               std::vector<network::SecretBinding> secrets);
+                               std::vector<network::SecretBinding> secrets,
+                               const std::string& restore_memory = "");
+  // Pauses a vm sandbox with its memory saved to disk (its box stops: the host's memory is
+  // freed). ENOTSUP, before anything changes, for a box QEMU cannot save.
+  Status PauseMemoryLocked(store::SandboxRecord& rec, const std::string& key_id);
+  // A new directory for a box's saved memory, under <data_dir>/memory.
+  Result<std::string> NewMemoryDir(const std::string& name);
   // Writes `paused`, the record of the pause of `rec` whose box is frozen; a write that fails
   // thaws the box again (the pause did not happen), or, when that fails too, fails the sandbox.
   Status RecordPause(const store::SandboxRecord& rec, const store::SandboxRecord& paused,

@@ -249,6 +249,11 @@ ALTER TABLE templates ADD COLUMN runtime TEXT NOT NULL DEFAULT '';
 ALTER TABLE api_keys ADD COLUMN runtimes TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 17: a vm sandbox paused with its memory on disk records where (issue 15).
+constexpr char kV17[] = R"sql(
+ALTER TABLE sandboxes ADD COLUMN saved_memory TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -269,6 +274,7 @@ const std::vector<Migration>& Migrations() {
       {14, "template_owners: the key that built a template through an API", kV14},
       {15, "sandboxes.layers, on_disk, pause_memory, auto_resume; templates.sandbox_id", kV15},
       {16, "sandboxes.runtime, templates.runtime, api_keys.runtimes", kV16},
+      {17, "sandboxes.saved_memory", kV17},
   };
   return kAll;
 }

@@ -25,7 +25,7 @@ constexpr char kSandboxColumns[] =
     "id, template, state, owner_key_id, metadata, env, limits, timeout_ms, on_timeout, "
     "created_at, updated_at, expires_at, ended_at, init_pid, agent_socket, box_dir, error, "
     "public_ports, id_base, idmapped, defaults, network, egress_rules, mask_request_host, "
-    "secrets, layers, on_disk, pause_memory, auto_resume, runtime";
+    "secrets, layers, on_disk, pause_memory, auto_resume, runtime, saved_memory";
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
@@ -209,7 +209,8 @@ Result<SandboxRecord> ReadSandbox(const Statement& st) {
   r.on_disk = st.ColumnInt(26) != 0;
   r.pause_memory = st.ColumnInt(27) != 0;
   r.auto_resume = st.ColumnInt(28) != 0;
-  r.runtime = st.ColumnText(29);  // version 16
+  r.runtime = st.ColumnText(29);       // version 16
+  r.saved_memory = st.ColumnText(30);  // version 17
   return r;
 }
 
@@ -447,7 +448,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
   Result<Statement> st = db_->Prepare(
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-      "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
+      "?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"
       " ON CONFLICT (id) DO UPDATE SET template = excluded.template, state = excluded.state,"
       " owner_key_id = excluded.owner_key_id, metadata = excluded.metadata, env = excluded.env,"
       " limits = excluded.limits, timeout_ms = excluded.timeout_ms,"
@@ -461,7 +462,7 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       " mask_request_host = excluded.mask_request_host, secrets = excluded.secrets,"
       " layers = excluded.layers, on_disk = excluded.on_disk,"
       " pause_memory = excluded.pause_memory, auto_resume = excluded.auto_resume,"
-      " runtime = excluded.runtime");
+      " runtime = excluded.runtime, saved_memory = excluded.saved_memory");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, r.id)
       .BindText(2, r.template_name)
@@ -492,7 +493,8 @@ Status Store::PutSandboxLocked(const SandboxRecord& r) {
       .BindInt(27, r.on_disk ? 1 : 0)
       .BindInt(28, r.pause_memory ? 1 : 0)
       .BindInt(29, r.auto_resume ? 1 : 0)
-      .BindText(30, r.runtime.empty() ? kRuntimeNative : r.runtime);
+      .BindText(30, r.runtime.empty() ? kRuntimeNative : r.runtime)
+      .BindText(31, r.saved_memory);
   return st->Run().Wrap(what);
 }
 

@@ -128,6 +128,9 @@ struct SandboxRecord {
   bool pause_memory = true;
   // The runtime its box runs under (version 16; kRuntimeNative before).
   std::string runtime = kRuntimeNative;
+  // Paused with its memory on disk (version 17; the vm runtime): the directory its box's memory
+  // was saved in (runtime::Runtime::SaveMemory), with on_disk set. Empty otherwise.
+  std::string saved_memory;
   // A paused sandbox (with memory) is resumed by the first request for its envd or its ports
   // that proves its right to them (E2B's autoResume).
   bool auto_resume = false;

@@ -365,6 +365,11 @@ TEST_F(StoreTest, SandboxRoundTrip) {
   r.runtime = "gvisor";
   ASSERT_TRUE(store->PutSandbox(r).ok());
   EXPECT_EQ((*store->GetSandbox("sb_rt"))->runtime, "gvisor");
+  // Version 17: where its memory was saved (none until set).
+  EXPECT_EQ((*store->GetSandbox("sb_rt"))->saved_memory, "");
+  r.saved_memory = "/data/memory/sb_rt-1";
+  ASSERT_TRUE(store->PutSandbox(r).ok());
+  EXPECT_EQ((*store->GetSandbox("sb_rt"))->saved_memory, r.saved_memory);
 
   // Replace.
   r.state = kStateFailed;

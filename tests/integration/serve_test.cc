@@ -1096,13 +1096,17 @@ TEST_F(ServeTest, AVmSandboxRunsOnItsOwnKernelThroughTheSameApi) {
   json made = d_->Json("POST", "/v1/sandboxes", {{"runtime", "vm"}}, 201);
   std::string id = made.value("id", "");
   EXPECT_EQ(made["runtime"], "vm");
-  auto r = d_->Exec(id, {{"command", "uname -r; cat /proc/1/comm"}});
+  // The create answer says what the VM runs on, as GET /v1/runtimes does (and why).
+  EXPECT_TRUE(made["accelerator"] == "kvm" || made["accelerator"] == "tcg") << made.dump();
+  EXPECT_EQ(made["accelerator"], vm["accelerator"]);
+  EXPECT_FALSE(vm.value("accelerator_reason", "").empty()) << vm.dump();
+  // /root (0700) is open to the guest's root: the host template's layer reaches the guest as a
+  // stack image with its files' owners as stored (docs/isolation.md, "The vm runtime").
+  auto r = d_->Exec(id, {{"command", "uname -r; cat /proc/1/comm; ls -A /root > /dev/null"}});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.find(*ReadFile("/proc/sys/kernel/osrelease")), std::string::npos)
       << "the host's kernel answered: " << r.out;
   EXPECT_NE(r.out.find("sbx-agent"), std::string::npos) << r.out;
-  // (Not in /root: QEMU reads the layers as the box's id, so a layer's root-only directories are
-  // closed to the guest; docs/isolation.md, "The vm runtime".)
   EXPECT_EQ(d_->Call("PUT", "/v1/sandboxes/" + id + "/files?path=/home/user/f", "vm file").status,
             200);
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/home/user/f").body, "vm file");
@@ -1113,6 +1117,87 @@ TEST_F(ServeTest, AVmSandboxRunsOnItsOwnKernelThroughTheSameApi) {
   EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + id + "?wait=true").status, 204);
   EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-vm)\"").c_str()), 0);
   EXPECT_EQ(ReadFile("/proc/self/mountinfo")->find(dir_ + "/run-vm/" + id), std::string::npos);
+}
+
+// Issue 15: a vm sandbox of a template of its own (no host directories shared: QEMU can save
+// it) pauses with its memory on disk, which survives a restart of the daemon; resumed, and in
+// each of two forks, a process of it keeps counting where it stood. Killing them leaves nothing.
+TEST_F(ServeTest, AVmSandboxPausesToDiskResumesAndForksWithItsMemory) {
+  json rts = d_->Json("GET", "/v1/runtimes")["runtimes"], vm;
+  for (const auto& r : rts)
+    if (r["name"] == "vm") vm = r;
+  if (!vm.value("available", false))
+    GTEST_SKIP() << "the vm runtime is not available here: " << vm.value("reason", "?");
+  const std::string rootfs = dir_ + "/busybox-rootfs";
+  ASSERT_EQ(
+      ::system(("mkdir -p " + rootfs + "/bin " + rootfs + "/etc " + rootfs + "/tmp " + rootfs +
+                "/root && chmod 1777 " + rootfs + "/tmp && cp /bin/busybox " + rootfs +
+                "/bin/ && for a in $(/bin/busybox --list | grep -vx busybox); do ln -sf busybox " +
+                rootfs + "/bin/$a; done && echo root:x:0:0::/root:/bin/sh > " + rootfs +
+                "/etc/passwd && echo root:x:0: > " + rootfs + "/etc/group")
+                   .c_str()),
+      0);
+  auto add = RunProcess({SBX_BIN, "--data-dir", dir_, "template", "add", "busy-vm", rootfs});
+  ASSERT_EQ(add.exit_code, 0) << add.err;
+  auto set = RunProcess({SBX_BIN, "--data-dir", dir_, "template", "runtime", "busy-vm", "vm"});
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  json made = d_->Json("POST", "/v1/sandboxes", {{"template", "busy-vm"}}, 201);
+  const std::string id = made.value("id", "");
+  ASSERT_EQ(made["runtime"], "vm");
+  auto sh = [&](const std::string& sandbox, const std::string& command) {
+    return d_->Exec(sandbox, {{"argv", {"/bin/sh", "-c", command}}});
+  };
+  ASSERT_EQ(sh(id,
+               "setsid sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > "
+               "/tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
+                .exit_code,
+            0);
+  // The counter's value once past `above` (each look is a command).
+  auto count_past = [&](const std::string& sandbox, int64_t above) -> int64_t {
+    for (int i = 0; i < 200; ++i) {
+      auto r = sh(sandbox, "cat /tmp/count 2>/dev/null");
+      int64_t n = r.exit_code == 0 ? std::strtoll(r.out.c_str(), nullptr, 10) : 0;
+      if (n > above) return n;
+    }
+    return -1;
+  };
+  const int64_t before = count_past(id, 0);
+  ASSERT_GT(before, 0);
+  const std::string pid = sh(id, "cat /tmp/pid").out;
+
+  EXPECT_EQ(d_->Json("POST", "/v1/sandboxes/" + id + "/pause")["state"], "paused");
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-vm)\"").c_str()), 0)
+      << "a paused vm sandbox keeps its QEMU";
+  EXPECT_EQ(::system(("test -n \"$(ls " + dir_ + "/memory)\"").c_str()), 0) << "no saved memory";
+  d_->Stop();
+  d_->Start();
+  EXPECT_EQ(d_->Json("GET", "/v1/sandboxes/" + id)["state"], "paused");
+  EXPECT_EQ(d_->Json("POST", "/v1/sandboxes/" + id + "/resume")["state"], "running");
+  EXPECT_EQ(sh(id, "cat /tmp/pid").out, pid) << "not the same process";
+  const int64_t resumed = count_past(id, before);
+  EXPECT_GT(resumed, before);
+  EXPECT_LT(resumed, before + 200) << "the counter started over";
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/memory)\"").c_str()), 0)
+      << "the saved memory stays after the resume";
+
+  json forks = d_->Json("POST", "/v1/sandboxes/" + id + "/fork", {{"count", 2}}, 201);
+  EXPECT_EQ(forks["memory"], true);
+  ASSERT_EQ(forks["forks"].size(), 2u) << forks.dump();
+  std::vector<std::string> ids = {id};
+  for (const auto& f : forks["forks"]) {
+    ASSERT_TRUE(f.contains("sandbox")) << f.dump();
+    const std::string fid = f["sandbox"]["id"];
+    ids.push_back(fid);
+    EXPECT_EQ(sh(fid, "cat /tmp/pid").out, pid) << "fork " << fid;
+    const int64_t at = count_past(fid, resumed);
+    EXPECT_GT(at, resumed) << "fork " << fid;
+    EXPECT_GT(count_past(fid, at), at) << "fork " << fid << " stopped counting";
+  }
+  EXPECT_GT(count_past(id, resumed), resumed) << "the source stopped counting after the fork";
+  for (const auto& s : ids)
+    EXPECT_EQ(d_->Call("DELETE", "/v1/sandboxes/" + s + "?wait=true").status, 204);
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/run-vm)\"").c_str()), 0);
+  EXPECT_EQ(::system(("test -z \"$(ls " + dir_ + "/memory)\"").c_str()), 0);
 }
 
 // Issue 15 (threat 46 under the oci runtimes): a runc box maps its own range of host ids from the

@@ -59,6 +59,10 @@ void Health(http::Router& r, ApiContext& ctx) {
           for (const auto& rt : ctx.manager.Runtimes()) {
             json j = {{"name", rt.name}, {"available", rt.available}};
             if (!rt.available) j["reason"] = rt.why;
+            if (!rt.accelerator.empty()) {
+              j["accelerator"] = rt.accelerator;
+              j["accelerator_reason"] = rt.accelerator_why;
+            }
             out.push_back(j);
           }
           json body = {{"runtimes", out}};

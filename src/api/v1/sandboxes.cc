@@ -40,7 +40,8 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
             {"timeout", static_cast<double>(r.timeout_ms) / 1000.0},
             {"on_timeout", r.on_timeout},
             {"pause_memory", r.pause_memory},
-            // Paused without memory: no box until it is resumed (a new boot).
+            // Paused without a box: without memory (its resume is a new boot), or a VM's memory
+            // saved to disk.
             {"on_disk", r.on_disk},
             {"auto_resume", r.auto_resume},
             {"created_at", IsoTime(r.created_at)},
@@ -54,6 +55,10 @@ json SandboxJson(const ApiContext& ctx, const sandbox::ApiKeyRecord& key,
             {"traffic_token",
              owner ? json(TrafficToken(ctx.secret, r.owner_key_id, r.id)) : json(nullptr)}};
   if (!r.error.empty()) j["error"] = r.error;
+  // What a VM runs on here (KVM when a probe boot showed it works, else TCG).
+  if (r.runtime == "vm")
+    for (const auto& rt : ctx.manager.Runtimes())
+      if (rt.name == r.runtime && !rt.accelerator.empty()) j["accelerator"] = rt.accelerator;
   return j;
 }
 
@@ -417,8 +422,12 @@ void Sandboxes(http::Router& r, ApiContext& ctx) {
             items.push_back({{"error", {{"code", a.code}, {"message", f.status().what()}}}});
           }
         }
-        // The native runtime forks files, not memory: the forks' processes are not running.
-        json answer = {{"forks", items}, {"memory", false}};
+        // A vm sandbox forks with its memory (its processes run on in each fork); the others
+        // fork files, not memory: the forks' processes are not running.
+        bool memory = false;
+        for (const auto& f : *forks)
+          if (f.ok() && f->runtime == "vm") memory = true;
+        json answer = {{"forks", items}, {"memory", memory}};
         co_await ex.RespondJson(201, answer);
       }));
 }
