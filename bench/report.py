@@ -1123,6 +1123,22 @@ def _runtimes_section(results, w):
             for e in r.get("errors", []):
                 w(f"| | error: `{_one_line(e)}` |||||")
         w("")
+    vr = s.get("vm_restore")
+    if vr:
+        w("**Memory restore versus cold boot (vm).** A template of a static busybox alone (no "
+          "host directory shared, so QEMU can save its boxes), memory 256 MiB. Per round: "
+          "create to the first command's exit (a cold boot), pause (the guest's memory saved to "
+          "disk, its QEMU stopped), resume to the first command's exit (a restore). "
+          "Milliseconds, P50 (P95).\n")
+        if vr.get("error"):
+            w(f"**Failed**: `{_one_line(vr['error'])}`\n")
+        else:
+            w("| cold boot to first command | pause to disk | restore to first command | "
+              "restore / cold |")
+            w("|---:|---:|---:|---:|")
+            w(f"| {cell(vr.get('cold'))} | {cell(vr.get('pause'))} | {cell(vr.get('restore'))} | "
+              f"{_ratio(vr.get('ratio_restore_to_cold'))} |")
+            w("")
 
 
 def _hotpaths_section(results, w):
