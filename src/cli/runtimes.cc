@@ -47,6 +47,8 @@ void AddHostRuntimes(runtime::Router& router, const GlobalOptions& global,
         c.cgroup_parent = p;
       c.run_dir = RunDir(global, o);
       c.agent_path = agent_path;
+      // Beside sbx-agent, as the build and an install put it.
+      c.preload_path = agent_path.substr(0, agent_path.rfind('/') + 1) + "sbx-gvisor-preload.so";
       c.id_pool = pool;
       auto rt = runtime::OciRuntime::Open(c);
       if (rt.ok())

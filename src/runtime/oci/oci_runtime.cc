@@ -52,6 +52,7 @@ using Clock = std::chrono::steady_clock;
 // Where sbx's pieces appear inside every box.
 constexpr char kAgentInside[] = "/.sbx/sbx-agent";
 constexpr char kSockInside[] = "/.sbx/run";  // gVisor: the directory the agent binds its socket in
+constexpr char kPreloadInside[] = "/.sbx/preload.so";  // gVisor: sbx-gvisor-preload.so
 constexpr auto kAgentWait = std::chrono::seconds(30);
 constexpr auto kStopWait = std::chrono::seconds(5);
 constexpr auto kCommandWait = std::chrono::seconds(60);  // any one call of the binary
@@ -532,6 +533,11 @@ Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
   std::unique_ptr<OciRuntime> rt(
       new OciRuntime(config, kind, binary, version, std::move(cg).value()));
   SBX_RETURN_IF_ERROR(InstallAgent(config.agent_path, rt->AgentCopy()).Wrap(who));
+  if (kind == OciKind::kGvisor && !config.preload_path.empty() &&
+      ::access(config.preload_path.c_str(), R_OK) == 0) {
+    SBX_RETURN_IF_ERROR(InstallAgent(config.preload_path, rt->PreloadCopy()).Wrap(who));
+    rt->preload_ = true;
+  }
 
   // The probe: a container made as boxes are (user namespace, idmapped layer and bind, overlay
   // root, cgroups, seccomp) running the host's /bin/true. Remembered for this boot and this
@@ -791,6 +797,16 @@ Status OciRuntime::Prepare(Creation& c) {
   }
   SBX_RETURN_IF_ERROR(WriteFile(up + kAgentInside, "", 0555));
   if (::chown((up + kAgentInside).c_str(), base, base) != 0) return Status::Errno("chown agent");
+  if (preload_) {
+    // gVisor: the preloaded statx fix (gvisor_preload.c) and /etc/ld.so.preload naming it.
+    if (::mkdir((up + "/etc").c_str(), 0755) != 0 ||
+        ::chown((up + "/etc").c_str(), base, base) != 0)
+      return Status::Errno("mkdir " + up + "/etc");
+    for (const char* p : {kPreloadInside, "/etc/ld.so.preload"}) {
+      SBX_RETURN_IF_ERROR(WriteFile(up + p, "", 0444));
+      if (::chown((up + p).c_str(), base, base) != 0) return Status::Errno("chown " + up + p);
+    }
+  }
   // gVisor: /tmp in the writable layer, as in every other box. Where a bundle mounts nothing
   // there runsc mounts a tmpfs of the Sentry's own, which no disk limit covers and no snapshot
   // sees; so /tmp is bound to itself (the root's own /tmp, below: made here, sticky, when no
@@ -871,6 +887,12 @@ Status OciRuntime::Prepare(Creation& c) {
     if (!boot_id.ok()) return boot_id.status();
     SBX_RETURN_IF_ERROR(WriteFile(d + "/boot_id", *boot_id + "\n", 0444));
     binds.push_back({d + "/boot_id", "/proc/sys/kernel/random/boot_id", true});
+    if (preload_) {
+      SBX_RETURN_IF_ERROR(
+          WriteFile(d + "/ld.so.preload", std::string(kPreloadInside) + "\n", 0444));
+      binds.push_back({PreloadCopy(), kPreloadInside, true});
+      binds.push_back({d + "/ld.so.preload", "/etc/ld.so.preload", true});
+    }
   } else if (c.args.size() > 1 && c.args[1] == "--listen-fd") {
     auto l = ListenUnix(d + "/agent.sock");
     if (!l.ok()) return l.status();

@@ -44,10 +44,13 @@ namespace sbx::runtime {
 struct OciConfig {
   // Which runtime this is (kRuntimeNames): "gvisor" (binary runsc) or "runc".
   std::string name = "gvisor";
-  std::string binary = "runsc";       // a path, or a name looked up on PATH (and the sbin dirs)
-  std::string platform = "ptrace";    // runsc --platform: ptrace here, kvm where /dev/kvm is usable
-  std::string run_dir;                // per-box directories and the binary's state
-  std::string agent_path;             // sbx-agent, copied into run_dir and bound into every box
+  std::string binary = "runsc";     // a path, or a name looked up on PATH (and the sbin dirs)
+  std::string platform = "ptrace";  // runsc --platform: ptrace here, kvm where /dev/kvm is usable
+  std::string run_dir;              // per-box directories and the binary's state
+  std::string agent_path;           // sbx-agent, copied into run_dir and bound into every box
+  // gVisor: sbx-gvisor-preload.so (gvisor_preload.c), copied into run_dir and preloaded into the
+  // box's programs through /etc/ld.so.preload. "" or missing: none (`ls -l` fails in the box).
+  std::string preload_path;
   std::string cgroup_parent = "sbx";  // under the caller's own cgroup, as the native runtime's
   // Where boxes whose spec names no range get one (not owned; must outlive the runtime). nullptr:
   // they share id_base.
@@ -106,6 +109,7 @@ class OciRuntime : public Runtime {
   Status DestroyBox(const Box& box, const std::string* keep_upper);
   std::string Dir(const std::string& id) const { return config_.run_dir + "/" + id; }
   std::string AgentCopy() const { return config_.run_dir + "/.sbx-agent"; }
+  std::string PreloadCopy() const { return config_.run_dir + "/.sbx-preload.so"; }
   // RLIMIT_NOFILE in a box: the native runtime's 65536, or less where this process has less.
   static int64_t BoxNofile();
   // The limits the binary is started with for a `create`, inherited by the box (runc: see
@@ -116,6 +120,7 @@ class OciRuntime : public Runtime {
 
   const OciConfig config_;
   const OciKind kind_;
+  bool preload_ = false;  // gVisor: PreloadCopy() is installed
   const std::string binary_;
   const std::string version_;
   const CgroupHost cgroups_;
