@@ -22,7 +22,10 @@
 
 namespace sbx::runtime {
 
-Result<UniqueFd> ListenUnix(const std::string& path) {
+namespace {
+
+// A unix stream socket (close-on-exec) connected to `path`, or bound there (0600) and listening.
+Result<UniqueFd> UnixSocket(const std::string& path, bool listen) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path)
@@ -30,12 +33,22 @@ Result<UniqueFd> ListenUnix(const std::string& path) {
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Status::Errno("socket");
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    return Status::Errno("bind " + path);
+  auto* a = reinterpret_cast<sockaddr*>(&addr);
+  if (!listen) {
+    if (::connect(fd.get(), a, sizeof addr) != 0) return Status::Errno("connect " + path);
+    return fd;
+  }
+  if (::bind(fd.get(), a, sizeof addr) != 0) return Status::Errno("bind " + path);
   if (::chmod(path.c_str(), 0600) != 0) return Status::Errno("chmod " + path);
   if (::listen(fd.get(), 128) != 0) return Status::Errno("listen " + path);
   return fd;
 }
+
+}  // namespace
+
+Result<UniqueFd> ConnectUnix(const std::string& path) { return UnixSocket(path, false); }
+
+Result<UniqueFd> ListenUnix(const std::string& path) { return UnixSocket(path, true); }
 
 bool IsOrphan(const std::string& dir, const std::string& owner) {
   UniqueFd fd(::open((dir + "/owner").c_str(), O_RDONLY | O_CLOEXEC));

@@ -15,6 +15,8 @@ namespace sbx::runtime {
 
 // A unix socket bound at `path` (0600) and listening.
 Result<UniqueFd> ListenUnix(const std::string& path);
+// A unix stream socket connected to `path` (close-on-exec).
+Result<UniqueFd> ConnectUnix(const std::string& path);
 
 // Whether box directory `dir` is an orphan of `owner`: its owner file names `owner` and nobody
 // holds its lock. A box directory gets its name only with its owner file in it; one without was

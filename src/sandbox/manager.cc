@@ -892,17 +892,32 @@ network::Policy Manager::PolicyOf(const store::SandboxRecord& rec) {
   return {};
 }
 
+void Manager::CloseChannel(const std::string& id) {
+  std::shared_ptr<AgentChannel> channel;
+  {
+    MutexLock g(mu_);
+    if (auto it = channels_.find(id); it != channels_.end()) channel = it->second;
+    channels_.erase(id);
+  }
+  if (channel) channel->Close();
+}
+
+void Manager::RemovePausedBox(const runtime::Box& box, const char* how) {
+  if (Status s = runtime_.Destroy(box); !s.ok())
+    spdlog::error("sandbox {}: paused {}, but its box was not removed: {}", box.id, how,
+                  s.message());
+  {
+    MutexLock g(mu_);
+    boxes_.erase(box.id);
+  }
+  ReleaseNetwork(box.id);
+}
+
 Status Manager::KillLocked(SandboxRecord rec, const std::string& reason, nlohmann::json detail,
                            const char* end_state) {
   runtime::Box box{rec.id};
   if (auto b = BoxOf(rec.id); b.ok()) box = *b;
-  std::shared_ptr<AgentChannel> channel;
-  {
-    MutexLock g(mu_);
-    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
-    channels_.erase(rec.id);
-  }
-  if (channel) channel->Close();
+  CloseChannel(rec.id);
   // The host first: a sandbox must never be recorded ended while its box still runs (nothing
   // would ever stop it). Its processes are killed here; the rest of the box (files, cgroups,
   // network) is removed after the answer (cleanups.h), or here when the store cannot write:
@@ -1017,13 +1032,7 @@ Status Manager::PauseMemoryLocked(SandboxRecord& rec, const std::string& key_id)
   paused.agent_socket.clear();
   paused.box_dir.clear();
   paused.updated_at = 0;
-  std::shared_ptr<AgentChannel> channel;
-  {
-    MutexLock g(mu_);
-    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
-    channels_.erase(rec.id);
-  }
-  if (channel) channel->Close();
+  CloseChannel(rec.id);
   if (Status put = store_.PutSandbox(paused); !put.ok()) {
     // Not recorded: it runs again from what was saved, as its record says.
     Status why = put.Wrap("pause " + rec.id + ": not recorded, so not paused");
@@ -1043,14 +1052,7 @@ Status Manager::PauseMemoryLocked(SandboxRecord& rec, const std::string& key_id)
     boxes_[rec.id] = *again;
     return why;
   }
-  if (Status s = runtime_.Destroy(*box); !s.ok())
-    spdlog::error("sandbox {}: paused with its memory on disk, but its box was not removed: {}",
-                  rec.id, s.message());
-  {
-    MutexLock g(mu_);
-    boxes_.erase(rec.id);
-  }
-  ReleaseNetwork(rec.id);
+  RemovePausedBox(*box, "with its memory on disk");
   rec = paused;
   Audit("sandbox.pause", rec.id, key_id, {{"memory", true}, {"on_disk", true}});
   return {};
@@ -1174,21 +1176,8 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
   // (it destroys the box of a sandbox paused on disk); the other order would lose the box's
   // files with a record that still says running.
   SBX_RETURN_IF_ERROR(RecordPause(rec, paused, *box));
-  std::shared_ptr<AgentChannel> channel;
-  {
-    MutexLock g(mu_);
-    if (auto it = channels_.find(rec.id); it != channels_.end()) channel = it->second;
-    channels_.erase(rec.id);
-  }
-  if (channel) channel->Close();
-  if (Status s = runtime_.Destroy(*box); !s.ok())
-    spdlog::error("sandbox {}: paused on disk, but its box was not removed: {}", rec.id,
-                  s.message());
-  {
-    MutexLock g(mu_);
-    boxes_.erase(rec.id);
-  }
-  ReleaseNetwork(rec.id);
+  CloseChannel(rec.id);
+  RemovePausedBox(*box, "on disk");
   rec = paused;
   Audit("sandbox.pause", rec.id, key_id, {{"memory", false}, {"layer", layer_id}});
   return {};

@@ -506,6 +506,11 @@ class Manager {
                                const network::Policy& policy,
                                std::vector<network::SecretBinding> secrets,
                                const std::string& restore_memory = "");
+  // Closes the agent channel of sandbox `id` (its box is going).
+  void CloseChannel(const std::string& id);
+  // The box of a sandbox whose pause was recorded without one goes (processes, files, network);
+  // `how` for the log when it cannot.
+  void RemovePausedBox(const runtime::Box& box, const char* how);
   // Pauses a vm sandbox with its memory saved to disk (its box stops: the host's memory is
   // freed). ENOTSUP, before anything changes, for a box QEMU cannot save.
   Status PauseMemoryLocked(store::SandboxRecord& rec, const std::string& key_id);

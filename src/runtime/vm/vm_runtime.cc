@@ -264,20 +264,6 @@ Result<UniqueFd> BoxFile(const std::string& path, uint32_t base, int flags = O_W
   return fd;
 }
 
-// A connected unix stream socket to `path` (close-on-exec).
-Result<UniqueFd> ConnectTo(const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof a.sun_path)
-    return Status::Error("socket path too long: " + path, ENAMETOOLONG);
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return Status::Errno("socket");
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
-    return Status::Errno("connect " + path);
-  return fd;
-}
-
 // Copies the file `from` to `to` (made, 0600, `owner`'s): a reflink where the filesystem has them,
 // else its data extents only, so that a sparse disk image stays sparse.
 Status CopySparse(const std::string& from, const std::string& to, uid_t owner) {
@@ -316,7 +302,7 @@ Status CopySparse(const std::string& from, const std::string& to, uid_t owner) {
 class Qmp {
  public:
   static Result<Qmp> Connect(const std::string& path, Clock::time_point deadline) {
-    auto fd = ConnectTo(path);
+    auto fd = ConnectUnix(path);
     if (!fd.ok()) return fd.status().Wrap("QEMU's monitor");
     Qmp q(std::move(fd).value(), deadline);
     auto greeting = q.Read();  // {"QMP": {...}}
@@ -937,9 +923,9 @@ Result<VmRuntime::HostEnd> VmRuntime::StartHostEnd(const std::string& dir, uint3
   ::unlink((dir + "/agent.sock").c_str());
   auto listen = ListenUnix(dir + "/agent.sock");
   if (!listen.ok()) return listen.status();
-  auto port = ConnectTo(dir + "/port.sock");
+  auto port = ConnectUnix(dir + "/port.sock");
   if (!port.ok()) return port.status().Wrap("QEMU's end of the agent's port");
-  auto console = ConnectTo(dir + "/console.sock");
+  auto console = ConnectUnix(dir + "/console.sock");
   if (!console.ok()) return console.status().Wrap("QEMU's serial console");
   int rp[2];
   if (::pipe2(rp, O_CLOEXEC) != 0) return Status::Errno("pipe");
