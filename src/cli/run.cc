@@ -433,6 +433,15 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(std::string("interrupted by ") + ::strsignal(interrupted) + "; box removed");
     return 128 + interrupted;
   }
+  const std::string oom = "out of memory: the box hit its memory limit of " +
+                          FormatSize(limits->limits.memory_bytes) + " and the kernel killed " +
+                          std::to_string(oom_kills) + " process(es)";
+  if (!outcome.ok() && oom_kills > 0) {
+    // The box's own kernel was among them (gVisor's Sentry is in the box's cgroup): the agent's
+    // connection ended with it. The command died of the limit all the same, as by SIGKILL.
+    Error(oom + ", the box's runtime with its command");
+    return 128 + SIGKILL;
+  }
   if (!outcome.ok()) {
     Error(outcome.status().message());
     return spawn_failure.value_or(kExitSbxError);
@@ -441,11 +450,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error("timed out after " + o.timeout + "; box removed");
     return kExitTimeout;
   }
-  if (oom_kills > 0) {
-    Error("out of memory: the box hit its memory limit of " +
-          FormatSize(limits->limits.memory_bytes) + " and the kernel killed " +
-          std::to_string(oom_kills) + " process(es)");
-  }
+  if (oom_kills > 0) Error(oom);
   if (outcome->signal != 0) return 128 + static_cast<int>(outcome->signal);
   if (!destroyed.ok()) return kExitSbxError;
   return static_cast<int>(outcome->exit_code & 0xff);
