@@ -45,7 +45,8 @@ ErrorAnswer AnswerFor(int err) {
       return {503, "unavailable", "unavailable"};
     case ETIMEDOUT:
       return {504, "timeout", "deadline_exceeded"};
-    case ENOSYS:  // a part this daemon runs without (no template builder)
+    case ENOSYS:   // a part this daemon runs without (no template builder)
+    case ENOTSUP:  // what this sandbox's runtime cannot do (a snapshot of a vm box's files)
       return {501, "not_implemented", "unimplemented"};
     default:
       return {500, "internal", "internal"};

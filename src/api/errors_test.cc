@@ -45,6 +45,7 @@ TEST(ErrorsTest, EachErrnoHasOneAnswer) {
       {ECONNREFUSED, 503, "unavailable", "unavailable"},
       {ETIMEDOUT, 504, "timeout", "deadline_exceeded"},
       {ENOSYS, 501, "not_implemented", "unimplemented"},
+      {ENOTSUP, 501, "not_implemented", "unimplemented"},
       // Unmapped: a bug or a system error nobody expected.
       {0, 500, "internal", "internal"},
       {EIO, 500, "internal", "internal"},

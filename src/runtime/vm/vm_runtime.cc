@@ -274,9 +274,11 @@ Status CopySparse(const std::string& from, const std::string& to, uid_t owner) {
   UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!out) return Status::Errno("create " + to);
   if (::fchown(out.get(), owner, owner) != 0) return Status::Errno("chown " + to);
-  if (::ioctl(out.get(), FICLONE, in.get()) == 0) return {};
-  if (::ftruncate(out.get(), st.st_size) != 0) return Status::Errno("size " + to);
   off_t pos = 0;
+  if (::ioctl(out.get(), FICLONE, in.get()) == 0)
+    pos = st.st_size;  // shared with the original
+  else if (::ftruncate(out.get(), st.st_size) != 0)
+    return Status::Errno("size " + to);
   while (pos < st.st_size) {
     off_t data = ::lseek(in.get(), pos, SEEK_DATA);
     if (data < 0 && errno == ENXIO) break;  // only a hole is left
