@@ -202,7 +202,7 @@ class Mux {
     for (;;) {
       pollfd p{o_.channel_fd, POLLOUT, 0};
       if (::poll(&p, 1, 0) >= 0 && (p.revents & (POLLHUP | POLLERR)) == 0) return;
-      timespec pause{0, 20 * 1000 * 1000};
+      timespec pause{0, 20L * 1000 * 1000};
       ::nanosleep(&pause, nullptr);
     }
   }

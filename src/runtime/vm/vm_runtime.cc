@@ -1015,6 +1015,7 @@ Status VmRuntime::Launch(Creation& c) {
     argv.insert(argv.end(), {"-incoming", "fd:7"});
   }
   std::vector<std::pair<int, int>> pass;
+  pass.reserve(fds.size());
   for (const auto& [target, fd] : fds) pass.emplace_back(target, fd.get());
   auto qemu = Spawn(argv, c.log.get(), pass);
   if (!qemu.ok()) return qemu.status().Wrap("start QEMU");
@@ -1111,7 +1112,7 @@ Status VmRuntime::SaveMemory(const Box& box, const std::string& dest, bool stop)
       it->second.second = std::move(he->pidfd);
     return {};
   };
-  auto failed = [&](Status s, Qmp* mon) -> Status {
+  auto failed = [&](const Status& s, Qmp* mon) -> Status {
     Status resumed = go_on(mon);
     std::string also = resumed.ok() ? "" : "; and it could not go on: " + resumed.message();
     return Status::Error(what + ": " + s.message() + also, s.err());
