@@ -1798,7 +1798,13 @@ void Manager::ExpireDue() {
     // held is freed now rather than at its timeout.
     if (auto box = BoxOf(rec.id); box.ok()) {
       if (auto exit = runtime_.AgentExit(*box)) {
-        MarkAgentExited(rec, *exit);
+        // The OOM killer may take the box's own kernel with a process over the limit (gVisor's
+        // Sentry is in the box's cgroup): its record says so first.
+        std::string how = *exit;
+        if (auto st = runtime_.Stats(*box); st.ok() && st->oom_kills > 0)
+          how = "out of memory: the box hit its memory limit of " +
+                FormatSize(rec.limits.memory_bytes) + "; " + how;
+        MarkAgentExited(rec, how);
         continue;
       }
     }

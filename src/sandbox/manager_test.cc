@@ -325,6 +325,26 @@ TEST_F(ManagerTest, RuntimeFailuresReachClientsWithoutHostPaths) {
 
 // ---- TTL on the fake clock (was ServeTest.TimeoutKillsAndSettingItResets, 2 x 2.5 s asleep) ----
 
+// A box whose agent died with the cgroup's OOM killer at work (gVisor: the Sentry goes with the
+// process over the limit) is failed saying so, not only how the agent ended.
+TEST_F(ManagerTest, AnAgentKilledWithTheMemoryLimitFailsItsSandboxSayingSo) {
+  CreateRequest r;
+  r.limits.memory_bytes = 64 << 20;
+  auto made = M().Create(key_, r);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  runtime::BoxStats st;
+  st.oom_kills = 2;
+  rt_.SetStats(st);
+  rt_.SetExited(made->id, "the agent exited: killed by signal 9");
+  M().ExpireDue();
+  auto rec = store_->GetSandbox(made->id);
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, store::kStateFailed);
+  EXPECT_EQ((*rec)->error,
+            "out of memory: the box hit its memory limit of 64 MiB; the agent exited: killed by "
+            "signal 9");
+}
+
 TEST_F(ManagerTest, TimeoutKillsOrPausesAndSettingItResets) {
   std::string killed = Create(1000);
   std::string paused = Create(1000, "pause");
