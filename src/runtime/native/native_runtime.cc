@@ -735,17 +735,7 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
   return kept;
 }
 
-Result<std::vector<std::string>> NativeRuntime::ListBoxes() {
-  DIR* d = ::opendir(config_.run_dir.c_str());
-  if (d == nullptr) return Status::Errno("opendir " + config_.run_dir);
-  std::vector<std::string> ids;
-  while (dirent* e = ::readdir(d)) {
-    std::string id = e->d_name;
-    if (ValidateBoxId(id).ok()) ids.push_back(id);
-  }
-  ::closedir(d);
-  return ids;
-}
+Result<std::vector<std::string>> NativeRuntime::ListBoxes() { return ListBoxIds(config_.run_dir); }
 
 Result<Box> NativeRuntime::Adopt(const std::string& id) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(id));

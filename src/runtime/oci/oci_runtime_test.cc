@@ -21,6 +21,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 #include "protocol/client.h"
+#include "runtime/box_host.h"
 #include "runtime/native/cgroup_internal.h"
 #include "runtime/native/disk.h"
 #include "storage/template.h"
@@ -152,17 +153,6 @@ class OciRuntimeTest : public ::testing::TestWithParam<std::string> {
     (void)RemoveTree(dir_);
   }
 
-  static std::vector<std::string> DirNames(const std::string& dir) {
-    std::vector<std::string> out;
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n != "." && n != "..") out.push_back(n);
-      }
-      ::closedir(d);
-    }
-    return out;
-  }
   static bool HasSubdirs(const std::string& dir) {
     for (const auto& n : DirNames(dir)) {
       struct stat st {};

@@ -37,18 +37,6 @@ using protocol::Type;
 
 constexpr char kKernelDir[] = "/var/cache/sbx/vm-kernel";
 
-std::vector<std::string> DirNames(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return out;
-}
-
 // Why the vm runtime cannot run here ("" when it can).
 std::string Missing() {
   if (::geteuid() != 0) return "needs root";
