@@ -545,8 +545,12 @@ Result<std::unique_ptr<Firewall>> Firewall::Open(FirewallConfig config) {
   }
   add(in + "counter drop");
   add("add rule " + t + " input iifname @ifaces jump from_box");
-  add("add rule " + t + " input meta l4proto { tcp, udp } th dport { " + dns + ", " + proxy +
-      " } counter drop");
+  // Other hosts never reach the resolver or the proxy. The host's own processes (loopback) may,
+  // never as a box (a box's source address leaving the host is masqueraded, below): the table
+  // outlives the daemon for its boxes, and a drop of ports a dead daemon no longer holds would
+  // swallow the SYNs of whatever binds them next.
+  add("add rule " + t + " input iif != lo meta l4proto { tcp, udp } th dport { " + dns + ", " +
+      proxy + " } counter drop");
 
   const std::string fwd = "add rule " + t + " forward ";
   add(fwd + "oifname @ifaces ct state established,related accept");

@@ -532,6 +532,20 @@ TEST_F(FirewallTest, ResolverAndProxyPortsAreRefusedFromOtherInterfaces) {
   EXPECT_FALSE(ConnectWithin(topo_.up(), "198.19.0.1", kDnsPort, kDropMs));
   // The host's other services are not the firewall's business.
   EXPECT_TRUE(ConnectWithin(topo_.up(), "198.19.0.1", 8080, kArriveMs));
+  // The host's own processes reach those ports over loopback: a table left for a dead daemon's
+  // boxes must not blackhole the next program that binds one of its ports.
+  EXPECT_TRUE(ConnectWithin(topo_.host(), "127.0.0.1", kProxyPort, kArriveMs));
+  EXPECT_TRUE(AcceptWithin(proxy_.get(), kArriveMs));
+  EXPECT_TRUE(UdpFrom(topo_.host(), dns_udp_.get(), "198.19.0.1", kDnsPort, kArriveMs));
+  // Never from a box's address: a host process cannot pose as box A to the resolver.
+  UniqueFd spoof = InNetns(topo_.host(), [] { return UdpSocket(); });
+  int on = 1;
+  ASSERT_EQ(setsockopt(spoof.get(), SOL_IP, IP_TRANSPARENT, &on, sizeof on), 0);
+  sockaddr_in a = Addr("10.213.0.2", 0);
+  ASSERT_EQ(bind(spoof.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_TRUE(SendTo(spoof.get(), "127.0.0.1", kDnsPort, "probe"));
+  auto got = RecvWithin(dns_udp_.get(), kArriveMs);
+  EXPECT_TRUE(!got || got->peer.rfind("10.213.0.2:", 0) != 0) << got->peer;
 }
 
 TEST_F(FirewallTest, ABoxCannotReachAnotherBox) {
