@@ -1107,9 +1107,9 @@ Status VmRuntime::SaveMemory(const Box& box, const std::string& dest, bool stop)
     auto qemu = LiveProcess(d + "/pid");
     if (!qemu.ok()) return qemu.status();
     SBX_RETURN_IF_ERROR(AwaitReady(d, he->ready.get(), qemu->get(), he->pidfd.get()));
+    // Kept also for a box adopted after a restart (no entry yet): Stop reaps what it started.
     MutexLock g(mu_);
-    if (auto it = children_.find(box.id); it != children_.end())
-      it->second.second = std::move(he->pidfd);
+    children_[box.id].second = std::move(he->pidfd);
     return {};
   };
   auto failed = [&](const Status& s, Qmp* mon) -> Status {

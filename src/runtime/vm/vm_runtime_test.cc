@@ -385,14 +385,24 @@ TEST_F(VmRuntimeTest, ACounterKeepsCountingAcrossSavedMemoryAndInEachFork) {
   EXPECT_LT(resumed_at, before + 200) << "the counter started over, or ran while saved";
   EXPECT_GT(CountPast(*resumed, resumed_at), resumed_at) << "the counter stopped";
 
-  // Saved again while it runs on (a fork's source): it goes on, and two forks start from it.
+  // Saved again while it runs on (a fork's source), by a runtime that adopted it as a daemon's
+  // does after a restart: it goes on, and two forks start from it.
+  rt_.reset();
+  auto adopting = VmRuntime::Open(config_);
+  ASSERT_TRUE(adopting.ok()) << adopting.status().message();
+  rt_ = std::move(adopting).value();
   const std::string running = dir_ + "/running";
   ASSERT_EQ(::mkdir(running.c_str(), 0700), 0);
   ASSERT_TRUE(rt_->SaveMemory(*resumed, running, false).ok());
+  auto host_end = ReadFile(dir_ + "/run/" + resumed->id + "/mux.pid", 64);
+  ASSERT_TRUE(host_end.ok());
   const int64_t source_at = CountPast(*resumed, resumed_at);
   EXPECT_GT(source_at, resumed_at) << "the source stopped counting after its save";
   EXPECT_EQ(RunSh(*resumed, "echo source > /tmp/who; cat /tmp/who").first, "source\n");
   ASSERT_TRUE(rt_->Destroy(*resumed).ok());
+  // The host end the adopting runtime started is reaped, not left a zombie of the daemon.
+  EXPECT_NE(::access(("/proc/" + std::to_string(std::stoi(*host_end))).c_str(), F_OK), 0)
+      << "the new host end of an adopted box is left unreaped";
 
   std::vector<Box> forks;
   for (int i = 1; i <= 2; ++i) {
