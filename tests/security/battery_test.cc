@@ -684,9 +684,6 @@ class Host {
 // Real isolation failures of a runtime, found by this battery and not fixed yet (each says why in
 // its case's REAL FAILURE detail and in the issue's note): runtime and case.
 constexpr std::pair<const char*, const char*> kKnownFailures[] = {
-    // runsc 20221219 runs every box's Sentry as the host's uid 65534: any host process of that
-    // uid (and a compromised Sentry of another box) may signal it.
-    {"gvisor", "46b-host-user-signals"},
     // The memory limit covers the whole sandbox: the host's OOM killer takes the Sentry, and the
     // box's agent with it.
     {"gvisor", "43a-bomb-then-exec"},
@@ -1398,9 +1395,8 @@ void RunRow46Templates(Battery& b) {
   else
     b.Record("46-host-user-layers", "46", "PASS", detail);
   // 46b: a host user (uid 65534) signals none of the box's processes on the host (kill(pid, 0):
-  // nothing is sent). Under gVisor the Sentry runs as host uid 65534 itself: a real failure, left
-  // failing (any process of the host's nobody can stop or kill every gVisor box, and every Sentry
-  // shares one host id with every other).
+  // nothing is sent). Under gVisor too: runsc runs in the box's user namespace, so its Sentry is
+  // the box's base+65534, not the host's 65534.
   std::vector<std::string> sig_failures;
   int refused = 0;
   for (const auto& [pid, got] : signals) {
@@ -1410,9 +1406,6 @@ void RunRow46Templates(Battery& b) {
       sig_failures.push_back(Fmt("uid 65534 kill(%d, 0): %s", pid, got.c_str()));
   }
   if (signals.empty()) sig_failures.push_back("no box process found to signal");
-  if (!sig_failures.empty() && b.gvisor())
-    sig_failures.insert(sig_failures.begin(),
-                        "REAL FAILURE under gvisor: the Sentry runs as the host's uid 65534");
   b.RecordChecks(
       "46b-host-user-signals", "46", sig_failures,
       Fmt("uid 65534 kill(pid, 0) on each of the box's %d host processes: EPERM", refused));
@@ -1529,23 +1522,26 @@ TEST_P(SecurityBattery, AllCases) {
         detector_failures.push_back("expected the leak counters to see a live box, got " +
                                     detector);
       int found = 0, sentry_procs = 0;
+      std::set<long> sentry_uids;
       for (pid_t p : host.BoxPids()) {
         std::string status = ReadFile("/proc/" + std::to_string(p) + "/status");
         auto u = status.find("Uid:");
         long uid = u == std::string::npos ? -1 : atol(status.c_str() + u + 4);
-        // gVisor: the Sentry (runsc's sandbox process and its threads) runs as host uid 65534 in
-        // a user namespace of its own that maps only that id (docs/isolation.md, "Ids, limits,
-        // cgroups"); the box's root is the Sentry's, and what it writes lands through the gofer,
-        // which runs as the box's range. Only that shape is let through.
+        // gVisor: the Sentry (runsc's sandbox process and its threads) runs as the box's
+        // base+65534, runsc's nobody in a user namespace of its own that maps only that id
+        // (docs/isolation.md, "A box, step by step"); the box's root is the Sentry's, and what it
+        // writes lands through the gofer, which runs as the box's base. Only that shape is let
+        // through, and its id is checked against the box's root's below.
         std::vector<std::string> map_fields;
         for (const auto& f : Split(ReadFile("/proc/" + std::to_string(p) + "/uid_map"), ' '))
           if (!f.empty() && f != "\n") map_fields.push_back(Split(f, '\n')[0]);
         bool sentry =
-            b.gvisor() && uid == 65534 &&
+            b.gvisor() && uid >= 100000 &&
             InodeOf("/proc/" + std::to_string(p) + "/ns/user") != InodeOf("/proc/self/ns/user") &&
-            map_fields == std::vector<std::string>{"65534", "65534", "1"};
+            map_fields == std::vector<std::string>{"65534", std::to_string(uid), "1"};
         if (sentry) {
           ++sentry_procs;
+          sentry_uids.insert(uid);
         } else if (uid < 100000) {
           failures.push_back(Fmt("box process %d runs as host uid %ld", p, uid));
         }
@@ -1581,11 +1577,15 @@ TEST_P(SecurityBattery, AllCases) {
       if (!found)
         failures.push_back("expected the file made inside to be visible from the host, got none");
       if (b.gvisor())
-        seen +=
-            Fmt("%d Sentry tasks as host uid 65534 in their own user namespace (65534 65534 1); ",
-                sentry_procs);
+        seen += Fmt("%d Sentry tasks as the box's base+65534 in their own user namespace; ",
+                    sentry_procs);
       if (b.gvisor() && !sentry_procs)
         failures.push_back("expected the gVisor Sentry among the box's processes, got none");
+      for (long u : sentry_uids)
+        if (!box_root_uid || u != static_cast<long>(box_root_uid) + 65534)
+          failures.push_back(
+              Fmt("the Sentry runs as host uid %ld, not the box's root's (%u) + 65534", u,
+                  box_root_uid));
     };
     std::vector<std::string> args = {"token=" + token, "hold=4"};
     Parsed v = b.RunProbe("21-root-owner", args, {}, o);

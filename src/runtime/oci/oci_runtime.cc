@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/fs.h>
 #include <linux/magic.h>
 #include <linux/mount.h>
@@ -84,6 +85,9 @@ struct Ran {
   std::string out, err;
 };
 
+}  // namespace
+
+// How Spawn runs a binary (declared in the header for OciRuntime::BoxSpawn).
 struct SpawnOptions {
   // Its stdout and stderr, when >= 0 (a container started by the binary keeps them: a pipe would
   // never reach EOF); else both are collected (up to 1 MiB each).
@@ -97,13 +101,36 @@ struct SpawnOptions {
   // ("cannot run with network enabled in root network namespace"). Hidden, the test holds
   // again: sbx gives runsc only namespaces it made, never the host's.
   bool hide_proc_sys_net = false;
+  // gVisor's `create` and Open's probe run: the box's cgroups (open cgroup.procs files) the child
+  // joins, then the box's user namespace it enters as its root (host id base), so that runsc
+  // makes the box's processes in the box's id range: its Sentry runs as the box's base+65534,
+  // never as the host's nobody that every other box would share.
+  std::vector<int> cgroup_procs;
+  int userns_fd = -1;
   std::chrono::milliseconds timeout = kCommandWait;
 };
 
-// The child of SpawnWithLimits, between vfork() and execve(): it shares the parent's memory, so
-// it runs only system calls on what the parent prepared, and never returns.
-[[noreturn]] void ExecChild(char* const* argv, const int* fds, const rlimit* limits,
-                            const int* resources, size_t nlimits, bool hide_proc_sys_net) {
+namespace {
+
+// What the child of Spawn does before its exec (the parent prepares it all).
+struct ChildPlan {
+  char* const* argv;
+  const int* fds;
+  const rlimit* limits;
+  const int* resources;
+  size_t nlimits;
+  const int* cgroup_procs;
+  size_t ncgroups;
+  int userns_fd;
+  bool hide_proc_sys_net;
+};
+
+// The child of Spawn between its fork (vfork() sharing the parent's memory, or fork() when it
+// enters a user namespace, which a task sharing its memory cannot) and execve(): it runs only
+// system calls on what the parent prepared, and never returns.
+[[noreturn]] void ExecChild(const ChildPlan& c) {
+  char* const* argv = c.argv;
+  const int* fds = c.fds;
   // Default dispositions and an empty mask for the new program (the parent blocked everything
   // around the vfork).
   struct sigaction dfl {};
@@ -112,13 +139,21 @@ struct SpawnOptions {
   sigset_t none;
   sigemptyset(&none);
   (void)::sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Before the dup2s below, which may reuse these descriptors' numbers.
+  for (size_t i = 0; i < c.ncgroups; ++i)
+    if (::write(c.cgroup_procs[i], "0", 1) != 1) ::_exit(127);
+  if (c.userns_fd >= 0 &&
+      (::setns(c.userns_fd, CLONE_NEWUSER) != 0 || ::setgroups(0, nullptr) != 0 ||
+       ::setresgid(0, 0, 0) != 0 || ::setresuid(0, 0, 0) != 0))
+    ::_exit(127);
   int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0 || ::dup2(null_fd, 0) < 0 || ::dup2(fds[0], 1) < 0 || ::dup2(fds[1], 2) < 0)
     ::_exit(127);
   if (fds[2] >= 0 && ::dup2(fds[2], 3) < 0) ::_exit(127);
-  for (size_t i = 0; i < nlimits; ++i)
-    if (::setrlimit(static_cast<__rlimit_resource>(resources[i]), &limits[i]) != 0) ::_exit(127);
-  if (hide_proc_sys_net &&
+  for (size_t i = 0; i < c.nlimits; ++i)
+    if (::setrlimit(static_cast<__rlimit_resource>(c.resources[i]), &c.limits[i]) != 0)
+      ::_exit(127);
+  if (c.hide_proc_sys_net &&
       (::unshare(CLONE_NEWNS) != 0 ||
        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
        ::mount("sbx-hidden", "/proc/sys/net", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -157,21 +192,29 @@ Result<Ran> Spawn(const std::vector<std::string>& argv, const SpawnOptions& o = 
                             fd3};
   pid_t pid = -1;
   int rc = 0;
-  if (!o.rlimits.empty() || o.hide_proc_sys_net) {
+  if (!o.rlimits.empty() || o.hide_proc_sys_net || !o.cgroup_procs.empty() || o.userns_fd >= 0) {
     std::vector<rlimit> limits;
     std::vector<int> resources;
     for (const auto& [resource, limit] : o.rlimits) {
       resources.push_back(resource);
       limits.push_back(limit);
     }
+    ChildPlan plan{};
+    plan.argv = args.data();
+    plan.fds = child_fds;
+    plan.limits = limits.data();
+    plan.resources = resources.data();
+    plan.nlimits = limits.size();
+    plan.cgroup_procs = o.cgroup_procs.data();
+    plan.ncgroups = o.cgroup_procs.size();
+    plan.userns_fd = o.userns_fd;
+    plan.hide_proc_sys_net = o.hide_proc_sys_net;
     sigset_t all, old;
     sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid = ::vfork();
+    pid = o.userns_fd >= 0 ? ::fork() : ::vfork();  // NOLINT(clang-analyzer-unix.Vfork)
     // ExecChild makes only system calls, on memory prepared above, then execs or _exits.
-    if (pid == 0)
-      ExecChild(args.data(), child_fds, limits.data(),  // NOLINT(clang-analyzer-unix.Vfork)
-                resources.data(), limits.size(), o.hide_proc_sys_net);
+    if (pid == 0) ExecChild(plan);  // NOLINT(clang-analyzer-unix.Vfork)
     rc = pid < 0 ? errno : 0;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   } else {
@@ -285,6 +328,37 @@ Status RemoveBoxCgroups(const std::string& parent, const std::string& id) {
     }
   }
   return first;
+}
+
+// Gives everything in directory `dir_fd` (and the directory) to uid:gid, never following a
+// symbolic link: what is in it was written by another id.
+Status ChownAt(int dir_fd, const std::string& path, uid_t uid, gid_t gid, int depth = 0) {
+  if (depth > 8) return Status::Error(path + ": nested too deep", ELOOP);
+  if (::fchown(dir_fd, uid, gid) != 0) return Status::Errno("chown " + path);
+  UniqueFd dup(::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0));
+  DIR* d = dup ? ::fdopendir(dup.get()) : nullptr;
+  if (d == nullptr) return Status::Errno("open " + path);
+  (void)dup.release();
+  Status s;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    UniqueFd sub(::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (sub) {
+      s = ChownAt(sub.get(), path + "/" + name, uid, gid, depth + 1);
+    } else if (::fchownat(dir_fd, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) {
+      s = Status::Errno("chown " + path + "/" + name);
+    }
+    if (!s.ok()) break;
+  }
+  ::closedir(d);
+  return s;
+}
+
+Status ChownTree(const std::string& dir, uid_t uid, gid_t gid) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return Status::Errno("open " + dir);
+  return ChownAt(fd.get(), dir, uid, gid);
 }
 
 // Field 22 of /proc/<pid>/stat and whether the process is a zombie (or gone: 0).
@@ -407,21 +481,20 @@ class HostMounts {
 // the box's cgroups, which a failed create may leave.
 class ContainerOwner {
  public:
-  ContainerOwner(const OciRuntime& rt, std::string id, std::string parent)
-      : rt_(rt), id_(std::move(id)), parent_(std::move(parent)) {}
+  ContainerOwner(const OciRuntime& rt, std::string id) : rt_(rt), id_(std::move(id)) {}
   ContainerOwner(const ContainerOwner&) = delete;
   ContainerOwner& operator=(const ContainerOwner&) = delete;
   ~ContainerOwner() {
     if (!armed_ || committed_) return;
-    (void)Spawn(rt_.Command({"delete", "--force", id_}));
-    (void)RemoveBoxCgroups(parent_, id_);
+    (void)Spawn(rt_.Command(id_, {"delete", "--force", id_}));
+    (void)rt_.DestroyCgroups(id_);
   }
   void Arm() { armed_ = true; }
   void Commit() { committed_ = true; }
 
  private:
   const OciRuntime& rt_;
-  std::string id_, parent_;
+  std::string id_;
   bool armed_ = false, committed_ = false;
 };
 
@@ -479,8 +552,7 @@ Status MakeProbeLayer(const std::string& dir) {
 // Everything one Create makes, in the order it is made: the owners undo it in reverse when
 // Create returns early, and are committed once the box is live.
 struct OciRuntime::Creation {
-  Creation(const OciRuntime& rt, const BoxSpec& s)
-      : spec(s), container(rt, s.id, rt.config().cgroup_parent) {}
+  Creation(const OciRuntime& rt, const BoxSpec& s) : spec(s), container(rt, s.id) {}
   const BoxSpec& spec;
   // The container's process: sbx-agent (Create), or what the probe runs.
   std::vector<std::string> args;
@@ -492,8 +564,24 @@ struct OciRuntime::Creation {
   HostMounts mounts;
   UniqueFd listen;  // runc: the agent's listening socket (its fd 3)
   UniqueFd log;     // agent.log
+  // gVisor: the box's cgroups, made by sbx; destroyed unless committed.
+  struct OwnedCgroup {
+    std::unique_ptr<Cgroup> cgroup;
+    bool committed = false;
+    ~OwnedCgroup() {
+      if (cgroup && !committed) (void)cgroup->Destroy();
+    }
+  } cgroup;
   ContainerOwner container;
 };
+
+namespace {
+std::string FormatMode(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode));
+  return buf;
+}
+}  // namespace
 
 Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
   const std::string who = "runtime " + config.name;
@@ -529,6 +617,16 @@ Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
   SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir, 0711).Wrap(who));
   if (::chmod(config.run_dir.c_str(), 0711) != 0)
     return Status::Errno(who + ": chmod " + config.run_dir);
+  // So must every directory above it (sbx changes none of the operator's modes).
+  for (std::string up = config.run_dir; up.size() > 1;) {
+    up = up.substr(0, std::max<size_t>(up.rfind('/'), 1));
+    struct stat st {};
+    if (::stat(up.c_str(), &st) == 0 && (st.st_mode & S_IXOTH) == 0)
+      return Status::Error(who + ": " + up + " (mode " + FormatMode(st.st_mode & 07777) +
+                               ") is not searchable by other users, which a box's ids are: " +
+                               "make it 0711 (chmod o+x), or give another data directory",
+                           EACCES);
+  }
   SBX_RETURN_IF_ERROR(MakeDirs(config.run_dir + "/.state", 0700).Wrap(who));
   std::unique_ptr<OciRuntime> rt(
       new OciRuntime(config, kind, binary, version, std::move(cg).value()));
@@ -570,8 +668,11 @@ Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
     if (ran.ok()) {
       c.container.Arm();
       SpawnOptions o;
-      o.rlimits = rt->BoxRlimits();
-      auto r = Spawn(rt->Command({"run", "--bundle", c.dir->path(), probe.id}), o);
+      std::vector<UniqueFd> procs;
+      ran = rt->BoxSpawn(c, o, procs);
+      auto r = ran.ok()
+                   ? Spawn(rt->Command(probe.id, {"run", "--bundle", c.dir->path(), probe.id}), o)
+                   : Result<Ran>(ran);
       if (!r.ok()) {
         ran = r.status();
       } else if (r->status != 0) {
@@ -597,9 +698,42 @@ OciRuntime::OciRuntime(OciConfig config, OciKind kind, std::string binary, std::
 
 OciRuntime::~OciRuntime() = default;
 
-std::vector<std::string> OciRuntime::Command(const std::vector<std::string>& args,
+Status OciRuntime::DestroyCgroups(const std::string& id) const {
+  // The processes first (a cgroup with any cannot go), then whatever hierarchy the binary used.
+  Status killed = Cgroup::Open(cgroups_, id)->Destroy();
+  Status removed = RemoveBoxCgroups(config_.cgroup_parent, id);
+  return killed.ok() ? removed : killed;
+}
+
+Status OciRuntime::BoxSpawn(Creation& c, SpawnOptions& o, std::vector<UniqueFd>& procs) const {
+  o.rlimits = BoxRlimits();
+  if (kind_ != OciKind::kGvisor) return {};
+  if (!c.cgroup.cgroup) return Status::Error("the box has no cgroup", EINVAL);
+  for (const std::string& dir : c.cgroup.cgroup->Paths()) {
+    const std::string f = dir + "/cgroup.procs";
+    UniqueFd fd(::open(f.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return Status::Errno("open " + f);
+    o.cgroup_procs.push_back(fd.get());
+    procs.push_back(std::move(fd));
+  }
+  o.userns_fd = c.userns->fd();
+  return {};
+}
+
+std::string OciRuntime::StateRoot(const std::string& id) const {
+  if (kind_ == OciKind::kGvisor && !id.empty()) {
+    // Boxes made before the state moved keep theirs in the shared root.
+    std::string own = Dir(id) + "/state";
+    struct stat st {};
+    if (::lstat(own.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return own;
+  }
+  return config_.run_dir + "/.state";
+}
+
+std::vector<std::string> OciRuntime::Command(const std::string& id,
+                                             const std::vector<std::string>& args,
                                              const std::string& network) const {
-  std::vector<std::string> argv = {binary_, "--root", config_.run_dir + "/.state"};
+  std::vector<std::string> argv = {binary_, "--root", StateRoot(id)};
   if (kind_ == OciKind::kGvisor) {
     // --network=none: loopback only, inside gVisor's own network stack; a box with a network is
     // made with --network=sandbox (Launch): gVisor's stack drives the link sbx put in its
@@ -607,19 +741,21 @@ std::vector<std::string> OciRuntime::Command(const std::vector<std::string>& arg
     // box may create host unix sockets in its bound directories, and nothing more (not connect to
     // the host's): how the agent's socket reaches the host. --overlay2=none: writes go to the
     // box's writable layer on the host (fs/upper), where snapshots read them, not to a gVisor
-    // memory overlay. No --oci-seccomp: see oci_spec.cc.
+    // memory overlay. No --oci-seccomp: see oci_spec.cc. --ignore-cgroups: runsc runs in the
+    // box's user namespace, where it could not make cgroups; sbx makes them (Prepare) and starts
+    // it inside them (BoxSpawn).
     argv.insert(argv.end(), {"--platform=" + config_.platform, "--network=" + network,
-                             "--host-uds=create", "--overlay2=none"});
+                             "--host-uds=create", "--overlay2=none", "--ignore-cgroups"});
   }
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
 
-Result<std::string> OciRuntime::Run(const std::vector<std::string>& args,
+Result<std::string> OciRuntime::Run(const std::string& id, const std::vector<std::string>& args,
                                     const std::string& network) const {
   SpawnOptions o;
   o.hide_proc_sys_net = network == "sandbox";
-  auto r = Spawn(Command(args, network), o);
+  auto r = Spawn(Command(id, args, network), o);
   const std::string what = config_.name + ": " + config_.binary + " " + args.front();
   if (!r.ok()) return r.status().Wrap(what);
   if (r->status != 0) {
@@ -691,6 +827,7 @@ Result<Box> OciRuntime::Create(const BoxSpec& spec) {
   }
   // Live: from here Destroy owns everything.
   c.container.Commit();
+  c.cgroup.committed = true;
   c.mounts.Commit();
   UniqueFd lock = c.dir->Commit();
   {
@@ -773,6 +910,17 @@ Status OciRuntime::Prepare(Creation& c) {
   };
   for (const char* sub : {"/fs", "/fs/root", "/lower", "/binds", "/over"})
     SBX_RETURN_IF_ERROR(make_dir(d + sub, 0700));
+  if (kind_ == OciKind::kGvisor) {
+    // runsc's state of the box: written by its `create` as the box's root (BoxSpawn), then the
+    // host root's alone (Launch).
+    SBX_RETURN_IF_ERROR(make_dir(d + "/state", 0700));
+    // The box's cgroups, with its limits: runsc runs where it could not make them.
+    Limits host = spec.limits;
+    host.pids = GvisorHostPids(spec.limits.pids);
+    auto cg = Cgroup::Create(cgroups_, spec.id, host);
+    if (!cg.ok()) return cg.status();
+    c.cgroup.cgroup = std::move(cg).value();
+  }
   // The writable layer: fs/{upper,work}, or with a disk limit the same in an ext4 image of that
   // size mounted on fs/disk (on the host for the box's life: the root overlay, mounted on the
   // host, writes there). The image's undo is its mount's, after the overlay's (HostMounts).
@@ -907,16 +1055,33 @@ Status OciRuntime::Prepare(Creation& c) {
   in.root = d + "/fs/root";
   in.args = c.args;
   in.binds = std::move(binds);
-  in.id_base = base;
+  // gVisor: runsc runs in the holder's namespace, where the box's ids are 0..65535 already.
+  in.id_base = kind_ == OciKind::kGvisor ? 0 : base;
   // runc joins the holder's namespace (owned by the box's root id, as a native box's). runsc
   // makes its own for its gofer from the mappings.
   if (kind_ == OciKind::kRunc) in.userns_path = c.userns->path();
-  if (gvisor_net) in.netns_path = c.userns->path("net");
+  if (gvisor_net) {
+    // runsc's `create` runs as the box's root, which may not open the holder's /proc/<pid>/ns
+    // (a host root process): the namespace is bound on a file of the box's directory instead
+    // (unmounted with the box's other mounts).
+    in.netns_path = d + "/netns";
+    SBX_RETURN_IF_ERROR(WriteFile(in.netns_path, "", 0444));
+    if (::mount(c.userns->path("net").c_str(), in.netns_path.c_str(), nullptr, MS_BIND, nullptr) !=
+        0)
+      return Status::Errno("bind the box's network namespace");
+    c.mounts.Add(in.netns_path);
+  }
   in.limits = spec.limits;
   in.nofile = BoxNofile();
   in.cgroups_path = CgroupsPath(spec.id);
   in.seccomp = &*DefaultSeccompRules();
-  SBX_RETURN_IF_ERROR(WriteFile(d + "/config.json", BuildOciSpec(in), 0600));
+  // The host root's, readable by the box's root group: gVisor's `create` reads it as the box's
+  // root, and nothing of the box may change it.
+  const std::string config = d + "/config.json";
+  SBX_RETURN_IF_ERROR(WriteFile(config, BuildOciSpec(in), 0600));
+  if (kind_ == OciKind::kGvisor &&
+      (::chown(config.c_str(), 0, base) != 0 || ::chmod(config.c_str(), 0640) != 0))
+    return Status::Errno("chown " + config);
 
   c.box.id = spec.id;
   c.box.dir = d;
@@ -941,10 +1106,11 @@ Status OciRuntime::Launch(Creation& c) {
   c.container.Arm();
   // The container keeps the binary's stdout and stderr: agent.log, never a pipe.
   SpawnOptions o;
+  std::vector<UniqueFd> procs;
+  SBX_RETURN_IF_ERROR(BoxSpawn(c, o, procs));
   o.log_fd = c.log.get();
   o.fd3 = c.listen ? c.listen.get() : -1;
-  o.rlimits = BoxRlimits();
-  auto created = Spawn(Command(args, gvisor_net ? "sandbox" : "none"), o);
+  auto created = Spawn(Command(id, args, gvisor_net ? "sandbox" : "none"), o);
   if (!created.ok()) return created.status().Wrap(config_.binary + " create");
   if (created->status != 0) {
     auto log = ReadFile(d + "/agent.log", 1 << 20);
@@ -952,7 +1118,10 @@ Status OciRuntime::Launch(Creation& c) {
                          EIO);
   }
   c.box.timings.clone_us = MicrosSince(c.t);
-  auto state = Run({"state", id});
+  // From now on only the host's root writes the state the host's root reads back: nothing the
+  // box's ids run (its gofer) can change what a later `kill` or `delete` acts on.
+  if (kind_ == OciKind::kGvisor) SBX_RETURN_IF_ERROR(ChownTree(d + "/state", 0, 0));
+  auto state = Run(id, {"state", id});
   if (!state.ok()) return state.status();
   auto st = nlohmann::json::parse(*state, nullptr, false);
   c.box.init_pid = st.is_object() ? st.value("pid", -1) : -1;
@@ -968,7 +1137,7 @@ Status OciRuntime::Launch(Creation& c) {
   c.listen.reset();  // the box holds it now
   c.userns.reset();  // runc's init joined it; runsc's gofer has its own
   // runsc sets the network up at `start`, from that call's flags.
-  SBX_RETURN_IF_ERROR(Run({"start", id}, gvisor_net ? "sandbox" : "none").status());
+  SBX_RETURN_IF_ERROR(Run(id, {"start", id}, gvisor_net ? "sandbox" : "none").status());
   c.box.timings.child_us = MicrosSince(c.t);
   return {};
 }
@@ -1024,11 +1193,11 @@ Status OciRuntime::AwaitAgent(Creation& c) {
 }
 
 Status OciRuntime::Freeze(const Box& box) {
-  return Run({"pause", box.id}).status().Wrap("freeze box " + box.id);
+  return Run(box.id, {"pause", box.id}).status().Wrap("freeze box " + box.id);
 }
 
 Status OciRuntime::Thaw(const Box& box) {
-  return Run({"resume", box.id}).status().Wrap("thaw box " + box.id);
+  return Run(box.id, {"resume", box.id}).status().Wrap("thaw box " + box.id);
 }
 
 Result<BoxStats> OciRuntime::Stats(const Box& box) {
@@ -1039,7 +1208,7 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
   auto st = Cgroup::Open(cgroups_, box.id)->Stats();
   if (!st.ok()) {
     // Another layout than the native driver's: ask the binary.
-    auto ev = Run({"events", "--stats", box.id});
+    auto ev = Run(box.id, {"events", "--stats", box.id});
     if (!ev.ok()) return st.status().Wrap("stats of box " + box.id);
     auto j = nlohmann::json::parse(*ev, nullptr, false);
     if (!j.is_object() || !j.contains("data")) return st.status().Wrap("stats of box " + box.id);
@@ -1104,8 +1273,9 @@ Status OciRuntime::Stop(const Box& box) {
   if (kind_ == OciKind::kGvisor) {
     // runsc 20221219 cannot delete a container it last saw paused once its sandbox is dead (it
     // panics: "invalid state transition: paused => stopped"), so a paused box is resumed first.
-    if (auto st = Run({"state", box.id}); st.ok() && st->find("\"paused\"") != std::string::npos)
-      (void)Run({"resume", box.id});
+    if (auto st = Run(box.id, {"state", box.id});
+        st.ok() && st->find("\"paused\"") != std::string::npos)
+      (void)Run(box.id, {"resume", box.id});
     // The sandbox process is the whole box (its Sentry runs every process of it): killed, nothing
     // of the box runs any more; its gofer exits with it.
     ::syscall(SYS_pidfd_send_signal, first->get(), SIGKILL, nullptr, 0);
@@ -1113,7 +1283,7 @@ Status OciRuntime::Stop(const Box& box) {
     // Frozen tasks (runc's freezer cgroup) die only once thawed. The binary's kill signals the
     // box's PID 1; its pid namespace dies with it.
     (void)Cgroup::Open(cgroups_, box.id)->Thaw();
-    (void)Run({"kill", box.id, "KILL"});
+    (void)Run(box.id, {"kill", box.id, "KILL"});
   }
   if (AwaitExit(first->get(), kStopWait)) return {};
   // The first process itself, through the pidfd (never a process that reused the pid).
@@ -1148,12 +1318,13 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
     return m.find("not exist") != std::string::npos || m.find("cannot load") != std::string::npos ||
            m.find("no such") != std::string::npos || m.find("not found") != std::string::npos;
   };
-  Status deleted = Run({"delete", "--force", box.id}).status();
+  Status deleted = Run(box.id, {"delete", "--force", box.id}).status();
   // Gone either way: the binary no longer knows it (runsc's delete can fail after removing it).
-  if (!deleted.ok() && (unknown(deleted) || unknown(Run({"state", box.id}).status()))) deleted = {};
+  if (!deleted.ok() && (unknown(deleted) || unknown(Run(box.id, {"state", box.id}).status())))
+    deleted = {};
   Status unmounted = UnmountBelow(dir);
   (void)SetImmutable(dir + "/sock", false);  // gVisor's socket directory; absent under runc
-  Status cgroups = RemoveBoxCgroups(config_.cgroup_parent, box.id);
+  Status cgroups = DestroyCgroups(box.id);
   Status kept;
   if (keep_upper != nullptr) {
     if (!stopped.ok() || !unmounted.ok()) {
@@ -1214,7 +1385,7 @@ Result<Box> OciRuntime::Adopt(const std::string& id) {
   auto pid = ReadFile(box.dir + "/pid", 64);
   box.init_pid = pid.ok() ? static_cast<pid_t>(std::atoi(pid->c_str())) : -1;
   // The binary must still know it as running (or paused).
-  auto state = Run({"state", id});
+  auto state = Run(id, {"state", id});
   if (!state.ok()) return state.status().Wrap(what);
   auto st = nlohmann::json::parse(*state, nullptr, false);
   std::string status = st.is_object() ? st.value("status", "") : "";
@@ -1248,7 +1419,7 @@ Result<int> OciRuntime::ReapOrphans(const std::string& owner) {
     if (RemoveTree(config_.run_dir + "/" + name).ok()) ++reaped;
   }
   // Containers the binary still knows whose box directory is gone (a crash between the two).
-  if (auto listed = Run({"list", "--quiet"}); listed.ok()) {
+  if (auto listed = Run("", {"list", "--quiet"}); listed.ok()) {
     size_t pos = 0;
     while (pos < listed->size()) {
       size_t end = listed->find('\n', pos);
@@ -1257,8 +1428,8 @@ Result<int> OciRuntime::ReapOrphans(const std::string& owner) {
       pos = end + 1;
       struct stat st {};
       if (!ValidateBoxId(id).ok() || ::lstat(Dir(id).c_str(), &st) == 0) continue;
-      if (Run({"delete", "--force", id}).ok()) ++reaped;
-      (void)RemoveBoxCgroups(config_.cgroup_parent, id);
+      if (Run(id, {"delete", "--force", id}).ok()) ++reaped;
+      (void)DestroyCgroups(id);
     }
   }
   return reaped;

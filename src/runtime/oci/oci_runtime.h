@@ -58,6 +58,8 @@ struct OciConfig {
   uint32_t id_base = 1000000;  // the shared legacy base, as NativeConfig::id_base
 };
 
+struct SpawnOptions;
+
 class OciRuntime : public Runtime {
  public:
   // Finds the binary, asks its --version, and runs one real container as boxes will be run
@@ -88,10 +90,14 @@ class OciRuntime : public Runtime {
   const std::string& binary() const { return binary_; }
   const std::string& version() const { return version_; }
 
-  // The argv of one call of the binary: its path, the global flags every call of this runtime
-  // passes, then `args`.
+  // Kills what is left in box `id`'s cgroups and removes them, in every hierarchy.
+  Status DestroyCgroups(const std::string& id) const;
+
+  // The argv of one call of the binary about box `id` (empty: about none, as `list`): its path,
+  // the global flags every call of this runtime passes (the state root: gVisor's is the box's
+  // own), then `args`.
   // `network`: runsc's --network (gVisor only).
-  std::vector<std::string> Command(const std::vector<std::string>& args,
+  std::vector<std::string> Command(const std::string& id, const std::vector<std::string>& args,
                                    const std::string& network = "none") const;
 
  private:
@@ -103,8 +109,14 @@ class OciRuntime : public Runtime {
   Status Launch(Creation& c);   // `create`, the sync point hook, `start`
   Status AwaitAgent(Creation& c);
   // Runs the binary; its stdout, or an error naming the runtime, the command and its stderr.
-  Result<std::string> Run(const std::vector<std::string>& args,
+  Result<std::string> Run(const std::string& id, const std::vector<std::string>& args,
                           const std::string& network = "none") const;
+  // Where the binary keeps its state of box `id`: gVisor's in the box's directory (its `create`
+  // writes it as the box's root, see SpawnOptions), else one directory for every box.
+  std::string StateRoot(const std::string& id) const;
+  // How a `create` or `run` of the box being made is spawned: gVisor's in the box's cgroups
+  // (`procs`: the open cgroup.procs files) and user namespace.
+  Status BoxSpawn(Creation& c, SpawnOptions& o, std::vector<UniqueFd>& procs) const;
   // Destroy; with `keep_upper`, the writable layer is moved there before the directory goes.
   Status DestroyBox(const Box& box, const std::string* keep_upper);
   std::string Dir(const std::string& id) const { return config_.run_dir + "/" + id; }

@@ -17,6 +17,8 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -244,6 +246,26 @@ TEST_P(OciRuntimeTest, ABoxRunsCommandsThroughItsAgentAndDestroyLeavesNothing) {
     ASSERT_TRUE(host.ok());
     EXPECT_EQ(boot.first.size(), 37u) << boot.first;
     EXPECT_NE(boot.first, *host);
+    // Every host process of the box is in the box's id range: the Sentry is the box's
+    // base+65534 (runsc's "nobody" in the box's user namespace), never the host's 65534 that
+    // every other box's Sentry would share; all of them in the box's cgroup.
+    auto procs = ReadFile(CgroupDirs(config_.cgroup_parent, box->id).front() + "/cgroup.procs");
+    ASSERT_TRUE(procs.ok());
+    std::set<std::string> uids;
+    std::istringstream lines(*procs);
+    for (std::string pid; std::getline(lines, pid);) {
+      auto status = ReadFile("/proc/" + pid + "/status");
+      if (!status.ok()) continue;
+      size_t at = status->find("\nUid:\t");
+      if (at != std::string::npos)
+        uids.insert(status->substr(at + 6, status->find('\t', at + 6) - at - 6));
+    }
+    const std::string base = std::to_string(box->id_base);
+    const std::string sentry = std::to_string(box->id_base + 65534);
+    EXPECT_EQ(uids, (std::set<std::string>{base, sentry})) << "the box's host processes' uids";
+    auto sentry_status = ReadFile("/proc/" + std::to_string(box->init_pid) + "/status");
+    ASSERT_TRUE(sentry_status.ok());
+    EXPECT_NE(sentry_status->find("\nUid:\t" + sentry + "\t"), std::string::npos) << *sentry_status;
   }
   auto ms = [](auto a, auto b) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
@@ -586,6 +608,7 @@ TEST(OciRuntimeOpenTest, ABinaryThatFailsItsProbeFailsOpen) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root";
   char tmpl[] = "/tmp/sbx-oci-open-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  ASSERT_EQ(::chmod(tmpl, 0711), 0);
   std::string dir = tmpl;
   // Answers --version, fails everything else.
   std::string fake = dir + "/runc";
@@ -611,6 +634,14 @@ TEST(OciRuntimeOpenTest, ABinaryThatFailsItsProbeFailsOpen) {
   auto mounts = ReadFile("/proc/self/mountinfo", 16 << 20);
   EXPECT_EQ(mounts->find(dir), std::string::npos) << "the probe left a mount";
   for (const auto& d : CgroupDirs(c.cgroup_parent, "")) (void)::rmdir(d.c_str());
+  // A directory above the run directory that a box's ids cannot pass: said before any probe.
+  ASSERT_EQ(::chmod(tmpl, 0700), 0);
+  auto closed = OciRuntime::Open(c);
+  ASSERT_FALSE(closed.ok());
+  EXPECT_EQ(closed.status().err(), EACCES);
+  EXPECT_NE(closed.status().message().find(dir + " (mode 0700) is not searchable"),
+            std::string::npos)
+      << closed.status().message();
   (void)RemoveTree(dir);
 }
 
