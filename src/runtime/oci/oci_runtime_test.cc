@@ -266,6 +266,22 @@ TEST_P(OciRuntimeTest, ABoxRunsCommandsThroughItsAgentAndDestroyLeavesNothing) {
     auto sentry_status = ReadFile("/proc/" + std::to_string(box->init_pid) + "/status");
     ASSERT_TRUE(sentry_status.ok());
     EXPECT_NE(sentry_status->find("\nUid:\t" + sentry + "\t"), std::string::npos) << *sentry_status;
+    // What the host's root reads back is the host's root's: runsc's state (written by `create`
+    // as the box's root, then given away) and the bundle (readable by the box's root group).
+    struct stat state {};
+    ASSERT_EQ(::stat((box->dir + "/state").c_str(), &state), 0);
+    EXPECT_EQ(state.st_uid, 0u);
+    EXPECT_FALSE(DirNames(box->dir + "/state").empty());
+    for (const auto& n : DirNames(box->dir + "/state")) {
+      struct stat st {};
+      ASSERT_EQ(::lstat((box->dir + "/state/" + n).c_str(), &st), 0) << n;
+      EXPECT_EQ(st.st_uid, 0u) << "state/" << n;
+    }
+    struct stat config {};
+    ASSERT_EQ(::stat((box->dir + "/config.json").c_str(), &config), 0);
+    EXPECT_EQ(config.st_uid, 0u);
+    EXPECT_EQ(config.st_gid, box->id_base);
+    EXPECT_EQ(config.st_mode & 07777, 0640u);
   }
   auto ms = [](auto a, auto b) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
