@@ -324,6 +324,15 @@ class StackImpl final : public Stack {
     work_.reset();
     io_.stop();
     if (thread_.joinable()) thread_.join();
+    // The table outlives the daemon for the boxes that do; with none left, a stop leaves no rule.
+    if (firewall_) {
+      auto boxes = firewall_->Boxes();
+      if (boxes.ok() && boxes->empty()) {
+        if (Status gone = DeleteTable(config_.table); !gone.ok())
+          spdlog::warn("network: {}", gone.message());
+      }
+      firewall_.reset();
+    }
   }
 
   const StackConfig config_;

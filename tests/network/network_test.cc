@@ -81,6 +81,8 @@ class NetworkTest : public ::testing::Test {
       EXPECT_EQ(RunTables(), "") << "sbx run tables left";
       leaks = static_cast<int>(std::count(left.begin(), left.end(), '\n'));
       d_->Stop();
+      // A daemon stopped with no box left leaves no table (its ports' drop rule with it).
+      EXPECT_EQ(InNs("nft list tables"), "") << "a stopped daemon left its table";
     }
     d_.reset();
     // No box's cgroup outlives it, and the test's own parent goes (in every controller).
