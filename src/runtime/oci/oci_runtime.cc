@@ -1057,8 +1057,8 @@ Status OciRuntime::Prepare(Creation& c) {
   in.binds = std::move(binds);
   // gVisor: runsc runs in the holder's namespace, where the box's ids are 0..65535 already.
   in.id_base = kind_ == OciKind::kGvisor ? 0 : base;
-  // runc joins the holder's namespace (owned by the box's root id, as a native box's). runsc
-  // makes its own for its gofer from the mappings.
+  // runc joins the holder's namespace (owned by the box's root id, as a native box's). runsc,
+  // running in it (BoxSpawn), makes one for its gofer from the mappings.
   if (kind_ == OciKind::kRunc) in.userns_path = c.userns->path();
   if (gvisor_net) {
     // runsc's `create` runs as the box's root, which may not open the holder's /proc/<pid>/ns
