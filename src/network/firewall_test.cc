@@ -185,7 +185,7 @@ bool PingWithin(const std::string& ns, const std::string& ip, int ms) {
     char buf[256];
     ssize_t n = recv(fd.get(), buf, sizeof buf, 0);
     if (n < 20) continue;
-    size_t ihl = (buf[0] & 0x0f) * 4;
+    size_t ihl = static_cast<size_t>(buf[0] & 0x0f) * 4;
     if (static_cast<size_t>(n) < ihl + sizeof(icmphdr)) continue;
     icmphdr r;
     memcpy(&r, buf + ihl, sizeof r);

@@ -36,7 +36,7 @@ constexpr char kBoxCaBundle[] = "/etc/sbx/ca-certificates.crt";
 class StackImpl final : public Stack {
  public:
   StackImpl(StackConfig config, Cidr subnet, std::optional<Cidr> subnet6)
-      : config_(std::move(config)), subnet_(subnet), subnet6_(subnet6) {}
+      : config_(std::move(config)), subnet_(std::move(subnet)), subnet6_(std::move(subnet6)) {}
   ~StackImpl() override { Shutdown(); }
 
   Status Init() {
@@ -236,7 +236,7 @@ class StackImpl final : public Stack {
 
   Status Reconcile(const std::set<std::string>& live) override {
     Status first;
-    auto keep = [&](Status s) {
+    auto keep = [&](const Status& s) {
       if (!s.ok()) {
         spdlog::warn("network reconcile: {}", s.message());
         if (first.ok()) first = s;
