@@ -53,14 +53,19 @@ Result<UniqueFd> OpenPrivateFile(const std::string& path, const std::string& wha
                              ", not by this process's user: refused",
                          EPERM);
   if ((st.st_mode & 07777 & ~mode_t{0600}) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return Status::Error(what + " " + path + " has mode " + mode + ", wider than 0600: refused (" +
-                             why + "; make a new one by moving it away)",
+    return Status::Error(what + " " + path + " has mode " + ModeString(st.st_mode) +
+                             ", wider than 0600: refused (" + why +
+                             "; make a new one by moving it away)",
                          EPERM);
   }
   if (size) *size = st.st_size;
   return fd;
+}
+
+std::string ModeString(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
 }
 
 Status MakeDirs(const std::string& path, int mode) {

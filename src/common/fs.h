@@ -12,6 +12,9 @@
 
 namespace sbx {
 
+// A file mode's permission bits as four octal digits ("0711").
+std::string ModeString(mode_t mode);
+
 // mkdir -p with `mode` for the directories it creates.
 Status MakeDirs(const std::string& path, int mode = 0755);
 // Removes `path` and everything below it. Symlinks are removed, never followed; a mount point

@@ -486,7 +486,7 @@ class ContainerOwner {
   ContainerOwner& operator=(const ContainerOwner&) = delete;
   ~ContainerOwner() {
     if (!armed_ || committed_) return;
-    (void)Spawn(rt_.Command(id_, {"delete", "--force", id_}));
+    (void)rt_.DeleteContainer(id_);
     (void)rt_.DestroyCgroups(id_);
   }
   void Arm() { armed_ = true; }
@@ -575,14 +575,6 @@ struct OciRuntime::Creation {
   ContainerOwner container;
 };
 
-namespace {
-std::string FormatMode(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode));
-  return buf;
-}
-}  // namespace
-
 Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
   const std::string who = "runtime " + config.name;
   OciKind kind;
@@ -622,7 +614,7 @@ Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
     up = up.substr(0, std::max<size_t>(up.rfind('/'), 1));
     struct stat st {};
     if (::stat(up.c_str(), &st) == 0 && (st.st_mode & S_IXOTH) == 0)
-      return Status::Error(who + ": " + up + " (mode " + FormatMode(st.st_mode & 07777) +
+      return Status::Error(who + ": " + up + " (mode " + ModeString(st.st_mode) +
                                ") is not searchable by other users, which a box's ids are: " +
                                "make it 0711 (chmod o+x), or give another data directory",
                            EACCES);
@@ -697,6 +689,23 @@ OciRuntime::OciRuntime(OciConfig config, OciKind kind, std::string binary, std::
       cgroups_(std::move(cgroups)) {}
 
 OciRuntime::~OciRuntime() = default;
+
+Status OciRuntime::DeleteContainer(const std::string& id) const {
+  // A gVisor box whose state is its own needs no `delete` (and runsc 20221219 takes 1.5 s over a
+  // dead sandbox): its processes die with its cgroups (DestroyCgroups), its state with its
+  // directory.
+  if (StateRoot(id) == Dir(id) + "/state") return {};
+  // delete --force kills what is left and removes the binary's state and the box's cgroups.
+  Status deleted = Run(id, {"delete", "--force", id}).status();
+  auto unknown = [](const Status& s) {
+    const std::string m = s.message();
+    return m.find("not exist") != std::string::npos || m.find("cannot load") != std::string::npos ||
+           m.find("no such") != std::string::npos || m.find("not found") != std::string::npos;
+  };
+  // Gone either way: the binary no longer knows it (runsc's delete can fail after removing it).
+  if (!deleted.ok() && (unknown(deleted) || unknown(Run(id, {"state", id}).status()))) return {};
+  return deleted;
+}
 
 Status OciRuntime::DestroyCgroups(const std::string& id) const {
   // The processes first (a cgroup with any cannot go), then whatever hierarchy the binary used.
@@ -1313,22 +1322,7 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
     }
   }
   watchdog.reset();  // the box's first process is dead: it has nothing left to kill
-  // delete --force kills what is left and removes the binary's state and the box's cgroups.
-  // A gVisor box whose state is its own needs none of it (and runsc 20221219 takes 1.5 s over a
-  // dead sandbox): its cgroups are sbx's, killed below with all that is left in them, and its
-  // state goes with its directory.
-  auto unknown = [](const Status& s) {
-    const std::string m = s.message();
-    return m.find("not exist") != std::string::npos || m.find("cannot load") != std::string::npos ||
-           m.find("no such") != std::string::npos || m.find("not found") != std::string::npos;
-  };
-  Status deleted;
-  if (StateRoot(box.id) != dir + "/state") {
-    deleted = Run(box.id, {"delete", "--force", box.id}).status();
-    // Gone either way: the binary no longer knows it (runsc's delete can fail after removing it).
-    if (!deleted.ok() && (unknown(deleted) || unknown(Run(box.id, {"state", box.id}).status())))
-      deleted = {};
-  }
+  Status deleted = DeleteContainer(box.id);
   Status cgroups = DestroyCgroups(box.id);  // nothing of the box runs any more
   Status unmounted = UnmountBelow(dir);
   (void)SetImmutable(dir + "/sock", false);  // gVisor's socket directory; absent under runc

@@ -90,6 +90,9 @@ class OciRuntime : public Runtime {
   const std::string& binary() const { return binary_; }
   const std::string& version() const { return version_; }
 
+  // Makes the binary forget container `id` (`delete --force`: what is left of it is killed); a
+  // container it no longer knows is success.
+  Status DeleteContainer(const std::string& id) const;
   // Kills what is left in box `id`'s cgroups and removes them, in every hierarchy.
   Status DestroyCgroups(const std::string& id) const;
 
