@@ -8,7 +8,7 @@
 //                                8 MiB; a K, M or G suffix multiplies by 1024s)
 //   --sudo-socket NAME           serve sudo (sudo.h) on abstract socket NAME (default, as PID 1:
 //                                "sbx-sudo"; otherwise none)
-//   --vm-port DEV                in a vm box's guest: a child carries the connections of the
+//   --vm-port DEV                in a vm box's guest: a thread carries the connections of the
 //                                virtio-serial port DEV to the agent's socket (vm_mux.h); needs
 //                                --listen
 //   --vm-channel-fd N            on the host, for a vm box: no agent, only the host's end of the
@@ -22,6 +22,8 @@
 // Called as `sudo` (the host template's /usr/local/bin/sudo is this binary), it is sudo's client
 // instead (sudo.h).
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -182,25 +184,44 @@ int main(int argc, char** argv) {
     opts.listen_fd = BindPath(listen_path);
     if (opts.listen_fd < 0) return 1;
   }
-  // The guest's end of a vm box's port: a child of its own (the agent is single-threaded), started
-  // once the agent's socket listens, so that the first stream it opens connects.
+  // The guest's end of a vm box's port: a thread of the agent's own process, started once the
+  // agent's socket listens, so that the first stream it opens connects. A thread, not a child: as
+  // PID 1 of the guest it is out of reach of kill(-1) and of the guest's OOM killer, which a
+  // child of the agent was not, and the guest's root may use both at will.
   if (!vm_port.empty()) {
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      Log("fork: %s", strerror(errno));
+    // As in every other runtime's box, nothing the box runs gains privileges by exec (a setuid
+    // file, file capabilities): its root is the guest's, its other users stay what they are. The
+    // host template's sudo is the agent's own (sudo.h), which needs none.
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+      Log("prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(errno));
       return 1;
     }
-    if (pid == 0) {
-      ::close(opts.listen_fd);
-      int port = ::open(vm_port.c_str(), O_RDWR | O_CLOEXEC);
-      if (port < 0) {
-        Log("open %s: %s", vm_port.c_str(), strerror(errno));
-        ::_exit(1);
-      }
-      sbx::agent::MuxOptions mux;
-      mux.channel_fd = port;
-      mux.agent_path = listen_path;
-      ::_exit(sbx::agent::RunMux(mux));
+    int port = ::open(vm_port.c_str(), O_RDWR | O_CLOEXEC);
+    if (port < 0) {
+      Log("open %s: %s", vm_port.c_str(), strerror(errno));
+      return 1;
+    }
+    static sbx::agent::MuxOptions mux;
+    mux.channel_fd = port;
+    mux.agent_path = listen_path;
+    // Every signal blocked in the thread (it inherits the mask): the agent reads its signals
+    // through a signalfd, and one delivered to a thread that does not block it would be lost.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t thread;
+    int err = ::pthread_create(
+        &thread, nullptr,
+        [](void*) -> void* {
+          int rc = sbx::agent::RunMux(mux);
+          Log("vm mux: the guest's end stopped (%d)", rc);
+          return nullptr;
+        },
+        nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (err != 0) {
+      Log("pthread_create: %s", strerror(err));
+      return 1;
     }
   }
 

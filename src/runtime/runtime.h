@@ -93,6 +93,7 @@ struct BoxStats {
   uint64_t memory_peak = 0;
   uint64_t pids_current = 0;
   uint64_t oom_kills = 0;
+  bool frozen = false;  // the box's cgroup is frozen (paused in memory)
   // The box's writable layer: the bytes it holds, and the most it may hold (the size of its disk
   // image, or without a disk limit the size of the filesystem it lives on). 0 when unknown.
   uint64_t disk_used = 0;

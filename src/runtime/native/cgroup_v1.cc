@@ -92,6 +92,8 @@ class CgroupV1 final : public Cgroup {
     Result<uint64_t> ooms = ReadKeyedUint(mem + "/memory.oom_control", "oom_kill");
     if (!ooms.ok()) return ooms.status();
     stats.oom_kills = *ooms;
+    Result<std::string> state = ReadFile(Dir("freezer") + "/freezer.state", 64);
+    stats.frozen = state.ok() && !state->starts_with("THAWED");
     return stats;
   }
 

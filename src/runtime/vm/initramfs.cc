@@ -115,7 +115,9 @@ Result<std::vector<std::string>> ResolveModules(const std::string& modules_dir,
 std::string GuestInit() {
   // The box's configuration is /cfg/box.sh, on the disk with serial "cfg" (VmRuntime::Create
   // writes it): SBX_HOSTNAME, SBX_LAYERS, SBX_STACK (1: the layers are the directories 0, 1, ...
-  // of the disk with serial "layers"; 0: each is the 9p share l<i>) and a function sbx_binds
+  // of the disk with serial "layers"; 0: each is the 9p share l<i>), SBX_PIDS (the box's pids
+  // limit, 0 for none: the guest's own pids cgroup, which holds the agent and all it starts;
+  // the host's cgroup of QEMU cannot count the guest's processes) and a function sbx_binds
   // calling `bind` (a shared directory), `file` (a file copied into /cfg) and `over`.
   return R"SH(#!/bin/busybox sh
 B=/bin/busybox
@@ -166,6 +168,12 @@ R=/newroot
 $B mkdir -p $R/.sbx $R/proc $R/sys $R/dev $R/tmp
 $B mount -t tmpfs -o mode=0755,size=32m sbx $R/.sbx || fail "mount /.sbx"
 $B cp /sbx-agent $R/.sbx/sbx-agent && $B chmod 0555 $R/.sbx/sbx-agent && $B mkdir -m 0700 $R/.sbx/run || fail "install the agent"
+$B mount -t tmpfs -o mode=0700,size=8m sbxrun $R/.sbx/run && $B mount -o remount,ro $R/.sbx || fail "seal /.sbx"
+if [ "${SBX_PIDS:-0}" -gt 0 ]; then
+  C=/sys/fs/cgroup
+  $B mount -t cgroup2 cgroup2 $C && echo +pids >$C/cgroup.subtree_control && $B mkdir $C/box &&
+    echo "$SBX_PIDS" >$C/box/pids.max && echo $$ >$C/box/cgroup.procs || fail "the pids limit"
+fi
 $B mount -t proc proc $R/proc
 $B mount -t sysfs sys $R/sys
 $B mount -t devtmpfs dev $R/dev

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "protocol/client.h"
 #include "runtime/box_host.h"
 #include "runtime/native/box_owners.h"
 #include "runtime/native/cgroup_internal.h"
@@ -53,7 +54,33 @@ constexpr auto kQuiesceWait = std::chrono::seconds(30);
 constexpr int64_t kDefaultMemory = 512LL << 20;  // the guest's RAM without a limit
 constexpr int64_t kDefaultDisk = 4LL << 30;      // the writable layer without a limit
 constexpr int64_t kQemuOverhead = 256LL << 20;   // QEMU's own memory beside the guest's
+// The least RAM a guest boots in: its kernel, the unpacked initramfs (~7 MiB: modules, busybox,
+// the agent) and its first processes. 112 MiB booted here; with 96 MiB QEMU exits at once and the
+// console says nothing.
+constexpr int64_t kMinMemory = 128LL << 20;
 constexpr char kProbeVersion[] = "vm-accel-1";
+
+// How long Stats waits for a guest's agent to tell its kernel's OOM kills.
+constexpr int kGuestStatsWaitMs = 2000;
+
+// The guest kernel's own OOM kills (its /proc/vmstat, read through its agent): the host's cgroup
+// counts none, as the guest's memory is QEMU's and the host's OOM killer never acts inside it.
+// nullopt when the agent does not answer in time. The guest's root may make the count up: it
+// says something of that box alone.
+std::optional<uint64_t> GuestOomKills(const std::string& agent_socket) {
+  auto c = protocol::AgentConnection::Connect(agent_socket, kGuestStatsWaitMs);
+  if (!c.ok()) return std::nullopt;
+  std::vector<protocol::Frame> data;
+  auto ok =
+      c->Call(protocol::Type::kRead, protocol::Writer().Str(protocol::Tag::kPath, "/proc/vmstat"),
+              &data, kGuestStatsWaitMs);
+  if (!ok.ok()) return std::nullopt;
+  std::string text = "\n";
+  for (const auto& f : data) text.append(f.fields.Str(protocol::Tag::kData));
+  auto pos = text.find("\noom_kill ");
+  if (pos == std::string::npos) return std::nullopt;
+  return std::strtoull(text.c_str() + pos + 10, nullptr, 10);
+}
 
 int64_t MicrosSince(Clock::time_point& t) {
   auto now = Clock::now();
@@ -727,6 +754,12 @@ Status VmRuntime::Prepare(Creation& c) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("a box needs at least one layer", EINVAL);
   SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(spec.id, spec.limits));
+  if (spec.limits.memory_bytes > 0 && spec.limits.memory_bytes < kMinMemory)
+    return Status::Error("a vm box needs a memory limit of at least " +
+                             std::to_string(kMinMemory >> 20) +
+                             " MiB (its guest's own kernel boots in it), got " +
+                             std::to_string(spec.limits.memory_bytes >> 20) + " MiB",
+                         EINVAL);
   if (spec.at_sync_point)
     return Status::Error("the vm runtime runs boxes without a network only (policy none) yet",
                          ENOTSUP);
@@ -800,6 +833,7 @@ Status VmRuntime::Prepare(Creation& c) {
                                 "SBX_HOSTNAME=" + ShellQuote(spec.hostname) +
                                     "\nSBX_LAYERS=" + std::to_string(spec.layers.size()) +
                                     "\nSBX_STACK=" + (c.layout.stack ? "1" : "0") +
+                                    "\nSBX_PIDS=" + std::to_string(spec.limits.pids) +
                                     "\nsbx_binds() {\n  :\n" + binds + "}\n",
                                 0644));
   const std::string shape = Shape(QemuArgs(d, accel_, &spec, c.layout), d);
@@ -1165,6 +1199,10 @@ Result<BoxStats> VmRuntime::Stats(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   auto st = Cgroup::Open(cgroups_, box.id)->Stats();
   if (!st.ok()) return st.status().Wrap("stats of box " + box.id);
+  // A frozen guest cannot answer; a box saved to disk has no live cgroup to read above.
+  if (!st->frozen && !box.agent_socket.empty()) {
+    if (auto ooms = GuestOomKills(box.agent_socket)) st->oom_kills += *ooms;
+  }
   struct stat img {};
   if (::stat((Dir(box.id) + "/disk.img").c_str(), &img) == 0) {
     st->disk_used = static_cast<uint64_t>(img.st_blocks) * 512;

@@ -190,6 +190,7 @@ TEST_F(VmRuntimeTest, ABoxRunsOnItsOwnKernelThroughItsAgentAndDestroyLeavesNothi
   spec.binds = tmpl_.binds;
   spec.limits.memory_bytes = 256 << 20;
   spec.limits.disk_bytes = 256 << 20;
+  spec.limits.pids = 128;
   auto t0 = std::chrono::steady_clock::now();
   auto box = rt_->Create(spec);
   ASSERT_TRUE(box.ok()) << box.status().message();
@@ -223,6 +224,26 @@ TEST_F(VmRuntimeTest, ABoxRunsOnItsOwnKernelThroughItsAgentAndDestroyLeavesNothi
                               "findmnt -no FSTYPE / ");
   EXPECT_EQ(wcode, 0) << wrote;
   EXPECT_EQ(wrote, "hello\noverlay\n");
+
+  // The pids limit is the guest's own cgroup's, around everything the agent starts; the agent's
+  // copy in /.sbx is read-only.
+  auto [cg, cgcode] = RunSh(*box, "cat /proc/self/cgroup; touch /.sbx/x 2>&1 | grep -c Read-only");
+  EXPECT_EQ(cg, "0::/box\n1\n");
+  // kill(-1) by the guest's root spares PID 1, which carries the port: the box still answers.
+  auto [killed, kcode] = RunSh(*box, "sleep 100 & kill -9 -1; echo alive");
+  EXPECT_EQ(killed, "alive\n");
+  EXPECT_EQ(RunSh(*box, "echo still").first, "still\n");
+  // A memory bomb meets the guest's OOM killer, whose kills Stats counts (the host's cgroup sees
+  // none). dd fills a 200 MiB buffer (less than the guest's RAM, which its kernel would refuse
+  // outright; more than it has free) in one read(2), so the OOM kill comes at once: a bomb that
+  // runs code between its allocations, Python's, first has the guest evict and re-read its own
+  // program's pages over and over under TCG.
+  auto [bomb, bcode0] =
+      RunSh(*box, "dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null; echo $?");
+  EXPECT_EQ(bomb, "137\n");
+  auto oom = rt_->Stats(*box);
+  ASSERT_TRUE(oom.ok()) << oom.status().message();
+  EXPECT_EQ(oom->oom_kills, 1u);
 
   // Two connections at once, each with a process whose output interleaves with the other's.
   auto a = protocol::AgentConnection::Connect(box->agent_socket, 60000);
@@ -468,6 +489,12 @@ TEST_F(VmRuntimeTest, CreatesItCannotDoFailLeavingNothing) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("no-such-layer"), std::string::npos)
       << missing.status().message();
+  spec.layers = tmpl_.layers;
+  spec.limits.memory_bytes = 64 << 20;  // too little for the guest's kernel
+  auto small = rt_->Create(spec);
+  EXPECT_EQ(small.status().err(), EINVAL) << small.status().message();
+  EXPECT_NE(small.status().message().find("at least 128 MiB"), std::string::npos)
+      << small.status().message();
   spec.runtime = "native";
   EXPECT_EQ(rt_->Create(spec).status().err(), ENOTSUP);
 }
