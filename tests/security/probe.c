@@ -13,12 +13,15 @@
 // that must be out of reach), hostpidns=INODE and hostuserns=INODE (the host's namespaces),
 // canary=NAME (a file the host planted in its own /root and /etc), shadow=HEX (FNV-1a of the
 // host's /etc/shadow), hostport=PORT (a TCP port listening on the host's 127.0.0.1),
-// runtime=NAME (the box's runtime: native, runc, gvisor).
+// runtime=NAME (the box's runtime: native, runc, gvisor, vm), hostboot=UUID (the host kernel's
+// boot id: a vm box's kernel must have another).
 //
 // Where a runtime's precise outcome differs, the case asserts that runtime's outcome and says why
 // beside it. Under gVisor the box's system calls are answered by its Sentry (a kernel in user
 // space, with its own /proc, /sys, keyrings, namespaces and devices), never by the host's kernel:
-// the Sentry's answers are asserted as they are, and that they reach nothing of the host.
+// the Sentry's answers are asserted as they are, and that they reach nothing of the host. Under
+// vm the box is a guest with a kernel of its own, booted for it alone: the cases whose call that
+// kernel answers are listed in kVmOwnKernel with the answer it gives (see there).
 //
 // The probe is static (no library can be assumed inside a box) and uses raw syscall() where glibc
 // has no wrapper. It never writes to a file it managed to open for writing where it should not
@@ -35,6 +38,7 @@
 #include <ifaddrs.h>
 #include <linux/bpf.h>
 #include <linux/capability.h>
+#include <linux/fs.h>
 #include <linux/io_uring.h>
 #include <linux/keyctl.h>
 #include <linux/mount.h>
@@ -235,8 +239,23 @@ static int is_gvisor_kernel(void) {
 // The errno set for a call whose answer under gVisor is the Sentry's own.
 #define BY_RUNTIME(native, gvisor) (g_gvisor ? (gvisor) : (native))
 
+// Under vm, as the runner says (runtime=vm) and the kernel confirms: its boot id is not the host
+// kernel's (hostboot=, from the runner), and the probe runs in that kernel's initial user
+// namespace (as the guest's root) — a native box is never in the initial one, the host never
+// has another boot id.
+static int g_vm;
+static ssize_t read_file(const char* path, char* buf, size_t cap, int* err);
+static int is_guest_kernel(void) {
+  const char* host = ctx("hostboot");
+  char id[64];
+  int err;
+  if (!host || read_file("/proc/sys/kernel/random/boot_id", id, sizeof id, &err) <= 0) return 0;
+  id[strcspn(id, "\n")] = 0;
+  return strcmp(id, host) != 0 && in_initial_userns();
+}
+
 static void refuse_on_host(void) {
-  if (g_gvisor) return;  // the Sentry's user namespace (checked in main)
+  if (g_gvisor || g_vm) return;  // the Sentry's user namespace, the guest's kernel (main checks)
   if (in_initial_userns())
     fail(
         "expected to run inside a sandbox (a non-initial user namespace), got the initial user "
@@ -1185,7 +1204,61 @@ static void expect_no_open(const char* path, int flags) {
   snprintf(what, sizeof what, "open(%s)", path);
   expect_err(what, fd, e, ERRS(EPERM, ENOENT));
 }
+// Under vm: the guest's disks are its kernel's to open, but the ones the box shares — its
+// configuration and the template's layers (one image every box of the template reads) — must not
+// take a write: its kernel has them read-only (QEMU offers them so), and once the guest's root
+// clears that flag (BLKROSET), QEMU fails the write itself. The block written is the one just
+// read, so a QEMU that took it would change nothing.
+static void vm_shared_disks(void) {
+  DIR* d = opendir("/sys/block");
+  struct dirent* de;
+  int cfg = 0;
+  while (d && (de = readdir(d))) {
+    if (strncmp(de->d_name, "vd", 2) != 0) continue;
+    char path[300], serial[64] = "", ro[8] = "";
+    int err;
+    snprintf(path, sizeof path, "/sys/block/%s/serial", de->d_name);
+    read_file(path, serial, sizeof serial, &err);
+    serial[strcspn(serial, "\n")] = 0;
+    snprintf(path, sizeof path, "/sys/block/%s/ro", de->d_name);
+    read_file(path, ro, sizeof ro, &err);
+    snprintf(path, sizeof path, "/dev/%s", de->d_name);
+    if (strcmp(serial, "rw") == 0) {
+      note("%s: the box's own writable layer", path);
+      continue;
+    }
+    if (strcmp(serial, "cfg") == 0) cfg = 1;
+    if (ro[0] != '1')
+      fail("expected the guest's kernel to have %s (%s) read-only, got ro=%s", path, serial, ro);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+    if (fd < 0) fail("expected to open %s, got %s", path, ename(errno));
+    void* block = NULL;
+    if (posix_memalign(&block, 4096, 4096) != 0 || pread(fd, block, 4096, 0) != 4096)
+      fail("expected to read the first block of %s, got %s", path, ename(errno));
+    char what[700];
+    snprintf(what, sizeof what, "write(%s = %s, its own first block)", path, serial);
+    EXPECT_ERR(what, pwrite(fd, block, 4096, 0), ERRS(EPERM));
+    int rw = 0, on = 1;
+    if (ioctl(fd, BLKROSET, &rw) != 0)
+      fail("expected BLKROSET 0 on %s, got %s", path, ename(errno));
+    errno = 0;
+    long w = pwrite(fd, block, 4096, 0);
+    int e = errno;
+    ioctl(fd, BLKROSET, &on);
+    close(fd);
+    free(block);
+    // EPERM: the disk's own read-only flag, set by the driver from QEMU's offer, outlives
+    // BLKROSET (which clears the block device's); EIO would be QEMU's refusal.
+    snprintf(what, sizeof what, "the same after BLKROSET 0");
+    expect_err(what, w, e, ERRS(EPERM, EIO));
+  }
+  if (d) closedir(d);
+  if (!cfg) fail("expected the box's configuration disk (serial cfg) among its disks, got none");
+  pass("%s", g_detail);
+}
+
 static void c_open_sda(void) {
+  if (g_vm) vm_shared_disks();
   expect_no_open("/dev/sda", O_RDONLY);
   // Any block device that /dev shows at all must not open either.
   DIR* d = opendir("/dev");
@@ -2116,6 +2189,21 @@ static void c_oom_score(void) {
   int st;
   waitpid(child, &st, 0);
   int e = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (g_vm) {
+    // vm: the guest's root holds CAP_SYS_RESOURCE of the guest's kernel, whose OOM killer is the
+    // only one that looks at these scores; it never takes PID 1 (a kernel's init is exempt), and
+    // PID 1 carries the box's only link to the host (its port's guest end is a thread of it). So
+    // a process may lower its own score and open PID 1's: precise outcome success for both,
+    // changing nothing of the host's (QEMU is one process there, in the box's cgroup).
+    if (e != 0) fail("expected the guest's root to lower its own oom_score_adj, got %d", e);
+    long fd = open("/proc/1/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail("expected the guest's /proc/1/oom_score_adj to open, got %s", ename(errno));
+    close(fd);
+    pass(
+        "%s; lowering its own score: success, opening PID 1's for writing: success (the guest "
+        "kernel's, whose init its OOM killer never takes; nothing written)",
+        g_detail);
+  }
   if (g_gvisor) {
     // gVisor: oom_score_adj is the Sentry's bookkeeping of its own tasks (the host's OOM killer
     // sees only the Sentry, as one process), and it lets a task lower its own: precise outcome
@@ -2153,6 +2241,19 @@ static void c_userns_limit(void) {
   int err;
   long max = read_long("/proc/sys/user/max_user_namespaces", &err);
   const char* rt = ctx("runtime");
+  if (g_vm) {
+    // vm: the guest kernel's own limit (its default) and namespaces, charged to that kernel alone;
+    // the host's per-user counts see QEMU's host id, which makes none.
+    if (max <= 0)
+      fail("expected the guest kernel's max_user_namespaces, got %ld (%s)", max, ename(err));
+    int r = in_child(try_unshare, (void*)(intptr_t)CLONE_NEWUSER);
+    if (r != 0)
+      fail("expected the guest's own unshare(CLONE_NEWUSER) to succeed, got %s", ename(r));
+    pass(
+        "max_user_namespaces %ld (the guest kernel's); unshare(CLONE_NEWUSER): success, a "
+        "namespace of the guest's",
+        max);
+  }
   if (g_gvisor) {
     // gVisor: no /proc/sys/user; namespaces made inside are the Sentry's, charged to nothing of
     // the host's (its host tasks are one sandbox's, under the box's pids limit).
@@ -2348,7 +2449,7 @@ static const probe_case kCases[] = {
     {"whoami", "-", c_whoami, 0, "helper for 22b"},
 };
 
-// runtime=gvisor must be gVisor's kernel (see is_gvisor_kernel).
+// runtime=gvisor must be gVisor's kernel (see is_gvisor_kernel), runtime=vm a guest's.
 static void check_runtime(void) {
   const char* rt = ctx("runtime");
   if (rt && strcmp(rt, "gvisor") == 0) {
@@ -2356,6 +2457,141 @@ static void check_runtime(void) {
       fail("expected gVisor's kernel log (runtime=gvisor), got another kernel's or none");
     g_gvisor = 1;
   }
+  if (rt && strcmp(rt, "vm") == 0) {
+    if (!is_guest_kernel())
+      fail(
+          "expected a kernel of the box's own (runtime=vm): another boot id than the host's "
+          "(hostboot=) and its initial user namespace, got %s",
+          ctx("hostboot") ? "the host's boot id or a user namespace of a container"
+                          : "no hostboot= from the runner");
+    g_vm = 1;
+  }
+}
+
+// Under vm: the cases whose native outcome is a refusal by the host's kernel (a seccomp filter, a
+// user namespace without the capability, a masked or read-only path) and whose call, in a vm box,
+// reaches the box's own kernel instead. The guest's root holds every capability of that kernel,
+// as the root of any virtual machine does, and what the call reads or changes is the guest's
+// alone: its memory, its mounts, its clock, its keyrings, its devices (the disks it may write are
+// its own: 13c checks the shared ones refuse writes). The boundary is QEMU's (its own host user,
+// seccomp, no capability, a cgroup), which the host-side checks and the other cases test. Each
+// case here runs as under native and its own verdict must be what the guest's kernel answers
+// here, word and part of the detail: a change (a kernel that refuses after all, a new answer)
+// fails it until this table says why.
+typedef struct {
+  const char* id;
+  const char* word;    // the case's own verdict under the guest's kernel
+  const char* detail;  // a part of its detail
+  const char* why;
+} vm_outcome;
+#define GUEST "the guest's own "
+static const vm_outcome kVmOwnKernel[] = {
+    {"01-sysrq-trigger", "FAIL", "got success (the real file",
+     GUEST "sysrq: at worst it reboots the guest, which ends its QEMU (-no-reboot)"},
+    {"02a-core-pattern", "FAIL", "core_pattern, O_WRONLY) to fail with EROFS/EACCES, got success",
+     GUEST "core_pattern, for its own processes' cores"},
+    {"02b-proc-sys-all", "FAIL", "opened for writing", GUEST "sysctls"},
+    {"03a-kcore", "FAIL", "ELF magic: yes", GUEST "memory image, never the host's"},
+    {"03b-kallsyms", "FAIL", "nonzero", GUEST "kernel's symbols and its own address layout"},
+    {"03c-proc-keys", "FAIL", "bytes of keys", GUEST "keyrings"},
+    {"03d-timer-list", "FAIL", "bytes of timer data", GUEST "timers"},
+    {"04a-mount", "FAIL", "mount(tmpfs) to fail with EPERM, got success", GUEST "mount table"},
+    {"04b-umount2", "FAIL", "got EINVAL", GUEST "mount table: the directory is no mount point"},
+    {"04c-fsopen", "FAIL", "got success", GUEST "mount table"},
+    {"04d-open-tree", "FAIL", "got success", GUEST "mount table"},
+    {"04e-move-mount", "FAIL", "got EINVAL", GUEST "mount table: the directory is no mount"},
+    {"04f-mount-setattr", "FAIL", "got success", GUEST "mount table"},
+    {"05a-pivot-root", "FAIL", "got EBUSY", GUEST "mount table"},
+    {"05b-chroot-escape", "FAIL", "chroot(dir) to fail with EPERM, got success",
+     GUEST "root directory"},
+    {"06-open-by-handle", "FAIL", "got ESTALE",
+     GUEST "filesystems: a made-up handle is stale on them"},
+    {"07c-pid-namespace", "FAIL", "got the host's (pid:[4026531836])",
+     GUEST "first pid namespace, whose inode every kernel's first one has (PROC_PID_INIT_INO); "
+           "host pids are out of reach (07a, 07b)"},
+    {"09a-keyctl", "FAIL", "got success", GUEST "keyrings"},
+    {"09b-add-key", "FAIL", "got success", GUEST "keyrings"},
+    {"09c-request-key", "FAIL", "got ENOKEY", GUEST "keyrings: no such key"},
+    {"10a-bpf", "FAIL", "got success", GUEST "BPF"},
+    {"10b-perf-event-open", "FAIL", "got success", GUEST "perf events"},
+    {"10c-userfaultfd", "FAIL", "got success", GUEST "userfaultfd"},
+    {"10d-io-uring-setup", "FAIL", "got success", GUEST "io_uring"},
+    {"11a-unshare-newuser", "FAIL", "got success", GUEST "namespaces"},
+    {"11b-clone-newuser", "FAIL", "got success", GUEST "namespaces"},
+    {"11c-clone3-newuser", "FAIL", "got success", GUEST "namespaces"},
+    {"11d-unshare-other-ns", "FAIL", "got success", GUEST "namespaces"},
+    {"12a-init-module", "FAIL", "got ENOEXEC", GUEST "module loader: junk is no module"},
+    {"12b-finit-module", "FAIL", "got ENOEXEC", GUEST "module loader: the file is no module"},
+    {"12c-kexec-load", "FAIL", "got EINVAL", GUEST "kexec: too many segments"},
+    {"12d-reboot", "FAIL", "got EINVAL", GUEST "reboot: the magic is wrong"},
+    {"12e-swapon", "FAIL", "got ENOENT", GUEST "swap: the file is missing"},
+    {"12f-settimeofday", "FAIL", "got success",
+     GUEST "clock (the host's is checked by the runner)"},
+    {"12g-clock-settime", "FAIL", "got success",
+     GUEST "clock (the host's is checked by the runner)"},
+    {"13a-mknod-char", "FAIL", "got success", GUEST "devices"},
+    {"13b-mknod-block", "FAIL", "got success", GUEST "devices"},
+    {"13d-dev-mem", "FAIL", "open(/dev/mem) to fail with EPERM/ENOENT, got success",
+     GUEST "memory"},
+    {"13e-dev-kmsg", "FAIL", "got success", GUEST "kernel log"},
+    {"14c-af-packet", "FAIL", "got success", GUEST "network stack, with lo alone (34a)"},
+    {"15a-tiocsti-pty", "FAIL", "got success",
+     GUEST "terminals: what it pushes is read in the guest"},
+    {"15b-tiocsti-pty-high", "FAIL", "got success",
+     GUEST "terminals: what it pushes is read in the guest"},
+    {"15c-tiocsti-ctty", "FAIL", "got success",
+     GUEST "terminals: what it pushes is read in the guest"},
+    {"15d-tiocsti-ctty-high", "FAIL", "got success",
+     GUEST "terminals: what it pushes is read in the guest"},
+    {"17a-sys-kernel", "FAIL", "opened for writing", GUEST "sysfs"},
+    {"17c-sys-mount-ro", "FAIL", "got /sys mounted rw", GUEST "sysfs"},
+    {"18-syslog", "FAIL", "got success", GUEST "kernel log"},
+};
+#undef GUEST
+
+// Runs a case of kVmOwnKernel in a child, its line read from a pipe, and asserts the table's
+// verdict.
+__attribute__((noreturn)) static void on_guest_kernel(const probe_case* c, const vm_outcome* v) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) fail("expected a pipe, got %s", ename(errno));
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) fail("expected to fork, got %s", ename(errno));
+  if (pid == 0) {
+    dup2(p[1], 1);
+    c->fn();
+    fail("expected the case to report, got no outcome");
+  }
+  close(p[1]);
+  static char line[2048];
+  size_t got = 0;
+  ssize_t n;
+  while (got + 1 < sizeof line && (n = read(p[0], line + got, sizeof line - 1 - got)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    got += (size_t)n;
+  }
+  line[got] = 0;
+  line[strcspn(line, "\n")] = 0;
+  close(p[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  size_t wl = strlen(v->word);
+  const char* detail = strstr(line, ": ") ? strstr(line, ": ") + 2 : "";
+  if (strncmp(line, v->word, wl) == 0 && line[wl] == ' ' && strstr(detail, v->detail))
+    pass("on the box's own kernel (%s); the native check says: %s", v->why, detail);
+  fail("expected the guest's kernel's answer (%s: %s '%s'), got '%s'", v->why, v->word, v->detail,
+       line);
+}
+
+__attribute__((noreturn)) static void run_case(const probe_case* c) {
+  g_case = c->id;
+  check_runtime();
+  for (size_t i = 0; g_vm && i < sizeof kVmOwnKernel / sizeof *kVmOwnKernel; ++i)
+    if (strcmp(kVmOwnKernel[i].id, c->id) == 0) on_guest_kernel(c, &kVmOwnKernel[i]);
+  c->fn();
+  fail("expected the case to report, got no outcome");
 }
 
 // probe batch cases=A,B,... [key=value...]: the listed cases one after the other in one box, each
@@ -2378,12 +2614,7 @@ static int batch(void) {
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) fail("expected to fork case %s, got %s", id, ename(errno));
-    if (pid == 0) {
-      g_case = c->id;
-      check_runtime();
-      c->fn();
-      fail("expected the case to report, got no outcome");
-    }
+    if (pid == 0) run_case(c);
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
@@ -2415,12 +2646,7 @@ int main(int argc, char** argv) {
   }
   if (strcmp(argv[1], "batch") == 0) return batch();
   for (size_t i = 0; i < sizeof kCases / sizeof *kCases; ++i) {
-    if (strcmp(argv[1], kCases[i].id) == 0) {
-      g_case = kCases[i].id;
-      check_runtime();
-      kCases[i].fn();
-      fail("expected the case to report, got no outcome");
-    }
+    if (strcmp(argv[1], kCases[i].id) == 0) run_case(&kCases[i]);
   }
   g_case = argv[1];
   fail("expected a known case, got '%s' (try: probe list)", argv[1]);
