@@ -85,6 +85,7 @@ Result<Box> Router::Create(const BoxSpec& spec) {
 Status Router::Freeze(const Box& box) { return Of(box).Freeze(box); }
 Status Router::Thaw(const Box& box) { return Of(box).Thaw(box); }
 Result<BoxStats> Router::Stats(const Box& box) { return Of(box).Stats(box); }
+Result<uint64_t> Router::OomKills(const Box& box) { return Of(box).OomKills(box); }
 Status Router::SetLimits(const Box& box, const Limits& limits) {
   return Of(box).SetLimits(box, limits);
 }

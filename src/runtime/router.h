@@ -31,6 +31,7 @@ class Router : public Runtime {
   Status Freeze(const Box& box) override;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
+  Result<uint64_t> OomKills(const Box& box) override;
   Status SetLimits(const Box& box, const Limits& limits) override;
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   std::optional<std::string> AgentExit(const Box& box) override;

@@ -158,6 +158,13 @@ class Runtime {
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;
+  // BoxStats::oom_kills alone, which the command path reads before and after every command: one
+  // counter, where Stats reads every figure (cgroup files, the writable layer's usage).
+  virtual Result<uint64_t> OomKills(const Box& box) {
+    auto st = Stats(box);
+    if (!st.ok()) return st.status();
+    return st->oom_kills;
+  }
   // Changes the memory, CPU and pids limits of a live box (a warm pool's box claimed by a create
   // with its own limits); its disk size stays. EINVAL for limits Create would refuse.
   virtual Status SetLimits(const Box& box, const Limits& limits) {

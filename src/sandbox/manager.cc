@@ -1528,6 +1528,16 @@ Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const s
   return stats;
 }
 
+Result<uint64_t> Manager::OomKills(const store::ApiKeyRecord& key, const std::string& id) {
+  auto rec = Owned(key, id, Access::kInspect);
+  if (!rec.ok()) return rec.status();
+  auto box = BoxOf(id);
+  if (!box.ok()) return box.status();
+  auto n = runtime_.OomKills(*box);
+  if (!n.ok()) return ForClients(id, "stats", n.status());
+  return n;
+}
+
 Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& key,
                                                    const std::string& id, int64_t start_ms,
                                                    int64_t end_ms) {

@@ -300,6 +300,8 @@ class Manager {
   Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
                             int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
+  // The box's OOM kills so far (BoxStats::oom_kills alone; the command path's, per command).
+  Result<uint64_t> OomKills(const store::ApiKeyRecord& key, const std::string& id);
   // The sampled history of a sandbox's figures (sandbox/metrics_history.h) from start_ms to
   // end_ms, inclusive, oldest first; a running sandbox not sampled yet is sampled now, so a new
   // sandbox has one. Who may read it: as Get.

@@ -173,8 +173,8 @@ asio::awaitable<void> WatchExit(std::shared_ptr<Session> s, std::shared_ptr<Agen
 
 // The oom_kills counter of the box now (0 when unknown).
 uint64_t OomKills(Manager& m, const store::ApiKeyRecord& key, const std::string& id) {
-  auto st = m.Stats(key, id);
-  return st.ok() ? st->oom_kills : 0;
+  auto n = m.OomKills(key, id);
+  return n.ok() ? *n : 0;
 }
 
 class ProcessImpl : public Process {

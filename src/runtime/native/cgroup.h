@@ -48,6 +48,7 @@ class Cgroup {
   virtual Status Freeze() = 0;  // returns once every task is frozen
   virtual Status Thaw() = 0;
   virtual Result<BoxStats> Stats() = 0;
+  virtual Result<uint64_t> OomKills() = 0;  // BoxStats::oom_kills alone
   // Writes `limits` over the ones the cgroup has (a field of 0: no limit, or the default weight).
   // The caller validates them (as Create does). A memory limit below what the cgroup uses makes
   // the kernel reclaim, and fails (EBUSY) where it cannot.

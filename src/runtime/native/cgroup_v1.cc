@@ -89,12 +89,16 @@ class CgroupV1 final : public Cgroup {
     Result<uint64_t> pids = ReadUint(Dir("pids") + "/pids.current");
     if (!pids.ok()) return pids.status();
     stats.pids_current = *pids;
-    Result<uint64_t> ooms = ReadKeyedUint(mem + "/memory.oom_control", "oom_kill");
+    Result<uint64_t> ooms = OomKills();
     if (!ooms.ok()) return ooms.status();
     stats.oom_kills = *ooms;
     Result<std::string> state = ReadFile(Dir("freezer") + "/freezer.state", 64);
     stats.frozen = state.ok() && !state->starts_with("THAWED");
     return stats;
+  }
+
+  Result<uint64_t> OomKills() override {
+    return ReadKeyedUint(Dir("memory") + "/memory.oom_control", "oom_kill");
   }
 
   Status KillAll() override {

@@ -79,12 +79,16 @@ class CgroupV2 final : public Cgroup {
     Result<uint64_t> pids = ReadUint(dir_ + "/pids.current");
     if (!pids.ok()) return pids.status();
     stats.pids_current = *pids;
-    Result<uint64_t> ooms = ReadKeyedUint(dir_ + "/memory.events", "oom_kill");
+    Result<uint64_t> ooms = OomKills();
     if (!ooms.ok()) return ooms.status();
     stats.oom_kills = *ooms;
     Result<uint64_t> frozen = ReadKeyedUint(dir_ + "/cgroup.events", "frozen");
     stats.frozen = frozen.ok() && *frozen != 0;
     return stats;
+  }
+
+  Result<uint64_t> OomKills() override {
+    return ReadKeyedUint(dir_ + "/memory.events", "oom_kill");
   }
 
   Status KillAll() override {

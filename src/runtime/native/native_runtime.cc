@@ -584,6 +584,10 @@ Result<UniqueFd> NativeRuntime::OpenSocket(const Box& box, int domain, int type)
   return SocketInNetworkOf(pidfd->get(), domain, type, what);
 }
 
+Result<uint64_t> NativeRuntime::OomKills(const Box& box) {
+  return Cgroup::Open(cgroups_, box.id)->OomKills();
+}
+
 Result<BoxStats> NativeRuntime::Stats(const Box& box) {
   auto st = Cgroup::Open(cgroups_, box.id)->Stats();
   if (!st.ok()) return st;

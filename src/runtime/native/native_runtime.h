@@ -70,6 +70,7 @@ class NativeRuntime : public Runtime {
   Status SetLimits(const Box& box, const Limits& limits) override;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
+  Result<uint64_t> OomKills(const Box& box) override;
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   std::optional<std::string> AgentExit(const Box& box) override;
   Status Destroy(const Box& box) override;

@@ -1210,6 +1210,12 @@ Status OciRuntime::Thaw(const Box& box) {
   return Run(box.id, {"resume", box.id}).status().Wrap("thaw box " + box.id);
 }
 
+Result<uint64_t> OciRuntime::OomKills(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  if (auto n = Cgroup::Open(cgroups_, box.id)->OomKills(); n.ok()) return n;
+  return Runtime::OomKills(box);  // another layout than the native driver's: Stats asks runsc
+}
+
 Result<BoxStats> OciRuntime::Stats(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   // The box's cgroups are where the native driver would put them (CgroupsPath): read directly,

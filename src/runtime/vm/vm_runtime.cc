@@ -1195,6 +1195,13 @@ Status VmRuntime::Thaw(const Box& box) {
   return Cgroup::Open(cgroups_, box.id)->Thaw().Wrap("thaw box " + box.id);
 }
 
+Result<uint64_t> VmRuntime::OomKills(const Box& box) {
+  SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
+  auto host = Cgroup::Open(cgroups_, box.id)->OomKills();
+  if (!host.ok()) return host.status().Wrap("OOM kills of box " + box.id);
+  return *host + GuestOomKills(box.agent_socket).value_or(0);
+}
+
 Result<BoxStats> VmRuntime::Stats(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   auto st = Cgroup::Open(cgroups_, box.id)->Stats();

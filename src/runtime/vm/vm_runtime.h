@@ -86,6 +86,7 @@ class VmRuntime : public Runtime {
   Status Thaw(const Box& box) override;
   // QEMU's cgroup (what the box costs the host), and the writable layer's image.
   Result<BoxStats> Stats(const Box& box) override;
+  Result<uint64_t> OomKills(const Box& box) override;
   // ENOTSUP: the box's sockets are in the guest's kernel.
   Result<UniqueFd> OpenSocket(const Box& box, int domain, int type) override;
   std::optional<std::string> AgentExit(const Box& box) override;
