@@ -229,6 +229,13 @@ long VmHwmKb(pid_t pid) {
   return p == std::string::npos ? 0 : atol(s.c_str() + p + 6);
 }
 
+// The real uid of host process `pid`, -1 when it is gone.
+long HostUid(pid_t pid) {
+  std::string s = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  auto p = s.find("Uid:");
+  return p == std::string::npos ? -1 : atol(s.c_str() + p + 4);
+}
+
 class SbxProcess {
  public:
   SbxProcess(std::vector<std::string> argv, RunOptions opts) : opts_(std::move(opts)) {
@@ -1200,30 +1207,23 @@ void RunRow21PerBox(Battery& b) {
   std::string seen;
   // vm: what the guest's root makes lives in the box's disk image, and the box's host id is
   // the one its QEMU runs as and its disk.img belongs to (row 21's first case checks they agree).
-  for (int i = 0; b.vm() && i < 2; ++i) {
-    std::vector<std::string> dirs;
-    auto t0 = Clock::now();
-    while (SecondsSince(t0) < 60) {
-      dirs.clear();
-      for (const auto& d : ListDir(host.run_dir()))
-        if (d[0] != '.' && access((host.run_dir() + "/" + d + "/pid").c_str(), F_OK) == 0)
-          dirs.push_back(host.run_dir() + "/" + d);
-      if (dirs.size() == 2) break;
-      usleep(50000);
-    }
-    if (dirs.size() != 2) {
-      failures.push_back(Fmt("expected two vm boxes with QEMU running, got %zu", dirs.size()));
-      break;
-    }
+  std::vector<std::string> dirs;
+  for (auto t0 = Clock::now(); b.vm() && SecondsSince(t0) < 60; usleep(50000)) {
+    dirs.clear();
+    for (const auto& d : ListDir(host.run_dir()))
+      if (d[0] != '.' && access((host.run_dir() + "/" + d + "/pid").c_str(), F_OK) == 0)
+        dirs.push_back(host.run_dir() + "/" + d);
+    if (dirs.size() == 2) break;
+  }
+  if (b.vm() && dirs.size() != 2)
+    failures.push_back(Fmt("expected two vm boxes with QEMU running, got %zu", dirs.size()));
+  for (int i = 0; b.vm() && dirs.size() == 2 && i < 2; ++i) {
     struct stat st;
     if (stat((dirs[i] + "/disk.img").c_str(), &st) != 0) {
       failures.push_back("box " + std::to_string(i) + " has no disk.img");
       continue;
     }
-    pid_t qemu = atoi(ReadFile(dirs[i] + "/pid").c_str());
-    std::string status = ReadFile("/proc/" + std::to_string(qemu) + "/status");
-    auto u = status.find("Uid:");
-    long quid = u == std::string::npos ? -1 : atol(status.c_str() + u + 4);
+    long quid = HostUid(atoi(ReadFile(dirs[i] + "/pid").c_str()));
     if (quid != static_cast<long>(st.st_uid))
       failures.push_back(
           Fmt("box %d's QEMU runs as host uid %ld, its disk.img is uid %u", i, quid, st.st_uid));
@@ -1608,9 +1608,7 @@ TEST_P(SecurityBattery, AllCases) {
       int found = 0, sentry_procs = 0;
       std::set<long> sentry_uids, proc_uids;
       for (pid_t p : host.BoxPids()) {
-        std::string status = ReadFile("/proc/" + std::to_string(p) + "/status");
-        auto u = status.find("Uid:");
-        long uid = u == std::string::npos ? -1 : atol(status.c_str() + u + 4);
+        long uid = HostUid(p);
         // gVisor: the Sentry (runsc's sandbox process and its threads) runs as the box's
         // base+65534, runsc's nobody in a user namespace of its own that maps only that id
         // (docs/isolation.md, "A box, step by step"); the box's root is the Sentry's, and what it
