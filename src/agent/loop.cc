@@ -356,6 +356,8 @@ bool Agent::HandleFrame(Connection& c, const Header& h, const std::string& paylo
     HandleProcessRequest(c, h, r);
   } else if (h.type == Type::kLookupUser) {
     LookupUser(c, h.id, r);
+  } else if (h.type == Type::kOomKill) {
+    OomKill(c, h.id, r);
   } else if (h.type == Type::kTcpConnect) {
     return ConnectPort(c, h.id, r);
   } else if (t >= static_cast<uint16_t>(Type::kStat) &&

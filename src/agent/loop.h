@@ -101,6 +101,8 @@ class Agent {
   // LOOKUP_USER: a user of the box's /etc/passwd (users_), by name or number.
   void LookupUser(Connection& c, uint32_t id, const protocol::Reader& r);
   void ListProcs(Connection& c, uint32_t id);
+  // OOM_KILL: SIGKILLs the process the kernel's OOM killer would choose (oom.h).
+  void OomKill(Connection& c, uint32_t id, const protocol::Reader& r);
   Process* FindProcess(pid_t pid);
   void OnProcessOutput(pid_t pid, int stream);
   void OnProcessStdin(pid_t pid);

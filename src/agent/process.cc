@@ -19,6 +19,7 @@
 
 #include "agent/log.h"
 #include "agent/loop.h"
+#include "agent/oom.h"
 #include "agent/paths.h"
 #include "agent/spawn.h"
 
@@ -361,6 +362,22 @@ void Agent::Attach(Connection& c, uint32_t id, const Reader& r) {
 
 void Agent::ListProcs(Connection& c, uint32_t id) {
   c.streams().push_back(std::make_unique<ProcListStream>(*this, id));
+}
+
+void Agent::OomKill(Connection& c, uint32_t id, const Reader& r) {
+  const int64_t limit = r.Int(Tag::kMemoryLimit, 0);
+  if (limit < 0) return SendError(c, id, EINVAL, "oom kill: bad memory limit");
+  auto victim =
+      ChooseOomVictim(ScanOomCandidates("/proc", ::getpid()), static_cast<uint64_t>(limit));
+  if (!victim) return SendError(c, id, ESRCH, "oom kill: no process to kill");
+  const std::string what = "oom kill: pid " + std::to_string(victim->pid);
+  if (::kill(victim->pid, SIGKILL) != 0) return SendError(c, id, errno, what);
+  Log("out of memory: killed pid %d (%llu KiB resident, oom_score_adj %d)", victim->pid,
+      static_cast<unsigned long long>(victim->rss_bytes >> 10), victim->oom_score_adj);
+  c.Send(Type::kOk, id,
+         Writer()
+             .Int(Tag::kPid, victim->pid)
+             .Int(Tag::kSize, static_cast<int64_t>(victim->rss_bytes)));
 }
 
 void Agent::WriteStdin(Connection& c, uint32_t id, Process& p, std::string_view data) {

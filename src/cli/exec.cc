@@ -446,11 +446,12 @@ int ReportOom(Client& client, const ExecFlags& f, const json& before, int status
   if (!after.ok() || OomKills(*after) <= OomKills(before)) return status;
   int64_t limit = 0;
   if ((*after)["limits"].is_object()) limit = (*after)["limits"].value("memory_bytes", int64_t{0});
-  std::fprintf(stderr,
-               "sbx: out of memory: the sandbox hit its memory limit%s and the kernel killed %lld "
-               "process(es)\n",
-               limit > 0 ? (" of " + FormatSize(limit)).c_str() : "",
-               static_cast<long long>(OomKills(*after) - OomKills(before)));
+  std::fprintf(
+      stderr,
+      "sbx: out of memory: the sandbox hit its memory limit%s and its OOM killer killed %lld "
+      "process(es)\n",
+      limit > 0 ? (" of " + FormatSize(limit)).c_str() : "",
+      static_cast<long long>(OomKills(*after) - OomKills(before)));
   return status;
 }
 

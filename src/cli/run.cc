@@ -434,11 +434,12 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     return 128 + interrupted;
   }
   const std::string oom = "out of memory: the box hit its memory limit of " +
-                          FormatSize(limits->limits.memory_bytes) + " and the kernel killed " +
+                          FormatSize(limits->limits.memory_bytes) + " and its OOM killer killed " +
                           std::to_string(oom_kills) + " process(es)";
   if (!outcome.ok() && oom_kills > 0) {
-    // The box's own kernel was among them (gVisor's Sentry is in the box's cgroup): the agent's
-    // connection ended with it. The command died of the limit all the same, as by SIGKILL.
+    // The box's own kernel was among them (gVisor's sandbox, where sbx's OOM guard could not take
+    // the kill from the host's kernel: oom_guard.h): the agent's connection ended with it. The
+    // command died of the limit all the same, as by SIGKILL.
     Error(oom + ", the box's runtime with its command");
     return 128 + SIGKILL;
   }

@@ -48,6 +48,7 @@ enum class Type : uint16_t {
   kProcEntry = 26,
   kWait = 27,        // answered (OK with the exit fields) once the process has exited
   kLookupUser = 28,  // a user of the box's /etc/passwd: name, uid, gid, home
+  kOomKill = 29,     // the box is out of memory: SIGKILL the process the kernel would choose
   // files
   kStat = 48,
   kList = 49,
@@ -109,6 +110,7 @@ enum class Tag : uint16_t {
   kEndedNs = 40,       // int
   kTimeoutMs = 41,     // int: kill the process group this long after start (0 = none)
   kTimedOut = 42,      // int 0/1
+  kMemoryLimit = 43,   // int: the box's memory limit in bytes (OOM_KILL weighs oom_score_adj by it)
   // files
   kPath = 48,         // string
   kDepth = 49,        // int

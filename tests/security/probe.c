@@ -2218,9 +2218,10 @@ static void c_oom_score(void) {
   if (!g_gvisor && e != EACCES) fail("expected EACCES lowering its own oom_score_adj, got %d", e);
   if (!g_gvisor) note("lowering own score: EACCES");
   if (g_gvisor) {
-    // gVisor: PID 1's score is the Sentry's bookkeeping too, and root inside may open it; it
-    // selects no victim (the host's OOM killer sees only the Sentry, the box's whole memory, which
-    // is why 43a fails under gVisor). Precise outcome: opens (nothing written); no oom_adj.
+    // gVisor: PID 1's score is the Sentry's bookkeeping too, and root inside may open it. The
+    // host's OOM killer never sees it (it sees the sandbox's host processes); sbx's OOM guard asks
+    // the agent, which weighs these scores, and never chooses the agent itself (43a). Precise
+    // outcome: opens (nothing written); no oom_adj.
     long fd = open("/proc/1/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (fd < 0) fail("expected gVisor's /proc/1/oom_score_adj to open, got %s", ename(errno));
     close(fd);

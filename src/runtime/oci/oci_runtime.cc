@@ -623,6 +623,11 @@ Result<std::unique_ptr<OciRuntime>> OciRuntime::Open(const OciConfig& config) {
   std::unique_ptr<OciRuntime> rt(
       new OciRuntime(config, kind, binary, version, std::move(cg).value()));
   SBX_RETURN_IF_ERROR(InstallAgent(config.agent_path, rt->AgentCopy()).Wrap(who));
+  if (kind == OciKind::kGvisor && rt->cgroups_.version == CgroupVersion::kV1) {
+    auto guard = OomGuard::Start();
+    if (!guard.ok()) return guard.status().Wrap(who);
+    rt->oom_guard_ = std::move(guard).value();
+  }
   if (kind == OciKind::kGvisor && !config.preload_path.empty() &&
       ::access(config.preload_path.c_str(), R_OK) == 0) {
     SBX_RETURN_IF_ERROR(InstallAgent(config.preload_path, rt->PreloadCopy()).Wrap(who));
@@ -834,6 +839,9 @@ Result<Box> OciRuntime::Create(const BoxSpec& spec) {
     if (!w.ok()) return w.status().Wrap(what);
     watchdog = std::move(w).value();
   }
+  // Last before the box is live: nothing after it fails, so the guard never watches a box that
+  // is undone.
+  SBX_RETURN_IF_ERROR(GuardMemory(c.box).Wrap(what));
   // Live: from here Destroy owns everything.
   c.container.Commit();
   c.cgroup.committed = true;
@@ -1212,7 +1220,8 @@ Status OciRuntime::Thaw(const Box& box) {
 
 Result<uint64_t> OciRuntime::OomKills(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
-  if (auto n = Cgroup::Open(cgroups_, box.id)->OomKills(); n.ok()) return n;
+  const uint64_t guarded = oom_guard_ ? oom_guard_->Kills(box.id) : 0;
+  if (auto n = Cgroup::Open(cgroups_, box.id)->OomKills(); n.ok()) return *n + guarded;
   return Runtime::OomKills(box);  // another layout than the native driver's: Stats asks runsc
 }
 
@@ -1236,6 +1245,7 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
     s.pids_current = data.value("/pids/current"_json_pointer, uint64_t{0});
     st = s;
   }
+  if (oom_guard_) st->oom_kills += oom_guard_->Kills(box.id);
   struct statvfs vfs {};
   const std::string dir = Dir(box.id);
   if (Upper(dir) != dir + "/fs/upper") {
@@ -1256,7 +1266,27 @@ Status OciRuntime::SetLimits(const Box& box, const Limits& limits) {
   SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(box.id, limits).Wrap(what));
   Limits host = limits;
   if (kind_ == OciKind::kGvisor) host.pids = GvisorHostPids(limits.pids);
-  return Cgroup::Open(cgroups_, box.id)->SetLimits(host).Wrap(what);
+  SBX_RETURN_IF_ERROR(Cgroup::Open(cgroups_, box.id)->SetLimits(host).Wrap(what));
+  Box box_now = box;
+  box_now.agent_socket = Dir(box.id) + "/sock/agent.sock";
+  return GuardMemory(box_now).Wrap(what);
+}
+
+Status OciRuntime::GuardMemory(const Box& box) {
+  if (!oom_guard_) return {};
+  std::string memcg;
+  for (const auto& [controller, dir] : cgroups_.v1_dirs)
+    if (controller == "memory") memcg = dir + "/" + box.id;
+  if (memcg.empty()) return {};
+  // No limit of its own (or no longer): the kernel's killer acts only for a parent's, which is
+  // no box's to handle.
+  auto limit = cgroup_internal::ReadUint(memcg + "/memory.limit_in_bytes");
+  if (!limit.ok()) return {};  // no memory cgroup where the native layout puts it
+  if (*limit >= (uint64_t{1} << 62)) {
+    oom_guard_->Forget(box.id);
+    return cgroup_internal::WriteKnob(memcg + "/memory.oom_control", "0");
+  }
+  return oom_guard_->Watch(box.id, memcg, box.agent_socket, Dir(box.id));
 }
 
 Result<UniqueFd> OciRuntime::OpenSocket(const Box& box, int domain, int type) {
@@ -1328,6 +1358,7 @@ Status OciRuntime::DestroyBox(const Box& box, const std::string* keep_upper) {
     }
   }
   watchdog.reset();  // the box's first process is dead: it has nothing left to kill
+  if (oom_guard_) oom_guard_->Forget(box.id);
   Status deleted = DeleteContainer(box.id);
   Status cgroups = DestroyCgroups(box.id);  // nothing of the box runs any more
   Status unmounted = UnmountBelow(dir);
@@ -1398,8 +1429,13 @@ Result<Box> OciRuntime::Adopt(const std::string& id) {
   std::string status = st.is_object() ? st.value("status", "") : "";
   if (status != "running" && status != "paused")
     return Status::Error(what + ": " + config_.binary + " says it is " + status, ESRCH);
-  MutexLock g(mu_);
-  owner_locks_[id] = std::move(lock);
+  {
+    MutexLock g(mu_);
+    owner_locks_[id] = std::move(lock);
+  }
+  // It may have run out of memory while nobody watched (it waits then): handled now. A box the
+  // guard cannot watch is left to the kernel's OOM killer, as before the guard.
+  (void)GuardMemory(box);
   return box;
 }
 

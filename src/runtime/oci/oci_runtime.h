@@ -11,6 +11,7 @@
 //   config.json the bundle's spec (oci_spec.h)
 //   agent.log   the agent's stderr and the runtime binary's create errors
 //   agent.sock  runc: the agent's listening socket, bound here by sbx and passed as fd 3
+//   oom_kills   gVisor: how many of the box's processes sbx's OOM guard has killed (oom_guard.h)
 // and, each the box's root id's alone (0700):
 //   fs/upper, fs/work   the writable layer (overlayfs' form, files owned by the box's host ids)
 //   fs/root     the box's root: an overlay of lower/* under fs/upper, mounted on the host
@@ -37,6 +38,7 @@
 #include "runtime/id_pool.h"
 #include "runtime/native/cgroup.h"
 #include "runtime/oci/oci_spec.h"
+#include "runtime/oci/oom_guard.h"
 #include "runtime/runtime.h"
 
 namespace sbx::runtime {
@@ -133,6 +135,9 @@ class OciRuntime : public Runtime {
   std::vector<std::pair<int, rlimit>> BoxRlimits() const;
   // linux.cgroupsPath of box `id` (the same directories as a native box's: cgroup.h).
   std::string CgroupsPath(const std::string& id) const;
+  // gVisor: hands box `box`'s OOM kills to oom_guard_ (oom_guard.h), where the host has a v1
+  // memory controller and the box a memory limit; else nothing.
+  Status GuardMemory(const Box& box);
 
   const OciConfig config_;
   const OciKind kind_;
@@ -140,6 +145,8 @@ class OciRuntime : public Runtime {
   const std::string binary_;
   const std::string version_;
   const CgroupHost cgroups_;
+  // gVisor on a host whose memory controller is v1: the OOM killer of its boxes.
+  std::unique_ptr<OomGuard> oom_guard_;
   Mutex mu_;
   // Per live box created or adopted by this process: its open, flock()ed <dir>/owner file.
   std::map<std::string, UniqueFd> owner_locks_ GUARDED_BY(mu_);

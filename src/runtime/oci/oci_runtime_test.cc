@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -500,6 +501,81 @@ TEST_P(OciRuntimeTest, AdoptionAndOrphansFollowTheOwnerLock) {
   EXPECT_EQ(*(*reaper)->ReapOrphans("serve"), 1);
   ExpectGone(*box);
   rt_ = std::move(*reaper);
+}
+
+// Row 43 of threats.md: a memory bomb dies alone and the box serves on. Under runc the host's
+// kernel kills the bomb's process; under gVisor that kernel would take one of the sandbox's host
+// processes and the whole sandbox with it, so sbx's OOM guard (oom_guard.h) has the box's agent
+// kill the bomb instead: the kernel's own count stays 0, the limit is the box's again after, and
+// a runtime that adopts the box takes the guard over.
+TEST_P(OciRuntimeTest, AMemoryBombDiesAloneAndTheBoxServesOn) {
+  BoxSpec spec = Spec();
+  spec.owner = "serve";
+  spec.limits.memory_bytes = 128 << 20;
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  const bool guarded = name_ == "gvisor" && !CgroupValue(box->id, "memory.oom_control").empty();
+  if (guarded) {
+    EXPECT_EQ(CgroupValue(box->id, "memory.oom_control"), "oom_kill_disable 1");
+  }
+  const std::string bomb =
+      "python3 -c 'a = []\nwhile True: a.append(b\"x\" * (16 << 20))'; echo status $?";
+  auto limit_back = [&] {
+    // The guard writes the limit back once the box's usage is under it (it polls for that).
+    for (int i = 0; i < 5000; ++i) {
+      if (CgroupValue(box->id, "memory.limit_in_bytes") == std::to_string(128 << 20)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  };
+  OciRuntime* rt = rt_.get();
+  std::unique_ptr<OciRuntime> adopter;
+  for (int round = 1; round <= 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto [out, code] = RunSh(*box, bomb, 60000);
+    EXPECT_EQ(out, "status 137\n") << "the bomb dies of SIGKILL";
+    EXPECT_EQ(code, 0);
+    EXPECT_EQ(RunSh(*box, "echo alive").first, "alive\n");
+    auto kills = rt->OomKills(*box);
+    ASSERT_TRUE(kills.ok()) << kills.status().message();
+    EXPECT_EQ(*kills, static_cast<uint64_t>(round));
+    auto stats = rt->Stats(*box);
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->oom_kills, static_cast<uint64_t>(round));
+    if (guarded) {
+      EXPECT_TRUE(limit_back()) << "the limit stayed raised";
+      auto log = ReadFile(box->dir + "/agent.log", 1 << 20);
+      ASSERT_TRUE(log.ok());
+      EXPECT_NE(log->find("out of memory: killed pid"), std::string::npos) << *log;
+      EXPECT_EQ(log->find("OOM killer decides"), std::string::npos) << *log;
+    }
+    if (round == 1) {
+      rt_.reset();  // its owner "dies" cleanly: the box is the kernel's again, until adopted
+      if (guarded) {
+        EXPECT_EQ(CgroupValue(box->id, "memory.oom_control"), "oom_kill_disable 0");
+      }
+      auto other = OciRuntime::Open(config_);
+      ASSERT_TRUE(other.ok()) << other.status().message();
+      adopter = std::move(other).value();
+      auto adopted = adopter->Adopt(box->id);
+      ASSERT_TRUE(adopted.ok()) << adopted.status().message();
+      if (guarded) {
+        EXPECT_EQ(CgroupValue(box->id, "memory.oom_control"), "oom_kill_disable 1");
+      }
+      rt = adopter.get();
+    }
+  }
+  if (guarded) {
+    for (const auto& d : CgroupDirs(config_.cgroup_parent, box->id)) {
+      auto oc = ReadFile(d + "/memory.oom_control", 4096);
+      if (oc.ok()) {
+        EXPECT_NE(oc->find("oom_kill 0"), std::string::npos) << *oc;
+      }
+    }
+  }
+  ASSERT_TRUE(rt->Destroy(*box).ok());
+  ExpectGone(*box);
+  rt_ = std::move(adopter);
 }
 
 TEST_P(OciRuntimeTest, AFailedCreateLeavesNothing) {

@@ -1,0 +1,270 @@
+#include "runtime/oci/oom_guard.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "protocol/client.h"
+#include "runtime/native/cgroup_internal.h"
+
+namespace sbx::runtime {
+namespace {
+
+using cgroup_internal::Exists;
+using cgroup_internal::ReadKeyedUint;
+using cgroup_internal::ReadUint;
+using cgroup_internal::WriteKnob;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr int kMaxRounds = 4;  // reserves (and kills) for one OOM before the kernel decides
+constexpr uint64_t kUnlimited = uint64_t{1} << 62;
+
+// The box's memory limit (and memory+swap's, where the kernel accounts swap) set to `base` plus
+// `extra`: memsw moves first when the limit grows, last when it shrinks (memory <= memory+swap at
+// every write). A shrink the kernel cannot reclaim down to is EBUSY.
+Status SetMemory(const std::string& memcg, uint64_t base, uint64_t memsw_base, uint64_t extra,
+                 bool grows) {
+  const std::string memsw = memcg + "/memory.memsw.limit_in_bytes";
+  const bool has_memsw = memsw_base != 0;
+  if (has_memsw && grows) SBX_RETURN_IF_ERROR(WriteKnob(memsw, std::to_string(memsw_base + extra)));
+  SBX_RETURN_IF_ERROR(WriteKnob(memcg + "/memory.limit_in_bytes", std::to_string(base + extra)));
+  if (has_memsw && !grows)
+    SBX_RETURN_IF_ERROR(WriteKnob(memsw, std::to_string(memsw_base + extra)));
+  return {};
+}
+
+// Asks the box's agent to kill the process the kernel would choose; its pid.
+Result<pid_t> AskAgent(const std::string& socket, uint64_t limit, int timeout_ms) {
+  auto c = protocol::AgentConnection::Connect(socket, timeout_ms);
+  if (!c.ok()) return c.status();
+  auto ok =
+      c->Call(protocol::Type::kOomKill,
+              protocol::Writer().Int(protocol::Tag::kMemoryLimit, static_cast<int64_t>(limit)),
+              nullptr, timeout_ms);
+  if (!ok.ok()) return ok.status();
+  int64_t pid = ok->fields.Int(protocol::Tag::kPid, 0);
+  if (pid <= 0 || pid > 0x7fffffff) return Status::Error("OOM_KILL answered no pid", EPROTO);
+  return static_cast<pid_t>(pid);
+}
+
+void AppendLine(const std::string& path, const std::string& line) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (fd) (void)!::write(fd.get(), line.data(), line.size());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<OomGuard>> OomGuard::Start(Options options) {
+  std::unique_ptr<OomGuard> g(new OomGuard(options));
+  g->epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!g->epoll_) return Status::Errno("oom guard: epoll_create1");
+  g->wake_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!g->wake_) return Status::Errno("oom guard: eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  if (::epoll_ctl(g->epoll_.get(), EPOLL_CTL_ADD, g->wake_.get(), &ev) != 0)
+    return Status::Errno("oom guard: epoll_ctl");
+  g->thread_ = std::thread([p = g.get()] { p->Loop(); });
+  return g;
+}
+
+OomGuard::~OomGuard() {
+  stop_ = true;
+  (void)!::eventfd_write(wake_.get(), 1);
+  if (thread_.joinable()) thread_.join();
+  MutexLock l(mu_);
+  for (auto& [id, e] : entries_)
+    if (!e.given_back) (void)WriteKnob(e.memcg + "/memory.oom_control", "0");
+}
+
+Status OomGuard::Watch(const std::string& id, const std::string& memcg,
+                       const std::string& agent_socket, const std::string& box_dir) {
+  const std::string what = "watch the memory of box " + id;
+  const std::string control = memcg + "/memory.oom_control";
+  UniqueFd event(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!event) return Status::Errno(what + ": eventfd");
+  UniqueFd oc(::open(control.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!oc) return Status::Errno(what + ": open " + control);
+  SBX_RETURN_IF_ERROR(WriteKnob(memcg + "/cgroup.event_control",
+                                std::to_string(event.get()) + " " + std::to_string(oc.get()))
+                          .Wrap(what));
+  // The kernel's killer off only once the notification is registered: an OOM from here on is
+  // heard (or was under way, which the first check below finds).
+  SBX_RETURN_IF_ERROR(WriteKnob(control, "1").Wrap(what));
+  Entry e;
+  e.memcg = memcg;
+  e.socket = agent_socket;
+  e.dir = box_dir;
+  if (auto n = ReadFile(box_dir + "/oom_kills", 64); n.ok())
+    e.kills = std::strtoull(n->c_str(), nullptr, 10);
+  MutexLock l(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    ids_.erase(it->second.key);
+    entries_.erase(it);
+  }
+  e.key = next_key_++;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = e.key;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, event.get(), &ev) != 0) {
+    Status s = Status::Errno(what + ": epoll_ctl");
+    (void)WriteKnob(control, "0");
+    return s;
+  }
+  // Checked once at once: an OOM under way before the registration sent no event.
+  (void)!::eventfd_write(event.get(), 1);
+  e.event = std::move(event);
+  ids_[e.key] = id;
+  entries_.emplace(id, std::move(e));
+  return {};
+}
+
+void OomGuard::Forget(const std::string& id) {
+  MutexLock l(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  ids_.erase(it->second.key);
+  entries_.erase(it);  // closing the eventfd takes it out of the epoll set
+}
+
+uint64_t OomGuard::Kills(const std::string& id) const {
+  MutexLock l(mu_);
+  auto it = entries_.find(id);
+  return it == entries_.end() ? 0 : it->second.kills;
+}
+
+void OomGuard::Loop() {
+  epoll_event events[16];
+  while (!stop_) {
+    int n = ::epoll_wait(epoll_.get(), events, 16, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    std::vector<uint64_t> keys;
+    {
+      MutexLock l(mu_);
+      for (int i = 0; i < n; ++i) {
+        const uint64_t key = events[i].data.u64;
+        uint64_t count;
+        if (key == 0) {
+          (void)!::eventfd_read(wake_.get(), &count);
+          continue;
+        }
+        auto id = ids_.find(key);
+        if (id == ids_.end()) continue;
+        (void)!::eventfd_read(entries_.at(id->second).event.get(), &count);
+        keys.push_back(key);
+      }
+    }
+    for (uint64_t key : keys)
+      if (!stop_) Handle(key);
+  }
+}
+
+void OomGuard::Handle(uint64_t key) {
+  std::string memcg, socket, dir;
+  {
+    MutexLock l(mu_);
+    auto id = ids_.find(key);
+    if (id == ids_.end()) return;
+    const Entry& e = entries_.at(id->second);
+    if (e.given_back) return;
+    memcg = e.memcg;
+    socket = e.socket;
+    dir = e.dir;
+  }
+  const std::string control = memcg + "/memory.oom_control";
+  auto under_oom = [&] {
+    auto u = ReadKeyedUint(control, "under_oom");
+    return u.ok() && *u != 0;
+  };
+  if (!under_oom()) return;  // the check at Watch, or the cgroup's removal
+  auto limit = ReadUint(memcg + "/memory.limit_in_bytes");
+  if (!limit.ok()) return;  // the cgroup is going
+  uint64_t memsw = 0;
+  if (Exists(memcg + "/memory.memsw.limit_in_bytes")) {
+    auto m = ReadUint(memcg + "/memory.memsw.limit_in_bytes");
+    if (m.ok() && *m < kUnlimited) memsw = *m;
+  }
+  const uint64_t reserve = std::clamp<uint64_t>(*limit / 8, 8 * kMiB, 64 * kMiB);
+  const int timeout_ms = static_cast<int>(options_.agent_timeout.count());
+  uint64_t extra = 0;
+  pid_t last = 0;
+  int rounds = 0;
+  const auto deadline = Clock::now() + options_.recover_timeout;
+  std::string why;  // why the box goes back to the kernel's killer
+  while (why.empty()) {
+    if (*limit >= kUnlimited) {
+      why = "it has no memory limit of its own to raise";
+      break;
+    }
+    if (under_oom()) {
+      if (rounds == kMaxRounds) {
+        why = "it stayed out of memory after " + std::to_string(rounds) + " kills";
+        break;
+      }
+      extra += reserve;
+      if (Status s = SetMemory(memcg, *limit, memsw, extra, true); !s.ok()) {
+        why = "raising its limit failed: " + s.message();
+        break;
+      }
+      // Counted before the kill, so that whoever sees the victim's exit also sees its count;
+      // taken back when the agent kills nothing or the same process again.
+      AddKills(key, 1);
+      auto victim = AskAgent(socket, *limit, timeout_ms);
+      if (!victim.ok() || *victim == last) AddKills(key, -1);
+      if (!victim.ok()) {
+        why = "its agent did not kill: " + victim.status().message();
+        break;
+      }
+      ++rounds;
+      last = *victim;
+    }
+    auto usage = ReadUint(memcg + "/memory.usage_in_bytes");
+    if (!usage.ok()) return;  // the cgroup is gone
+    // Back under the limit: the limit again (the kernel reclaims the rest, or refuses: EBUSY).
+    if (*usage <= *limit && SetMemory(memcg, *limit, memsw, 0, false).ok()) return;
+    if (stop_) return;  // the destructor gives the box back
+    if (Clock::now() >= deadline) {
+      why = "its memory did not come back under the limit within " +
+            std::to_string(options_.recover_timeout.count()) + " ms";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  {
+    MutexLock l(mu_);
+    if (auto id = ids_.find(key); id != ids_.end()) entries_.at(id->second).given_back = true;
+  }
+  (void)WriteKnob(control, "0");
+  std::string line = "sbx: the box is out of memory and " + why +
+                     ": the host kernel's OOM killer decides from now on (under gVisor it ends "
+                     "the whole sandbox)";
+  if (extra > 0) {
+    // The limit as asked, if the kernel can reclaim down to it; else it stays raised.
+    if (Status s = SetMemory(memcg, *limit, memsw, 0, false); !s.ok())
+      line += "; its memory limit stays " + std::to_string(extra / kMiB) +
+              " MiB above the one asked for (" + s.message() + ")";
+  }
+  AppendLine(dir + "/agent.log", line + "\n");
+}
+
+void OomGuard::AddKills(uint64_t key, int delta) {
+  MutexLock l(mu_);
+  auto id = ids_.find(key);
+  if (id == ids_.end()) return;
+  Entry& e = entries_.at(id->second);
+  e.kills = delta > 0 ? e.kills + 1 : e.kills - 1;
+  (void)WriteFileAtomic(e.dir + "/oom_kills", std::to_string(e.kills) + "\n", 0600);
+}
+
+
+}  // namespace sbx::runtime
