@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,19 +40,45 @@ Status SetMemory(const std::string& memcg, uint64_t base, uint64_t memsw_base, u
   return {};
 }
 
-// Asks the box's agent to kill the process the kernel would choose; its pid.
-Result<pid_t> AskAgent(const std::string& socket, uint64_t limit, int timeout_ms) {
+// A connection to the box's agent, or null.
+std::shared_ptr<protocol::AgentConnection> ConnectAgent(const std::string& socket, int timeout_ms) {
   auto c = protocol::AgentConnection::Connect(socket, timeout_ms);
-  if (!c.ok()) return c.status();
-  auto ok =
-      c->Call(protocol::Type::kOomKill,
-              protocol::Writer().Int(protocol::Tag::kMemoryLimit, static_cast<int64_t>(limit)),
-              nullptr, timeout_ms);
-  if (!ok.ok()) return ok.status();
-  int64_t pid = ok->fields.Int(protocol::Tag::kPid, 0);
-  if (pid <= 0 || pid > 0x7fffffff) return Status::Error("OOM_KILL answered no pid", EPROTO);
-  return static_cast<pid_t>(pid);
+  if (!c.ok()) return nullptr;
+  return std::make_shared<protocol::AgentConnection>(std::move(c).value());
 }
+
+}  // namespace
+
+// Calls `reserve(false)`, sends OOM_KILL on `agent` and waits for its answer (the victim's pid),
+// calling `reserve(true)` every few milliseconds while waiting; a failure of `reserve` ends the
+// wait with it.
+Result<pid_t> OomGuard::AskAgent(protocol::AgentConnection& agent, uint64_t limit,
+                                 const std::function<Status(bool again)>& reserve) const {
+  // The room first: until it is there, the Sentry's own allocations in the host kernel fail.
+  SBX_RETURN_IF_ERROR(reserve(false));
+  const uint32_t call = agent.NextId();
+  SBX_RETURN_IF_ERROR(
+      agent.Send(protocol::Type::kOomKill, call,
+                 protocol::Writer().Int(protocol::Tag::kMemoryLimit, static_cast<int64_t>(limit))));
+  const auto answer_by = Clock::now() + options_.agent_timeout;
+  for (;;) {
+    auto f = agent.Receive(5);
+    if (f.ok()) {
+      if (f->id() != call) continue;  // nothing else is asked on this connection
+      if (f->type() != protocol::Type::kOk) return protocol::ErrorFromFrame(*f);
+      int64_t pid = f->fields.Int(protocol::Tag::kPid, 0);
+      if (pid <= 0 || pid > 0x7fffffff) return Status::Error("OOM_KILL answered no pid", EPROTO);
+      return static_cast<pid_t>(pid);
+    }
+    if (f.status().err() != ETIMEDOUT) return f.status();
+    if (Clock::now() >= answer_by)
+      return Status::Error(
+          "no answer within " + std::to_string(options_.agent_timeout.count()) + " ms", ETIMEDOUT);
+    SBX_RETURN_IF_ERROR(reserve(true));
+  }
+}
+
+namespace {
 
 void AppendLine(const std::string& path, const std::string& line) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
@@ -102,6 +129,8 @@ Status OomGuard::Watch(const std::string& id, const std::string& memcg,
   e.memcg = memcg;
   e.socket = agent_socket;
   e.dir = box_dir;
+  // Now, while the box has memory to accept it (else at the first OOM, if the agent can).
+  e.agent = ConnectAgent(agent_socket, static_cast<int>(options_.agent_timeout.count()));
   if (auto n = ReadFile(box_dir + "/oom_kills", 64); n.ok())
     e.kills = std::strtoull(n->c_str(), nullptr, 10);
   MutexLock l(mu_);
@@ -141,6 +170,9 @@ uint64_t OomGuard::Kills(const std::string& id) const {
 }
 
 void OomGuard::Loop() {
+  // A box out of memory waits on this thread, the Sentry's own kernel allocations failing
+  // meanwhile: it must not queue behind the host's busy processes. It sleeps otherwise.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), -20);
   epoll_event events[16];
   while (!stop_) {
     int n = ::epoll_wait(epoll_.get(), events, 16, -1);
@@ -171,6 +203,7 @@ void OomGuard::Loop() {
 
 void OomGuard::Handle(uint64_t key) {
   std::string memcg, socket, dir;
+  std::shared_ptr<protocol::AgentConnection> agent;
   {
     MutexLock l(mu_);
     auto id = ids_.find(key);
@@ -180,6 +213,7 @@ void OomGuard::Handle(uint64_t key) {
     memcg = e.memcg;
     socket = e.socket;
     dir = e.dir;
+    agent = e.agent;
   }
   const std::string control = memcg + "/memory.oom_control";
   auto under_oom = [&] {
@@ -194,7 +228,7 @@ void OomGuard::Handle(uint64_t key) {
     auto m = ReadUint(memcg + "/memory.memsw.limit_in_bytes");
     if (m.ok() && *m < kUnlimited) memsw = *m;
   }
-  const uint64_t reserve = std::clamp<uint64_t>(*limit / 8, 8 * kMiB, 64 * kMiB);
+  const uint64_t reserve = std::clamp<uint64_t>(*limit / 4, 16 * kMiB, 64 * kMiB);
   const int timeout_ms = static_cast<int>(options_.agent_timeout.count());
   uint64_t extra = 0;
   pid_t last = 0;
@@ -208,25 +242,41 @@ void OomGuard::Handle(uint64_t key) {
     }
     if (under_oom()) {
       if (rounds == kMaxRounds) {
-        why = "it stayed out of memory after " + std::to_string(rounds) + " kills";
+        why = "it stayed out of memory after " + std::to_string(kMaxRounds) + " reserves";
         break;
       }
-      extra += reserve;
-      if (Status s = SetMemory(memcg, *limit, memsw, extra, true); !s.ok()) {
-        why = "raising its limit failed: " + s.message();
+      if (!agent) agent = ConnectAgent(socket, timeout_ms);
+      if (!agent) {
+        why = "its agent could not be reached at " + socket;
         break;
       }
       // Counted before the kill, so that whoever sees the victim's exit also sees its count;
       // taken back when the agent kills nothing or the same process again.
       AddKills(key, 1);
-      auto victim = AskAgent(socket, *limit, timeout_ms);
+      Result<pid_t> victim = AskAgent(*agent, *limit, [&](bool again) -> Status {
+        // The reserve, and another each time the box is out of memory again while the answer is
+        // awaited (the agent and the Sentry need room to kill).
+        if (again && !under_oom()) return {};
+        if (rounds == kMaxRounds)
+          return Status::Error("no answer within " + std::to_string(kMaxRounds) + " reserves",
+                               ETIMEDOUT);
+        extra += reserve;
+        ++rounds;
+        return SetMemory(memcg, *limit, memsw, extra, true).Wrap("raise its limit");
+      });
       if (!victim.ok() || *victim == last) AddKills(key, -1);
-      if (!victim.ok()) {
+      if (!victim.ok() && victim.status().err() == ESRCH) {
+        // Nothing left to kill: the last victim still holds its memory until the Sentry has
+        // reaped it. Waited for below (or more reserves, up to the last).
+      } else if (!victim.ok()) {
+        // The connection may be mid-reply: the next OOM makes a new one.
+        MutexLock l(mu_);
+        if (auto id = ids_.find(key); id != ids_.end()) entries_.at(id->second).agent.reset();
         why = "its agent did not kill: " + victim.status().message();
         break;
+      } else {
+        last = *victim;
       }
-      ++rounds;
-      last = *victim;
     }
     auto usage = ReadUint(memcg + "/memory.usage_in_bytes");
     if (!usage.ok()) return;  // the cgroup is gone
@@ -265,6 +315,5 @@ void OomGuard::AddKills(uint64_t key, int delta) {
   e.kills = delta > 0 ? e.kills + 1 : e.kills - 1;
   (void)WriteFileAtomic(e.dir + "/oom_kills", std::to_string(e.kills) + "\n", 0600);
 }
-
 
 }  // namespace sbx::runtime

@@ -10,13 +10,15 @@
 //
 //   1. the kernel reports the OOM (an eventfd registered through `cgroup.event_control`); the
 //      box's tasks that need memory wait in the kernel meanwhile;
-//   2. the limit is raised by a reserve (an eighth of it, 8 to 64 MiB), so that the Sentry and
-//      the agent can run;
-//   3. the agent is asked to kill the process the kernel would have chosen (OOM_KILL:
-//      agent/oom.h; SIGKILL, as the kernel's killer sends);
-//   4. once the box's usage is back under its limit (the Sentry has reaped the victim), the limit
-//      is written back. A box still out of memory at the raised limit gets another reserve and
-//      another kill, up to four; a box that stays out of memory, whose agent does not answer, or
+//   2. the agent is asked to kill the process the kernel would have chosen (OOM_KILL:
+//      agent/oom.h; SIGKILL, as the kernel's killer sends), over a connection made when the box
+//      was watched (at the limit, gVisor fails the host accept() a new connection needs, and its
+//      listening socket with it), and the limit is raised by a reserve (a quarter of it, 16 to
+//      64 MiB) so that the Sentry and the agent can run; while the answer is awaited, a box out of
+//      memory again gets another reserve;
+//   3. once the box's usage is back under its limit (the Sentry has reaped the victim), the limit
+//      is written back. A box still out of memory at the raised limit gets another kill, up to
+//      four reserves in all; a box that stays out of memory, whose agent does not answer, or
 //      whose memory does not come back within 5 s is given back to the kernel's killer (which
 //      ends the sandbox, as it would have without the guard), and a line in its agent.log says
 //      why.
@@ -35,6 +37,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +46,7 @@
 #include "common/fd.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "protocol/client.h"
 
 namespace sbx::runtime {
 
@@ -74,7 +78,9 @@ class OomGuard {
  private:
   struct Entry {
     std::string memcg, socket, dir;
-    UniqueFd event;    // the eventfd the kernel signals on an OOM (and on the cgroup's removal)
+    UniqueFd event;  // the eventfd the kernel signals on an OOM (and on the cgroup's removal)
+    // To the box's agent, made by Watch (or again when it broke); used by the guard's thread.
+    std::shared_ptr<protocol::AgentConnection> agent;
     uint64_t key = 0;  // its epoll key
     uint64_t kills = 0;
     bool given_back = false;  // the kernel's killer decides again
@@ -84,6 +90,8 @@ class OomGuard {
   // Handles an OOM of the box behind `key`, if it is under one.
   void Handle(uint64_t key);
   void AddKills(uint64_t key, int delta);  // +1 or -1
+  Result<pid_t> AskAgent(protocol::AgentConnection& agent, uint64_t limit,
+                         const std::function<Status(bool again)>& reserve) const;
 
   const Options options_;
   UniqueFd epoll_, wake_;
