@@ -125,7 +125,7 @@ Statement::Statement(Statement&& o) noexcept
 
 Statement& Statement::operator=(Statement&& o) noexcept {
   if (this != &o) {
-    sqlite3_finalize(stmt_);
+    Release();
     stmt_ = std::exchange(o.stmt_, nullptr);
     db_ = std::exchange(o.db_, nullptr);
     owner_ = std::exchange(o.owner_, nullptr);
@@ -134,7 +134,17 @@ Statement& Statement::operator=(Statement&& o) noexcept {
   return *this;
 }
 
-Statement::~Statement() { sqlite3_finalize(stmt_); }
+Statement::~Statement() { Release(); }
+
+void Statement::Release() {
+  if (stmt_ == nullptr) return;
+  if (owner_ != nullptr) {
+    owner_->GiveBack(stmt_);
+  } else {
+    sqlite3_finalize(stmt_);
+  }
+  stmt_ = nullptr;
+}
 
 void Statement::NoteBind(int rc, int index) {
   if (rc == SQLITE_OK || !bind_error_.ok()) return;
@@ -262,7 +272,19 @@ Result<std::unique_ptr<Db>> Db::Open(const std::string& path) {
   return db;
 }
 
-Db::~Db() { sqlite3_close_v2(db_); }
+Db::~Db() {
+  for (auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
+  sqlite3_close_v2(db_);
+}
+
+void Db::GiveBack(sqlite3_stmt* stmt) {
+  // Reset ends the statement's read of the database (a statement left mid-rows holds it open).
+  sqlite3_reset(stmt);
+  sqlite3_clear_bindings(stmt);
+  const char* sql = sqlite3_sql(stmt);
+  if (sql == nullptr || idle_.size() >= kMaxIdle || !idle_.emplace(sql, stmt).second)
+    sqlite3_finalize(stmt);
+}
 
 Status Db::Exec(const std::string& sql) {
   char* err = nullptr;
@@ -273,6 +295,11 @@ Status Db::Exec(const std::string& sql) {
 }
 
 Result<Statement> Db::Prepare(std::string_view sql) {
+  if (auto it = idle_.find(std::string(sql)); it != idle_.end()) {
+    sqlite3_stmt* kept = it->second;
+    idle_.erase(it);
+    return Statement(kept, db_, this);
+  }
   sqlite3_stmt* stmt = nullptr;
   int rc = sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
   if (rc != SQLITE_OK) {
