@@ -296,14 +296,27 @@ void Manager::AuditNetwork(const network::NetEvent& e) {
   Audit(e.type, e.box_id, owner, e.detail);
 }
 
-void Manager::Audit(const std::string& type, const std::string& sandbox_id,
-                    const std::string& key_id, nlohmann::json detail) {
+namespace {
+store::AuditEvent MakeAuditEvent(const std::string& type, const std::string& sandbox_id,
+                                 const std::string& key_id, nlohmann::json detail) {
   store::AuditEvent e;
   e.type = type;
   e.sandbox_id = sandbox_id;
   e.key_id = key_id;
   e.detail = std::move(detail);
-  store_.audit_queue().Append(std::move(e));  // kept and retried when the store cannot write
+  return e;
+}
+}  // namespace
+
+void Manager::Audit(const std::string& type, const std::string& sandbox_id,
+                    const std::string& key_id, nlohmann::json detail) {
+  // Kept and retried when the store cannot write.
+  store_.audit_queue().Append(MakeAuditEvent(type, sandbox_id, key_id, std::move(detail)));
+}
+
+void Manager::AuditSoon(const std::string& type, const std::string& sandbox_id,
+                        const std::string& key_id, nlohmann::json detail) {
+  store_.audit_queue().AppendSoon(MakeAuditEvent(type, sandbox_id, key_id, std::move(detail)));
 }
 
 Status Manager::Reconcile() {

@@ -416,6 +416,11 @@ class Manager {
   // store cannot take is counted, kept in memory and retried (store/audit_queue.h).
   void Audit(const std::string& type, const std::string& sandbox_id, const std::string& key_id,
              nlohmann::json detail = nlohmann::json::object());
+  // The same for the data plane's events (a command's start and exit, a file written or moved):
+  // handed to the queue's thread instead of written before the call goes on (AppendSoon: the
+  // order holds and readers see them; a SIGKILL in the moment after loses them).
+  void AuditSoon(const std::string& type, const std::string& sandbox_id, const std::string& key_id,
+                 nlohmann::json detail);
 
   // Kills or pauses every sandbox whose timeout has passed, and kills every live sandbox whose
   // owner key has been revoked (`sbx key revoke` writes the store directly, from another

@@ -126,8 +126,9 @@ FileEntry EntryFromFields(const protocol::Reader& f) {
 // ---- the exit of a process, audited once ----
 
 // Shared by whoever learns of a process's exit first: the Process following it (which sees the
-// EXIT before the facade does, so the event is in the log when the client reads the exit) and
-// the WAIT watcher started by Spawn (for a process nobody follows).
+// EXIT before the facade does, so the event is handed to the audit queue before the client reads
+// the exit, and any read of the log after that finds it) and the WAIT watcher started by Spawn
+// (for a process nobody follows).
 struct ExitOnce {
   ExitOnce(Manager& m, std::string sandbox, std::string key, std::string facade, int64_t p)
       : manager(m),
@@ -141,7 +142,7 @@ struct ExitOnce {
     if (signal != 0) detail["signal"] = signal;
     if (timed_out) detail["timed_out"] = true;
     if (oom) detail["oom"] = true;
-    manager.Audit("command.exit", sandbox_id, key_id, std::move(detail));
+    manager.AuditSoon("command.exit", sandbox_id, key_id, std::move(detail));
   }
   std::atomic<bool> done{false};
   Manager& manager;
@@ -451,7 +452,7 @@ Status Session::Ended(const Status& s) {
 void Session::Audit(const std::string& type, json detail) {
   if (!detail.is_object()) detail = json::object();
   detail["via"] = via_;
-  manager_.Audit(type, record_.id, key_.id, std::move(detail));
+  manager_.AuditSoon(type, record_.id, key_.id, std::move(detail));
 }
 
 Awaitable<Result<Frame>> Session::Call(Type type, Writer w, std::vector<Frame>* stream) {

@@ -216,7 +216,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const store::SandboxRecord& record() const { return record_; }
   const std::string& id() const { return record_.id; }
 
-  // Records a facade's own audit event for this sandbox (the file.write of an archive upload).
+  // Records a facade's own audit event for this sandbox (the file.write of an archive upload),
+  // as the session records its commands' and files' own: handed to the audit queue's thread
+  // (Manager::AuditSoon).
   void Audit(const std::string& type, nlohmann::json detail);
 
   // ---- users ----

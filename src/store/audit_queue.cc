@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <iterator>
+#include <vector>
+
 namespace sbx::store {
 
 AuditQueue::AuditQueue(Store& store, AuditQueueOptions options) : store_(store), options_(options) {
@@ -13,6 +17,49 @@ AuditQueue::~AuditQueue() { Stop(); }
 void AuditQueue::Append(AuditEvent e) {
   if (e.time == 0) e.time = NowMs();
   std::lock_guard<std::mutex> w(write_mu_);
+  WritePendingLocked();  // what was appended before goes first
+  WriteOrQueue(std::move(e));
+}
+
+void AuditQueue::AppendSoon(AuditEvent e) {
+  if (e.time == 0) e.time = NowMs();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!stopping_) {
+      pending_.push_back(std::move(e));
+      StartLocked();
+      cv_.notify_all();
+      return;
+    }
+  }
+  Append(std::move(e));  // stopped: no thread to hand it to
+}
+
+void AuditQueue::WritePending() {
+  std::lock_guard<std::mutex> w(write_mu_);
+  WritePendingLocked();
+}
+
+void AuditQueue::WritePendingLocked() {
+  std::deque<AuditEvent> batch;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (pending_.empty()) return;
+    batch.swap(pending_);
+    if (!queue_.empty()) {
+      // The store is failing: behind the events already waiting, in order.
+      for (auto& e : batch) PushLocked(std::move(e));
+      return;
+    }
+  }
+  std::vector<AuditEvent> events(std::make_move_iterator(batch.begin()),
+                                 std::make_move_iterator(batch.end()));
+  if (store_.AppendAudits(events).ok()) return;
+  // One at a time instead: an invalid event is dropped alone, the rest queue if the store fails.
+  for (auto& e : events) WriteOrQueue(std::move(e));
+}
+
+void AuditQueue::WriteOrQueue(AuditEvent e) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!queue_.empty()) {
@@ -48,11 +95,16 @@ void AuditQueue::PushLocked(AuditEvent e) {
   }
   queue_.push_back(std::move(e));
   ++counters_.queued_total;
-  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Loop(); });
+  StartLocked();
   cv_.notify_all();
 }
 
+void AuditQueue::StartLocked() {
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Loop(); });
+}
+
 size_t AuditQueue::Flush() {
+  WritePending();
   size_t written = 0;
   for (;;) {
     // One event per hold of write_mu_: an Append meanwhile queues behind the front (which stays
@@ -108,18 +160,32 @@ void AuditQueue::Stop() {
 }
 
 void AuditQueue::Loop() {
+  using SteadyClock = std::chrono::steady_clock;
+  constexpr auto kNone = SteadyClock::time_point::max();
   std::unique_lock<std::mutex> lock(mu_);
+  // When the queue of refused events is tried next: a period after the write that queued them
+  // failed, and a period after each retry that failed, however many pending events come between.
+  auto retry_at = kNone;
   while (!stopping_) {
-    if (queue_.empty()) {
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (!pending_.empty()) {
+      lock.unlock();
+      WritePending();
+      lock.lock();
       continue;
     }
-    // The first try waits a period too: the write that queued the event has just failed.
-    cv_.wait_for(lock, options_.retry_period, [this] { return stopping_; });
+    if (queue_.empty()) {
+      retry_at = kNone;
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !pending_.empty(); });
+      continue;
+    }
+    if (retry_at == kNone) retry_at = SteadyClock::now() + options_.retry_period;
+    cv_.wait_until(lock, retry_at, [this] { return stopping_ || !pending_.empty(); });
     if (stopping_) break;
+    if (!pending_.empty() && SteadyClock::now() < retry_at) continue;
     lock.unlock();
     Flush();
     lock.lock();
+    retry_at = kNone;
   }
 }
 

@@ -7,6 +7,13 @@
 // every queued and every dropped event is counted (sbx_audit_queued, sbx_audit_queued_total,
 // sbx_audit_dropped_total in /metrics) and logged.
 //
+// Hot paths (a command's start and exit, several per second per box) do not wait for the store:
+// AppendSoon hands the event to the queue's thread, which writes whatever is pending in one
+// transaction at once. Order and visibility hold as if every write were synchronous: Append,
+// Flush and Store::QueryAudit write what is pending before anything else. The price: an event
+// handed over in the moment before the process is SIGKILLed (the thread writes within about a
+// millisecond) is lost, as a synchronous write in flight would be; a clean stop writes it.
+//
 // The Store owns one (Store::audit_queue()); tests may make their own.
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -47,6 +54,12 @@ class AuditQueue {
   // Writes `e` (its time set to now when 0), or queues it when events are already waiting or
   // the store fails. Never fails. Blocks for one store write at most.
   void Append(AuditEvent e);
+  // Hands `e` (its time set to now when 0) to the queue's thread, which writes it at once with
+  // whatever else is pending, in one transaction. Never fails, never waits for the store.
+  void AppendSoon(AuditEvent e);
+  // Writes what AppendSoon has pending, now (events the store refuses join the retry queue, in
+  // order). The thread does it by itself; readers call it to see every event appended before.
+  void WritePending();
   // Writes queued events, oldest first, until the queue is empty or the store fails; returns how
   // many were written. The retry thread calls it; tests and shutdown may too.
   size_t Flush();
@@ -58,6 +71,12 @@ class AuditQueue {
  private:
   // Queues `e` (mu_ held), dropping the oldest past the bound, and wakes the retry thread.
   void PushLocked(AuditEvent e);
+  // Starts the thread if it is not running (mu_ held).
+  void StartLocked();
+  // Writes `e`, or queues it behind the ones waiting (write_mu_ held).
+  void WriteOrQueue(AuditEvent e);
+  // WritePending with write_mu_ held.
+  void WritePendingLocked();
   void Loop();
 
   Store& store_;
@@ -66,10 +85,11 @@ class AuditQueue {
   std::mutex write_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<AuditEvent> queue_;  // guarded by mu_; oldest first
-  AuditQueueCounters counters_;   // guarded by mu_ (queued is queue_.size())
-  bool stopping_ = false;         // guarded by mu_
-  std::thread thread_;            // started with the first queued event
+  std::deque<AuditEvent> queue_;    // guarded by mu_; oldest first
+  std::deque<AuditEvent> pending_;  // guarded by mu_: AppendSoon's, not written yet
+  AuditQueueCounters counters_;     // guarded by mu_ (queued is queue_.size())
+  bool stopping_ = false;           // guarded by mu_
+  std::thread thread_;              // started with the first queued or pending event
 };
 
 }  // namespace sbx::store

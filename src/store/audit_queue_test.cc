@@ -93,6 +93,59 @@ TEST_F(AuditQueueTest, EventsTheStoreCannotTakeAreQueuedAndLandInOrderOnceItCan)
   EXPECT_EQ(q.counters().queued_total, 4u);
 }
 
+// AppendSoon: the caller does not wait; the order of events is the order of the calls, whichever
+// way each came; a reader of the store sees every event appended before it asked.
+TEST_F(AuditQueueTest, EventsHandedOverLandInOrderAndReadersSeeThem) {
+  AuditQueue& q = store_->audit_queue();
+  q.AppendSoon(Event("a"));
+  q.AppendSoon(Event("b", 2000));
+  q.Append(Event("c"));  // written after what was handed over before it
+  q.AppendSoon(Event("d"));
+  auto stored = Stored();  // QueryAudit writes what is pending first
+  EXPECT_EQ(Types(stored), (std::vector<std::string>{"a", "b", "c", "d"}));
+  ASSERT_EQ(stored.size(), 4u);
+  EXPECT_EQ(stored[1].time, 2000);
+  EXPECT_GT(stored[0].time, 0);  // set when handed over
+  for (size_t i = 1; i < stored.size(); ++i) EXPECT_GT(stored[i].seq, stored[i - 1].seq);
+  EXPECT_EQ(q.counters().queued_total, 0u);
+  // Stopped: written at once.
+  q.Stop();
+  q.AppendSoon(Event("e"));
+  EXPECT_EQ(Types(Stored()).back(), "e");
+}
+
+TEST_F(AuditQueueTest, TheThreadWritesHandedOverEventsByItself) {
+  AuditQueue q(*store_, {.max_events = 10, .retry_period = std::chrono::hours(1)});
+  q.AppendSoon(Event("soon"));
+  // Bounded poll of the thread's work (Stored() reads through the store's own queue, not q).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Stored().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(Types(Stored()), std::vector<std::string>{"soon"});
+}
+
+TEST_F(AuditQueueTest, HandedOverEventsTheStoreCannotTakeQueueInOrder) {
+  AuditQueue q(*store_, {.max_events = 100, .retry_period = std::chrono::hours(1)});
+  fs_->Fill();
+  q.Append(Event("a"));
+  q.AppendSoon(Event("b"));
+  q.AppendSoon(Event(""));  // invalid: dropped alone, not with its batch
+  q.AppendSoon(Event("c"));
+  q.WritePending();
+  EXPECT_EQ(q.counters().queued, 4u);  // behind "a", in order (the invalid one too, until tried)
+  fs_->Free();
+  q.Flush();
+  EXPECT_EQ(Types(Stored()), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(q.counters().dropped_total, 1u);
+  // With the store writing again, a batch with an invalid event loses that event alone.
+  q.AppendSoon(Event("d"));
+  q.AppendSoon(Event(""));
+  q.AppendSoon(Event("e"));
+  q.WritePending();
+  EXPECT_EQ(Types(Stored()), (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  EXPECT_EQ(q.counters().dropped_total, 2u);
+}
+
 TEST_F(AuditQueueTest, PastTheBoundTheOldestAreDroppedAndCounted) {
   AuditQueue q(*store_, {.max_events = 2, .retry_period = std::chrono::hours(1)});
   fs_->Fill();

@@ -837,16 +837,16 @@ Status Store::SetApiKeyRuntimes(const std::string& id, const std::vector<std::st
 
 // ---- audit log ----
 
-Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
+Result<std::string> Store::AuditDetailText(const AuditEvent& e) {
   if (e.type.empty()) return Invalid("append audit event: empty type");
   json detail = e.detail.is_null() ? json::object() : e.detail;
   if (!detail.is_object()) {
     return Invalid("append audit event " + e.type + ": detail is not an object");
   }
-  Result<std::string> text = Dump(detail, "append audit event " + e.type + ": detail");
-  if (!text.ok()) return text.status();
+  return Dump(detail, "append audit event " + e.type + ": detail");
+}
 
-  MutexLock lock(mu_);
+Status Store::InsertAuditLocked(const AuditEvent& e, const std::string& detail) {
   Result<Statement> st = db_->Prepare(
       "INSERT INTO audit_events (time, sandbox_id, key_id, type, detail)"
       " VALUES (?1, ?2, ?3, ?4, ?5)");
@@ -855,12 +855,38 @@ Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
       .BindText(2, e.sandbox_id)
       .BindText(3, e.key_id)
       .BindText(4, e.type)
-      .BindText(5, *text);
-  SBX_RETURN_IF_ERROR(st->Run().Wrap("append audit event " + e.type));
+      .BindText(5, detail);
+  return st->Run().Wrap("append audit event " + e.type);
+}
+
+Result<int64_t> Store::AppendAudit(const AuditEvent& e) {
+  Result<std::string> text = AuditDetailText(e);
+  if (!text.ok()) return text.status();
+  MutexLock lock(mu_);
+  SBX_RETURN_IF_ERROR(InsertAuditLocked(e, *text));
   return db_->last_insert_rowid();
 }
 
+Status Store::AppendAudits(const std::vector<AuditEvent>& events) {
+  std::vector<std::string> texts;
+  texts.reserve(events.size());
+  for (const AuditEvent& e : events) {
+    Result<std::string> text = AuditDetailText(e);
+    if (!text.ok()) return text.status();
+    texts.push_back(std::move(*text));
+  }
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap("append audit events");
+  for (size_t i = 0; i < events.size(); ++i)
+    SBX_RETURN_IF_ERROR(InsertAuditLocked(events[i], texts[i]));
+  return tx->Commit().Wrap("append audit events");
+}
+
 Result<std::vector<AuditEvent>> Store::QueryAudit(const AuditQuery& q) {
+  // Events appended before this query but not written yet (AuditQueue::AppendSoon) are written
+  // first: a reader sees everything that happened before it asked.
+  if (audit_queue_) audit_queue_->WritePending();
   size_t limit = std::clamp<size_t>(q.limit == 0 ? 100 : q.limit, 1, 10000);
   std::string sql = std::string("SELECT ") + kAuditColumns + " FROM audit_events WHERE seq > ?";
   if (!q.sandbox_id.empty()) sql += " AND sandbox_id = ?";

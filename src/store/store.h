@@ -398,6 +398,8 @@ class Store {
   // ---- audit log ----
   // Appends `e` and returns its seq. EINVAL if `type` is empty or `detail` is not an object.
   Result<int64_t> AppendAudit(const AuditEvent& e);
+  // Appends `events` in one transaction, in order (all or none). EINVAL when one is invalid.
+  Status AppendAudits(const std::vector<AuditEvent>& events);
   // Matching events in seq order, at most q.limit of them.
   Result<std::vector<AuditEvent>> QueryAudit(const AuditQuery& q);
   // Deletes events older than `before` (ms), at most `max_rows` of them (0 = all, in one
@@ -511,6 +513,9 @@ class Store {
 
   Result<std::optional<SandboxRecord>> GetSandboxLocked(const std::string& id) REQUIRES(mu_);
   Status PutSandboxLocked(const SandboxRecord& r) REQUIRES(mu_);
+  // An audit event's detail as stored JSON text; EINVAL for an event no retry would take.
+  static Result<std::string> AuditDetailText(const AuditEvent& e);
+  Status InsertAuditLocked(const AuditEvent& e, const std::string& detail) REQUIRES(mu_);
   Result<int64_t> CountSandboxesLocked(const std::string& owner_key_id,
                                        const std::vector<std::string>& states) REQUIRES(mu_);
   // EDQUOT when max_live > 0 and r's owner already has that many live sandboxes.
