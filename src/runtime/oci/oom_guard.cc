@@ -1,6 +1,7 @@
 #include "runtime/oci/oom_guard.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -245,6 +246,9 @@ void OomGuard::Handle(uint64_t key) {
         why = "it stayed out of memory after " + std::to_string(kMaxRounds) + " reserves";
         break;
       }
+      // The agent says nothing unasked: an idle connection that reads is one it closed.
+      pollfd idle{agent ? agent->fd() : -1, POLLIN | POLLRDHUP, 0};
+      if (agent && (agent->HasQueued() || ::poll(&idle, 1, 0) != 0)) agent.reset();
       if (!agent) agent = ConnectAgent(socket, timeout_ms);
       if (!agent) {
         why = "its agent could not be reached at " + socket;
