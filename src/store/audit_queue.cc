@@ -26,6 +26,15 @@ void AuditQueue::AppendSoon(AuditEvent e) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!stopping_) {
+      // Bounded as the retry queue is: a store that takes long to write (a held lock) must not
+      // make the daemon's memory the log.
+      if (pending_.size() >= options_.max_events) {
+        if (counters_.dropped_total % 1000 == 0)
+          spdlog::error("audit: {} events wait for the writer thread: dropping the oldest ({} {})",
+                        pending_.size(), pending_.front().type, pending_.front().sandbox_id);
+        pending_.pop_front();
+        ++counters_.dropped_total;
+      }
       pending_.push_back(std::move(e));
       StartLocked();
       cv_.notify_all();

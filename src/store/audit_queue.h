@@ -55,7 +55,8 @@ class AuditQueue {
   // the store fails. Never fails. Blocks for one store write at most.
   void Append(AuditEvent e);
   // Hands `e` (its time set to now when 0) to the queue's thread, which writes it at once with
-  // whatever else is pending, in one transaction. Never fails, never waits for the store.
+  // whatever else is pending, in one transaction. Never fails, never waits for the store; past
+  // max_events waiting for the thread, the oldest is dropped and counted, as in the retry queue.
   void AppendSoon(AuditEvent e);
   // Writes what AppendSoon has pending, now (events the store refuses join the retry queue, in
   // order). The thread does it by itself; readers call it to see every event appended before.
