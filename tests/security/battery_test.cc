@@ -1200,12 +1200,17 @@ void RunRow21PerBox(Battery& b) {
   std::string seen;
   // vm: what the guest's root makes lives in the box's disk image, and the box's host id is
   // the one its QEMU runs as and its disk.img belongs to (row 21's first case checks they agree).
+  // A box counts once its pid file names a process that has become QEMU (exec'd: until then it
+  // is the runtime's child, still root, about to take the box's id).
   std::vector<std::string> dirs;
   for (auto t0 = Clock::now(); b.vm() && SecondsSince(t0) < 60; usleep(50000)) {
     dirs.clear();
-    for (const auto& d : ListDir(host.run_dir()))
-      if (d[0] != '.' && access((host.run_dir() + "/" + d + "/pid").c_str(), F_OK) == 0)
-        dirs.push_back(host.run_dir() + "/" + d);
+    for (const auto& d : ListDir(host.run_dir())) {
+      const std::string dir = host.run_dir() + "/" + d;
+      if (d[0] == '.' || access((dir + "/pid").c_str(), F_OK) != 0) continue;
+      const std::string pid = std::to_string(atoi(ReadFile(dir + "/pid").c_str()));
+      if (ReadFile("/proc/" + pid + "/comm").rfind("qemu", 0) == 0) dirs.push_back(dir);
+    }
     if (dirs.size() == 2) break;
   }
   if (b.vm() && dirs.size() != 2)
