@@ -841,7 +841,7 @@ Result<Box> OciRuntime::Create(const BoxSpec& spec) {
   }
   // Last before the box is live: nothing after it fails, so the guard never watches a box that
   // is undone.
-  SBX_RETURN_IF_ERROR(GuardMemory(c.box).Wrap(what));
+  SBX_RETURN_IF_ERROR(GuardMemory(spec.id).Wrap(what));
   // Live: from here Destroy owns everything.
   c.container.Commit();
   c.cgroup.committed = true;
@@ -1105,7 +1105,7 @@ Status OciRuntime::Prepare(Creation& c) {
   c.box.id_base = base;
   c.box.idmapped = true;
   c.box.runtime = config_.name;
-  c.box.agent_socket = kind_ == OciKind::kGvisor ? d + "/sock/agent.sock" : d + "/agent.sock";
+  c.box.agent_socket = AgentSocket(spec.id);
   return {};
 }
 
@@ -1267,26 +1267,24 @@ Status OciRuntime::SetLimits(const Box& box, const Limits& limits) {
   Limits host = limits;
   if (kind_ == OciKind::kGvisor) host.pids = GvisorHostPids(limits.pids);
   SBX_RETURN_IF_ERROR(Cgroup::Open(cgroups_, box.id)->SetLimits(host).Wrap(what));
-  Box box_now = box;
-  box_now.agent_socket = Dir(box.id) + "/sock/agent.sock";
-  return GuardMemory(box_now).Wrap(what);
+  return GuardMemory(box.id).Wrap(what);
 }
 
-Status OciRuntime::GuardMemory(const Box& box) {
+Status OciRuntime::GuardMemory(const std::string& id) {
   if (!oom_guard_) return {};
   std::string memcg;
   for (const auto& [controller, dir] : cgroups_.v1_dirs)
-    if (controller == "memory") memcg = dir + "/" + box.id;
+    if (controller == "memory") memcg = dir + "/" + id;
   if (memcg.empty()) return {};
   // No limit of its own (or no longer): the kernel's killer acts only for a parent's, which is
   // no box's to handle.
   auto limit = cgroup_internal::ReadUint(memcg + "/memory.limit_in_bytes");
   if (!limit.ok()) return {};  // no memory cgroup where the native layout puts it
-  if (*limit >= (uint64_t{1} << 62)) {
-    oom_guard_->Forget(box.id);
+  if (*limit >= OomGuard::kNoLimit) {
+    oom_guard_->Forget(id);
     return cgroup_internal::WriteKnob(memcg + "/memory.oom_control", "0");
   }
-  return oom_guard_->Watch(box.id, memcg, box.agent_socket, Dir(box.id));
+  return oom_guard_->Watch(id, memcg, AgentSocket(id), Dir(id));
 }
 
 Result<UniqueFd> OciRuntime::OpenSocket(const Box& box, int domain, int type) {
@@ -1411,8 +1409,7 @@ Result<Box> OciRuntime::Adopt(const std::string& id) {
   box.dir = Dir(id);
   box.runtime = config_.name;
   box.idmapped = true;
-  box.agent_socket =
-      kind_ == OciKind::kGvisor ? box.dir + "/sock/agent.sock" : box.dir + "/agent.sock";
+  box.agent_socket = AgentSocket(id);
   UniqueFd lock(::open((box.dir + "/owner").c_str(), O_RDWR | O_CLOEXEC));
   if (!lock) return Status::Errno(what + ": open owner");
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0)
@@ -1435,7 +1432,7 @@ Result<Box> OciRuntime::Adopt(const std::string& id) {
   }
   // It may have run out of memory while nobody watched (it waits then): handled now. A box the
   // guard cannot watch is left to the kernel's OOM killer, as before the guard.
-  (void)GuardMemory(box);
+  (void)GuardMemory(id);
   return box;
 }
 

@@ -126,6 +126,11 @@ class OciRuntime : public Runtime {
   // Destroy; with `keep_upper`, the writable layer is moved there before the directory goes.
   Status DestroyBox(const Box& box, const std::string* keep_upper);
   std::string Dir(const std::string& id) const { return config_.run_dir + "/" + id; }
+  // Where box `id`'s agent listens on the host: gVisor's makes its socket in sock/ (a host socket
+  // through the gofer), runc's is bound by sbx.
+  std::string AgentSocket(const std::string& id) const {
+    return Dir(id) + (kind_ == OciKind::kGvisor ? "/sock/agent.sock" : "/agent.sock");
+  }
   std::string AgentCopy() const { return config_.run_dir + "/.sbx-agent"; }
   std::string PreloadCopy() const { return config_.run_dir + "/.sbx-preload.so"; }
   // RLIMIT_NOFILE in a box: the native runtime's 65536, or less where this process has less.
@@ -135,9 +140,9 @@ class OciRuntime : public Runtime {
   std::vector<std::pair<int, rlimit>> BoxRlimits() const;
   // linux.cgroupsPath of box `id` (the same directories as a native box's: cgroup.h).
   std::string CgroupsPath(const std::string& id) const;
-  // gVisor: hands box `box`'s OOM kills to oom_guard_ (oom_guard.h), where the host has a v1
+  // gVisor: hands box `id`'s OOM kills to oom_guard_ (oom_guard.h), where the host has a v1
   // memory controller and the box a memory limit; else nothing.
-  Status GuardMemory(const Box& box);
+  Status GuardMemory(const std::string& id);
 
   const OciConfig config_;
   const OciKind kind_;

@@ -25,7 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr int kMaxRounds = 4;  // reserves (and kills) for one OOM before the kernel decides
-constexpr uint64_t kUnlimited = uint64_t{1} << 62;
 
 // The box's memory limit (and memory+swap's, where the kernel accounts swap) set to `base` plus
 // `extra`: memsw moves first when the limit grows, last when it shrinks (memory <= memory+swap at
@@ -39,6 +38,13 @@ Status SetMemory(const std::string& memcg, uint64_t base, uint64_t memsw_base, u
   if (has_memsw && !grows)
     SBX_RETURN_IF_ERROR(WriteKnob(memsw, std::to_string(memsw_base + extra)));
   return {};
+}
+
+// Whether an idle connection to an agent is still open: the agent says nothing unasked, so one
+// that has anything to read (its end closed, or a stray frame) is not to be asked on.
+bool StillOpen(protocol::AgentConnection& agent) {
+  pollfd p{agent.fd(), POLLIN | POLLRDHUP, 0};
+  return !agent.HasQueued() && ::poll(&p, 1, 0) == 0;
 }
 
 // A connection to the box's agent, or null.
@@ -227,7 +233,7 @@ void OomGuard::Handle(uint64_t key) {
   uint64_t memsw = 0;
   if (Exists(memcg + "/memory.memsw.limit_in_bytes")) {
     auto m = ReadUint(memcg + "/memory.memsw.limit_in_bytes");
-    if (m.ok() && *m < kUnlimited) memsw = *m;
+    if (m.ok() && *m < kNoLimit) memsw = *m;
   }
   const uint64_t reserve = std::clamp<uint64_t>(*limit / 4, 16 * kMiB, 64 * kMiB);
   const int timeout_ms = static_cast<int>(options_.agent_timeout.count());
@@ -235,24 +241,21 @@ void OomGuard::Handle(uint64_t key) {
   pid_t last = 0;
   int rounds = 0;
   const auto deadline = Clock::now() + options_.recover_timeout;
-  std::string why;  // why the box goes back to the kernel's killer
+  // Why the box goes back to the kernel's killer.
+  std::string why = *limit >= kNoLimit ? "it has no memory limit of its own to raise" : "";
   while (why.empty()) {
-    if (*limit >= kUnlimited) {
-      why = "it has no memory limit of its own to raise";
-      break;
-    }
     if (under_oom()) {
       if (rounds == kMaxRounds) {
         why = "it stayed out of memory after " + std::to_string(kMaxRounds) + " reserves";
         break;
       }
-      // The agent says nothing unasked: an idle connection that reads is one it closed.
-      pollfd idle{agent ? agent->fd() : -1, POLLIN | POLLRDHUP, 0};
-      if (agent && (agent->HasQueued() || ::poll(&idle, 1, 0) != 0)) agent.reset();
-      if (!agent) agent = ConnectAgent(socket, timeout_ms);
-      if (!agent) {
-        why = "its agent could not be reached at " + socket;
-        break;
+      if (!agent || !StillOpen(*agent)) {
+        agent = ConnectAgent(socket, timeout_ms);
+        if (!agent) {
+          why = "its agent could not be reached at " + socket;
+          break;
+        }
+        SetAgent(key, agent);  // the next OOM asks on it too
       }
       // Counted before the kill, so that whoever sees the victim's exit also sees its count;
       // taken back when the agent kills nothing or the same process again.
@@ -273,9 +276,7 @@ void OomGuard::Handle(uint64_t key) {
         // Nothing left to kill: the last victim still holds its memory until the Sentry has
         // reaped it. Waited for below (or more reserves, up to the last).
       } else if (!victim.ok()) {
-        // The connection may be mid-reply: the next OOM makes a new one.
-        MutexLock l(mu_);
-        if (auto id = ids_.find(key); id != ids_.end()) entries_.at(id->second).agent.reset();
+        SetAgent(key, nullptr);  // it may be mid-reply: the next OOM makes a new one
         why = "its agent did not kill: " + victim.status().message();
         break;
       } else {
@@ -309,6 +310,11 @@ void OomGuard::Handle(uint64_t key) {
               " MiB above the one asked for (" + s.message() + ")";
   }
   AppendLine(dir + "/agent.log", line + "\n");
+}
+
+void OomGuard::SetAgent(uint64_t key, std::shared_ptr<protocol::AgentConnection> agent) {
+  MutexLock l(mu_);
+  if (auto id = ids_.find(key); id != ids_.end()) entries_.at(id->second).agent = std::move(agent);
 }
 
 void OomGuard::AddKills(uint64_t key, int delta) {

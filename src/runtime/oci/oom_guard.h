@@ -56,6 +56,9 @@ class OomGuard {
     std::chrono::milliseconds agent_timeout{2000};    // connect, then the OOM_KILL reply
     std::chrono::milliseconds recover_timeout{5000};  // for the usage to come back under the limit
   };
+  // A v1 memory limit at or above this is none (the kernel's "-1" reads 9223372036854771712).
+  static constexpr uint64_t kNoLimit = uint64_t{1} << 62;
+
   static Result<std::unique_ptr<OomGuard>> Start(Options options);
   static Result<std::unique_ptr<OomGuard>> Start() { return Start(Options{}); }
   // Stops the thread and gives every box still watched back to the kernel's OOM killer.
@@ -90,6 +93,8 @@ class OomGuard {
   // Handles an OOM of the box behind `key`, if it is under one.
   void Handle(uint64_t key);
   void AddKills(uint64_t key, int delta);  // +1 or -1
+  // The connection the box behind `key` is asked on from now on (null: none yet).
+  void SetAgent(uint64_t key, std::shared_ptr<protocol::AgentConnection> agent);
   Result<pid_t> AskAgent(protocol::AgentConnection& agent, uint64_t limit,
                          const std::function<Status(bool again)>& reserve) const;
 
