@@ -1531,24 +1531,26 @@ Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,
   return Owned(key, id, Access::kInspect);
 }
 
-Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
+template <typename T, typename Read>
+Result<T> Manager::ReadOwnedBox(const store::ApiKeyRecord& key, const std::string& id,
+                                std::string_view op, Read read) {
   auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
-  auto stats = runtime_.Stats(*box);
-  if (!stats.ok()) return ForClients(id, "stats", stats.status());
-  return stats;
+  Result<T> r = read(*box);
+  if (!r.ok()) return ForClients(id, op, r.status());
+  return r;
+}
+
+Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
+  return ReadOwnedBox<runtime::BoxStats>(key, id, "stats",
+                                         [&](const runtime::Box& b) { return runtime_.Stats(b); });
 }
 
 Result<uint64_t> Manager::OomKills(const store::ApiKeyRecord& key, const std::string& id) {
-  auto rec = Owned(key, id, Access::kInspect);
-  if (!rec.ok()) return rec.status();
-  auto box = BoxOf(id);
-  if (!box.ok()) return box.status();
-  auto n = runtime_.OomKills(*box);
-  if (!n.ok()) return ForClients(id, "stats", n.status());
-  return n;
+  return ReadOwnedBox<uint64_t>(key, id, "stats",
+                                [&](const runtime::Box& b) { return runtime_.OomKills(b); });
 }
 
 Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& key,

@@ -38,6 +38,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -536,6 +537,11 @@ class Manager {
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
+  // `read` of the live box of sandbox `id`, which `key` may inspect: its answer, or the
+  // runtime's failure as clients see it (ForClients, naming `op`). Stats and OomKills.
+  template <typename T, typename Read>
+  Result<T> ReadOwnedBox(const store::ApiKeyRecord& key, const std::string& id, std::string_view op,
+                         Read read);
   // A box known only by its record (after a restart, or never made): its id and runtime.
   static runtime::Box BoxOfRecord(const store::SandboxRecord& rec);
   // The runtime a create of `key` gets: `asked`, or the template's own, or native. EINVAL for a
