@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <boost/beast/websocket/rfc6455.hpp>
+#include <sstream>
 
 #include "api/http/connection.h"
 
@@ -243,7 +244,8 @@ net::awaitable<void> Exchange::RespondError(int status, std::string_view code,
 
 net::awaitable<Status> Exchange::BeginStream(int status, std::string_view content_type,
                                              const Headers& headers,
-                                             std::optional<uint64_t> content_length) {
+                                             std::optional<uint64_t> content_length,
+                                             bool hold_header) {
   if (state_ != State::kNone) co_return Status::Error("begin stream: response already started");
   if (stopping()) {
     co_await RespondError(503, "unavailable", "server is shutting down");
@@ -267,8 +269,14 @@ net::awaitable<Status> Exchange::BeginStream(int status, std::string_view conten
   bool keep_alive = conn_.KeepAliveAllowed();
   if (!keep_alive) conn_.close_after_ = true;
   res.keep_alive(keep_alive);
-  bhttp::response_serializer<bhttp::empty_body> serializer(res);
   if (conn_.broken_) co_return Status::Error("begin stream: connection closed");
+  if (hold_header) {
+    std::ostringstream head;
+    head << res.base();
+    held_header_ = std::move(head).str();
+    co_return Status();
+  }
+  bhttp::response_serializer<bhttp::empty_body> serializer(res);
   boost::system::error_code ec;
   conn_.timed_out_ = false;
   conn_.SetDeadline(conn_.state_.options.write_timeout);
@@ -297,9 +305,21 @@ net::awaitable<Status> Exchange::WriteChunk(std::string_view head, std::string_v
       co_return Status::Error("write chunk: more data than the declared Content-Length");
     }
     *stream_length_ -= size;
+    if (!held_header_.empty())
+      co_return co_await conn_.WriteAll(beast::buffers_cat(TakeHeldHeader(), parts), "write body");
     co_return co_await conn_.WriteAll(parts, "write body");
   }
+  if (!held_header_.empty())
+    co_return co_await conn_.WriteAll(
+        beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk(parts)), "write chunk");
   co_return co_await conn_.WriteAll(bhttp::make_chunk(parts), "write chunk");
+}
+
+std::array<net::const_buffer, 1> Exchange::TakeHeldHeader() {
+  // The string stays alive (moved to a member the write does not touch) until the next take.
+  sent_header_ = std::move(held_header_);
+  held_header_.clear();
+  return {net::const_buffer(sent_header_.data(), sent_header_.size())};
 }
 
 net::awaitable<Status> Exchange::EndStream() {
@@ -309,13 +329,41 @@ net::awaitable<Status> Exchange::EndStream() {
                             " bytes short of the declared Content-Length");
   }
   Status status;
-  if (!stream_length_)
+  if (!stream_length_ && !held_header_.empty())
+    status = co_await conn_.WriteAll(beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk_last()),
+                                     "write last chunk");
+  else if (!stream_length_)
     status = co_await conn_.WriteAll(bhttp::make_chunk_last(), "write last chunk");
-  if (status.ok()) {
-    state_ = State::kStreamEnded;
-    conn_.phase_ = Connection::Phase::kHandler;
-  }
+  else if (!held_header_.empty())
+    status = co_await conn_.WriteAll(TakeHeldHeader(), "write header");
+  if (status.ok()) StreamEnded();
   co_return status;
+}
+
+net::awaitable<Status> Exchange::EndStream(std::string_view head, std::string_view data) {
+  if (state_ != State::kStreaming) co_return Status::Error("end stream: no stream in progress");
+  if (stream_length_ || head.size() + data.size() == 0) {
+    Status wrote = co_await WriteChunk(head, data);
+    if (!wrote.ok()) co_return wrote;
+    co_return co_await EndStream();
+  }
+  std::array<net::const_buffer, 2> parts = {net::const_buffer(head.data(), head.size()),
+                                            net::const_buffer(data.data(), data.size())};
+  Status status;
+  if (!held_header_.empty())
+    status = co_await conn_.WriteAll(
+        beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk(parts), bhttp::make_chunk_last()),
+        "write last chunk");
+  else
+    status = co_await conn_.WriteAll(
+        beast::buffers_cat(bhttp::make_chunk(parts), bhttp::make_chunk_last()), "write last chunk");
+  if (status.ok()) StreamEnded();
+  co_return status;
+}
+
+void Exchange::StreamEnded() {
+  state_ = State::kStreamEnded;
+  conn_.phase_ = Connection::Phase::kHandler;
 }
 
 bool Exchange::WantsWebSocket() const {

@@ -19,8 +19,10 @@
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
+#include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstdint>
@@ -117,10 +119,14 @@ class Exchange {
 
   // ---- Streamed response ----
   // Sends the header. With `content_length` the body is sent raw and must be exactly that long
-  // (file downloads); without, it uses chunked encoding (NDJSON, tar streams).
+  // (file downloads); without, it uses chunked encoding (NDJSON, tar streams). `hold_header`:
+  // the header waits for the first chunk (or the end) and goes in its write, for a stream whose
+  // first piece follows at once (a command's start event): one write and one wake-up of the
+  // client instead of two.
   boost::asio::awaitable<Status> BeginStream(int status, std::string_view content_type,
                                              const Headers& headers = {},
-                                             std::optional<uint64_t> content_length = {});
+                                             std::optional<uint64_t> content_length = {},
+                                             bool hold_header = false);
   // Writes one piece and returns once the socket took it, so a slow client slows the producer.
   // Returns an error when the client went away, stalled past write_timeout, or the server is
   // stopping: the producer must stop then. Empty `data` is a no-op.
@@ -131,6 +137,9 @@ class Exchange {
   // Terminates the body. A stream the handler never ends is treated as aborted: the connection
   // is closed so the client sees a truncated transfer rather than a clean end.
   boost::asio::awaitable<Status> EndStream();
+  // A last chunk (`head` then `data`) and the end of the body in one write (a command's exit
+  // event): the client is woken once, with all of it.
+  boost::asio::awaitable<Status> EndStream(std::string_view head, std::string_view data);
 
   // ---- Relay (reverse proxy) ----
   // The request header as it should reach another server: request line and fields without the
@@ -181,6 +190,10 @@ class Exchange {
   bool slow_body_ok_ = false;
   ErrorShape error_shape_ = ErrorShape::kNative;
   std::optional<uint64_t> stream_length_;  // for a fixed-length stream: bytes still owed
+  std::string held_header_;                // BeginStream's hold_header: not sent yet
+  std::string sent_header_;                // the held header while its write is in flight
+  std::array<boost::asio::const_buffer, 1> TakeHeldHeader();
+  void StreamEnded();  // the body's end is written: the connection may read the next request
   // Time spent waiting for the client's body, not the handler's own: what min_body_rate judges.
   std::chrono::steady_clock::duration body_wait_{};
 };

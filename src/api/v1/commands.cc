@@ -134,39 +134,54 @@ FrameHeader FrameHead(Frame kind, size_t length, uint64_t offset = 0) {
   return h;
 }
 
-// One event in the stream's encoding: a JSON line, or a frame (output bytes as they came).
-awaitable<Status> WriteEvent(http::Exchange& ex, bool frames, const json& event) {
-  std::string text = http::JsonText(event);
-  if (!frames) {
-    text += '\n';
-    co_return co_await ex.WriteChunk(text);
+// One event in the stream's encoding: a JSON line, or a frame's header and its JSON.
+struct EncodedEvent {
+  FrameHeader head{};
+  bool framed = false;
+  std::string text;
+  std::string_view Head() const { return framed ? std::string_view(head.data(), head.size()) : ""; }
+};
+
+EncodedEvent Encode(bool frames, const json& event) {
+  EncodedEvent e;
+  e.text = http::JsonText(event);
+  if (frames) {
+    e.framed = true;
+    e.head = FrameHead(Frame::kEvent, e.text.size());
+  } else {
+    e.text += '\n';
   }
-  auto head = FrameHead(Frame::kEvent, text.size());
-  co_return co_await ex.WriteChunk(std::string_view(head.data(), head.size()), text);
+  return e;
 }
 
-// Streams a process until its exit, as NDJSON or as frames. A client that goes away leaves the
-// process running (it is detached; the agent keeps buffering its output).
+awaitable<Status> WriteEvent(http::Exchange& ex, bool frames, const json& event) {
+  EncodedEvent e = Encode(frames, event);
+  co_return co_await ex.WriteChunk(e.Head(), e.text);
+}
+
+// Streams a process until its exit, as NDJSON or as frames; the last event (exit or error) and
+// the end of the body go in one write. A client that goes away leaves the process running (it is
+// detached; the agent keeps buffering its output).
 awaitable<void> StreamProcess(http::Exchange& ex, sandbox::Process& p, bool frames) {
   for (;;) {
     auto e = co_await p.Next();
-    Status sent;
     if (frames && e.ok() && e->kind == Kind::kOutput) {
       auto head = FrameHead(e->stream == 2 ? Frame::kStderr : Frame::kStdout, e->data.size(),
                             static_cast<uint64_t>(e->offset));
-      sent = co_await ex.WriteChunk(std::string_view(head.data(), head.size()), e->data);
-    } else {
-      json event =
-          e.ok() ? EventJson(*e) : json{{"type", "error"}, {"message", e.status().message()}};
-      sent = co_await WriteEvent(ex, frames, event);
+      if (!(co_await ex.WriteChunk(std::string_view(head.data(), head.size()), e->data)).ok())
+        co_return co_await p.Detach();
+      continue;
     }
-    if (!sent.ok()) {
-      co_await p.Detach();
-      co_return;
+    json event =
+        e.ok() ? EventJson(*e) : json{{"type", "error"}, {"message", e.status().message()}};
+    if (e.ok() && e->kind == Kind::kOutput) {
+      if (!(co_await WriteEvent(ex, frames, event)).ok()) co_return co_await p.Detach();
+      continue;
     }
-    if (!e.ok() || e->kind != Kind::kOutput) break;
+    EncodedEvent last = Encode(frames, event);
+    (void)co_await ex.EndStream(last.Head(), last.text);
+    co_return;
   }
-  (void)co_await ex.EndStream();
 }
 
 Result<int64_t> PidParam(const http::Exchange& ex) {
@@ -225,7 +240,8 @@ void Commands(http::Router& r, ApiContext& ctx) {
         }
         http::Headers headers = {{"X-Sbx-Pid", std::to_string(pid)}};
         bool frames = WantsFrames(ex);
-        Status begun = co_await ex.BeginStream(200, frames ? kFramesType : kNdjsonType, headers);
+        Status begun = co_await ex.BeginStream(200, frames ? kFramesType : kNdjsonType, headers,
+                                               std::nullopt, /*hold_header=*/true);
         if (!begun.ok()) co_return;
         json start = {{"type", "start"}, {"pid", pid}};
         (void)co_await WriteEvent(ex, frames, start);
