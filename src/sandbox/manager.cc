@@ -1531,26 +1531,21 @@ Result<store::SandboxRecord> Manager::Settled(const store::ApiKeyRecord& key,
   return Owned(key, id, Access::kInspect);
 }
 
-template <typename T, typename Read>
-Result<T> Manager::ReadOwnedBox(const store::ApiKeyRecord& key, const std::string& id,
-                                std::string_view op, Read read) {
+Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
   auto rec = Owned(key, id, Access::kInspect);
   if (!rec.ok()) return rec.status();
   auto box = BoxOf(id);
   if (!box.ok()) return box.status();
-  Result<T> r = read(*box);
-  if (!r.ok()) return ForClients(id, op, r.status());
-  return r;
+  auto stats = runtime_.Stats(*box);
+  if (!stats.ok()) return ForClients(id, "stats", stats.status());
+  return stats;
 }
 
-Result<runtime::BoxStats> Manager::Stats(const store::ApiKeyRecord& key, const std::string& id) {
-  return ReadOwnedBox<runtime::BoxStats>(key, id, "stats",
-                                         [&](const runtime::Box& b) { return runtime_.Stats(b); });
-}
-
-Result<uint64_t> Manager::OomKills(const store::ApiKeyRecord& key, const std::string& id) {
-  return ReadOwnedBox<uint64_t>(key, id, "stats",
-                                [&](const runtime::Box& b) { return runtime_.OomKills(b); });
+uint64_t Manager::OomKills(const std::string& id) {
+  auto box = BoxOf(id);
+  if (!box.ok()) return 0;
+  auto n = runtime_.OomKills(*box);
+  return n.ok() ? *n : 0;
 }
 
 Result<std::vector<MetricSample>> Manager::Metrics(const store::ApiKeyRecord& key,
@@ -1717,9 +1712,10 @@ struct Manager::Connecting {
 };
 
 boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Manager::Channel(
-    const store::ApiKeyRecord& key, const std::string& id) {
+    const store::ApiKeyRecord& key, const std::string& id, store::SandboxRecord* record) {
   auto rec = Owned(key, id, Access::kUse);
   if (!rec.ok()) co_return rec.status();
+  if (record != nullptr) *record = *rec;
   if (rec->state == store::kStatePaused)
     co_return Status::Error("sandbox " + id + " is paused; resume it first", EBUSY);
   if (rec->state != store::kStateRunning)

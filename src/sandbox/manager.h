@@ -301,8 +301,10 @@ class Manager {
   Result<Connected> Connect(const store::ApiKeyRecord& key, const std::string& id,
                             int64_t timeout_ms);
   Result<runtime::BoxStats> Stats(const store::ApiKeyRecord& key, const std::string& id);
-  // The box's OOM kills so far (BoxStats::oom_kills alone; the command path's, per command).
-  Result<uint64_t> OomKills(const store::ApiKeyRecord& key, const std::string& id);
+  // The OOM kills so far of sandbox `id`'s box (BoxStats::oom_kills alone), for a Session, whose
+  // owner was checked when it opened: read on every command, so no store read here. 0 when it
+  // cannot be known (no box any more, a runtime that cannot say).
+  uint64_t OomKills(const std::string& id);
   // The sampled history of a sandbox's figures (sandbox/metrics_history.h) from start_ms to
   // end_ms, inclusive, oldest first; a running sandbox not sampled yet is sampled now, so a new
   // sandbox has one. Who may read it: as Get.
@@ -409,9 +411,11 @@ class Manager {
   // The agent connection of a running sandbox (EBUSY when paused), shared by every caller and
   // re-established after the agent connection drops. Single-flight: while one caller connects,
   // the others wait for its result, so a sandbox never has more than one connection from the
-  // daemon. A new connection runs on the executor of the caller that made it.
+  // daemon. A new connection runs on the executor of the caller that made it. `record`, when
+  // given, gets the record the owner and state checks read (a Session's, without a second read).
   boost::asio::awaitable<Result<std::shared_ptr<AgentChannel>>> Channel(
-      const store::ApiKeyRecord& key, const std::string& id);
+      const store::ApiKeyRecord& key, const std::string& id,
+      store::SandboxRecord* record = nullptr);
 
   // Records an audit event through the store's AuditQueue: never fails a call; an event the
   // store cannot take is counted, kept in memory and retried (store/audit_queue.h).
@@ -537,11 +541,6 @@ class Manager {
   void MarkAgentExited(store::SandboxRecord rec, const std::string& how);
   bool TakeCreateToken(const store::ApiKeyRecord& key, double* retry_after_s);
   Result<runtime::Box> BoxOf(const std::string& id);
-  // `read` of the live box of sandbox `id`, which `key` may inspect: its answer, or the
-  // runtime's failure as clients see it (ForClients, naming `op`). Stats and OomKills.
-  template <typename T, typename Read>
-  Result<T> ReadOwnedBox(const store::ApiKeyRecord& key, const std::string& id, std::string_view op,
-                         Read read);
   // A box known only by its record (after a restart, or never made): its id and runtime.
   static runtime::Box BoxOfRecord(const store::SandboxRecord& rec);
   // The runtime a create of `key` gets: `asked`, or the template's own, or native. EINVAL for a

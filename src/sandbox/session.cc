@@ -127,8 +127,8 @@ FileEntry EntryFromFields(const protocol::Reader& f) {
 
 // Shared by whoever learns of a process's exit first: the Process following it (which sees the
 // EXIT before the facade does, so the event is handed to the audit queue before the client reads
-// the exit, and any read of the log after that finds it) and the WAIT watcher started by Spawn
-// (for a process nobody follows).
+// the exit, and any read of the log after that finds it) and the WAIT watcher its follower starts
+// when it stops following before the exit (a detach, a client gone, a dropped channel).
 struct ExitOnce {
   ExitOnce(Manager& m, std::string sandbox, std::string key, std::string facade, int64_t p)
       : manager(m),
@@ -172,12 +172,6 @@ asio::awaitable<void> WatchExit(std::shared_ptr<Session> s, std::shared_ptr<Agen
   }
 }
 
-// The oom_kills counter of the box now (0 when unknown).
-uint64_t OomKills(Manager& m, const store::ApiKeyRecord& key, const std::string& id) {
-  auto n = m.OomKills(key, id);
-  return n.ok() ? *n : 0;
-}
-
 class ProcessImpl : public Process {
  public:
   ProcessImpl(asio::any_io_executor ex, std::shared_ptr<Session> session,
@@ -198,6 +192,7 @@ class ProcessImpl : public Process {
     sub_->Cancel();
     // Stop the agent sending what nobody reads; the process goes on.
     asio::co_spawn(ex_, DetachCall(ch_, pid_), asio::detached);
+    WatchUnfollowed();
   }
 
   int64_t pid() const override { return pid_; }
@@ -211,6 +206,7 @@ class ProcessImpl : public Process {
       ProcessEvent e;
       if (!f.ok()) {
         ended_ = true;
+        WatchUnfollowed();  // on a new channel: the process may outlive this one
         e.kind = ProcessEvent::Kind::kError;
         e.error = session_->Ended(f.status());
         co_return e;
@@ -231,7 +227,7 @@ class ProcessImpl : public Process {
           e.timed_out = f->fields.Int(Tag::kTimedOut) != 0;
           // The kernel's OOM killer sends SIGKILL; the box's cgroup counts its kills.
           if (e.signal == SIGKILL && !e.timed_out)
-            e.oom = OomKills(session_->manager(), session_->key(), session_->id()) > oom_base_;
+            e.oom = session_->manager().OomKills(session_->id()) > oom_base_;
           if (once_) once_->Record(e.exit_code, e.signal, e.timed_out, e.oom);
           // The resolver and the proxy record a refusal before the box hears of it, so every
           // refusal the command saw is in by now.
@@ -240,6 +236,7 @@ class ProcessImpl : public Process {
         case Type::kError:
           ended_ = true;
           sub_->Cancel();
+          WatchUnfollowed();
           e.kind = ProcessEvent::Kind::kError;
           e.error = FrameError(*f);
           co_return e;
@@ -254,9 +251,18 @@ class ProcessImpl : public Process {
     ended_ = true;
     sub_->Cancel();
     co_await DetachCall(ch_, pid_);
+    WatchUnfollowed();
   }
 
  private:
+  // A process spawned here whose exit this follower will not see: the WAIT watcher audits it
+  // (at once when it has exited already: the agent keeps a finished process for minutes). A
+  // followed one needs no watcher, and no WAIT round trip to the agent on every exec.
+  void WatchUnfollowed() {
+    if (once_ && !once_->done)
+      asio::co_spawn(ex_, WatchExit(session_, ch_, pid_, once_), asio::detached);
+  }
+
   static asio::awaitable<void> DetachCall(std::shared_ptr<AgentChannel> ch, int64_t pid) {
     (void)co_await ch->Call(Type::kDetach, Writer().Int(Tag::kPid, pid));
   }
@@ -414,13 +420,11 @@ Session::Session(Manager& manager, store::ApiKeyRecord key, store::SandboxRecord
 Awaitable<Result<std::shared_ptr<Session>>> Session::Open(Manager& manager,
                                                           const store::ApiKeyRecord& key,
                                                           const std::string& id, std::string via) {
-  // The channel first: it is the owner and state check for use (ENOENT, EBUSY when paused).
-  auto ch = co_await manager.Channel(key, id);
+  // The channel is the owner and state check for use (ENOENT, EBUSY when paused).
+  store::SandboxRecord rec;
+  auto ch = co_await manager.Channel(key, id, &rec);
   if (!ch.ok()) co_return ch.status();
-  auto rec = manager.Get(key, id);
-  if (!rec.ok()) co_return rec.status();
-  co_return std::make_shared<Session>(manager, key, std::move(*rec), std::move(via),
-                                      std::move(*ch));
+  co_return std::make_shared<Session>(manager, key, std::move(rec), std::move(via), std::move(*ch));
 }
 
 Awaitable<Result<std::shared_ptr<AgentChannel>>> Session::Channel() {
@@ -497,7 +501,7 @@ Awaitable<Result<std::unique_ptr<Process>>> Session::Follow(std::shared_ptr<Agen
                                                             int64_t pid, bool pty,
                                                             std::shared_ptr<ExitOnce> once,
                                                             int64_t started_ms) {
-  uint64_t oom_base = OomKills(manager_, key_, record_.id);
+  uint64_t oom_base = manager_.OomKills(record_.id);
   auto ex = co_await asio::this_coro::executor;
   co_return std::unique_ptr<Process>(
       std::make_unique<ProcessImpl>(ex, shared_from_this(), std::move(ch), std::move(sub), pid, pty,
@@ -523,8 +527,6 @@ Awaitable<Result<std::unique_ptr<Process>>> Session::Spawn(const CommandSpec& sp
   if (spec.pty) detail["pty"] = true;
   Audit("command.start", std::move(detail));
   auto once = std::make_shared<ExitOnce>(manager_, record_.id, key_.id, via_, pid);
-  asio::co_spawn(co_await asio::this_coro::executor, WatchExit(shared_from_this(), *ch, pid, once),
-                 asio::detached);
   co_return co_await Follow(*ch, std::move(opened->sub), pid, spec.pty.has_value(), once,
                             started_ms);
 }

@@ -467,7 +467,7 @@ TEST_F(SessionTest, StdinOfAProcessThatEndedIsEPIPE) {
 
 TEST_F(SessionTest, ExitIsAuditedOnceFollowedOrDetached) {
   std::string id = Create();
-  int64_t followed = 0, detached = 0;
+  int64_t followed = 0, detached = 0, unread = 0;
   Run([&]() -> asio::awaitable<void> {
     auto s = co_await Open(id);
     CO_ASSERT_OK(s);
@@ -494,14 +494,30 @@ TEST_F(SessionTest, ExitIsAuditedOnceFollowedOrDetached) {
     p->reset();
     CO_ASSERT_TRUE((co_await (*s)->WriteStdin(detached, "go\n")).ok());
     (void)co_await AwaitEvent(id, "command.exit", detached);
+
+    // Dropped after its exit without reading it (a client gone at the last moment): the watcher
+    // its follower starts then finds the exit the agent kept.
+    spec.argv = {"sh", "-c", "exit 5"};
+    spec.stdin_open = false;
+    p = co_await (*s)->Spawn(spec);
+    CO_ASSERT_OK(p);
+    unread = (*p)->pid();
+    auto other = co_await (*s)->Attach(unread, 0, 0);  // follows it to its end; audits nothing
+    CO_ASSERT_OK(other);
+    EXPECT_EQ((co_await Collect(**other)).exit.exit_code, 5);
+    EXPECT_EQ(Events(id, "command.exit").size(), 2u);
+    p->reset();
+    (void)co_await AwaitEvent(id, "command.exit", unread);
   });
   auto exits = Events(id, "command.exit");
-  ASSERT_EQ(exits.size(), 2u);  // once each: the follower's and the watcher's did not both count
+  ASSERT_EQ(exits.size(), 3u);  // once each: the follower's and the watcher's did not both count
   EXPECT_EQ(exits[0].detail["pid"], followed);
   EXPECT_EQ(exits[0].detail["exit_code"], 3);
   EXPECT_EQ(exits[1].detail["pid"], detached);
   EXPECT_EQ(exits[1].detail["exit_code"], 4);
   EXPECT_EQ(exits[1].detail["via"], "test");
+  EXPECT_EQ(exits[2].detail["pid"], unread);
+  EXPECT_EQ(exits[2].detail["exit_code"], 5);
 }
 
 TEST_F(SessionTest, UsersAreResolvedByTheAgent) {
