@@ -35,9 +35,11 @@ void AuditQueue::AppendSoon(AuditEvent e) {
         pending_.pop_front();
         ++counters_.dropped_total;
       }
+      if (pending_.empty()) pending_since_ = std::chrono::steady_clock::now();
       pending_.push_back(std::move(e));
       StartLocked();
-      cv_.notify_all();
+      // The thread needs waking for the first (its linger starts) and a full batch only.
+      if (pending_.size() == 1 || pending_.size() == options_.batch) cv_.notify_all();
       return;
     }
   }
@@ -177,6 +179,12 @@ void AuditQueue::Loop() {
   auto retry_at = kNone;
   while (!stopping_) {
     if (!pending_.empty()) {
+      // Others arriving meanwhile share the transaction (a reader or an Append writes them
+      // sooner: pending_ is then empty when the wait ends).
+      cv_.wait_until(lock, pending_since_ + options_.linger, [this] {
+        return stopping_ || pending_.empty() || pending_.size() >= options_.batch;
+      });
+      if (pending_.empty() || stopping_) continue;
       lock.unlock();
       WritePending();
       lock.lock();

@@ -8,11 +8,13 @@
 // sbx_audit_dropped_total in /metrics) and logged.
 //
 // Hot paths (a command's start and exit, several per second per box) do not wait for the store:
-// AppendSoon hands the event to the queue's thread, which writes whatever is pending in one
-// transaction at once. Order and visibility hold as if every write were synchronous: Append,
-// Flush and Store::QueryAudit write what is pending before anything else. The price: an event
-// handed over in the moment before the process is SIGKILLed (the thread writes within about a
-// millisecond) is lost, as a synchronous write in flight would be; a clean stop writes it.
+// AppendSoon hands the event to the queue's thread, which gathers what comes within `linger`
+// of the first pending event (or until `batch` are pending) and writes it in one transaction: a
+// daemon running commands back to back writes a few transactions a second, not two per command.
+// Order and visibility hold as if every write were synchronous: Append, Flush and
+// Store::QueryAudit write what is pending before anything else. The price: events handed over in
+// the last `linger` before the process is SIGKILLed are lost, as a synchronous write in flight
+// would be; a clean stop writes them.
 //
 // The Store owns one (Store::audit_queue()); tests may make their own.
 // Thread-safety: every method may be called from any thread.
@@ -36,6 +38,10 @@ struct AuditQueueOptions {
   size_t max_events = 10000;
   // How often the retry thread tries the oldest queued event while the store cannot write.
   std::chrono::milliseconds retry_period{1000};
+  // AppendSoon's events wait at most this long for others to share their transaction...
+  std::chrono::milliseconds linger{5};
+  // ... and no longer once this many are pending.
+  size_t batch = 256;
 };
 
 struct AuditQueueCounters {
@@ -88,9 +94,10 @@ class AuditQueue {
   std::condition_variable cv_;
   std::deque<AuditEvent> queue_;    // guarded by mu_; oldest first
   std::deque<AuditEvent> pending_;  // guarded by mu_: AppendSoon's, not written yet
-  AuditQueueCounters counters_;     // guarded by mu_ (queued is queue_.size())
-  bool stopping_ = false;           // guarded by mu_
-  std::thread thread_;              // started with the first queued or pending event
+  std::chrono::steady_clock::time_point pending_since_;  // guarded by mu_: the first's arrival
+  AuditQueueCounters counters_;                          // guarded by mu_ (queued is queue_.size())
+  bool stopping_ = false;                                // guarded by mu_
+  std::thread thread_;  // started with the first queued or pending event
 };
 
 }  // namespace sbx::store

@@ -124,6 +124,27 @@ TEST_F(AuditQueueTest, TheThreadWritesHandedOverEventsByItself) {
   EXPECT_EQ(Types(Stored()), std::vector<std::string>{"soon"});
 }
 
+// Events handed over wait for others (linger) and share one transaction; a full batch does not
+// wait for the rest of the linger.
+TEST_F(AuditQueueTest, HandedOverEventsAreWrittenTogetherOnceABatchIsFull) {
+  AuditQueue q(*store_, {.max_events = 10,
+                         .retry_period = std::chrono::hours(1),
+                         .linger = std::chrono::hours(1),
+                         .batch = 3});
+  q.AppendSoon(Event("a"));
+  q.AppendSoon(Event("b"));
+  EXPECT_TRUE(Stored().empty());  // an hour of linger left, and the batch is not full
+  q.AppendSoon(Event("c"));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Stored().size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(Types(Stored()), (std::vector<std::string>{"a", "b", "c"}));
+  // A reader of q's own events does not wait for the linger either.
+  q.AppendSoon(Event("d"));
+  q.WritePending();
+  EXPECT_EQ(Types(Stored()).back(), "d");
+}
+
 TEST_F(AuditQueueTest, HandedOverEventsTheStoreCannotTakeQueueInOrder) {
   AuditQueue q(*store_, {.max_events = 100, .retry_period = std::chrono::hours(1)});
   fs_->Fill();
