@@ -56,7 +56,10 @@ int main(int argc, char** argv) {
   sv->add_option("--listen", serve.listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
   sv->add_option("--unix-socket", serve.unix_socket, "Also listen on this unix socket");
-  sv->add_option("--threads", serve.threads, "I/O threads")->capture_default_str();
+  sv->add_option("--threads", serve.threads,
+                 "I/O threads (0: one per 4 CPUs this process may use, 1 to 8)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   sv->add_option("--default-timeout", serve.default_timeout_s, "Default sandbox timeout in seconds")
       ->capture_default_str();
   sv->add_option("--disk-reserve", serve.disk_reserve,

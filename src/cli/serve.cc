@@ -1,13 +1,16 @@
 #include "cli/serve.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/thread_pool.hpp>
 #include <cctype>
@@ -168,6 +171,14 @@ Result<network::Policy> BuildNetwork(const ServeOptions& o) {
 
 }  // namespace
 
+int IoThreadsFor(int cpus) { return std::clamp(cpus / 4, 1, 8); }
+
+int UsableCpus() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
 int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   if (::geteuid() != 0) {
     std::fprintf(stderr, "sbx: sbx serve needs root (it creates namespaces, cgroups and mounts)\n");
@@ -208,7 +219,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
   so.host = o.listen.substr(0, colon);
   so.port = static_cast<uint16_t>(std::atoi(o.listen.c_str() + colon + 1));
   so.unix_socket = o.unix_socket;
-  so.threads = o.threads;
+  so.threads = o.threads > 0 ? o.threads : IoThreadsFor(UsableCpus());
   so.max_connections = o.max_connections;
   so.max_connections_per_address = o.max_connections_per_address;
   so.access_log = http::SpdlogAccessLog();
@@ -377,7 +388,10 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
           started_ok.message());
   }
   mc.network = stack.get();
-  // What a box without a network sees of it: a resolv.conf saying so.
+  // What a box without a network sees of it: a resolv.conf saying so (below network/, which
+  // only a started stack has made).
+  if (::mkdir((global.data_dir + "/network").c_str(), 0755) != 0 && errno != EEXIST)
+    spdlog::warn("network: make {}/network: {}", global.data_dir, std::strerror(errno));
   if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
     mc.no_network_files = std::move(*none);
   else
@@ -458,6 +472,8 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
                "           curl -H \"Authorization: Bearer $(cat %s)\" http://%s:%u/v1/sandboxes\n",
                so.host.c_str(), server.port(), global.data_dir.c_str(), sbx.c_str(),
                ShellWord(ApiKeyFile(global.data_dir)).c_str(), so.host.c_str(), server.port());
+  spdlog::info("http: {} I/O thread(s){}", so.threads,
+               o.threads > 0 ? "" : " (one per 4 CPUs this process may use; --threads N)");
   // The port, for scripts and tests that asked for port 0.
   (void)WriteFileAtomic(global.data_dir + "/serve.port", std::to_string(server.port()) + "\n",
                         0644);

@@ -17,7 +17,7 @@ namespace sbx::cli {
 struct ServeOptions {
   std::string listen = "127.0.0.1:7777";  // host:port
   std::string unix_socket;                // optional, in addition
-  int threads = 2;
+  int threads = 0;  // I/O threads; 0: IoThreadsFor(the CPUs this process may use)
   int64_t default_timeout_s = 300;
   std::string disk_reserve = "1G";  // a size, or "N%" of the data directory's filesystem
   // The box id pool: box ranges start at host id id_pool_base, id_pool_size ranges of 65536.
@@ -59,6 +59,15 @@ Result<network::StackConfig> NetworkConfig(const ServeOptions& o);
 
 // The registry flags of `o` as the builder's policy; EINVAL naming the flag and the value.
 Result<sandbox::RegistryPolicy> RegistryPolicyOf(const ServeOptions& o);
+
+// The default number of I/O threads for a host where this process may use `cpus` CPUs: one per
+// four, from 1 to 8. The I/O threads share one io_context and hand each request's steps to each
+// other; on a small host every hand-off (a futex wake-up and a context switch) costs more than a
+// second thread gives, and the boxes' own processes need the other cores (docs/benchmarks.md,
+// section 10: a command through the API uses a quarter less of the daemon's CPU on one thread).
+int IoThreadsFor(int cpus);
+// The CPUs this process may run on (its affinity mask), at least 1.
+int UsableCpus();
 
 int ServeCommand(const GlobalOptions& global, const ServeOptions& options);
 
