@@ -726,10 +726,10 @@ def main():
         sys.exit(f"bench: {err}")
     log("helpers built")
     launcher = os.path.join(build, "bench", "sbx-bench-launch")
+    install_peers()  # the sections compare against them too (hotpaths: bwrap)
     if keep is not None and keep <= set(SECTIONS):
         run_sections_only(build, args, [k for k in SECTIONS if k in keep])
         return
-    install_peers()
 
     tmp = tempfile.mkdtemp(prefix="sbx-bench-")
     os.chmod(tmp, 0o711)

@@ -139,7 +139,14 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : sbx::cli::kExitSbxError;
   }
-  if (r->parsed()) return sbx::cli::RunCommand(global, run);
+  if (r->parsed()) {
+    // A one-shot run is over here: its box is removed and its output written. The CLI's option
+    // tree and the libraries' static state need no teardown, which after the box's clone made
+    // the heap copy-on-write costs a fault on nearly every page it frees: leave at once.
+    int code = sbx::cli::RunCommand(global, run);
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
   if (sv->parsed()) {
     auto ranges = sbx::cli::ParseRangeFlags(serve_ranges);
     if (!ranges.ok()) {

@@ -353,6 +353,12 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, Clock& clock
   return std::unique_ptr<Store>(new Store(std::move(*db), path, *version, clock));
 }
 
+Status Store::KeepWalShort(int pages) {
+  MutexLock lock(mu_);
+  // PRAGMA takes no parameters; the value is an int.
+  return db_->Exec("PRAGMA wal_autocheckpoint=" + std::to_string(pages)).Wrap("open " + path_);
+}
+
 Status Store::CheckIntegrity() {
   MutexLock lock(mu_);
   Result<std::string> r = db_->QueryText("PRAGMA quick_check");

@@ -333,6 +333,12 @@ class Store {
   Status CheckIntegrity();
   // A trivial read of the database (its schema version): cheap enough for every /healthz.
   Status Ping();
+  // For a one-shot process (sbx run, the CLI): its commits checkpoint the WAL once it holds
+  // `pages` pages, not SQLite's 1000. The first process to open the database after every other
+  // connection closed rebuilds the WAL's index by reading the whole WAL (no connection
+  // checkpoints at close, see Db::Open): a WAL kept short keeps that read short, at the cost of
+  // a checkpoint (two fdatasyncs) every few runs.
+  Status KeepWalShort(int pages = 64);
   // Whether the store could write when it last tried (see WriteHealth in db.h): the error of
   // the last write that failed for want of storage (ENOSPC, EIO, EROFS...), cleared by the next
   // write that commits a change. Costs no I/O.

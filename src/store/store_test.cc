@@ -152,6 +152,40 @@ TEST_F(StoreTest, OpenTightensLooseModes) {
   EXPECT_EQ(Mode(path_), 0600);
 }
 
+// A one-shot process keeps the WAL short: its commits checkpoint it past the limit, so the WAL
+// starts over and never grows to SQLite's default 1000 pages (which the next process to open the
+// database alone would read whole to rebuild the WAL's index).
+TEST_F(StoreTest, KeepWalShortBoundsTheWal) {
+  constexpr int kWrites = 150;  // a few pages each: far past 16 pages, short of 1000
+  // The frames in the WAL after the writes, as a checkpoint by another connection counts them
+  // (with the store still open, so that no close checkpoints it first).
+  auto frames_after_writes = [&](bool keep_short) -> int {
+    (void)RemoveTree(dir_ + "/data");
+    auto store = OpenStore();
+    if (!store) return -1;
+    if (keep_short) {
+      EXPECT_TRUE(store->KeepWalShort(16).ok());
+    }
+    for (int i = 0; i < kWrites; ++i)
+      EXPECT_TRUE(store->PutSandbox(Sandbox("s" + std::to_string(i))).ok());
+    sqlite3* raw = nullptr;
+    int log = -1;
+    EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &raw, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    // A read first: a connection opens the WAL with its first transaction.
+    EXPECT_EQ(sqlite3_exec(raw, "SELECT count(*) FROM sqlite_master", nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    EXPECT_EQ(sqlite3_wal_checkpoint_v2(raw, nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, nullptr),
+              SQLITE_OK);
+    sqlite3_close(raw);
+    return log;
+  };
+  int kept = frames_after_writes(true);
+  EXPECT_GE(kept, 0);
+  EXPECT_LE(kept, 16 + 8);  // a commit may pass the limit by its own pages
+  // The same writes without the limit leave a frame or more per write.
+  EXPECT_GE(frames_after_writes(false), kWrites);
+}
+
 TEST_F(StoreTest, ReopenIsIdempotent) {
   {
     auto store = OpenStore();
