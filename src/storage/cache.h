@@ -77,6 +77,11 @@ bool ValidPart(std::string_view p);
 UniqueFd OpenBeneath(int root_fd, const std::string& rel, uint64_t flags);
 // Lowercase hex of sha256 of the file at `path`.
 Result<std::string> Sha256File(const std::string& path);
+// A hash of what lstat says of `path` (mtime, size, inode) and, for a directory, of its entries
+// the same way, a symlink entry by its name and inode (a new target is a new link renamed over):
+// changes when anything below it is added, removed, replaced or written. The host template's
+// fingerprint of the host files it copies.
+uint64_t PathFingerprint(const std::string& path);
 
 struct ExtractOptions {
   std::string what;           // for errors: the tarball or directory being read

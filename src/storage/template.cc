@@ -89,6 +89,14 @@ void Fingerprint(Fnv& f, const std::string& path) {
     if (DIR* d = ::opendir(path.c_str())) {
       while (dirent* e = ::readdir(d)) {
         std::string n = e->d_name;
+        // A symlink cannot change in place: a new target is a new link (a new inode, which
+        // readdir gives) renamed over the old one (update-alternatives). Not stat-ing them
+        // spares a run ~500 lstats of /etc/alternatives.
+        if (e->d_type == DT_LNK) {
+          f.Add(n);
+          f.Add(&e->d_ino, sizeof e->d_ino);
+          continue;
+        }
         if (n != "." && n != "..") Fingerprint(f, path + "/" + n);
       }
       ::closedir(d);
@@ -648,6 +656,12 @@ Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st) {
   int64_t evictable = 0;
   for (const auto& l : *unused) evictable += l.size_bytes;
   return ts.cache_bytes - (*total - evictable);
+}
+
+uint64_t PathFingerprint(const std::string& path) {
+  Fnv f;
+  Fingerprint(f, path);
+  return f.h;
 }
 
 }  // namespace internal

@@ -11,6 +11,7 @@
 
 #include "common/fd.h"
 #include "common/fs.h"
+#include "storage/cache.h"
 
 namespace sbx::storage {
 namespace {
@@ -222,6 +223,28 @@ TEST_F(TemplateTest, AddedTarballKeepsRealOwnershipAndSetIdBitsBelowTheRootOnlyC
   ASSERT_TRUE(twin.ok()) << twin.status().message();
   EXPECT_EQ(twin->layers, rec->layers);
   EXPECT_EQ(Ls(ts_.dir + "/layers").size(), 1u);
+}
+
+// What the host template's fingerprint sees of a directory of the host: a link replaced by
+// another (update-alternatives), a file written in place, a new entry; and nothing else.
+TEST_F(TemplateTest, PathFingerprintSeesReplacedLinksAndWrittenFiles) {
+  std::string d = dir_ + "/alternatives";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("/usr/bin/one", (d + "/editor").c_str()), 0);
+  ASSERT_TRUE(WriteFile(d + "/conf", "a\n").ok());
+  uint64_t before = internal::PathFingerprint(d);
+  EXPECT_EQ(internal::PathFingerprint(d), before);
+  // A new target, the way update-alternatives sets one: a new link renamed over the old.
+  ASSERT_EQ(::symlink("/usr/bin/two", (d + "/editor.new").c_str()), 0);
+  ASSERT_EQ(::rename((d + "/editor.new").c_str(), (d + "/editor").c_str()), 0);
+  uint64_t relinked = internal::PathFingerprint(d);
+  EXPECT_NE(relinked, before);
+  EXPECT_EQ(internal::PathFingerprint(d), relinked);
+  ASSERT_TRUE(WriteFile(d + "/conf", "a longer line\n").ok());
+  uint64_t written = internal::PathFingerprint(d);
+  EXPECT_NE(written, relinked);
+  ASSERT_EQ(::symlink("/usr/bin/three", (d + "/pager").c_str()), 0);
+  EXPECT_NE(internal::PathFingerprint(d), written);
 }
 
 TEST_F(TemplateTest, AddedDirectoryIsASnapshot) {
