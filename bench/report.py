@@ -308,7 +308,7 @@ def _api_section1(results, w):
       "path) from sending `POST /v1/sandboxes` until the command's `exit` event is read from the "
       "NDJSON stream of `POST /v1/sandboxes/{id}/commands` (`{\"argv\":[\"true\"]}`). The "
       "`DELETE` that follows every run is outside the timed window and timed on its own below. "
-      "The daemon is one `sbx serve` started for this run (default settings: 2 I/O threads), "
+      "The daemon is one `sbx serve` started for this run (default settings; for the run above, 2 I/O threads, the default until 2026-12-06, when it became one per 4 CPUs), "
       "on 127.0.0.1.\n")
     w("Phases of the API runs, P50 (P95) in ms: the client's view, and the daemon's own "
       "duration of the same requests from its access log (from the request read to the handler's "
