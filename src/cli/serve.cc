@@ -7,7 +7,6 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -388,10 +387,7 @@ int ServeCommand(const GlobalOptions& global, const ServeOptions& o) {
           started_ok.message());
   }
   mc.network = stack.get();
-  // What a box without a network sees of it: a resolv.conf saying so (below network/, which
-  // only a started stack has made).
-  if (::mkdir((global.data_dir + "/network").c_str(), 0755) != 0 && errno != EEXIST)
-    spdlog::warn("network: make {}/network: {}", global.data_dir, std::strerror(errno));
+  // What a box without a network sees of it: a resolv.conf saying so.
   if (auto none = network::WriteNoNetworkFiles(global.data_dir + "/network/none"); none.ok())
     mc.no_network_files = std::move(*none);
   else

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/fd.h"
+#include "common/fs.h"
 
 namespace sbx::network {
 namespace {
@@ -16,8 +17,12 @@ namespace {
 // then reached by openat/renameat relative to it, so a symlink planted in its place or inside it
 // cannot redirect a write.
 Result<UniqueFd> OpenDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return Status::Errno("make box network files directory " + dir);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (errno != ENOENT) return Status::Errno("make box network files directory " + dir);
+    // Its parents too: without a network stack nothing made <data>/network (sbx serve
+    // --network off, sbx build).
+    SBX_RETURN_IF_ERROR(MakeDirs(dir, 0755).Wrap("make box network files directory " + dir));
+  }
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) return Status::Errno("open box network files directory " + dir);
   return fd;

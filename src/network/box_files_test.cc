@@ -48,7 +48,8 @@ TEST_F(BoxFilesTest, ABoxWithNetworkingGetsSbxsResolverAndItsHostname) {
 }
 
 TEST_F(BoxFilesTest, ABoxWithoutNetworkingIsToldWhyAndHow) {
-  auto files = WriteNoNetworkFiles(dir_ + "/box");
+  // Below a directory nothing made yet (<data>/network of a daemon without networking).
+  auto files = WriteNoNetworkFiles(dir_ + "/network/none");
   ASSERT_TRUE(files.ok()) << files.status().message();
   ASSERT_EQ(files->size(), 1u);
   EXPECT_EQ((*files)[0].second, "/etc/resolv.conf");

@@ -43,6 +43,14 @@ class AuditQueueTest : public ::testing::Test {
     EXPECT_TRUE(events.ok()) << events.status().message();
     return events.ok() ? *events : std::vector<AuditEvent>{};
   }
+  // A bounded poll of the queue thread's work (up to 20 s), which gives tests no event to wait
+  // on: Stored() reads through the store's own queue, not the one under test.
+  template <typename Done>
+  static void PollUntil(Done done) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   static std::vector<std::string> Types(const std::vector<AuditEvent>& v) {
     std::vector<std::string> out;
     for (const auto& e : v) out.push_back(e.type);
@@ -117,10 +125,7 @@ TEST_F(AuditQueueTest, EventsHandedOverLandInOrderAndReadersSeeThem) {
 TEST_F(AuditQueueTest, TheThreadWritesHandedOverEventsByItself) {
   AuditQueue q(*store_, {.max_events = 10, .retry_period = std::chrono::hours(1)});
   q.AppendSoon(Event("soon"));
-  // Bounded poll of the thread's work (Stored() reads through the store's own queue, not q).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (Stored().empty() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  PollUntil([&] { return !Stored().empty(); });
   EXPECT_EQ(Types(Stored()), std::vector<std::string>{"soon"});
 }
 
@@ -135,9 +140,7 @@ TEST_F(AuditQueueTest, HandedOverEventsAreWrittenTogetherOnceABatchIsFull) {
   q.AppendSoon(Event("b"));
   EXPECT_TRUE(Stored().empty());  // an hour of linger left, and the batch is not full
   q.AppendSoon(Event("c"));
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (Stored().size() < 3 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  PollUntil([&] { return Stored().size() >= 3; });
   EXPECT_EQ(Types(Stored()), (std::vector<std::string>{"a", "b", "c"}));
   // A reader of q's own events does not wait for the linger either.
   q.AppendSoon(Event("d"));
@@ -196,10 +199,7 @@ TEST_F(AuditQueueTest, TheRetryThreadWritesTheQueueOnceTheStoreCanWrite) {
   q.Append(Event("late"));
   EXPECT_EQ(q.counters().queued, 1u);
   fs_->Free();
-  // Bounded poll of the thread's work (it retries every 10 ms).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (q.counters().queued > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  PollUntil([&] { return q.counters().queued == 0; });  // it retries every 10 ms
   EXPECT_EQ(q.counters().queued, 0u);
   EXPECT_EQ(Types(Stored()), std::vector<std::string>{"late"});
 }

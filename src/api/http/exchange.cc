@@ -288,6 +288,14 @@ net::awaitable<Status> Exchange::BeginStream(int status, std::string_view conten
   co_return Status();
 }
 
+template <typename Buffers>
+net::awaitable<Status> Exchange::SendBody(const Buffers& body, const char* what) {
+  if (held_header_.empty()) co_return co_await conn_.WriteAll(body, what);
+  std::string header = std::move(held_header_);  // lives here until the write is done
+  held_header_.clear();
+  co_return co_await conn_.WriteAll(beast::buffers_cat(net::buffer(header), body), what);
+}
+
 net::awaitable<Status> Exchange::WriteChunk(std::string_view data) {
   co_return co_await WriteChunk({}, data);
 }
@@ -305,21 +313,9 @@ net::awaitable<Status> Exchange::WriteChunk(std::string_view head, std::string_v
       co_return Status::Error("write chunk: more data than the declared Content-Length");
     }
     *stream_length_ -= size;
-    if (!held_header_.empty())
-      co_return co_await conn_.WriteAll(beast::buffers_cat(TakeHeldHeader(), parts), "write body");
-    co_return co_await conn_.WriteAll(parts, "write body");
+    co_return co_await SendBody(parts, "write body");
   }
-  if (!held_header_.empty())
-    co_return co_await conn_.WriteAll(
-        beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk(parts)), "write chunk");
-  co_return co_await conn_.WriteAll(bhttp::make_chunk(parts), "write chunk");
-}
-
-std::array<net::const_buffer, 1> Exchange::TakeHeldHeader() {
-  // The string stays alive (moved to a member the write does not touch) until the next take.
-  sent_header_ = std::move(held_header_);
-  held_header_.clear();
-  return {net::const_buffer(sent_header_.data(), sent_header_.size())};
+  co_return co_await SendBody(bhttp::make_chunk(parts), "write chunk");
 }
 
 net::awaitable<Status> Exchange::EndStream() {
@@ -329,13 +325,10 @@ net::awaitable<Status> Exchange::EndStream() {
                             " bytes short of the declared Content-Length");
   }
   Status status;
-  if (!stream_length_ && !held_header_.empty())
-    status = co_await conn_.WriteAll(beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk_last()),
-                                     "write last chunk");
-  else if (!stream_length_)
-    status = co_await conn_.WriteAll(bhttp::make_chunk_last(), "write last chunk");
-  else if (!held_header_.empty())
-    status = co_await conn_.WriteAll(TakeHeldHeader(), "write header");
+  if (!stream_length_)
+    status = co_await SendBody(bhttp::make_chunk_last(), "write last chunk");
+  else if (!held_header_.empty())  // an empty fixed-length body: the header alone
+    status = co_await SendBody(net::const_buffer(), "write header");
   if (status.ok()) StreamEnded();
   co_return status;
 }
@@ -349,14 +342,8 @@ net::awaitable<Status> Exchange::EndStream(std::string_view head, std::string_vi
   }
   std::array<net::const_buffer, 2> parts = {net::const_buffer(head.data(), head.size()),
                                             net::const_buffer(data.data(), data.size())};
-  Status status;
-  if (!held_header_.empty())
-    status = co_await conn_.WriteAll(
-        beast::buffers_cat(TakeHeldHeader(), bhttp::make_chunk(parts), bhttp::make_chunk_last()),
-        "write last chunk");
-  else
-    status = co_await conn_.WriteAll(
-        beast::buffers_cat(bhttp::make_chunk(parts), bhttp::make_chunk_last()), "write last chunk");
+  Status status = co_await SendBody(
+      beast::buffers_cat(bhttp::make_chunk(parts), bhttp::make_chunk_last()), "write last chunk");
   if (status.ok()) StreamEnded();
   co_return status;
 }

@@ -19,10 +19,8 @@
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange without it
 // clang-format on
-#include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/buffer.hpp>
 #include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstdint>
@@ -191,8 +189,9 @@ class Exchange {
   ErrorShape error_shape_ = ErrorShape::kNative;
   std::optional<uint64_t> stream_length_;  // for a fixed-length stream: bytes still owed
   std::string held_header_;                // BeginStream's hold_header: not sent yet
-  std::string sent_header_;                // the held header while its write is in flight
-  std::array<boost::asio::const_buffer, 1> TakeHeldHeader();
+  // Writes `body` (a buffer sequence), after the header BeginStream held if it holds one still.
+  template <typename Buffers>
+  boost::asio::awaitable<Status> SendBody(const Buffers& body, const char* what);
   void StreamEnded();  // the body's end is written: the connection may read the next request
   // Time spent waiting for the client's body, not the handler's own: what min_body_rate judges.
   std::chrono::steady_clock::duration body_wait_{};
