@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -25,6 +26,11 @@ namespace {
 // Past this many bytes queued for one stream (or for the channel), it is closed (the channel:
 // reading the streams pauses instead).
 constexpr size_t kMaxQueued = 16 << 20;
+
+// The host's kReset goes again after this long without a hello, then at twice the interval, up to
+// the last.
+constexpr int64_t kResendFirstMs = 500;
+constexpr int64_t kResendMaxMs = 8000;
 
 // Bytes waiting to be written to a descriptor, written from the front.
 struct Queue {
@@ -140,12 +146,13 @@ class Mux {
         fds.push_back({s.fd, ev, 0});
         ids.push_back(id);
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (::poll(fds.data(), fds.size(), ResendWait()) < 0) {
         if (errno == EINTR) continue;
         Log("vm mux: poll: %s", strerror(errno));
         return 1;
       }
-      if ((fds[0].revents & POLLOUT) && !chan_out_.Flush(o_.channel_fd)) {
+      if (!guest && o_.reset && !ready_ && Now() >= resend_at_) SendReset();
+      if ((fds[0].revents & POLLOUT) && !FlushChannel()) {
         if (!guest) return ChannelGone("write");
         AwaitHost();
         continue;
@@ -179,7 +186,7 @@ class Mux {
         if (it == streams_.end() || fds[i].revents == 0) continue;
         Service(it->first, it->second, fds[i].revents);
       }
-      if (!chan_out_.Flush(o_.channel_fd)) {
+      if (!FlushChannel()) {
         if (!guest) return ChannelGone("write");
         AwaitHost();
       }
@@ -195,10 +202,17 @@ class Mux {
   // The guest: the host's end is gone (a virtio port reads EOF and polls as hung up while no host
   // end is connected). Whatever was in flight is moot: wait for a host's end to connect again (it
   // then sends kReset). Polled: a hung-up port is always ready.
+  //
+  // Between kQuiesced and the hello that answers a kReset, nothing is moot: the hang-up may be the
+  // saved host end's, seen late (a restored guest learns of it from a control queue that is not
+  // ordered with the port's data), while the new host's kReset is already read or the hello to
+  // it is queued. Dropping either would leave both ends waiting for each other.
   void AwaitHost() {
     CloseStreams();
-    in_.clear();
-    chan_out_ = Queue();
+    if (!rekeying_) {
+      in_.clear();
+      chan_out_ = Queue();
+    }
     for (;;) {
       pollfd p{o_.channel_fd, POLLOUT, 0};
       if (::poll(&p, 1, 0) >= 0 && (p.revents & (POLLHUP | POLLERR)) == 0) return;
@@ -207,8 +221,21 @@ class Mux {
     }
   }
 
-  // The host: kReset, re-keying a guest that has run before.
+  // The host: kReset, re-keying a guest that has run before; sent again, at growing intervals,
+  // until the guest says hello (it answers each: the channel is ordered, and streams open only
+  // after the hello, so a repeated kReset never closes one).
+  static int64_t Now() {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+  }
+  int ResendWait() const {
+    if (o_.listen_fd < 0 || !o_.reset || ready_) return -1;
+    return static_cast<int>(std::max<int64_t>(0, resend_at_ - Now()));
+  }
   void SendReset() {
+    resend_at_ = Now() + resend_ms_;
+    resend_ms_ = std::min<int64_t>(resend_ms_ * 2, kResendMaxMs);
     std::string p(8 + kMuxEntropy, '\0');
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
@@ -244,6 +271,13 @@ class Mux {
     if (fd >= 0) ::close(fd);
     if (len > 8 + kMuxEntropy && ::sethostname(p + 8 + kMuxEntropy, len - 8 - kMuxEntropy) != 0)
       Log("vm mux: sethostname: %s", strerror(errno));
+  }
+
+  // Writes what the channel can take; the guest's hello to a kReset is out once it all is.
+  bool FlushChannel() {
+    if (!chan_out_.Flush(o_.channel_fd)) return false;
+    if (hello_queued_ && chan_out_.empty()) rekeying_ = hello_queued_ = false;
+    return true;
   }
 
   int ChannelGone(const char* what) {
@@ -320,19 +354,20 @@ class Mux {
     }
   }
 
-  // Reads what the channel has and acts on every whole frame; false once it is gone.
+  // Reads what the channel has and acts on every whole frame, also those read before it hung up;
+  // false once it is gone.
   bool ReadChannel() {
     char buf[kMuxMaxPayload];
+    bool gone = false;
+    int gone_errno = 0;
     for (;;) {
       ssize_t n = ::read(o_.channel_fd, buf, sizeof buf);
-      if (n == 0) {
-        errno = 0;
-        return false;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return false;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n <= 0) {
+        gone = true;
+        gone_errno = n == 0 ? 0 : errno;
+        break;
       }
       in_.append(buf, static_cast<size_t>(n));
     }
@@ -344,6 +379,7 @@ class Mux {
       uint32_t len = GetU32(h + 5);
       if (len > kMuxMaxPayload || type > kMuxReset) {
         Log("vm mux: bad frame (type %u, length %u)", type, len);
+        in_.clear();
         errno = EPROTO;
         return false;
       }
@@ -353,7 +389,8 @@ class Mux {
       if (quiesced_) break;
     }
     in_.erase(0, pos);
-    return true;
+    errno = gone_errno;
+    return !gone;
   }
 
   void OnFrame(uint32_t id, uint8_t type, const char* p, uint32_t len) {
@@ -403,6 +440,7 @@ class Mux {
         if (!guest) return;
         CloseStreams();
         Frame(0, kMuxQuiesced, nullptr, 0);
+        rekeying_ = true;
         return;
       case kMuxQuiesced:
         if (!guest && quiescing_) quiesced_ = true;
@@ -412,6 +450,7 @@ class Mux {
         CloseStreams();
         ApplyReset(p, len);
         Frame(0, kMuxHello, nullptr, 0);
+        hello_queued_ = rekeying_;
         return;
       default:
         return;
@@ -426,6 +465,10 @@ class Mux {
   bool ready_ = false;
   bool quiescing_ = false;  // the host: kQuiesce sent
   bool quiesced_ = false;   // the host: the guest answered it
+  int64_t resend_at_ = 0;   // the host: when kReset goes again without a hello
+  int64_t resend_ms_ = kResendFirstMs;
+  bool rekeying_ = false;      // the guest: from kQuiesced until its hello to a kReset is out
+  bool hello_queued_ = false;  // ... and that hello is queued
   int console_fd_;
 };
 

@@ -22,9 +22,10 @@
 //              directions then stop at a frame's end, with nothing in flight.
 //   kQuiesced  guest -> host
 //   kReset     host -> guest, sent first by a host end started for a box restored from saved
-//              memory (or a saved box's source running on): the guest closes every stream it
-//              still has, applies the payload when there is one, and says kHello. Payload: the
-//              host's CLOCK_REALTIME (i64 ns), 32 bytes of entropy, the box's hostname.
+//              memory (or a saved box's source running on), and again at growing intervals
+//              until the guest says hello: the guest closes every stream it still has, applies
+//              the payload when there is one, and says kHello. Payload: the host's
+//              CLOCK_REALTIME (i64 ns), 32 bytes of entropy, the box's hostname.
 //
 // Each end queues what it cannot write yet (per stream, and for the channel), so a slow reader of
 // one stream never stops the others; a stream whose queue passes kMaxQueued is closed.
@@ -69,7 +70,9 @@ struct MuxOptions {
 
 // The host's end quiesces (kQuiesce) on SIGUSR1 and exits once the guest answered. The guest's
 // end outlives the host's: when its channel says the host is gone (a virtio port's hang-up) it
-// closes its streams and waits for a host's end to connect and send kReset.
+// closes its streams and waits for a host's end to connect and send kReset. From kQuiesced until
+// its hello to a kReset is out, a hang-up drops nothing it has read or queued: a restored guest
+// may see the saved host end's hang-up after the new host end's kReset.
 
 inline constexpr size_t kMuxConsoleMax = 1 << 20;
 inline constexpr size_t kMuxConsoleKeep = 256 << 10;
