@@ -44,15 +44,18 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +64,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -88,7 +92,16 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The battery's own thread, and the last file it opened: the watchdog names it when it hangs.
+std::atomic<pid_t> g_main_tid{0};
+std::mutex g_last_read_mu;
+std::string g_last_read;
+
 std::string ReadFile(const std::string& path) {
+  if (g_main_tid.load(std::memory_order_relaxed) == static_cast<pid_t>(::syscall(SYS_gettid))) {
+    std::lock_guard<std::mutex> l(g_last_read_mu);
+    g_last_read = path;
+  }
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
@@ -153,6 +166,125 @@ std::string Unescape(const std::string& s) {
   }
   return out;
 }
+
+// Names a hang. CTest stops a test at its timeout with nothing said about where it was; past a
+// step's budget, or near CTest's limit, this prints what the battery was doing, the last file its
+// thread opened, where each thread of it and each of its processes waits in the kernel, and every
+// task of the machine blocked uninterruptibly (a lock's holder among them); then the test aborts.
+class Watchdog {
+ public:
+  Watchdog(double step_budget_s, double total_budget_s)
+      : step_budget_s_(step_budget_s), total_budget_s_(total_budget_s) {
+    g_main_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    current_ = this;
+    thread_ = std::thread([this] { Watch(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    current_ = nullptr;
+    g_main_tid = 0;
+  }
+  // The battery starts `what`.
+  static void Step(std::string what) {
+    if (Watchdog* w = current_) {
+      std::lock_guard<std::mutex> l(w->mu_);
+      w->step_ = std::move(what);
+      w->step_start_ = Clock::now();
+    }
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!cv_.wait_for(l, std::chrono::seconds(1), [this] { return done_; })) {
+      const double in_step = SecondsSince(step_start_), total = SecondsSince(start_);
+      if (in_step < step_budget_s_ && total < total_budget_s_) continue;
+      std::string last;
+      {
+        std::lock_guard<std::mutex> r(g_last_read_mu);
+        last = g_last_read;
+      }
+      fprintf(stderr,
+              "[battery] WATCHDOG: '%s' has run %.0f s (budget %.0f s), the battery %.0f s "
+              "(budget %.0f s); the last file its thread opened: %s\n",
+              step_.c_str(), in_step, step_budget_s_, total, total_budget_s_, last.c_str());
+      // Nothing of the battery may outlive it holding CTest's pipes.
+      for (pid_t p : Dump()) kill(p, SIGKILL);
+      abort();
+    }
+  }
+
+  static std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+  static std::string Indented(const std::string& s, size_t max_lines) {
+    std::string out;
+    size_t at = 0;
+    for (size_t n = 0; n < max_lines && at < s.size(); ++n) {
+      size_t nl = s.find('\n', at);
+      if (nl == std::string::npos) nl = s.size();
+      out += "      " + s.substr(at, nl - at) + "\n";
+      at = nl + 1;
+    }
+    return out;
+  }
+  // One task: its state, where it sleeps and its kernel stack. Nothing that takes the task's
+  // memory lock (its command line): that read can block as the battery's own may have.
+  static void Task(const std::string& dir, const std::string& label) {
+    std::string stat = ReadFile(dir + "/stat");
+    auto rp = stat.rfind(')');
+    std::string state =
+        rp != std::string::npos && rp + 2 < stat.size() ? stat.substr(rp + 2, 1) : "?";
+    std::string ppid =
+        rp != std::string::npos ? stat.substr(rp + 4, stat.find(' ', rp + 4) - rp - 4) : "?";
+    fprintf(stderr, "[battery]   %s (%s) state %s ppid %s wchan %s syscall %s\n%s", label.c_str(),
+            FirstLine(ReadFile(dir + "/comm")).c_str(), state.c_str(), ppid.c_str(),
+            ReadFile(dir + "/wchan").c_str(), FirstLine(ReadFile(dir + "/syscall")).c_str(),
+            Indented(ReadFile(dir + "/stack"), 12).c_str());
+  }
+  // Returns the battery's descendants.
+  std::vector<pid_t> Dump() {
+    for (const auto& t : ListDir("/proc/self/task")) Task("/proc/self/task/" + t, "thread " + t);
+    // The battery's descendants (sbx, the runtimes, the boxes' processes), and every task
+    // blocked uninterruptibly.
+    std::map<pid_t, pid_t> parent;
+    std::map<pid_t, char> state;
+    for (pid_t p : AllPids()) {
+      std::string st = ReadFile("/proc/" + std::to_string(p) + "/stat");
+      auto rp = st.rfind(')');
+      if (rp == std::string::npos || rp + 4 >= st.size()) continue;
+      state[p] = st[rp + 2];
+      parent[p] = static_cast<pid_t>(atoi(st.c_str() + rp + 4));
+    }
+    const pid_t self = getpid();
+    std::vector<pid_t> descendants;
+    int shown = 0;
+    for (const auto& [p, pp] : parent) {
+      bool ours = false;
+      for (pid_t a = pp, hops = 0; a > 1 && hops < 64; a = parent.count(a) ? parent[a] : 0, ++hops)
+        if (a == self) ours = true;
+      if (p == self || (!ours && state[p] != 'D')) continue;
+      if (ours) descendants.push_back(p);
+      if (++shown <= 80)
+        Task("/proc/" + std::to_string(p),
+             (ours ? "process " : "blocked process ") + std::to_string(p));
+    }
+    return descendants;
+  }
+
+  static inline Watchdog* current_ = nullptr;
+  const double step_budget_s_, total_budget_s_;
+  const Clock::time_point start_ = Clock::now();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string step_ = "setting up";
+  Clock::time_point step_start_ = Clock::now();
+  std::thread thread_;
+};
 
 struct MountEntry {
   std::string root, point, fstype, super_opts;
@@ -873,6 +1005,7 @@ class Battery {
       word = "KNOWN";
     else if (known && word == "PASS")
       word = "FAIL", detail = "passes now: remove it from kKnownFailures; " + detail;
+    Watchdog::Step("the host's check after " + id);
     Leaks l = host_.Check();
     Outcome o{id, row, word, detail, l.total(), ""};
     for (size_t i = 0; i < l.what.size() && i < 8; ++i)
@@ -907,6 +1040,7 @@ class Battery {
                   const std::vector<std::string>& flags = {}, RunOptions opts = RunOptions(),
                   RunResult* result = nullptr, bool check_exit = true) {
     if (opts.stdin_data.empty()) opts.stdin_data = probe_bytes_;
+    Watchdog::Step("probe " + id);
     SbxProcess p(ProbeRun(id, args, flags), opts);
     RunResult r = p.Wait();
     if (result) *result = r;
@@ -1013,6 +1147,10 @@ struct Sentinel {
     pid = fork();
     if (pid == 0) {
       if (uid && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(1);
+      // Gone with the battery, also when it aborts: a sentinel holding CTest's pipes would hold
+      // CTest too.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() == 1) _exit(0);
       for (;;) pause();
     }
   }
@@ -1552,6 +1690,9 @@ TEST_P(SecurityBattery, AllCases) {
                               "\nprobes run: 0\npassed: 0\nfailed: 0\nskipped: 0\nhost leaks: 0\n");
     GTEST_SKIP() << "runtime " << runtime << " skipped: " << why_not;
   }
+  // The longest step is the batch of self-contained cases (sbx killed at 300 s); CTest stops the
+  // test at 600 s.
+  Watchdog watchdog(330, 585);
   Battery b(runtime);
   Host& host = b.host();
   auto t_start = Clock::now();
