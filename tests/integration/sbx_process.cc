@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -118,17 +119,53 @@ std::vector<std::string> CgroupParentDirs(const std::string& parent) {
   return out;
 }
 
-void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
-  for (const auto& dir : CgroupParentDirs(parent)) {
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        if (e->d_type == DT_DIR && e->d_name[0] != '.')
-          ADD_FAILURE() << "leaked cgroup " << dir << "/" << e->d_name;
-      }
-      ::closedir(d);
-    }
-    ::rmdir(dir.c_str());
+namespace {
+
+std::vector<std::string> SubCgroups(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_type == DT_DIR && e->d_name[0] != '.') out.push_back(dir + "/" + e->d_name);
+    ::closedir(d);
   }
+  return out;
+}
+
+// A frozen task dies only once thawed (in the freezer's hierarchy, whichever one is killing it).
+void Thaw(const std::string& cgroup) {
+  std::ofstream(cgroup + "/freezer.state") << "THAWED";
+  std::ofstream(cgroup + "/cgroup.freeze") << "0";
+  for (const auto& c : SubCgroups(cgroup)) Thaw(c);
+}
+
+// Kills (and awaits) a cgroup's processes, then removes it, depth first.
+void KillAndRemove(const std::string& cgroup) {
+  for (const auto& c : SubCgroups(cgroup)) KillAndRemove(c);
+  std::ifstream procs(cgroup + "/cgroup.procs");
+  for (pid_t pid = 0; procs >> pid;) {
+    int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) continue;
+    ::syscall(SYS_pidfd_send_signal, fd, SIGKILL, nullptr, 0U);
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, 10000);  // readable once it has exited
+    ::close(fd);
+  }
+  ::rmdir(cgroup.c_str());
+}
+
+}  // namespace
+
+void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
+  // What a failed test left (a box still running, a QEMU guest say) is reported, then killed and
+  // removed: it must not spend the rest of the suite's CPU.
+  const auto dirs = CgroupParentDirs(parent);
+  std::vector<std::string> leaked;
+  for (const auto& dir : dirs)
+    for (const auto& c : SubCgroups(dir)) leaked.push_back(c);
+  for (const auto& c : leaked) ADD_FAILURE() << "leaked cgroup " << c;
+  for (const auto& c : leaked) Thaw(c);
+  for (const auto& c : leaked) KillAndRemove(c);
+  for (const auto& dir : dirs) ::rmdir(dir.c_str());
 }
 
 std::set<std::string> BoxLinks() {
