@@ -28,6 +28,7 @@
 #include "api/http/client.h"
 #include "common/fs.h"
 #include "daemon_process.h"
+#include "sbx_process.h"
 
 extern char** environ;
 
@@ -176,6 +177,7 @@ class OpenApiServeTest : public ::testing::Test {
   }
   void TearDown() override {
     daemon_.reset();
+    ExpectNoCgroupsAndRemoveParent("sbx-openapi-test-" + std::to_string(::getpid()));
     if (!dir_.empty()) (void)RemoveTree(dir_);
   }
 

@@ -166,6 +166,21 @@ void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
   for (const auto& c : leaked) Thaw(c);
   for (const auto& c : leaked) KillAndRemove(c);
   for (const auto& dir : dirs) ::rmdir(dir.c_str());
+  // The parent in the hierarchies sbx does not limit with but an OCI runtime's box is placed in
+  // too (blkio, cpuset, devices, name=systemd, the unified one): removed once empty.
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (path == "/") path = "";
+    if (ctrls.rfind("name=", 0) == 0) ctrls = ctrls.substr(5);
+    // The unified hierarchy (no controllers named) is /sys/fs/cgroup/unified on a hybrid host,
+    // /sys/fs/cgroup itself on a v2-only one.
+    std::vector<std::string> roots = {"/sys/fs/cgroup/" + (ctrls.empty() ? "unified" : ctrls)};
+    if (ctrls.empty()) roots.emplace_back("/sys/fs/cgroup");
+    for (const auto& root : roots) ::rmdir((root + path + "/" + parent).c_str());
+  }
 }
 
 std::set<std::string> BoxLinks() {
