@@ -151,7 +151,7 @@ class Mux {
         Log("vm mux: poll: %s", strerror(errno));
         return 1;
       }
-      if (!guest && o_.reset && !ready_ && Now() >= resend_at_) SendReset();
+      if (ResendWait() == 0) SendReset();
       if ((fds[0].revents & POLLOUT) && !FlushChannel()) {
         if (!guest) return ChannelGone("write");
         AwaitHost();
@@ -229,6 +229,7 @@ class Mux {
     ::clock_gettime(CLOCK_MONOTONIC, &t);
     return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
   }
+  // Milliseconds until kReset is due again (0: now), -1 when it is not to be sent again.
   int ResendWait() const {
     if (o_.listen_fd < 0 || !o_.reset || ready_) return -1;
     return static_cast<int>(std::max<int64_t>(0, resend_at_ - Now()));

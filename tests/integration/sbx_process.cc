@@ -102,14 +102,29 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const ProcessOpti
   return r;
 }
 
-std::vector<std::string> CgroupParentDirs(const std::string& parent) {
-  std::vector<std::string> out;
+namespace {
+
+// This process's line per hierarchy of /proc/self/cgroup: its controllers ("name=" dropped) and
+// its cgroup there ("" for the root).
+std::vector<std::pair<std::string, std::string>> OwnCgroups() {
+  std::vector<std::pair<std::string, std::string>> out;
   std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
+  for (std::string line; std::getline(in, line);) {
     auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
     std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
     if (path == "/") path = "";
+    if (ctrls.rfind("name=", 0) == 0) ctrls = ctrls.substr(5);
+    out.emplace_back(std::move(ctrls), std::move(path));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> CgroupParentDirs(const std::string& parent) {
+  std::vector<std::string> out;
+  for (const auto& [ctrls, path] : OwnCgroups()) {
     for (const char* c : {"memory", "pids", "freezer"}) {
       if (ctrls == c) out.push_back(std::string("/sys/fs/cgroup/") + c + path + "/" + parent);
     }
@@ -168,13 +183,7 @@ void ExpectNoCgroupsAndRemoveParent(const std::string& parent) {
   for (const auto& dir : dirs) ::rmdir(dir.c_str());
   // The parent in the hierarchies sbx does not limit with but an OCI runtime's box is placed in
   // too (blkio, cpuset, devices, name=systemd, the unified one): removed once empty.
-  std::ifstream in("/proc/self/cgroup");
-  for (std::string line; std::getline(in, line);) {
-    auto a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    std::string ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    if (path == "/") path = "";
-    if (ctrls.rfind("name=", 0) == 0) ctrls = ctrls.substr(5);
+  for (const auto& [ctrls, path] : OwnCgroups()) {
     // The unified hierarchy (no controllers named) is /sys/fs/cgroup/unified on a hybrid host,
     // /sys/fs/cgroup itself on a v2-only one.
     std::vector<std::string> roots = {"/sys/fs/cgroup/" + (ctrls.empty() ? "unified" : ctrls)};

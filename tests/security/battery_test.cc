@@ -167,6 +167,17 @@ std::string Unescape(const std::string& s) {
   return out;
 }
 
+// A task's state letter and parent, from <dir>/stat (read after the command's closing
+// parenthesis: the command may hold blanks and parentheses); false when it is gone.
+bool StateAndParent(const std::string& dir, char* state, pid_t* ppid) {
+  std::string st = ReadFile(dir + "/stat");
+  auto rp = st.rfind(')');
+  if (rp == std::string::npos || rp + 4 >= st.size()) return false;
+  *state = st[rp + 2];
+  *ppid = static_cast<pid_t>(atoi(st.c_str() + rp + 4));
+  return true;
+}
+
 // Names a hang. CTest stops a test at its timeout with nothing said about where it was; past a
 // step's budget, or near CTest's limit, this prints what the battery was doing, the last file its
 // thread opened, where each thread of it and each of its processes waits in the kernel, and every
@@ -241,14 +252,11 @@ class Watchdog {
   // One task: its state, where it sleeps and its kernel stack. Nothing that takes the task's
   // memory lock (its command line): that read can block as the battery's own may have.
   static void Task(const std::string& dir, const std::string& label) {
-    std::string stat = ReadFile(dir + "/stat");
-    auto rp = stat.rfind(')');
-    std::string state =
-        rp != std::string::npos && rp + 2 < stat.size() ? stat.substr(rp + 2, 1) : "?";
-    std::string ppid =
-        rp != std::string::npos ? stat.substr(rp + 4, stat.find(' ', rp + 4) - rp - 4) : "?";
-    fprintf(stderr, "[battery]   %s (%s) state %s ppid %s wchan %s syscall %s\n%s", label.c_str(),
-            FirstLine(ReadFile(dir + "/comm")).c_str(), state.c_str(), ppid.c_str(),
+    char state = '?';
+    pid_t ppid = -1;
+    StateAndParent(dir, &state, &ppid);
+    fprintf(stderr, "[battery]   %s (%s) state %c ppid %d wchan %s syscall %s\n%s", label.c_str(),
+            FirstLine(ReadFile(dir + "/comm")).c_str(), state, ppid,
             ReadFile(dir + "/wchan").c_str(), FirstLine(ReadFile(dir + "/syscall")).c_str(),
             Indented(ReadFile(dir + "/stack"), 12).c_str());
   }
@@ -260,11 +268,9 @@ class Watchdog {
     std::map<pid_t, pid_t> parent;
     std::map<pid_t, char> state;
     for (pid_t p : AllPids()) {
-      std::string st = ReadFile("/proc/" + std::to_string(p) + "/stat");
-      auto rp = st.rfind(')');
-      if (rp == std::string::npos || rp + 4 >= st.size()) continue;
-      state[p] = st[rp + 2];
-      parent[p] = static_cast<pid_t>(atoi(st.c_str() + rp + 4));
+      char st;
+      pid_t pp;
+      if (StateAndParent("/proc/" + std::to_string(p), &st, &pp)) state[p] = st, parent[p] = pp;
     }
     const pid_t self = getpid();
     std::vector<pid_t> descendants;
@@ -739,10 +745,10 @@ class Host {
   // keeps) is a leak.
   bool AwaitingHostReap(pid_t p) {
     if (!oci_) return false;  // a native box's processes are sbx's own children: no exception
-    std::string st = ReadFile("/proc/" + std::to_string(p) + "/stat");
-    auto rp = st.rfind(')');
-    if (rp == std::string::npos || rp + 4 >= st.size() || st[rp + 2] != 'Z') return false;
-    if (atoi(st.c_str() + rp + 4) != 1) return false;
+    char state;
+    pid_t ppid;
+    if (!StateAndParent("/proc/" + std::to_string(p), &state, &ppid) || state != 'Z' || ppid != 1)
+      return false;
     ++awaiting_reap_;
     return true;
   }
