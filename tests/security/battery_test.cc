@@ -35,6 +35,7 @@
 // API) are tenant_test.cc, through a real daemon; rows 32, 33, 35, 36, 39, 40 need egress
 // policies, secrets or daemon restarts.
 #include <dirent.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
@@ -123,6 +124,11 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
+// The text before the first `sep`, all of it when there is none ("" for ""). Unlike
+// Split(s, sep)[0], never indexes an empty vector: a file read twice may be gone the second time.
+std::string UpTo(const std::string& s, char sep) { return s.substr(0, s.find(sep)); }
+std::string FirstLine(const std::string& s) { return UpTo(s, '\n'); }
+
 bool StartsWith(const std::string& s, const std::string& p) {
   return s.compare(0, p.size(), p) == 0;
 }
@@ -176,6 +182,53 @@ bool StateAndParent(const std::string& dir, char* state, pid_t* ppid) {
   *state = st[rp + 2];
   *ppid = static_cast<pid_t>(atoi(st.c_str() + rp + 4));
   return true;
+}
+
+// Names a crash: the signal, who sent it (a kill from another process names that process), and
+// where each frame of the thread it hit was (battery_test(+offset): addr2line names the line).
+// Nothing that allocates: the heap may be what broke.
+void WriteAll(const char* s, size_t n) {
+  while (n) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w, n -= static_cast<size_t>(w);
+  }
+}
+void OnFatalSignal(int sig, siginfo_t* si, void*) {
+  char line[256];
+  int n = snprintf(line, sizeof line,
+                   "[battery] FATAL: signal %d code %d addr %p in thread %ld; sent by pid %d uid "
+                   "%u (",
+                   sig, si->si_code, si->si_addr, ::syscall(SYS_gettid),
+                   si->si_code <= 0 ? si->si_pid : 0, si->si_code <= 0 ? si->si_uid : 0);
+  WriteAll(line, std::min(sizeof line - 1, static_cast<size_t>(std::max(n, 0))));
+  if (si->si_code <= 0) {  // SI_USER, SI_TKILL, SI_QUEUE: a process sent it
+    snprintf(line, sizeof line, "/proc/%d/comm", si->si_pid);
+    int fd = open(line, O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd >= 0 ? read(fd, line, sizeof line - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (r > 0) WriteAll(line, static_cast<size_t>(r - (line[r - 1] == '\n')));
+  } else {
+    WriteAll("the kernel", 10);
+  }
+  WriteAll(")\n", 2);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+void ReportFatalSignals() {
+  void* first[1];
+  backtrace(first, 1);  // loads the unwinder now, not in the handler
+  static char alt[1 << 16];
+  stack_t ss{};
+  ss.ss_sp = alt;
+  ss.ss_size = sizeof alt;
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = OnFatalSignal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) sigaction(sig, &sa, nullptr);
 }
 
 // Names a hang. CTest stops a test at its timeout with nothing said about where it was; past a
@@ -237,7 +290,6 @@ class Watchdog {
     }
   }
 
-  static std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
   static std::string Indented(const std::string& s, size_t max_lines) {
     std::string out;
     size_t at = 0;
@@ -644,7 +696,7 @@ class Host {
       std::string backing = ReadFile("/sys/block/" + n + "/loop/backing_file");
       if (backing.find(data_dir_) != std::string::npos) {
         ++l.loops;
-        l.what.push_back("/dev/" + n + " -> " + Split(backing, '\n')[0]);
+        l.what.push_back("/dev/" + n + " -> " + FirstLine(backing));
       }
     }
     for (const auto& h : cgroups_) {
@@ -659,9 +711,8 @@ class Host {
       if (!new_user && !new_net) continue;
       if (AwaitingHostReap(p)) continue;
       std::string cg = ReadFile(base + "cgroup");
-      std::string comm = Split(ReadFile(base + "comm"), '\n').empty()
-                             ? "?"
-                             : Split(ReadFile(base + "comm"), '\n')[0];
+      std::string comm = FirstLine(ReadFile(base + "comm"));
+      if (comm.empty()) comm = "?";
       if (cg.find("/" + parent_ + "/") == std::string::npos) {
         // Another user of this machine (not in our boxes' cgroups): listed, not counted.
         std::string where;
@@ -937,7 +988,7 @@ void WriteSection(const std::string& runtime, const std::string& text) {
       ran += (ran.empty() ? "" : ", ") + std::string(rt);
     else
       not_run += (not_run.empty() ? "" : "; ") + std::string(rt) + " (" +
-                 Split(sec.substr(why + 17), '\n')[0] + ")";
+                 FirstLine(sec.substr(why + 17)) + ")";
   }
   std::ostringstream os;
   os << "sbx security battery (threats.md rows 1-31 that apply to a box without network or API, "
@@ -964,7 +1015,7 @@ class Battery {
       : runtime_(std::move(runtime)),
         host_(runtime_),
         probe_bytes_(ReadFile(PROBE_BIN)),
-        host_boot_id_(Split(ReadFile("/proc/sys/kernel/random/boot_id"), '\n')[0]) {}
+        host_boot_id_(FirstLine(ReadFile("/proc/sys/kernel/random/boot_id"))) {}
 
   Host& host() { return host_; }
   // The runtime every box of this battery runs under (`sbx run --runtime`).
@@ -1696,6 +1747,7 @@ TEST_P(SecurityBattery, AllCases) {
   ASSERT_EQ(access(SBX_BIN, X_OK), 0) << SBX_BIN;
   ASSERT_EQ(access(PROBE_BIN, X_OK), 0) << PROBE_BIN;
   signal(SIGPIPE, SIG_IGN);  // sbx may exit before it has read all of its stdin
+  ReportFatalSignals();
   std::string why_not;
   bool available = RuntimeAvailable(runtime, &why_not);
   if (!available) {
@@ -1769,7 +1821,7 @@ TEST_P(SecurityBattery, AllCases) {
         // through, and its id is checked against the box's root's below.
         std::vector<std::string> map_fields;
         for (const auto& f : Split(ReadFile("/proc/" + std::to_string(p) + "/uid_map"), ' '))
-          if (!f.empty() && f != "\n") map_fields.push_back(Split(f, '\n')[0]);
+          if (!f.empty() && f != "\n") map_fields.push_back(FirstLine(f));
         bool sentry =
             b.gvisor() && uid >= 100000 &&
             InodeOf("/proc/" + std::to_string(p) + "/ns/user") != InodeOf("/proc/self/ns/user") &&
@@ -1865,7 +1917,8 @@ TEST_P(SecurityBattery, AllCases) {
   std::vector<std::vector<std::string>> cases;
   {
     SbxProcess lister({PROBE_BIN, "list"}, RunOptions());
-    for (const auto& line : Split(lister.Wait().out, '\n')) cases.push_back(Split(line, '\t'));
+    for (const auto& line : Split(lister.Wait().out, '\n'))
+      if (!line.empty()) cases.push_back(Split(line, '\t'));
   }
   ASSERT_GT(cases.size(), 40u);
   // gVisor: a box costs ~2 s to make and destroy, a vm box 6-10 s to boot under TCG, so the
@@ -1957,7 +2010,7 @@ TEST_P(SecurityBattery, AllCases) {
     o.kill_after_s = 30;
     SbxProcess p(b.SbxRun({"-t"}, {"/usr/bin/python3", "-c", script}), o);
     RunResult r = p.Wait();
-    std::string line = Split(r.out, '\n').empty() ? "" : Split(r.out, '\n')[0];
+    std::string line = FirstLine(r.out);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::vector<std::string> failures;
     // vm: TIOCSTI is the guest's kernel's, on the guest's own terminal (the agent's pty, whose
@@ -1971,7 +2024,7 @@ TEST_P(SecurityBattery, AllCases) {
       failures.push_back("expected a terminal on stdin with -t, got '" + line + "'");
     for (const char* v : {"low=", "high="}) {
       auto pos = line.find(v);
-      std::string e = pos == std::string::npos ? "" : Split(line.substr(pos + strlen(v)), ' ')[0];
+      std::string e = pos == std::string::npos ? "" : UpTo(line.substr(pos + strlen(v)), ' ');
       // gVisor 20221219 does not implement TIOCSTI: ENOTTY, on its own terminal.
       const char* want = b.gvisor() ? "ENOTTY" : b.vm() ? "success" : "EPERM/EIO";
       bool ok = b.gvisor() ? e == "ENOTTY" : b.vm() ? e == "success" : (e == "EPERM" || e == "EIO");
@@ -1994,9 +2047,7 @@ TEST_P(SecurityBattery, AllCases) {
       auto dirs = host.BoxCgroups("pids");
       if (dirs.empty()) failures.push_back("no pids cgroup found for the box");
       for (const auto& d : dirs) {
-        std::string max = Split(ReadFile(d + "/pids.max"), '\n').empty()
-                              ? ""
-                              : Split(ReadFile(d + "/pids.max"), '\n')[0];
+        std::string max = FirstLine(ReadFile(d + "/pids.max"));
         uint64_t cur = ReadU64(d + "/pids.current");
         during += Fmt("pids.max=%s pids.current=%llu", max.c_str(), (unsigned long long)cur);
         // gVisor: the host limit is the sandbox's, 16 x pids + 256 (GvisorHostPids: each box
@@ -2025,7 +2076,7 @@ TEST_P(SecurityBattery, AllCases) {
                        during.size();
     if (sentry_died)
       v = {"PASS", "no limit inside gVisor: the box died at the host pids limit (sbx: " +
-                       Split(r.err, '\n')[0] + ")"};
+                       FirstLine(r.err) + ")"};
     if (v.word != "PASS") failures.insert(failures.begin(), "probe: " + v.word + " " + v.detail);
     if (r.killed_by_us) failures.push_back("sbx did not end within 40 s; killed it");
     if (r.exit_code != 0 && r.exit_code != 124 && !sentry_died)
@@ -2127,7 +2178,7 @@ TEST_P(SecurityBattery, AllCases) {
       }
       b.Record(f.id, "28", "FAIL",
                "REAL FAILURE under " + b.runtime() + ": no disk limit; sbx run --disk 64M: '" +
-                   Split(r.err, '\n')[0] + "'" + evidence);
+                   FirstLine(r.err) + "'" + evidence);
       continue;
     }
     uint64_t after = UsedBytes(host.data_dir());
@@ -2199,10 +2250,9 @@ TEST_P(SecurityBattery, AllCases) {
       if (usage_share > 0.5 * 1.15 + 0.05)
         failures.push_back(Fmt("hog used %.2f CPUs under a 0.5 quota", usage_share));
     }
-    std::string quota = hog_cpu.empty()
-                            ? "?"
-                            : Split(ReadFile(hog_cpu + "/cpu.cfs_quota_us"), '\n')[0] + "/" +
-                                  Split(ReadFile(hog_cpu + "/cpu.cfs_period_us"), '\n')[0];
+    std::string quota = hog_cpu.empty() ? "?"
+                                        : FirstLine(ReadFile(hog_cpu + "/cpu.cfs_quota_us")) + "/" +
+                                              FirstLine(ReadFile(hog_cpu + "/cpu.cfs_period_us"));
     RunResult h = hog.Wait();
     if (h.exit_code != 0)
       failures.push_back(Fmt("hog box exited %d: %s", h.exit_code, h.err.substr(0, 200).c_str()));
