@@ -407,8 +407,12 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   if (net) PrintRefusals(net->Refusals(), "Change it with `sbx run --net allow=NAME,...`.");
 
   // OOM kills are counted by the cgroup: read before the box (and its cgroup) goes away.
-  uint64_t oom_kills = 0;
-  if (auto st = router.Stats(*box); st.ok()) oom_kills = st->oom_kills;
+  uint64_t oom_kills = 0, ooms = 0;
+  if (auto st = router.Stats(*box); st.ok()) oom_kills = st->oom_kills, ooms = st->ooms;
+  // A lost agent: what the runtime knows of its end (a gVisor sandbox's exit and agent.log's last
+  // words), also read before the box goes.
+  std::optional<std::string> agent_exit;
+  if (!outcome.ok() && !spawn_failure) agent_exit = router.AgentExit(*box);
   auto t_destroy = Clock::now();
   Status destroyed = router.Destroy(*box);
   net.reset();  // after the box: its chain, link, slot, stack and table
@@ -429,18 +433,24 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
     Error(std::string("interrupted by ") + ::strsignal(interrupted) + "; box removed");
     return 128 + interrupted;
   }
-  const std::string oom = "out of memory: the box hit its memory limit of " +
-                          FormatSize(limits->limits.memory_bytes) + " and its OOM killer killed " +
-                          std::to_string(oom_kills) + " process(es)";
-  if (!outcome.ok() && oom_kills > 0) {
+  const std::string limit_hit =
+      "out of memory: the box hit its memory limit of " + FormatSize(limits->limits.memory_bytes);
+  const std::string oom =
+      limit_hit + " and its OOM killer killed " + std::to_string(oom_kills) + " process(es)";
+  if (!outcome.ok() && (oom_kills > 0 || ooms > 0)) {
     // The box's own kernel was among them (gVisor's sandbox, where sbx's OOM guard could not take
-    // the kill from the host's kernel: oom_guard.h): the agent's connection ended with it. The
-    // command died of the limit all the same, as by SIGKILL.
-    Error(oom + ", the box's runtime with its command");
+    // the kill from the host's kernel), or ended at the limit before anything was killed (gVisor's
+    // Sentry failing an allocation the host's kernel refused it there: oom_guard.h). The agent's
+    // connection ended with it; the command died of the limit all the same, as by SIGKILL.
+    if (oom_kills > 0)
+      Error(oom + ", the box's runtime with its command");
+    else
+      Error(limit_hit + " and its runtime ended with it" +
+            (agent_exit ? " (" + *agent_exit + ")" : ""));
     return 128 + SIGKILL;
   }
   if (!outcome.ok()) {
-    Error(outcome.status().message());
+    Error(outcome.status().message() + (agent_exit ? " (" + *agent_exit + ")" : ""));
     return spawn_failure.value_or(kExitSbxError);
   }
   if (outcome->timed_out) {

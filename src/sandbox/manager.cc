@@ -1820,9 +1820,10 @@ void Manager::ExpireDue() {
     if (auto box = BoxOf(rec.id); box.ok()) {
       if (auto exit = runtime_.AgentExit(*box)) {
         // The OOM killer may take the box's own kernel with a process over the limit (gVisor's
-        // Sentry is in the box's cgroup): its record says so first.
+        // Sentry is in the box's cgroup), or the kernel fail the Sentry's own allocation there
+        // (BoxStats::ooms): its record says so first.
         std::string how = *exit;
-        if (auto st = runtime_.Stats(*box); st.ok() && st->oom_kills > 0)
+        if (auto st = runtime_.Stats(*box); st.ok() && (st->oom_kills > 0 || st->ooms > 0))
           how = "out of memory: the box hit its memory limit of " +
                 FormatSize(rec.limits.memory_bytes) + "; " + how;
         MarkAgentExited(rec, how);

@@ -576,6 +576,7 @@ TEST_F(ScratchCgroupTest, V2StatsReadsTheV2Files) {
   EXPECT_EQ(stats->memory_peak, 8192u);
   EXPECT_EQ(stats->pids_current, 2u);
   EXPECT_EQ(stats->oom_kills, 1u);
+  EXPECT_EQ(stats->ooms, 2u);
 }
 
 TEST_F(ScratchCgroupTest, V2KillAllUsesCgroupKillAndDestroyKeepsParent) {

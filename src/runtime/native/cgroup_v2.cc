@@ -82,6 +82,8 @@ class CgroupV2 final : public Cgroup {
     Result<uint64_t> ooms = OomKills();
     if (!ooms.ok()) return ooms.status();
     stats.oom_kills = *ooms;
+    if (auto events = ReadKeyedUint(dir_ + "/memory.events", "oom"); events.ok())
+      stats.ooms = *events;
     Result<uint64_t> frozen = ReadKeyedUint(dir_ + "/cgroup.events", "frozen");
     stats.frozen = frozen.ok() && *frozen != 0;
     return stats;

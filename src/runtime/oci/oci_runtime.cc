@@ -1245,7 +1245,10 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
     s.pids_current = data.value("/pids/current"_json_pointer, uint64_t{0});
     st = s;
   }
-  if (oom_guard_) st->oom_kills += oom_guard_->Kills(box.id);
+  if (oom_guard_) {
+    st->oom_kills += oom_guard_->Kills(box.id);
+    st->ooms += oom_guard_->Ooms(box.id);
+  }
   struct statvfs vfs {};
   const std::string dir = Dir(box.id);
   if (Upper(dir) != dir + "/fs/upper") {

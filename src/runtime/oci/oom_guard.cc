@@ -176,6 +176,12 @@ uint64_t OomGuard::Kills(const std::string& id) const {
   return it == entries_.end() ? 0 : it->second.kills;
 }
 
+uint64_t OomGuard::Ooms(const std::string& id) const {
+  MutexLock l(mu_);
+  auto it = entries_.find(id);
+  return it == entries_.end() ? 0 : it->second.ooms;
+}
+
 void OomGuard::Loop() {
   // A box out of memory waits on this thread, the Sentry's own kernel allocations failing
   // meanwhile: it must not queue behind the host's busy processes. It sleeps otherwise.
@@ -228,6 +234,10 @@ void OomGuard::Handle(uint64_t key) {
     return u.ok() && *u != 0;
   };
   if (!under_oom()) return;  // the check at Watch, or the cgroup's removal
+  {
+    MutexLock l(mu_);
+    if (auto id = ids_.find(key); id != ids_.end()) ++entries_.at(id->second).ooms;
+  }
   auto limit = ReadUint(memcg + "/memory.limit_in_bytes");
   if (!limit.ok()) return;  // the cgroup is going
   uint64_t memsw = 0;

@@ -98,6 +98,7 @@ class OomGuardTest : public ::testing::Test {
     EXPECT_EQ(*ReadKeyedUint(memcg_ + "/memory.oom_control", "oom_kill_disable"), 0u);
     EXPECT_EQ(*ReadKeyedUint(memcg_ + "/memory.oom_control", "oom_kill"), 1u);
     EXPECT_EQ(guard.Kills("box"), 0u);
+    EXPECT_EQ(guard.Ooms("box"), 1u) << "the guard heard the OOM it gave back";
     auto log = ReadFile(dir_ + "/agent.log");
     ASSERT_TRUE(log.ok());
     EXPECT_NE(log->find("sbx: the box is out of memory and its agent could not be reached"),
