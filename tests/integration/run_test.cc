@@ -43,7 +43,7 @@ class RunTest : public ::testing::Test {
   static void TearDownTestSuite() {
     (void)RemoveTree(
         data_dir_);  // the test's scratch directory: a leftover in /tmp harms no result
-    for (const auto& d : CgroupParentDirs(cgroup_parent_)) ::rmdir(d.c_str());
+    ExpectNoCgroupsAndRemoveParent(cgroup_parent_);  // from every hierarchy an OCI box used too
   }
   void TearDown() override { ExpectNoLeaks(); }
 
