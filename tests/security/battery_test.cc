@@ -141,7 +141,7 @@ std::vector<std::string> ListDir(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d) return out;
   while (dirent* de = readdir(d)) {
-    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) out.push_back(de->d_name);
+    if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) out.push_back(de->d_name);
   }
   closedir(d);
   return out;
@@ -446,6 +446,7 @@ class SbxProcess {
       dup2(out[1], 1);
       dup2(err[1], 2);
       std::vector<char*> args;
+      args.reserve(argv.size() + 1);
       for (auto& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
       execv(args[0], args.data());
@@ -2281,13 +2282,13 @@ TEST_P(SecurityBattery, AllCases) {
     // vm: sbx is QEMU's parent, and a child's ru_maxrss counts into its parent's once reaped
     // (QEMU holds the guest's RAM): sbx's own high-water mark alone says what sbx held.
     long peak = b.vm() ? r.peak_hwm_kb : std::max(r.peak_hwm_kb, r.ru_maxrss_kb);
-    if (peak > 64 * 1024) failures.push_back(Fmt("sbx peak RSS %ld KiB above 64 MiB", peak));
+    if (peak > 64L * 1024) failures.push_back(Fmt("sbx peak RSS %ld KiB above 64 MiB", peak));
     b.RecordChecks("30-stdout-flood", "30", failures,
                    Fmt("%llu bytes in %.1f s (%.0f MiB/s); sbx peak RSS %ld KiB (VmHWM %ld, "
                        "ru_maxrss %ld)",
                        (unsigned long long)r.out_bytes, r.seconds,
-                       r.out_bytes / (1 << 20) / std::max(r.seconds, 0.001), peak, r.peak_hwm_kb,
-                       r.ru_maxrss_kb));
+                       static_cast<double>(r.out_bytes) / (1 << 20) / std::max(r.seconds, 0.001),
+                       peak, r.peak_hwm_kb, r.ru_maxrss_kb));
   }
 
   // Row 31: thousands of orphans and zombies are reaped by PID 1.
