@@ -1221,9 +1221,9 @@ struct Sentinel {
     }
   }
   bool Alive() const {
-    std::string s = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-    auto rp = s.rfind(')');
-    return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z';
+    char state;
+    pid_t ppid;
+    return StateAndParent("/proc/" + std::to_string(pid), &state, &ppid) && state != 'Z';
   }
   ~Sentinel() {
     kill(pid, SIGKILL);
