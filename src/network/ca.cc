@@ -44,7 +44,17 @@ std::string BioString(BIO* b) {
   return std::string(data, static_cast<size_t>(n));
 }
 
-EVP_PKEY* NewP256Key() { return EVP_EC_gen("P-256"); }
+// EVP_EC_gen("P-256") without its variadic EVP_PKEY_Q_keygen, which common/lazy_openssl.cc cannot
+// forward.
+EVP_PKEY* NewP256Key() {
+  EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_from_name(nullptr, "EC", nullptr);
+  EVP_PKEY* key = nullptr;
+  if (ctx == nullptr || EVP_PKEY_keygen_init(ctx) <= 0 ||
+      EVP_PKEY_CTX_set_group_name(ctx, "P-256") <= 0 || EVP_PKEY_generate(ctx, &key) <= 0)
+    key = nullptr;
+  EVP_PKEY_CTX_free(ctx);
+  return key;
+}
 
 // A random positive 127-bit serial (RFC 5280: at most 20 octets, unique per issuer).
 bool SetRandomSerial(X509* x) {
