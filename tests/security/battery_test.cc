@@ -45,6 +45,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -601,19 +602,24 @@ const char* const kOciKeptEntries[] = {".sbx-agent", ".sbx-preload.so", ".probe"
 
 class Host {
  public:
+  // The data directories: /tmp/sbx-battery-<pid of the battery>-XXXXXX.
+  static inline const std::string kRootPrefix = "sbx-battery-";
+
   // `runtime`: the box's (sbx run --runtime); its boxes live under <data dir>/run for native,
   // <data dir>/run-<runtime> for the others (cli/runtimes.cc).
   explicit Host(const std::string& runtime) {
     parent_ = "sbx-battery-" + runtime + "-" + std::to_string(getpid());
     setenv("SBX_CGROUP_PARENT", parent_.c_str(), 1);
-    char tmpl[] = "/tmp/sbx-battery-XXXXXX";
-    root_ = mkdtemp(tmpl);
+    FindCgroups();
+    SweepStale();
+    // The pid in the name tells SweepStale whose directory it is.
+    std::string tmpl = "/tmp/" + kRootPrefix + std::to_string(getpid()) + "-XXXXXX";
+    root_ = mkdtemp(tmpl.data());
     chmod(root_.c_str(), 0755);  // the boxes' root (an unprivileged host uid) walks through it
     data_dir_ = root_ + "/data";
     mkdir(data_dir_.c_str(), 0755);
     run_dir_ = data_dir_ + (runtime == "native" ? "/run" : "/run-" + runtime);
     oci_ = runtime != "native";
-    FindCgroups();
     // Only our own namespaces are the host's: namespace inode numbers are reused once freed, so
     // a snapshot of every process's namespaces could name a box's namespace later on. Processes
     // outside our boxes' cgroups are never counted anyway (see Check).
@@ -781,6 +787,52 @@ class Host {
   int awaiting_reap() const { return awaiting_reap_; }
 
   // Removes the empty cgroup parents and the data directory.
+  // What a battery killed mid-run (SIGKILL at a session's end, a CI timeout) leaves: its data
+  // directory, with whatever its boxes had mounted inside (a vm box's idmapped bind of the host's
+  // /usr among them), and its cgroup parents. The mounts go first, so that removing the directory
+  // cannot walk into a host directory bound inside it; a cgroup that still holds a process stays
+  // (said on stderr), for the next sweep. A battery is gone when no battery_test has its pid.
+  void SweepStale() {
+    // A name without a pid is not a battery's of this kind: left alone.
+    auto gone = [](const std::string& pid) {
+      return !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos &&
+             FirstLine(ReadFile("/proc/" + pid + "/comm")) != "battery_test";
+    };
+    for (const auto& name : ListDir("/tmp")) {
+      if (!StartsWith(name, kRootPrefix)) continue;
+      std::string pid = UpTo(name.substr(kRootPrefix.size()), '-');
+      if (!gone(pid)) continue;
+      std::string dir = "/tmp/" + name;
+      std::vector<std::string> points;
+      for (const auto& m : Mounts())
+        if (StartsWith(m.point, dir + "/")) points.push_back(m.point);
+      std::sort(points.begin(), points.end(), [](const std::string& a, const std::string& b) {
+        return a.size() > b.size();  // the innermost first
+      });
+      for (const auto& m : points) umount2(m.c_str(), MNT_DETACH);
+      std::string cmd = "rm -rf --one-file-system '" + dir + "'";
+      int rc = system(cmd.c_str());
+      fprintf(stderr, "[battery] removed %s, left by a killed battery (%zu mount(s))%s\n",
+              dir.c_str(), points.size(), rc == 0 ? "" : ": rm failed");
+    }
+    for (const auto& h : cgroups_) {
+      std::string siblings = h.parent_dir.substr(0, h.parent_dir.rfind('/'));
+      for (const auto& name : ListDir(siblings)) {
+        if (!StartsWith(name, "sbx-battery-") || !gone(name.substr(name.rfind('-') + 1))) continue;
+        RemoveCgroupTree(siblings + "/" + name);
+      }
+    }
+  }
+  // Deepest first; rmdir of a cgroup with a process in it fails (EBUSY), which is said.
+  static void RemoveCgroupTree(const std::string& dir) {
+    for (const auto& n : ListDir(dir))
+      if (IsDir(dir + "/" + n)) RemoveCgroupTree(dir + "/" + n);
+    if (rmdir(dir.c_str()) == 0)
+      fprintf(stderr, "[battery] removed cgroup %s, left by a killed battery\n", dir.c_str());
+    else
+      fprintf(stderr, "[battery] cannot remove cgroup %s: %s\n", dir.c_str(), strerror(errno));
+  }
+
   void Cleanup() {
     if (root_.empty()) return;
     for (const auto& h : cgroups_) rmdir(h.parent_dir.c_str());
