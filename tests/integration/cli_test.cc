@@ -86,9 +86,15 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, Help) {
   auto r = Sbx({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* verb : {"create", "ls", "inspect", "exec", "cp", "kill", "pause", "resume",
-                           "timeout", "logs", "ps", "audit", "key", "secret"})
+  for (const char* verb :
+       {"run", "serve", "create", "ls", "inspect", "exec", "cp", "kill", "pause", "resume",
+        "timeout", "logs", "ps", "audit", "key", "secret", "template", "build"})
     EXPECT_NE(r.out.find(verb), std::string::npos) << verb;
+  // A command line naming run builds only run's flags (main.cc): its help is whole all the same.
+  r = Sbx({"-v", "run", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--memory", "--disk", "--volume", "--net", "--timings"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag << "\n" << r.out;
   r = Sbx({"exec", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--interactive"), std::string::npos) << r.out;
