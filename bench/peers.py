@@ -44,6 +44,18 @@ def _cgroup_mounts():
     return out
 
 
+def cgroup_hierarchies():
+    """A name own_cgroup_dir takes for every mounted cgroup hierarchy: one v1 controller (or
+    name=...) of each, "" for v2. runc makes a box's cgroup in every v1 hierarchy, not only in
+    those sbx limits."""
+    names, points = [], set()
+    for key, (mnt, _) in _cgroup_mounts().items():
+        if mnt not in points and own_cgroup_dir(key) is not None:  # not "rw", "xattr", ...
+            points.add(mnt)
+            names.append(key)
+    return names
+
+
 def own_cgroup_dir(controller):
     """Our own cgroup directory in the hierarchy of `controller` ("" for v2), or None."""
     mounts = _cgroup_mounts()

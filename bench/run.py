@@ -673,7 +673,7 @@ def cleanup_cgroups(pid):
              f"sbx-bench-{pid}-tmpl"]
     killed = set()
     for rnd in range(2):
-        for controller in ("memory", "pids", "cpu", "cpuacct", "freezer", ""):
+        for controller in peers_mod.cgroup_hierarchies():
             own = peers_mod.own_cgroup_dir(controller)
             for n in names if own else []:
                 top = os.path.join(own, n)
