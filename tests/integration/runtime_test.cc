@@ -133,6 +133,27 @@ TEST_F(RuntimeTest, FailedCreateLeavesNothing) {
   // TearDown checks directories, mounts and cgroups.
 }
 
+// The agent image is checked by Open and copied on a thread of Open's: a missing binary fails Open
+// at once, one that cannot be copied (a directory) fails the first create, naming what went
+// wrong, and leaves nothing behind (TearDown).
+TEST_F(RuntimeTest, AnAgentThatCannotBeLoadedFailsOpenOrTheCreate) {
+  NativeConfig cfg = rt_->config();
+  cfg.agent_path = dir_ + "/no-such-agent";
+  auto missing = NativeRuntime::Open(cfg);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("load sbx-agent: open " + cfg.agent_path),
+            std::string::npos)
+      << missing.status().message();
+  cfg.agent_path = dir_;
+  auto rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  auto box = (*rt)->Create(Spec());
+  ASSERT_FALSE(box.ok());
+  EXPECT_NE(box.status().message().find("load sbx-agent: copy " + cfg.agent_path),
+            std::string::npos)
+      << box.status().message();
+}
+
 TEST_F(RuntimeTest, BadSpecIsRejectedBeforeAnythingIsMade) {
   BoxSpec spec = Spec();
   spec.id = "../escape";

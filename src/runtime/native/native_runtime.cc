@@ -53,23 +53,37 @@ int64_t MicrosSince(std::chrono::steady_clock::time_point& t) {
   return us;
 }
 
-// Copies the agent binary into a sealed memfd once; boxes exec it from there, so nothing a box
-// does to /proc/1/exe can reach a file on the host (CVE-2019-5736).
-Result<UniqueFd> LoadAgentImage(const std::string& path) {
-  UniqueFd src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+// The agent binary is copied into a sealed memfd once; boxes exec it from there, so nothing a box
+// does to /proc/1/exe can reach a file on the host (CVE-2019-5736). OpenAgentImage checks the
+// file and makes the memfd; FillAgentImage copies and seals it (a megabyte, about a millisecond),
+// on a thread of Open's while the caller goes on (JoinWarmUp).
+struct AgentImage {
+  UniqueFd src, memfd;
+  off_t size = 0;
+};
+
+Result<AgentImage> OpenAgentImage(const std::string& path) {
+  AgentImage image;
+  image.src = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st {};
-  if (!src || ::fstat(src.get(), &st) != 0) return Status::Errno("load sbx-agent: open " + path);
-  UniqueFd fd(::memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) return Status::Errno("memfd_create");
-  for (off_t off = 0; off < st.st_size;) {
-    ssize_t n = ::sendfile(fd.get(), src.get(), &off, static_cast<size_t>(st.st_size - off));
+  if (!image.src || ::fstat(image.src.get(), &st) != 0)
+    return Status::Errno("load sbx-agent: open " + path);
+  image.size = st.st_size;
+  image.memfd = UniqueFd(::memfd_create("sbx-agent", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!image.memfd) return Status::Errno("memfd_create");
+  return image;
+}
+
+Status FillAgentImage(int src, int memfd, off_t size, const std::string& path) {
+  for (off_t off = 0; off < size;) {
+    ssize_t n = ::sendfile(memfd, src, &off, static_cast<size_t>(size - off));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::Errno("load sbx-agent: copy " + path);
   }
-  if (::fchmod(fd.get(), 0555) != 0) return Status::Errno("fchmod agent image");
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+  if (::fchmod(memfd, 0555) != 0) return Status::Errno("fchmod agent image");
+  if (::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
     return Status::Errno("seal agent image");
-  return fd;
+  return {};
 }
 
 // Whether idmapped layers work does not change while the kernel runs and the run directory stays
@@ -193,7 +207,7 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
       if (t.joinable()) t.join();
     }
   } join{warm_up};
-  auto image = LoadAgentImage(config.agent_path);
+  auto image = OpenAgentImage(config.agent_path);
   if (!image.ok()) return image.status();
   const auto& seccomp = DefaultSeccompProgram();
   if (!seccomp.ok()) return seccomp.status().Wrap("seccomp");
@@ -223,7 +237,11 @@ Result<std::unique_ptr<NativeRuntime>> NativeRuntime::Open(const NativeConfig& c
                        ", layers are copied with shifted owners, host binds show nobody");
   }
   auto rt = std::unique_ptr<NativeRuntime>(
-      new NativeRuntime(config, std::move(cg).value(), std::move(image).value(), idmapped));
+      new NativeRuntime(config, std::move(cg).value(), std::move(image->memfd), idmapped));
+  rt->image_copy_ = std::thread([rt = rt.get(), src = std::move(image->src), size = image->size] {
+    rt->image_status_ =
+        FillAgentImage(src.get(), rt->agent_image_.get(), size, rt->config_.agent_path);
+  });
   rt->can_protect_agent_ = ::prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1;
   if (!rt->can_protect_agent_) {
     warnings.push_back(
@@ -242,6 +260,7 @@ NativeRuntime::~NativeRuntime() { JoinWarmUp(); }
 void NativeRuntime::JoinWarmUp() {
   std::call_once(warm_up_joined_, [this] {
     if (warm_up_.joinable()) warm_up_.join();
+    if (image_copy_.joinable()) image_copy_.join();
   });
 }
 
@@ -311,6 +330,7 @@ Result<Box> NativeRuntime::Create(const BoxSpec& spec) {
   if (st.ok()) c.box.timings.prepare_us = MicrosSince(c.t);
   // Cgroup changes take the lock that Open's warm-up holds while it waits for its grace period.
   JoinWarmUp();
+  if (st.ok() && !image_status_.ok()) st = image_status_;
   if (st.ok()) st = MakeCgroups(c);
   if (st.ok()) c.box.timings.cgroup_us = MicrosSince(c.t);
   if (st.ok()) st = Clone(c);

@@ -119,7 +119,8 @@ class NativeRuntime : public Runtime {
   // Destroy; with `keep_upper`, the writable layer is moved there before the box's directory goes.
   Status DestroyBox(const Box& box, const std::string* keep_upper);
 
-  // Waits for Open's cgroup attach warm-up (WarmUpCgroupAttach), once.
+  // Waits for Open's threads, once: the cgroup attach warm-up (WarmUpCgroupAttach) and the agent
+  // image's copy (image_status_ says how it went).
   void JoinWarmUp();
 
   NativeConfig config_;
@@ -136,6 +137,8 @@ class NativeRuntime : public Runtime {
   // released by the kernel when this process dies, which is how ReapOrphans tells orphans.
   std::map<std::string, UniqueFd> owner_locks_ GUARDED_BY(mu_);
   std::thread warm_up_;
+  std::thread image_copy_;  // fills agent_image_ (FillAgentImage)
+  Status image_status_;     // its outcome: written by that thread, read after JoinWarmUp
   std::once_flag warm_up_joined_;
 };
 
