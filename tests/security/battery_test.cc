@@ -786,7 +786,6 @@ class Host {
   const std::set<std::string>& foreign() const { return foreign_; }
   int awaiting_reap() const { return awaiting_reap_; }
 
-  // Removes the empty cgroup parents and the data directory.
   // What a battery killed mid-run (SIGKILL at a session's end, a CI timeout) leaves: its data
   // directory, with whatever its boxes had mounted inside (a vm box's idmapped bind of the host's
   // /usr among them), and its cgroup parents. The mounts go first, so that removing the directory
@@ -833,6 +832,7 @@ class Host {
       fprintf(stderr, "[battery] cannot remove cgroup %s: %s\n", dir.c_str(), strerror(errno));
   }
 
+  // Removes the empty cgroup parents and the data directory.
   void Cleanup() {
     if (root_.empty()) return;
     for (const auto& h : cgroups_) rmdir(h.parent_dir.c_str());
