@@ -97,13 +97,15 @@ CLI::App* AddServeVerb(CLI::App& app, sbx::cli::ServeOptions& serve, sbx::cli::R
   return sv;
 }
 
-// The verb a command line names (its first word that is not a global option or its value), or
-// "" for none.
-std::string NamedVerb(int argc, char** argv) {
+// The verb a command line names (its first word that is not one of `app`'s options or an option's
+// value), or "" for none.
+std::string NamedVerb(const CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
-    if (a == "--data-dir" || a == "--agent") {
-      ++i;  // its value
+    const CLI::Option* option =
+        a.starts_with('-') ? app.get_option_no_throw(std::string(a)) : nullptr;
+    if (option != nullptr && option->get_type_size() > 0) {
+      ++i;  // its value (a flag has none; --data-dir=X is one word)
     } else if (a.empty() || a[0] != '-') {
       return std::string(a);
     } else if (a == "--" || a == "-h" || a == "--help") {
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
   std::string template_cache_size;
   CLI::App* sv = nullptr;
   sbx::cli::ClientVerbs client_verbs;
-  if (NamedVerb(argc, argv) != "run") {
+  if (NamedVerb(app, argc, argv) != "run") {
     sv = AddServeVerb(app, serve, serve_ranges, template_cache_size);
     client_verbs.Register(app, global);
     sbx::cli::RegisterTemplateVerbs(app, global, client_verbs);
