@@ -788,9 +788,9 @@ class Host {
 
   // What a battery killed mid-run (SIGKILL at a session's end, a CI timeout) leaves: its data
   // directory, with whatever its boxes had mounted inside (a vm box's idmapped bind of the host's
-  // /usr among them), and its cgroup parents. The mounts go first, so that removing the directory
-  // cannot walk into a host directory bound inside it; a cgroup that still holds a process stays
-  // (said on stderr), for the next sweep. A battery is gone when no battery_test has its pid.
+  // /usr among them; RemoveDataDir unmounts it first), and its cgroup parents. A cgroup that still
+  // holds a process stays (said on stderr), for the next sweep. A battery is gone when no
+  // battery_test has its pid.
   void SweepStale() {
     // A name without a pid is not a battery's of this kind: left alone.
     auto gone = [](const std::string& pid) {
@@ -802,17 +802,9 @@ class Host {
       std::string pid = UpTo(name.substr(kRootPrefix.size()), '-');
       if (!gone(pid)) continue;
       std::string dir = "/tmp/" + name;
-      std::vector<std::string> points;
-      for (const auto& m : Mounts())
-        if (StartsWith(m.point, dir + "/")) points.push_back(m.point);
-      std::sort(points.begin(), points.end(), [](const std::string& a, const std::string& b) {
-        return a.size() > b.size();  // the innermost first
-      });
-      for (const auto& m : points) umount2(m.c_str(), MNT_DETACH);
-      std::string cmd = "rm -rf --one-file-system '" + dir + "'";
-      int rc = system(cmd.c_str());
-      fprintf(stderr, "[battery] removed %s, left by a killed battery (%zu mount(s))%s\n",
-              dir.c_str(), points.size(), rc == 0 ? "" : ": rm failed");
+      size_t mounts = RemoveDataDir(dir);
+      fprintf(stderr, "[battery] removed %s, left by a killed battery (%zu mount(s))\n",
+              dir.c_str(), mounts);
     }
     for (const auto& h : cgroups_) {
       std::string siblings = h.parent_dir.substr(0, h.parent_dir.rfind('/'));
@@ -836,9 +828,21 @@ class Host {
   void Cleanup() {
     if (root_.empty()) return;
     for (const auto& h : cgroups_) rmdir(h.parent_dir.c_str());
-    std::string cmd = "rm -rf --one-file-system '" + root_ + "'";
-    if (system(cmd.c_str()) != 0) fprintf(stderr, "battery: could not remove %s\n", root_.c_str());
+    RemoveDataDir(root_);
     root_.clear();
+  }
+  // A battery's data directory: whatever is still mounted inside first (the innermost first), so
+  // that the removal cannot walk into a host directory bound there. Returns how many mounts.
+  static size_t RemoveDataDir(const std::string& dir) {
+    std::vector<std::string> points;
+    for (const auto& m : Mounts())
+      if (StartsWith(m.point, dir + "/")) points.push_back(m.point);
+    std::sort(points.begin(), points.end(),
+              [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    for (const auto& m : points) umount2(m.c_str(), MNT_DETACH);
+    std::string cmd = "rm -rf --one-file-system '" + dir + "'";
+    if (system(cmd.c_str()) != 0) fprintf(stderr, "battery: could not remove %s\n", dir.c_str());
+    return points.size();
   }
 
  private:
