@@ -44,16 +44,16 @@ def _cgroup_mounts():
     return out
 
 
-def cgroup_hierarchies():
-    """A name own_cgroup_dir takes for every mounted cgroup hierarchy: one v1 controller (or
-    name=...) of each, "" for v2. runc makes a box's cgroup in every v1 hierarchy, not only in
-    those sbx limits."""
-    names, points = [], set()
+def own_cgroup_dirs():
+    """Our own cgroup directory in every mounted cgroup hierarchy (v1 and v2). runc makes a box's
+    cgroup in every v1 hierarchy, not only in those sbx limits."""
+    dirs, points = [], set()
     for key, (mnt, _) in _cgroup_mounts().items():
-        if mnt not in points and own_cgroup_dir(key) is not None:  # not "rw", "xattr", ...
+        own = own_cgroup_dir(key) if mnt not in points else None  # None: "rw", "xattr", ...
+        if own is not None:
             points.add(mnt)
-            names.append(key)
-    return names
+            dirs.append(own)
+    return dirs
 
 
 def own_cgroup_dir(controller):

@@ -673,9 +673,8 @@ def cleanup_cgroups(pid):
              f"sbx-bench-{pid}-tmpl"]
     killed = set()
     for rnd in range(2):
-        for controller in peers_mod.cgroup_hierarchies():
-            own = peers_mod.own_cgroup_dir(controller)
-            for n in names if own else []:
+        for own in peers_mod.own_cgroup_dirs():
+            for n in names:
                 top = os.path.join(own, n)
                 for d, _, _ in os.walk(top, topdown=False):
                     try:
