@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -115,6 +116,22 @@ std::string NamedVerb(const CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// The data directory, absolute and without a trailing slash: it is joined to other paths (a box's
+// files are reached through /proc/<pid>/root followed by it), and the daemon's banner prints it.
+bool MakeDataDirAbsolute(std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path abs =
+      dir.empty() ? std::filesystem::path() : std::filesystem::absolute(dir, ec);
+  if (dir.empty() || ec) {
+    std::fprintf(stderr, "sbx: --data-dir: '%s' is not a directory path%s%s\n", dir.c_str(),
+                 ec ? ": " : "", ec ? ec.message().c_str() : "");
+    return false;
+  }
+  dir = abs.lexically_normal().string();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +191,7 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : sbx::cli::kExitSbxError;
   }
+  if (!MakeDataDirAbsolute(global.data_dir)) return sbx::cli::kExitSbxError;
   if (r->parsed()) {
     // A one-shot run is over here: its box is removed and its output written. The CLI's option
     // tree and the libraries' static state need no teardown, which after the box's clone made

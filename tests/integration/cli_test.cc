@@ -687,6 +687,22 @@ TEST_F(CliTest, RunVolumesAreBindMounts) {
   }
 }
 
+// A relative --data-dir (or $SBX_DATA_DIR) names the directory from where sbx was started: `sbx
+// run` reaches the box's files through /proc/<pid>/root followed by it, so it is made absolute.
+TEST_F(CliTest, RunTakesARelativeDataDir) {
+  const std::string parent = dir_.substr(0, dir_.rfind('/'));
+  const std::string name = dir_.substr(dir_.rfind('/') + 1);
+  auto r = RunProcess({"/bin/sh", "-c",
+                       "cd " + parent + " && " + SBX_BIN + " --data-dir ./" + name +
+                           "/ run -- sh -c 'echo in the box' && cd " + dir_ +
+                           " && SBX_DATA_DIR=. " + SBX_BIN + " run -- echo again"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "in the box\nagain\n") << r.err;
+  r = RunProcess({SBX_BIN, "--data-dir", "", "run", "--", "true"});
+  EXPECT_EQ(r.exit_code, 125) << r.err;
+  EXPECT_NE(r.err.find("--data-dir: '' is not a directory path"), std::string::npos) << r.err;
+}
+
 // The network verbs on a daemon without networking (issue 12): the policy is shown in ls, inspect
 // and `sbx net`; a policy with a network is refused saying how to turn it on.
 TEST_F(CliTest, NetAndPortUrl) {
