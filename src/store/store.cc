@@ -766,11 +766,16 @@ Result<std::optional<ApiKeyRecord>> Store::VerifyApiKey(const std::string& secre
   // Secrets are 52 characters (44 for older keys); anything far longer is not worth hashing.
   if (secret.empty() || secret.size() > 256) return std::optional<ApiKeyRecord>();
   std::string hash = Sha256Hex(secret);
-  MutexLock lock(mu_);
+  MutexLock lock(auth_mu_);
+  if (auth_db_ == nullptr) {
+    Result<std::unique_ptr<Db>> db = Db::Open(path_);
+    if (!db.ok()) return db.status().Wrap("verify api key");
+    auth_db_ = std::move(*db);
+  }
   // The index lookup by hash is not constant-time, but what it could leak is the hash of the
   // presented secret, which says nothing about any stored secret. The final comparison is.
   Result<Statement> st =
-      db_->Prepare(std::string("SELECT ") + kApiKeyColumns + " FROM api_keys WHERE hash = ?1");
+      auth_db_->Prepare(std::string("SELECT ") + kApiKeyColumns + " FROM api_keys WHERE hash = ?1");
   if (!st.ok()) return st.status().Wrap("verify api key");
   st->BindText(1, hash);
   Result<bool> row = st->Step();

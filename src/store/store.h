@@ -8,8 +8,9 @@
 // values: ENOENT for an unknown id, EEXIST for a duplicate, EINVAL for a malformed argument,
 // otherwise the SQLite failure mapped to an errno (see db.h).
 //
-// Thread-safety: a Store is safe to use from any number of threads. It owns a single SQLite
-// connection and every method holds `mu_` for its whole duration, so calls are serialized.
+// Thread-safety: a Store is safe to use from any number of threads. Every method holds `mu_` for
+// its whole duration on the store's connection, so calls are serialized; VerifyApiKey alone reads
+// on a connection of its own (see there).
 #pragma once
 
 #include <cstdint>
@@ -391,7 +392,11 @@ class Store {
   // Sets the runtimes key `id` may ask for beside its templates' own (names as runtime/router.h
   // knows them; EINVAL for another). ENOENT for an unknown id.
   Status SetApiKeyRuntimes(const std::string& id, const std::vector<std::string>& runtimes);
-  // The key whose secret this is, if it exists and is not revoked; nullopt otherwise.
+  // The key whose secret this is, if it exists and is not revoked; nullopt otherwise. Every HTTP
+  // request asks this on the server's I/O thread: it reads on a second connection (opened at
+  // the first call), so it never waits for the store's other calls, however slow (a commit that
+  // checkpoints the WAL, a long transaction): WAL readers do not wait for the writer. A revoked
+  // key is refused from the revocation's commit on, as each call reads the newest commit.
   Result<std::optional<ApiKeyRecord>> VerifyApiKey(const std::string& secret);
   Result<std::optional<ApiKeyRecord>> GetApiKey(const std::string& id);
   // Every key, revoked ones included, oldest first.
@@ -533,6 +538,8 @@ class Store {
   Clock* const clock_;
   Mutex mu_;
   std::unique_ptr<Db> db_ GUARDED_BY(mu_);
+  Mutex auth_mu_;
+  std::unique_ptr<Db> auth_db_ GUARDED_BY(auth_mu_);  // VerifyApiKey's reads only
   // Declared after db_: destroyed (and flushed) while the database is still open.
   std::unique_ptr<AuditQueue> audit_queue_;
 };

@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <future>
 #include <map>
 #include <regex>
 #include <set>
@@ -748,6 +750,36 @@ TEST_F(StoreTest, KeysCarryTheirOwnLimitRangesNullMeaningTheDaemons) {
 
 // A key minted before keys took E2B's format ("sbx_" + 40 [a-z0-9]) still authenticates: the
 // row an older sbx wrote holds only the secret's hash, and verification never looks at the form.
+// Every HTTP request checks its key on the server's I/O thread: a check must not wait for another
+// call that holds the store, or one slow call would stall every request.
+TEST_F(StoreTest, KeysVerifyWhileAnotherCallHoldsTheStore) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto k = store->CreateApiKey("agent", 0, 0);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  ASSERT_TRUE(store->InsertSandbox(Sandbox("held")).ok());
+  std::promise<void> holding, verified;
+  std::future<void> verified_done = verified.get_future();
+  bool verified_while_held = false;
+  std::thread holder([&] {
+    auto r = store->UpdateSandbox("held", [&](SandboxRecord&) {
+      holding.set_value();
+      // Generous: the check takes microseconds; waiting out this bound is the failure.
+      verified_while_held =
+          verified_done.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+      return Status();
+    });
+    EXPECT_TRUE(r.ok());
+  });
+  holding.get_future().wait();
+  auto v = store->VerifyApiKey(k->secret);
+  verified.set_value();
+  holder.join();
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_TRUE(v->has_value());
+  EXPECT_TRUE(verified_while_held);
+}
+
 TEST_F(StoreTest, OldFormatKeyStillVerifies) {
   const std::string old_secret = "sbx_k3y0" + std::string(36, 'q');
   ASSERT_EQ(old_secret.size(), 44u);
