@@ -753,7 +753,7 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
 // in a subvolume of its own would show the numbers of the layer's files again for its own (find
 // reports loops, tar makes hard links of different files). Such a box's disk limit is an image;
 // every file inside keeps a number of its own.
-TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsKeepsInodeNumbersUnique) {
+TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique) {
   if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
   BtrfsMount btrfs_fs(dir_);
@@ -768,28 +768,43 @@ TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsKeepsInodeNumbersUnique) {
                       "&& echo $i > opt/d$i/f; done")
                          .c_str()),
             0);
-  NativeConfig cfg = rt_->config();
-  cfg.run_dir = mnt + "/run";
-  auto rt = NativeRuntime::Open(cfg);
-  ASSERT_TRUE(rt.ok()) << rt.status().message();
-  ASSERT_TRUE((*rt)->btrfs());
-  BoxSpec spec = Spec();
-  spec.layers = {layer};
-  spec.binds.clear();
-  spec.limits.disk_bytes = 32 << 20;
-  auto box = (*rt)->Create(spec);
-  ASSERT_TRUE(box.ok()) << box.status().message();
-  EXPECT_FALSE(btrfs::IsSubvolume(box->dir + "/fs/layer"));
-  struct stat st {};
-  EXPECT_EQ(::stat((box->dir + "/disk.img").c_str(), &st), 0) << "no image was made";
-  Ran r = RunIn(*box, {"/bin/sh", "-c",
-                       "for i in $(seq 40); do mkdir -p /srv/d$i && echo $i > /srv/d$i/f; done; "
-                       "for f in $(find /opt /srv); do stat -c '%d %i' $f; done | sort | uniq -d "
-                       "| wc -l"});
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(r.out, "0\n") << "inode numbers seen twice inside the box";
-  ASSERT_TRUE((*rt)->Destroy(*box).ok());
-  rt->reset();
+  // Both ways the child mounts overlays: fsconfig's lowerdir+ (kernel 6.8+) and one option
+  // string.
+  for (bool lowerdir_plus : {true, false}) {
+    SCOPED_TRACE(lowerdir_plus ? "lowerdir+" : "option string");
+    NativeConfig cfg = rt_->config();
+    cfg.run_dir = mnt + "/run";
+    cfg.overlay_lowerdir_plus = lowerdir_plus;
+    auto rt = NativeRuntime::Open(cfg);
+    ASSERT_TRUE(rt.ok()) << rt.status().message();
+    ASSERT_TRUE((*rt)->btrfs());
+    BoxSpec spec = Spec();
+    spec.layers = {layer};
+    spec.binds.clear();
+    spec.limits.disk_bytes = 32 << 20;
+    auto box = (*rt)->Create(spec);
+    ASSERT_TRUE(box.ok()) << box.status().message();
+    // The writable layer is a subvolume limited by its qgroup, as where the layers are elsewhere:
+    // the layers reach the box's overlay stacked on an overlay of their own.
+    EXPECT_TRUE(btrfs::IsSubvolume(box->dir + "/fs/layer"));
+    struct stat st {};
+    EXPECT_NE(::stat((box->dir + "/disk.img").c_str(), &st), 0) << "an image was made";
+    // Files of the layer (some copied up by a write), and as many made in the box.
+    Ran r = RunIn(*box, {"/bin/sh", "-c",
+                         "for i in $(seq 40); do mkdir -p /srv/d$i && echo $i > /srv/d$i/f; done; "
+                         "for i in $(seq 10); do echo more >> /opt/d$i/f; done; "
+                         "for f in $(find /opt /srv); do stat -c '%d %i' $f; done | sort | uniq -d "
+                         "| wc -l"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out, "0\n") << "inode numbers seen twice inside the box";
+    r = RunIn(*box, {"/bin/sh", "-c", "cat /opt/d3/f /opt/d30/f"});
+    EXPECT_EQ(r.out, "3\nmore\n30\n");
+    // The disk limit holds: 64 MiB do not fit in 32.
+    r = RunIn(*box, {"/bin/busybox", "dd", "if=/dev/zero", "of=/srv/big", "bs=1M", "count=64"});
+    EXPECT_NE(r.out.find("Disk quota exceeded"), std::string::npos) << r.out;
+    ASSERT_TRUE((*rt)->Destroy(*box).ok());
+    rt->reset();
+  }
 }
 
 // The idmap probe's pass is remembered beside the run directory for this boot and filesystem

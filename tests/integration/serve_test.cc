@@ -2362,19 +2362,21 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     for (const auto& f : forks["forks"])
       EXPECT_EQ(d.Exec(f["sandbox"]["id"], {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out,
                 "/root/blob: OK\n");
-    // A disk limit here is an ext4 image, not a subvolume's qgroup: the template's layers are on
-    // this btrfs filesystem too, and a subvolume's inode numbers would collide with theirs inside
-    // the box (docs/storage.md; RuntimeTest.ADiskLimitOnBtrfsIsAQgroupNotAnImage covers the
-    // qgroup, with the run directory on a btrfs of its own). Its files reach a snapshot and a
-    // fork all the same.
+    // A disk limit here is a subvolume's qgroup, not an ext4 image, although the template's
+    // layers are on this btrfs filesystem too: they reach the box stacked on an overlay of their
+    // own, so its inode numbers and theirs cannot collide (docs/storage.md;
+    // RuntimeTest.ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique). Its files
+    // reach a snapshot and a fork.
     std::string limited =
         d.Json("POST", "/v1/sandboxes", {{"limits", {{"disk_bytes", 64 << 20}}}}, 201)["id"];
-    EXPECT_EQ(::access((mnt + "/data/run/" + limited + "/disk.img").c_str(), F_OK), 0);
-    EXPECT_NE(::access((mnt + "/data/run/" + limited + "/fs/layer").c_str(), F_OK), 0);
+    EXPECT_NE(::access((mnt + "/data/run/" + limited + "/disk.img").c_str(), F_OK), 0);
+    struct stat layer {};
+    ASSERT_EQ(::stat((mnt + "/data/run/" + limited + "/fs/layer").c_str(), &layer), 0);
+    EXPECT_EQ(layer.st_ino, 256u) << "not a subvolume (whose root is inode 256 on btrfs)";
     auto full =
         d.Exec(limited, {{"command", "echo kept > /root/k; head -c 100M /dev/zero > /root/z"}});
     EXPECT_NE(full.exit_code, 0);
-    EXPECT_NE(full.err.find("No space left on device"), std::string::npos) << full.err;
+    EXPECT_NE(full.err.find("Disk quota exceeded"), std::string::npos) << full.err;
     json fork = d.Json("POST", "/v1/sandboxes/" + limited + "/fork", {{"count", 1}}, 201);
     ASSERT_EQ(fork["forks"].size(), 1u) << fork;
     EXPECT_EQ(d.Exec(fork["forks"][0]["sandbox"]["id"], {{"argv", {"cat", "/root/k"}}}).out,

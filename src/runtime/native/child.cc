@@ -69,7 +69,7 @@ ChildPlan ChildPlanStorage::Build(const std::vector<MountOp>& ops, const std::st
   auto c = [](const std::string& s) -> const char* { return s.empty() ? nullptr : s.c_str(); };
   for (const auto& op : ops_) {
     cops_.push_back({op.kind, c(op.source), op.target.c_str(), c(op.fstype), op.flags, c(op.data),
-                     op.optional, op.fd_index, op.in_root, op.source_in_root});
+                     op.optional, op.fd_index, op.in_root, op.source_in_root, c(op.stacked)});
   }
   argv_strings_ = argv;
   argv_.clear();
@@ -368,12 +368,16 @@ bool AppendNumber(char* buf, size_t cap, size_t* at, unsigned v) {
   return Append(buf, cap, at, out);
 }
 
-// The root's overlay (MountOp::kOverlay). With lowerdir+ each layer is its own fsconfig
-// parameter, so the count is bounded only by overlayfs' stack (kMaxLayers), not by the page the
-// lowerdir option string must fit in. Without it, the string names the layers relative to lower/
-// ("0:1:2", under 5 bytes a layer: 500 layers fit a page) while the mount runs from there.
+// The root's overlay (MountOp::kOverlay) and the layers' stack (kLowerStack). With lowerdir+
+// each layer is its own fsconfig parameter, so the count is bounded only by overlayfs' stack
+// (kMaxLayers), not by the page the lowerdir option string must fit in. Without it, the string
+// names the layers relative to lower/ ("0:1:2", under 5 bytes a layer: 500 layers fit a page)
+// while the mount runs from there.
 int MountOverlay(const ChildPlan& plan, const ChildPlan::Op& op) {
-  unsigned layers = static_cast<unsigned>(op.fd_index);
+  const bool stack = op.kind == MountOp::Kind::kLowerStack;
+  // Below lower/, or the stack they were put on; a stack's bottom is an empty directory.
+  const unsigned layers = op.stacked != nullptr ? 0 : static_cast<unsigned>(op.fd_index);
+  const char* extra = stack ? op.data : op.stacked;
   if (plan.lowerdir_plus) {
     int fs = static_cast<int>(syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC));
     if (fs < 0) return errno;
@@ -385,16 +389,20 @@ int MountOverlay(const ChildPlan& plan, const ChildPlan::Op& op) {
       AppendNumber(name, sizeof name, &at, i);
       if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir+", name, 0) != 0) err = errno;
     }
-    if (err == 0 &&
+    if (err == 0 && extra != nullptr &&
+        syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "lowerdir+", extra, 0) != 0)
+      err = errno;
+    if (err == 0 && !stack &&
         (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "upperdir", op.source, 0) != 0 ||
-         syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", op.data, 0) != 0 ||
-         syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) != 0 ||
-         syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0))
+         syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "workdir", op.data, 0) != 0))
+      err = errno;
+    if (err == 0 && (syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) != 0 ||
+                     syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0))
       err = errno;
     int mnt = -1;
     if (err == 0) {
-      mnt = static_cast<int>(
-          syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+      unsigned attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (stack ? MOUNT_ATTR_RDONLY : 0);
+      mnt = static_cast<int>(syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, attrs));
       if (mnt < 0) err = errno;
     }
     close(fs);
@@ -412,11 +420,19 @@ int MountOverlay(const ChildPlan& plan, const ChildPlan::Op& op) {
     if (i > 0) fits = Append(data, sizeof data, &at, ":");
     fits = fits && AppendNumber(data, sizeof data, &at, i);
   }
-  fits =
-      fits && Append(data, sizeof data, &at, ",upperdir=../") &&
-      Append(data, sizeof data, &at, op.source) && Append(data, sizeof data, &at, ",workdir=../") &&
-      Append(data, sizeof data, &at, op.data) && Append(data, sizeof data, &at, ",userxattr") &&
-      Append(target, sizeof target, &tat, "../") && Append(target, sizeof target, &tat, op.target);
+  if (extra != nullptr) {
+    fits = fits && (layers == 0 || Append(data, sizeof data, &at, ":")) &&
+           Append(data, sizeof data, &at, "../") && Append(data, sizeof data, &at, extra);
+  }
+  if (!stack) {
+    fits = fits && Append(data, sizeof data, &at, ",upperdir=../") &&
+           Append(data, sizeof data, &at, op.source) &&
+           Append(data, sizeof data, &at, ",workdir=../") &&
+           Append(data, sizeof data, &at, op.data);
+  }
+  fits = fits && Append(data, sizeof data, &at, ",userxattr") &&
+         Append(target, sizeof target, &tat, "../") &&
+         Append(target, sizeof target, &tat, op.target);
   if (!fits) return E2BIG;
   if (chdir("lower") != 0) return errno;
   int err = mount("overlay", target, "overlay", op.flags, data) == 0 ? 0 : errno;
@@ -493,6 +509,7 @@ int RunOp(const ChildPlan::Op& op, OpContext& ctx) {
       if (symlink(op.source, op.target) != 0 && errno != EEXIST) return errno;
       return 0;
     case MountOp::Kind::kOverlay:
+    case MountOp::Kind::kLowerStack:
       return MountOverlay(ctx.plan, op);
     case MountOp::Kind::kOverlaySub:
       return MountOverlaySub(root, op);

@@ -66,6 +66,7 @@ struct ChildPlan {
     int fd_index;  // kAttach: which received mount (0 = the first layer); kOverlay: layer count
     bool in_root;  // target inside the new root (MountOp::in_root)
     bool source_in_root;
+    const char* stacked;  // kOverlay: MountOp::stacked, nullptr when empty
   };
   const Op* ops = nullptr;
   size_t op_count = 0;

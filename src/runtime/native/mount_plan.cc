@@ -112,6 +112,8 @@ std::string MountOp::Describe(const std::string& root) const {
       return "attach " + source + " on " + strip(target);
     case Kind::kOverlay:
       return "mount the overlay of " + std::to_string(fd_index) + " layers on " + strip(target);
+    case Kind::kLowerStack:
+      return "stack the " + std::to_string(fd_index) + " layers on " + strip(target);
     case Kind::kOverlaySub:
       return "overlay the top layer's " + source + " on " + strip(target);
     case Kind::kMount:
@@ -137,6 +139,18 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
     ops.push_back(Attach(static_cast<int>(i), in.layers[i], at, false));
   }
   MountOp overlay;
+  if (in.stack_layers) {
+    ops.push_back(Simple(MountOp::Kind::kMkdir, "lowers"));
+    ops.push_back(Simple(MountOp::Kind::kMkdir, "lowers.empty"));
+    MountOp stack;
+    stack.kind = MountOp::Kind::kLowerStack;
+    stack.target = "lowers";
+    stack.data = "lowers.empty";
+    stack.fd_index = static_cast<int>(in.layers.size());
+    stack.flags = MS_RDONLY | MS_NOSUID | MS_NODEV;
+    ops.push_back(stack);
+    overlay.stacked = stack.target;
+  }
   overlay.kind = MountOp::Kind::kOverlay;
   overlay.target = r;
   overlay.source = in.upper;

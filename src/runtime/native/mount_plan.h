@@ -23,10 +23,19 @@ struct MountOp {
     kTouch,    // an empty regular file `target` to bind a file over (in the root: as kMkdir)
     kSymlink,  // symlink(source, target), EEXIST is fine
     kAttach,   // move_mount() the detached mount number `fd_index` onto target
-    // The root's overlay: layers lower/0 .. lower/<fd_index - 1> (topmost first) under the
-    // writable layer `source` (its work directory is `data`), mounted on `target`. With
-    // fsconfig's lowerdir+ where the kernel has it (6.8+), else one option string.
+    // The root's overlay: layers lower/0 .. lower/<fd_index - 1> (topmost first), or with
+    // `stacked` the one directory they were stacked on (kLowerStack), under the writable layer
+    // `source` (its work directory is `data`), mounted on `target`. With fsconfig's lowerdir+
+    // where the kernel has it (6.8+), else one option string.
     kOverlay,
+    // A read-only overlay of lower/0 .. lower/<fd_index - 1> over the empty directory `data`
+    // (overlayfs wants two layers where there is no upper), mounted on `target`: the root
+    // overlay's one lower layer when the writable layer is a btrfs subvolume on the layers' own
+    // filesystem. btrfs numbers inodes per subvolume, and overlayfs passes a layer's inode
+    // numbers through when all its layers are on one filesystem: stacked, the layers reach the
+    // root overlay from a filesystem of their own, so their files and the box's cannot show the
+    // same device and inode number.
+    kLowerStack,
     // A read-only overlay of the topmost layer's directory `source` (a path inside the box,
     // resolved inside the layer attached on lower/0) over the directory `target` of the root.
     kOverlaySub,
@@ -44,6 +53,7 @@ struct MountOp {
   // directory, which only the host writes.
   bool in_root = false;
   bool source_in_root = false;
+  std::string stacked;  // kOverlay: the kLowerStack's target, when the layers were stacked
 
   // A one-line description for error messages: "mount proc on /proc".
   std::string Describe(const std::string& root) const;
@@ -63,6 +73,9 @@ struct MountPlanInput {
   // The box's own boot id (a file holding a random UUID, relative to the box's directory), bound
   // read-only over /proc/sys/kernel/random/boot_id; empty: the kernel's.
   std::string boot_id;
+  // The layers are stacked on an overlay of their own first (MountOp::kLowerStack), at most
+  // kMaxLayers - 1 of them.
+  bool stack_layers = false;
 };
 
 // The most lower layers one overlay stacks (the kernel's OVL_MAX_STACK).

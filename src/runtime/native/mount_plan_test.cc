@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <set>
 
 namespace sbx::runtime {
@@ -86,6 +87,46 @@ TEST(MountPlan, OverlayRootThenProcSysDev) {
       EXPECT_TRUE(ops[i].flags & MS_RDONLY);
     }
   }
+}
+
+// Layers on the writable layer's btrfs are stacked first: one read-only overlay of lower/0..n-1
+// over an empty directory, which the root's overlay then takes as its one lower layer.
+TEST(MountPlan, StackedLayersAreTheRootsOneLowerLayer) {
+  MountPlanInput in{"r", "layer/upper", "layer/work", {"/t/top", "/t/base"}, {}};
+  in.stack_layers = true;
+  auto ops = BuildMountPlan(in);
+  auto at = [&](MountOp::Kind kind) {
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].kind == kind) return i;
+    return ops.size();
+  };
+  size_t stack_at = at(MountOp::Kind::kLowerStack), overlay_at = at(MountOp::Kind::kOverlay);
+  ASSERT_LT(stack_at, overlay_at);
+  ASSERT_LT(overlay_at, ops.size());
+  const MountOp& stack = ops[stack_at];
+  EXPECT_EQ(stack.target, "lowers");
+  EXPECT_EQ(stack.fd_index, 2);
+  EXPECT_EQ(stack.data, "lowers.empty");
+  EXPECT_TRUE(stack.source.empty());
+  EXPECT_TRUE(stack.flags & MS_RDONLY);
+  EXPECT_TRUE(stack.flags & MS_NOSUID);
+  EXPECT_EQ(stack.Describe("r"), "stack the 2 layers on lowers");
+  // Its mount point and bottom are made before it, and every layer is attached before it.
+  for (const char* dir : {"lowers", "lowers.empty", "lower/1"}) {
+    auto made = std::find_if(ops.begin(), ops.begin() + static_cast<long>(stack_at),
+                             [&](const MountOp& op) { return op.target == dir; });
+    EXPECT_NE(made, ops.begin() + static_cast<long>(stack_at)) << dir;
+  }
+  const MountOp& overlay = ops[overlay_at];
+  EXPECT_EQ(overlay.stacked, "lowers");
+  EXPECT_EQ(overlay.source, "layer/upper");
+  EXPECT_EQ(overlay.data, "layer/work");
+  // Without stacking there is no stack, and the root's overlay takes the layers themselves.
+  in.stack_layers = false;
+  ops = BuildMountPlan(in);
+  EXPECT_EQ(at(MountOp::Kind::kLowerStack), ops.size());
+  ASSERT_LT(at(MountOp::Kind::kOverlay), ops.size());
+  EXPECT_TRUE(ops[at(MountOp::Kind::kOverlay)].stacked.empty());
 }
 
 // The box's boot id (a file of its own directory) is bound over the kernel's once /proc is there,

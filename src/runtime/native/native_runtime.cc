@@ -291,10 +291,11 @@ struct NativeRuntime::Creation {
   std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
   // prepare
   std::optional<BoxDir> dir;
-  uint32_t own_base = 0;  // the box's own host id range (its user namespace's owner)
-  uint32_t root_id = 0;   // host id of root inside (own_base, or the fallback's shared base)
-  std::string fs;         // <dir>/fs: everything the child touches by path
-  std::string layer;      // the writable layer, relative to fs/ ("" or "disk/")
+  uint32_t own_base = 0;      // the box's own host id range (its user namespace's owner)
+  uint32_t root_id = 0;       // host id of root inside (own_base, or the fallback's shared base)
+  std::string fs;             // <dir>/fs: everything the child touches by path
+  std::string layer;          // the writable layer, relative to fs/ ("", "layer/" or "disk/")
+  bool stack_layers = false;  // MountPlanInput::stack_layers
   HostMount disk;
   std::vector<std::string> layers;  // read-only layers as this box mounts them
   UniqueFd listen, log, devnull;
@@ -387,14 +388,18 @@ Status NativeRuntime::Prepare(Creation& c) {
   // image of that size. The image's mount exists on the host only until the box's mount
   // namespace has its own copy (HostMount, detached in AwaitChildSetup). On btrfs a disk limit
   // is a subvolume's qgroup limit instead (btrfs.h): upper and work in the subvolume `layer`
-  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV), unless
-  // a lower layer is on the same btrfs filesystem: its inode numbers and the subvolume's would
-  // collide inside the box (btrfs::SameFilesystem), so that box gets an image.
-  if (btrfs_ && spec.limits.disk_bytes > 0 &&
-      std::none_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
-        return btrfs::SameFilesystem(l, config_.run_dir);
-      })) {
+  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV). When a
+  // lower layer is on the same btrfs filesystem (btrfs::SameFilesystem), its inode numbers and
+  // the subvolume's would collide inside the box: the layers are then stacked on an overlay of
+  // their own first (MountOp::kLowerStack), which takes one more layer (an empty bottom) than
+  // the template has: a template of the most layers an overlay stacks gets an image instead.
+  const bool same_fs = btrfs_ && spec.limits.disk_bytes > 0 &&
+                       std::any_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
+                         return btrfs::SameFilesystem(l, config_.run_dir);
+                       });
+  if (btrfs_ && spec.limits.disk_bytes > 0 && (!same_fs || c.layers.size() < kMaxLayers)) {
     c.layer = "layer/";
+    c.stack_layers = same_fs;
     const std::string vol = c.fs + "/layer";
     std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
     SBX_RETURN_IF_ERROR(quota_status_);
@@ -435,7 +440,8 @@ Status NativeRuntime::MakeCgroups(Creation& c) {
 
 Status NativeRuntime::Clone(Creation& c) {
   const BoxSpec& spec = c.spec;
-  c.mounts = {"rootfs", c.layer + "upper", c.layer + "work", spec.layers, spec.binds, kBootIdFile};
+  c.mounts = {"rootfs",   c.layer + "upper", c.layer + "work", spec.layers,
+              spec.binds, kBootIdFile,       c.stack_layers};
   int status_pipe[2], setup[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
   c.status_r.reset(status_pipe[0]);
