@@ -748,8 +748,6 @@ TEST_F(StoreTest, KeysCarryTheirOwnLimitRangesNullMeaningTheDaemons) {
   EXPECT_EQ(store->ListApiKeys()->size(), 2u);
 }
 
-// A key minted before keys took E2B's format ("sbx_" + 40 [a-z0-9]) still authenticates: the
-// row an older sbx wrote holds only the secret's hash, and verification never looks at the form.
 // Every HTTP request checks its key on the server's I/O thread: a check must not wait for another
 // call that holds the store, or one slow call would stall every request.
 TEST_F(StoreTest, KeysVerifyWhileAnotherCallHoldsTheStore) {
@@ -780,6 +778,8 @@ TEST_F(StoreTest, KeysVerifyWhileAnotherCallHoldsTheStore) {
   EXPECT_TRUE(verified_while_held);
 }
 
+// A key minted before keys took E2B's format ("sbx_" + 40 [a-z0-9]) still authenticates: the
+// row an older sbx wrote holds only the secret's hash, and verification never looks at the form.
 TEST_F(StoreTest, OldFormatKeyStillVerifies) {
   const std::string old_secret = "sbx_k3y0" + std::string(36, 'q');
   ASSERT_EQ(old_secret.size(), 44u);
