@@ -120,9 +120,9 @@ std::string NamedVerb(const CLI::App& app, int argc, char** argv) {
 // files are reached through /proc/<pid>/root followed by it), and the daemon's banner prints it.
 bool MakeDataDirAbsolute(std::string& dir) {
   std::error_code ec;
-  std::filesystem::path abs =
-      dir.empty() ? std::filesystem::path() : std::filesystem::absolute(dir, ec);
-  if (dir.empty() || ec) {
+  std::filesystem::path abs;
+  if (!dir.empty()) abs = std::filesystem::absolute(dir, ec);
+  if (abs.empty()) {
     std::fprintf(stderr, "sbx: --data-dir: '%s' is not a directory path%s%s\n", dir.c_str(),
                  ec ? ": " : "", ec ? ec.message().c_str() : "");
     return false;

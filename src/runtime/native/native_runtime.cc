@@ -393,11 +393,12 @@ Status NativeRuntime::Prepare(Creation& c) {
   // the subvolume's would collide inside the box: the layers are then stacked on an overlay of
   // their own first (MountOp::kLowerStack), which takes one more layer (an empty bottom) than
   // the template has: a template of the most layers an overlay stacks gets an image instead.
-  const bool same_fs = btrfs_ && spec.limits.disk_bytes > 0 &&
-                       std::any_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
-                         return btrfs::SameFilesystem(l, config_.run_dir);
-                       });
-  if (btrfs_ && spec.limits.disk_bytes > 0 && (!same_fs || c.layers.size() < kMaxLayers)) {
+  const bool qgroup = btrfs_ && spec.limits.disk_bytes > 0;
+  const bool same_fs =
+      qgroup && std::any_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
+        return btrfs::SameFilesystem(l, config_.run_dir);
+      });
+  if (qgroup && (!same_fs || c.layers.size() < kMaxLayers)) {
     c.layer = "layer/";
     c.stack_layers = same_fs;
     const std::string vol = c.fs + "/layer";
