@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <linux/fiemap.h>
 #include <linux/fs.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/inotify.h>
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 #include <chrono>
 #include <fstream>
@@ -429,6 +431,32 @@ TEST_F(ServeTest, UploadCutShortKeepsTheOldFileAndLeavesNoTemporaryFile) {
   }
   EXPECT_EQ(names.find(".sbx-"), std::string::npos) << names;
   EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/tmp/u.txt").body, "old");
+}
+
+// A client that takes its time to start a large upload's body (a busy machine encoding it) is not
+// cut off by the body-rate guard (1 KiB/s after 10 s of waiting, docs/api.md) once its sandbox
+// and key are checked: only a stall past 30 s would be. The wait is what is tested: the guard
+// would answer 408 within it.
+TEST_F(ServeTest, AnAuthenticatedUploadMayStartSlowly) {
+  namespace asio = boost::asio;
+  std::string id = Create();
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+  asio::write(s, asio::buffer("PUT /v1/sandboxes/" + id +
+                              "/files?path=/tmp/slow.txt HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                              "Bearer " +
+                              d_->key() + "\r\nContent-Length: 4\r\n\r\nab"));
+  pollfd p{s.native_handle(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 12000), 0) << "the daemon answered before the body was complete";
+  asio::write(s, asio::buffer(std::string("cd")));
+  boost::beast::flat_buffer buf;
+  boost::beast::http::response<boost::beast::http::string_body> res;
+  boost::system::error_code ec;
+  boost::beast::http::read(s, buf, res, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(res.result_int(), 200u) << res.body();
+  EXPECT_EQ(d_->Call("GET", "/v1/sandboxes/" + id + "/files?path=/tmp/slow.txt").body, "abcd");
 }
 
 TEST_F(ServeTest, APortIsReachableWithTheTrafficToken) {

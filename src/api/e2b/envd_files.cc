@@ -171,6 +171,9 @@ awaitable<void> Upload(ApiContext& ctx, http::Exchange& ex) {
     co_return co_await JsonError(ex, 400, "unsupported Content-Encoding: " + encoding);
   std::string query_path = ex.query().Get("path").value_or("");
   std::string content_type(ex.Header("Content-Type"));
+  // Authenticated: a client slow to produce a large body (a busy machine encoding 256 MiB) is
+  // its own cost. Each read still has body_read_timeout.
+  ex.AllowSlowBody();
   UploadBody body(ex, encoding == "gzip");
   std::unique_ptr<FileWriter> w;  // the file being written
   json written = json::array();

@@ -83,6 +83,7 @@ void Archives(http::Router& r, ApiContext& ctx) {
                  auto p = co_await s->Spawn(spec);
                  if (!p.ok()) co_return co_await Fail(ex, p.status());
                  int64_t pid = (*p)->pid();
+                 ex.AllowSlowBody();  // authenticated; each read still has body_read_timeout
                  std::string buf(protocol::kMaxChunk, '\0');
                  Status fed;
                  for (;;) {

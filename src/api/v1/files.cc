@@ -75,6 +75,7 @@ void Files(http::Router& r, ApiContext& ctx) {
                  if (!s) co_return;
                  auto w = co_await s->Write(*path, std::move(o));
                  if (!w.ok()) co_return co_await Fail(ex, w.status());
+                 ex.AllowSlowBody();  // authenticated; each read still has body_read_timeout
                  std::string buf(protocol::kMaxChunk, '\0');
                  int64_t received = 0;
                  Status fed;
