@@ -711,7 +711,9 @@ def _snapshots_section(results, w):
       "recorded layers) beside a pause and resume with memory (freeze, thaw). Milliseconds, "
       "P50 (P95). Twice: with the data directory on the host's ext4, where the writable layer "
       "is copied (`copy_file_range`), and on a btrfs filesystem made for the section (a loop "
-      "device), where the copy is a reflink (`FICLONE`) and shares the data. On ext4 "
+      "device), where the writable layer is a subvolume and a snapshot is a subvolume snapshot "
+      "(a create or fork from it starts from a writable snapshot of that: nothing is copied; "
+      "`cp -a` there clones with reflinks). On ext4 "
       "(`data=ordered`) the copies go to the page cache and the next fsync of the daemon's "
       "store (the creates' records) waits until they are on disk, which is where most of a "
       "large fork's time goes there.\n")

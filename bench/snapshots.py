@@ -13,8 +13,8 @@
 
 Twice: with the data directory on the run's temporary directory (the host's ext4: the writable
 layer is copied), and on a btrfs filesystem the section makes (a sparse image in the temporary
-directory, loop-mounted, unmounted and removed at the end): the copy is a reflink there, sharing
-the data. One `sbx serve` (networking off) each; its sandboxes, snapshots and data directory are
+directory, loop-mounted, unmounted and removed at the end): the writable layer is a subvolume
+there, a snapshot a subvolume snapshot, and a create or fork from it a writable snapshot of that. One `sbx serve` (networking off) each; its sandboxes, snapshots and data directory are
 removed at the end, also when a step fails. The two sides of each ratio alternate within each
 round.
 """

@@ -320,6 +320,7 @@ int RunCommand(const GlobalOptions& global, const RunOptions& o) {
   }
   spec.id = RandomId();
   spec.layers = tmpl->layers;
+  spec.may_hold_top_layer = true;  // a snapshot's layer on btrfs: started from, never stacked
   spec.binds = tmpl->binds;
   // After the template's: a volume over a template bind (/usr of the host template) wins.
   spec.binds.insert(spec.binds.end(), volumes->begin(), volumes->end());

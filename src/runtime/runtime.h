@@ -80,6 +80,11 @@ struct BoxSpec {
   // from the runtime's id pool, or without a pool the runtime's shared legacy base. A caller that
   // passes its own range keeps it: the runtime never releases it.
   uint32_t id_base = 0;
+  // A sandbox's (or `sbx run`'s) box, whose writable layer may start as a copy of its topmost
+  // layer when that is a btrfs subvolume (a snapshot's layer taken on btrfs):
+  // Box::holds_top_layer then says so. A build's boxes leave it false (a build step's layer goes
+  // above the layers it ran on).
+  bool may_hold_top_layer = false;
   // Host work on the box's namespaces from outside, between the clone and the go-ahead (the
   // network moves the box's veth into its network namespace here): called with the agent's host
   // pid while it waits, before anything of its own runs. A failure fails the Create; what the
@@ -124,6 +129,13 @@ struct Box {
   // owners inside). false: the runtime's loud fallback (shared legacy base, shifted layer copies,
   // host binds show `nobody`).
   bool idmapped = false;
+  // Its writable layer stores files under ids 0..65535, as a layer does (a btrfs subvolume
+  // reached through an idmapped mount): taken out as a layer, it is not shifted.
+  bool layer_ids = false;
+  // Its writable layer began as a copy of its topmost layer (a btrfs snapshot of a snapshot's
+  // layer) and holds that layer's files: taken out as a layer, it replaces that layer rather
+  // than going above it (where that layer would bring back what the box deleted of it).
+  bool holds_top_layer = false;
   CreateTimings timings;
   // The runtime it runs under (kRuntimeNames), set by a Router's Create. "": not known (a Box
   // made of an id alone): a Router then asks every runtime.
@@ -189,10 +201,11 @@ class Runtime {
   // a Box without init_pid then: the pid may belong to another process by that time. Idempotent.
   virtual Status Stop(const Box& box) { return Destroy(box); }
   // Destroy, keeping the box's writable layer: once every process of the box is gone, its
-  // overlay upper directory (in overlayfs' form, files owned by the box's host ids) is renamed
-  // to `dest`, an empty directory on the same filesystem (a build step's result becomes a layer
-  // this way: sandbox/build.h). Only boxes without a disk limit: ENOTSUP otherwise, and from
-  // runtimes that cannot. The box is destroyed even when the move fails.
+  // overlay upper directory (in overlayfs' form, files owned by the box's host ids, or as a
+  // layer stores them with Box::layer_ids) is renamed to `dest`, an empty directory on the same
+  // filesystem (a build step's result becomes a layer this way: sandbox/build.h). Not for boxes
+  // whose disk limit is an image: ENOTSUP then, and from runtimes that cannot. The box is
+  // destroyed even when the move fails.
   virtual Status DestroyKeepingUpper(const Box& box, const std::string& dest) {
     (void)dest;
     Status destroyed = Destroy(box);
@@ -201,10 +214,11 @@ class Runtime {
                          ENOTSUP);
   }
   // Copies the box's writable layer (its overlay upper directory, in overlayfs' form: whiteouts,
-  // opaque marks, owners as the box's host ids, hard links) into `dest`, an empty directory, so
-  // that it can become a layer (a snapshot). The caller freezes the box first: a box that runs
-  // meanwhile gives a torn copy. ENOSPC past `limit_bytes` (what is copied is left in `dest`).
-  // ENOTSUP from runtimes that cannot.
+  // opaque marks, owners as the box's host ids or with Box::layer_ids as a layer's, hard links)
+  // into `dest`, an empty directory, so that it can become a layer (a snapshot). The caller
+  // freezes the box first: a box that runs meanwhile gives a torn copy. ENOSPC past
+  // `limit_bytes` (what is copied is left in `dest`). ENOTSUP from runtimes that cannot. A
+  // native box on btrfs makes `dest` a subvolume snapshot instead, whatever the size (O(1)).
   virtual Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) {
     (void)dest;
     (void)limit_bytes;

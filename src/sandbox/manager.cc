@@ -766,6 +766,7 @@ Result<runtime::Box> Manager::MakeBox(SandboxRecord& rec, const storage::Templat
   spec.id = rec.id;
   spec.runtime = rec.runtime;
   spec.layers = tmpl.layers;
+  spec.may_hold_top_layer = true;  // CaptureLayer then replaces that layer
   spec.binds = tmpl.binds;
   spec.limits = ToRuntime(rec.limits);
   spec.owner = "serve";
@@ -1120,8 +1121,9 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
 
 // ---- pause without memory, snapshots, forks ----
 
-Status Manager::CaptureLayer(const SandboxRecord& rec, const std::string& layer_id,
-                             bool stay_frozen) {
+Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
+                                                       const std::string& layer_id,
+                                                       bool stay_frozen) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   // The copy goes into the template cache: within its bound, and never into the daemon's disk
@@ -1155,14 +1157,20 @@ Status Manager::CaptureLayer(const SandboxRecord& rec, const std::string& layer_
   }
   // Pinned for the sandbox: the layer stays while it lives, and after only while a template
   // (the snapshot) lists it.
-  auto added =
-      storage::AddLayerFromDir(templates_, store_, *staging, layer_id, box->id_base, rec.id);
+  auto added = storage::AddLayerFromDir(
+      templates_, store_, *staging, layer_id,
+      box->layer_ids ? std::nullopt : std::optional<uint32_t>(box->id_base), rec.id);
   if (!added.ok()) {
     (void)RemoveTree(*staging);
     if (froze && stay_frozen) (void)runtime_.Thaw(*box);
     return added.status();
   }
-  return {};
+  std::vector<std::string> layers = rec.layers;
+  if (box->holds_top_layer && !layers.empty())
+    layers.front() = layer_id;
+  else
+    layers.insert(layers.begin(), layer_id);
+  return layers;
 }
 
 Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id) {
@@ -1173,13 +1181,14 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
                          ENOTSUP);
   std::string layer_id = "disk-" + rec.id + "-" + RandomId(8);
   // Frozen from the copy on: what is written after it would be lost.
-  SBX_RETURN_IF_ERROR(CaptureLayer(rec, layer_id, /*stay_frozen=*/true));
+  auto layers = CaptureLayer(rec, layer_id, /*stay_frozen=*/true);
+  if (!layers.ok()) return layers.status();
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   SandboxRecord paused = rec;
   paused.state = store::kStatePaused;
   paused.on_disk = true;
-  paused.layers.insert(paused.layers.begin(), layer_id);
+  paused.layers = std::move(layers).value();
   paused.expires_at = 0;
   paused.init_pid = 0;
   paused.agent_socket.clear();
@@ -1259,8 +1268,9 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   std::vector<std::string> layers = rec.layers;
   // Paused without memory, its files are its layers already.
   if (files && !rec.on_disk) {
-    SBX_RETURN_IF_ERROR(CaptureLayer(rec, id, /*stay_frozen=*/false));
-    layers.insert(layers.begin(), id);
+    auto captured = CaptureLayer(rec, id, /*stay_frozen=*/false);
+    if (!captured.ok()) return captured.status();
+    layers = std::move(captured).value();
   }
   // What a command gets when it says nothing, as the sandbox has it; the start and ready
   // commands of its template, when that still exists.

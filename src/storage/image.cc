@@ -920,7 +920,8 @@ Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::S
 
 Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
                                            const std::string& dir, const std::string& id,
-                                           uint32_t id_shift, const std::string& pin_for) {
+                                           std::optional<uint32_t> id_shift,
+                                           const std::string& pin_for) {
   std::string what = "add layer " + id;
   if (!ValidLayerId(id) || id.rfind("sha256-", 0) == 0)
     return Status::Error(what + ": a layer id is [a-z0-9][a-z0-9._-]* (not sha256-...)", EINVAL);
@@ -928,7 +929,7 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
   if (::lstat(dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
     return Status::Error(what + ": not a directory", EINVAL);
   std::set<std::pair<dev_t, ino_t>> shifted;
-  SBX_RETURN_IF_ERROR(ShiftTree(dir, id_shift, shifted).Wrap(what));
+  if (id_shift) SBX_RETURN_IF_ERROR(ShiftTree(dir, *id_shift, shifted).Wrap(what));
   int64_t size = internal::TreeBytes(dir);
   bool existing = false;
   auto rec = Commit(ts, st, dir, id, size, pin_for, what, &existing);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,11 +117,14 @@ Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::S
 // Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the
 // cache's filesystem) into the cache as a new layer named `id` (a build's cache key,
 // "build-<hex>"), shifting its files' owners down by `id_shift` (the box's host id base: a box
-// writes as host ids id_base..id_base+65535; anything outside that range becomes 65534).
+// writes as host ids id_base..id_base+65535; anything outside that range becomes 65534). Without
+// `id_shift` the files are stored as a layer's already (runtime::Box::layer_ids) and are not
+// walked but to count their size; `dir` may then be a btrfs subvolume, which stays one.
 // Pinned for `pin_for` as above. `dir` is consumed on success and left on error.
 Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
                                            const std::string& dir, const std::string& id,
-                                           uint32_t id_shift, const std::string& pin_for);
+                                           std::optional<uint32_t> id_shift,
+                                           const std::string& pin_for);
 
 // A fresh empty directory (0700, root's) on the cache's filesystem for AddLayerFromDir's `dir`,
 // <templates dir>/staging/<pid>-<start time>-<random>: the next cache sweep removes it once the

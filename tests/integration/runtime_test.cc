@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -693,6 +694,16 @@ struct BtrfsMount {
   std::string mnt;
 };
 
+// A layer at `path`: a static busybox, the applets the btrfs tests use, and `dirs` directories
+// /opt/d<i>, each with a file f holding i.
+bool MakeBusyboxLayer(const std::string& path, int dirs) {
+  return ::system(("mkdir -p " + path + "/bin && chmod 755 " + path + " && cd " + path +
+                   " && cp /bin/busybox bin/ && for a in sh find stat sort uniq wc cat rm ls chown "
+                   "mkdir seq; do ln -s busybox bin/$a; done && for i in $(seq " +
+                   std::to_string(dirs) + "); do mkdir -p opt/d$i && echo $i > opt/d$i/f; done")
+                      .c_str()) == 0;
+}
+
 // Issue 14 item 3: with the run directory on btrfs, a disk limit is the qgroup limit of a
 // subvolume holding the writable layer, not an ext4 image on a loop device. The btrfs filesystem
 // is one the test makes on a loop device.
@@ -724,15 +735,17 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
   ASSERT_TRUE(stats.ok()) << stats.status().message();
   EXPECT_EQ(stats->disk_total, uint64_t{32} << 20);
   EXPECT_GE(stats->disk_used, uint64_t{30} << 20);
-  // A snapshot's copy reads the layer on the host, as it is; then the box goes with its
-  // subvolume.
+  // A snapshot's copy is a subvolume snapshot (SnapshotsOnBtrfsAreSubvolumes...); then the box
+  // goes with its subvolume.
   const std::string copy = mnt + "/copy";
   ASSERT_EQ(::mkdir(copy.c_str(), 0700), 0);
-  ASSERT_TRUE((*rt)->CopyWritableLayer(*box, copy, int64_t{1} << 30).ok());
+  Status copied = (*rt)->CopyWritableLayer(*box, copy, int64_t{1} << 30);
+  ASSERT_TRUE(copied.ok()) << copied.message();
   EXPECT_EQ(::stat((copy + "/root/x").c_str(), &st), 0);
   EXPECT_GE(st.st_size, 30 << 20);
   ASSERT_TRUE((*rt)->Destroy(*box).ok());
   EXPECT_NE(::access(box->dir.c_str(), F_OK), 0);
+  ASSERT_TRUE(RemoveTree(copy).ok());
   EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
       << "a subvolume is left";
   // A create that fails after its subvolume was made (here: its layer cannot be mounted) leaves
@@ -744,7 +757,6 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
   EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
       << "the failed create's subvolume is left";
   EXPECT_NE(::access((mnt + "/run/" + bad.id).c_str(), F_OK), 0);
-  (void)RemoveTree(copy);
   rt->reset();
 }
 
@@ -762,12 +774,7 @@ TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUn
   // The box's only layer, on that filesystem: a static busybox and 40 directories with a file
   // each (inode numbers from 257 on, as the writable layer's would be in a new subvolume).
   const std::string layer = mnt + "/layer";
-  ASSERT_EQ(::system(("mkdir -p " + layer + "/bin && chmod 755 " + layer + " && cd " + layer +
-                      " && cp /bin/busybox bin/ && for a in sh find stat sort uniq wc mkdir seq; "
-                      "do ln -s busybox bin/$a; done && for i in $(seq 40); do mkdir -p opt/d$i "
-                      "&& echo $i > opt/d$i/f; done")
-                         .c_str()),
-            0);
+  ASSERT_TRUE(MakeBusyboxLayer(layer, 40));
   // Both ways the child mounts overlays: fsconfig's lowerdir+ (kernel 6.8+) and one option
   // string.
   for (bool lowerdir_plus : {true, false}) {
@@ -805,6 +812,121 @@ TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUn
     ASSERT_TRUE((*rt)->Destroy(*box).ok());
     rt->reset();
   }
+}
+
+// Issue 14 item 3: with the run directory on btrfs, a box's writable layer is a subvolume that
+// stores its files as a layer does (ids 0..65535, through an idmapped mount), so a snapshot of it
+// is a subvolume snapshot, O(1) in its size and with no chown. A box started from such a layer
+// begins with a writable snapshot of it and does not stack it (two subvolumes among its lower
+// layers would collide on inode numbers): a snapshot of that box replaces the layer, so what the
+// box deleted of it stays deleted. A build's box keeps a plain copy.
+TEST_F(RuntimeTest, SnapshotsOnBtrfsAreSubvolumesThatTheNextBoxStartsFrom) {
+  if (!rt_->idmapped()) GTEST_SKIP() << "idmapped mounts do not work here";
+  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
+  BtrfsMount btrfs_fs(dir_);
+  ASSERT_TRUE(btrfs_fs.ok());
+  const std::string& mnt = btrfs_fs.mnt;
+  const std::string layer = mnt + "/layer";
+  ASSERT_TRUE(MakeBusyboxLayer(layer, 20));
+  NativeConfig cfg = rt_->config();
+  cfg.run_dir = mnt + "/run";
+  auto rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  ASSERT_TRUE((*rt)->btrfs());
+  auto spec = [&](std::vector<std::string> layers) {
+    BoxSpec s = Spec();
+    s.layers = std::move(layers);
+    s.binds.clear();
+    s.may_hold_top_layer = true;
+    return s;
+  };
+  // Inode numbers seen twice among the files inside (none may be).
+  const std::string dups =
+      "for f in $(find /opt /srv /upper); do stat -c '%d %i' $f; done | sort | uniq -d | wc -l";
+  // Takes the writable layer of `box` (frozen meanwhile) into a new directory `name` of `mnt`.
+  auto take = [&](const Box& box, const std::string& name) {
+    const std::string dest = mnt + "/" + name;
+    EXPECT_EQ(::mkdir(dest.c_str(), 0700), 0);
+    EXPECT_TRUE((*rt)->Freeze(box).ok());
+    Status copied = (*rt)->CopyWritableLayer(box, dest, int64_t{1} << 30);
+    EXPECT_TRUE((*rt)->Thaw(box).ok());
+    EXPECT_TRUE(copied.ok()) << copied.message();
+    return dest;
+  };
+
+  auto a = (*rt)->Create(spec({layer}));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(btrfs::IsSubvolume(a->dir + "/fs/layer"));
+  EXPECT_TRUE(a->layer_ids);
+  EXPECT_FALSE(a->holds_top_layer);
+  // Entries named as the layout's own (upper, work) must come through as the box's.
+  Ran r = RunIn(*a, {"/bin/sh", "-c",
+                     "mkdir -p /srv /upper/work && echo a > /srv/a && chown 1000:1000 /srv/a && "
+                     "echo w > /upper/work/w && echo gone > /srv/gone && rm /opt/d1/f && " +
+                         dups});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "0\n");
+  const std::string s1 = take(*a, "s1");
+  EXPECT_TRUE(btrfs::IsSubvolume(s1)) << "not a subvolume snapshot";
+  struct stat st {};
+  ASSERT_EQ(::lstat((s1 + "/srv/a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1000u) << "stored under the box's host ids, not a layer's";
+  ASSERT_EQ(::lstat((s1 + "/opt/d1/f").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) << "not a whiteout";
+  auto w = ReadFile(s1 + "/upper/work/w");
+  EXPECT_TRUE(w.ok() && *w == "w\n");
+  EXPECT_EQ(
+      ::system(("test -z \"$(ls -A " + s1 + " | grep -x -e work -e '.sbx-upper.*')\"").c_str()), 0)
+      << "the layout's own entries are left in the layer";
+  ASSERT_TRUE((*rt)->Destroy(*a).ok());
+
+  // The next box starts from s1: it holds it rather than stacking it.
+  auto b = (*rt)->Create(spec({s1, layer}));
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(b->holds_top_layer);
+  EXPECT_TRUE(btrfs::IsSubvolume(b->dir + "/fs/layer"));
+  r = RunIn(*b, {"/bin/sh", "-c",
+                 "cat /srv/a /upper/work/w /opt/d2/f && stat -c %u /srv/a && ls /opt/d1 && "
+                 "rm /srv/gone && echo b > /srv/b && " +
+                     dups});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "a\nw\n2\n1000\n0\n");
+  const std::string s2 = take(*b, "s2");
+  ASSERT_TRUE((*rt)->Destroy(*b).ok());
+  // A box of s2 alone over the template's layer: what b deleted of s1 stays deleted.
+  auto c = (*rt)->Create(spec({s2, layer}));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  r = RunIn(*c, {"/bin/sh", "-c", "cat /srv/a /srv/b; ls /srv; " + dups});
+  EXPECT_EQ(r.out, "a\nb\na\nb\n0\n");
+  // Adopted by another runtime (a daemon's restart), the box still says how its writable layer
+  // is kept: a snapshot of it replaces s2.
+  rt->reset();
+  rt = NativeRuntime::Open(cfg);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+  auto adopted = (*rt)->Adopt(c->id);
+  ASSERT_TRUE(adopted.ok()) << adopted.status().message();
+  EXPECT_TRUE(adopted->layer_ids);
+  EXPECT_TRUE(adopted->holds_top_layer);
+  ASSERT_TRUE((*rt)->Destroy(*adopted).ok());
+
+  // A build's box (may_hold_top_layer false) keeps its writable layer as a plain directory of
+  // files under a layer's ids.
+  BoxSpec build = spec({layer});
+  build.may_hold_top_layer = false;
+  auto d = (*rt)->Create(build);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_TRUE(RunIn(*d, {"/bin/sh", "-c", "echo d > /opt/d"}).code == 0);
+  const std::string kept = mnt + "/kept";
+  ASSERT_EQ(::mkdir(kept.c_str(), 0700), 0);
+  ASSERT_TRUE((*rt)->DestroyKeepingUpper(*d, kept).ok());
+  EXPECT_FALSE(btrfs::IsSubvolume(kept));
+  ASSERT_EQ(::lstat((kept + "/opt/d").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  rt->reset();
+  for (const auto& l : {s1, s2, kept}) EXPECT_TRUE(RemoveTree(l).ok()) << l;
+  EXPECT_EQ(::system(("test -z \"$(btrfs subvolume list " + mnt + ")\"").c_str()), 0)
+      << "a subvolume is left";
 }
 
 // The idmap probe's pass is remembered beside the run directory for this boot and filesystem

@@ -2366,7 +2366,7 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     std::string id = d.Json("POST", "/v1/sandboxes", json::object(), 201).value("id", "");
     ASSERT_EQ(d.Exec(id, {{"command",
                            "head -c 33554432 /dev/urandom > /root/blob && sync && "
-                           "sha256sum /root/blob > /root/sum"}})
+                           "sha256sum /root/blob > /root/sum && echo g > /root/gone"}})
                   .exit_code,
               0);
     json snap = d.Json("POST", "/v1/sandboxes/" + id + "/snapshots", json::object(), 201);
@@ -2384,8 +2384,23 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i)
       if (fm->fm_extents[i].fe_flags & FIEMAP_EXTENT_SHARED) shared += fm->fm_extents[i].fe_length;
     EXPECT_EQ(shared, 33554432u) << "the snapshot's blob shares every byte with the box's";
+    // The snapshot's layer is a subvolume snapshot of the box's writable layer (O(1) in its
+    // size), and a sandbox of it starts from a writable snapshot of that.
+    struct stat layer {};
+    const std::string snap_layer = mnt + "/data/templates/layers/" + snap.value("id", "");
+    ASSERT_EQ(::stat(snap_layer.c_str(), &layer), 0);
+    EXPECT_EQ(layer.st_ino, 256u) << "not a subvolume (whose root is inode 256 on btrfs)";
     std::string copy = d.Json("POST", "/v1/sandboxes", {{"template", snap["id"]}}, 201)["id"];
     EXPECT_EQ(d.Exec(copy, {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out, "/root/blob: OK\n");
+    ASSERT_EQ(::stat((mnt + "/data/run/" + copy + "/fs/layer").c_str(), &layer), 0);
+    EXPECT_EQ(layer.st_ino, 256u);
+    // Its snapshot replaces the layer it started from rather than going above it: what it
+    // deleted of that layer stays deleted.
+    ASSERT_EQ(d.Exec(copy, {{"command", "rm /root/gone && echo 2 > /root/two"}}).exit_code, 0);
+    json snap2 = d.Json("POST", "/v1/sandboxes/" + copy + "/snapshots", json::object(), 201);
+    std::string third = d.Json("POST", "/v1/sandboxes", {{"template", snap2["id"]}}, 201)["id"];
+    auto seen = d.Exec(third, {{"command", "ls /root; sha256sum -c /root/sum"}});
+    EXPECT_EQ(seen.out, "blob\nsum\ntwo\n/root/blob: OK\n") << seen.err;
     json forks = d.Json("POST", "/v1/sandboxes/" + id + "/fork", {{"count", 2}}, 201);
     for (const auto& f : forks["forks"])
       EXPECT_EQ(d.Exec(f["sandbox"]["id"], {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out,
@@ -2398,7 +2413,6 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     std::string limited =
         d.Json("POST", "/v1/sandboxes", {{"limits", {{"disk_bytes", 64 << 20}}}}, 201)["id"];
     EXPECT_NE(::access((mnt + "/data/run/" + limited + "/disk.img").c_str(), F_OK), 0);
-    struct stat layer {};
     ASSERT_EQ(::stat((mnt + "/data/run/" + limited + "/fs/layer").c_str(), &layer), 0);
     EXPECT_EQ(layer.st_ino, 256u) << "not a subvolume (whose root is inode 256 on btrfs)";
     auto full =

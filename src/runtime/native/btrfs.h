@@ -27,7 +27,8 @@ bool SameFilesystem(const std::string& a, const std::string& b);
 // Creates subvolume `path` (its parent must exist, on btrfs). EEXIST when something is there.
 Status CreateSubvolume(const std::string& path);
 // Makes `dest` (which must not exist) a writable snapshot of subvolume `source`, on the same
-// filesystem. The snapshot's own qgroup has no limit.
+// filesystem. With quotas on, the snapshot's qgroup starts with the source's limit (btrfs copies
+// it): SetLimit(dest, 0) removes it.
 Status Snapshot(const std::string& source, const std::string& dest);
 // Deletes subvolume `path` and everything in it, in O(1) for the caller (the kernel's cleaner
 // frees the space later; on kernels from 6.x its qgroup goes once that is done). ENOENT when

@@ -43,11 +43,12 @@ enum ChildStep : int32_t {
   kStepBoxDir = -15,
 };
 
-// At most this many descriptors reach the child with its go-ahead: its box directory and one
-// detached mount per lower layer (kMaxLayers) and bind (kMaxBinds). They come in messages of at
-// most kMaxFdsPerMessage (the kernel takes at most 253 per SCM_RIGHTS message).
+// At most this many descriptors reach the child with its go-ahead: its box directory, one
+// detached mount per lower layer (kMaxLayers) and bind (kMaxBinds), and one of its writable
+// layer (MountPlanInput::writable_mount). They come in messages of at most kMaxFdsPerMessage
+// (the kernel takes at most 253 per SCM_RIGHTS message).
 inline constexpr size_t kMaxBinds = 64;
-inline constexpr size_t kMaxSetupFds = 1 + kMaxLayers + kMaxBinds;
+inline constexpr size_t kMaxSetupFds = 1 + kMaxLayers + kMaxBinds + 1;
 inline constexpr size_t kMaxFdsPerMessage = 250;
 
 const char* ChildStepName(int32_t step);

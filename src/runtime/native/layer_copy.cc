@@ -15,12 +15,29 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "common/fs.h"
 
 namespace sbx::runtime {
 namespace {
 
 constexpr int kMaxDepth = 512;
 constexpr int64_t kEntryCost = 512;  // what an entry costs beyond its data (as the cache counts)
+
+// The names in directory `dir` but "." and "..".
+Result<std::vector<std::string>> Names(int dir, const std::string& what) {
+  UniqueFd walk(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!walk) return Status::Errno("open " + what);
+  DIR* d = ::fdopendir(walk.get());
+  if (d == nullptr) return Status::Errno("read " + what);
+  (void)walk.release();
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+      names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return names;
+}
 
 struct Copier {
   int64_t limit = 0;
@@ -181,24 +198,82 @@ struct Copier {
   }
 
   Status Tree(int src, int dst, const std::string& what, int depth) {
-    UniqueFd walk(::fcntl(src, F_DUPFD_CLOEXEC, 0));
-    if (!walk) return Status::Errno("dup");
-    DIR* d = ::fdopendir(walk.get());
-    if (d == nullptr) return Status::Errno("read " + what);
-    (void)walk.release();
-    std::vector<std::string> names;
-    while (dirent* e = ::readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-        names.emplace_back(e->d_name);
-    }
-    ::closedir(d);
-    for (const auto& n : names)
+    auto names = Names(src, what);
+    if (!names.ok()) return names.status();
+    for (const auto& n : *names)
       SBX_RETURN_IF_ERROR(Entry(src, dst, n.c_str(), what + "/" + n, depth));
     return {};
   }
 };
 
+// A name for a directory in `dir` that nothing there has, nor in `also` (-1: none).
+std::string FreeName(int dir, int also) {
+  struct stat st {};
+  for (int i = 0;; ++i) {
+    std::string name = ".sbx-upper." + std::to_string(i);
+    if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+        (also < 0 || ::fstatat(also, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0))
+      return name;
+  }
+}
+
+// Moves every entry of `from` (but `except`) into `to`, by rename: one filesystem, one
+// subvolume.
+Status MoveEntries(int from, int to, const std::string& except, const std::string& what) {
+  auto names = Names(from, what);
+  if (!names.ok()) return names.status();
+  for (const auto& n : *names) {
+    if (n == except) continue;
+    if (::renameat2(from, n.c_str(), to, n.c_str(), RENAME_NOREPLACE) != 0)
+      return Status::Errno("move " + what + "/" + n);
+  }
+  return {};
+}
+
+UniqueFd OpenDir(int at, const char* name) {
+  return UniqueFd(::openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+}
+
 }  // namespace
+
+Status UpperToLayer(const std::string& dir) {
+  UniqueFd root = OpenDir(AT_FDCWD, dir.c_str());
+  if (!root) return Status::Errno("open " + dir);
+  UniqueFd upper = OpenDir(root.get(), "upper");
+  if (!upper) return Status::Errno("open " + dir + "/upper");
+  // upper/ steps aside under a name none of its entries has, so each can move up.
+  std::string aside = FreeName(root.get(), upper.get());
+  if (::renameat2(root.get(), "upper", root.get(), aside.c_str(), RENAME_NOREPLACE) != 0)
+    return Status::Errno("rename " + dir + "/upper");
+  SBX_RETURN_IF_ERROR(RemoveTree(dir + "/work"));
+  SBX_RETURN_IF_ERROR(MoveEntries(upper.get(), root.get(), "", dir + "/upper"));
+  struct stat st {};
+  if (::fstat(upper.get(), &st) != 0) return Status::Errno("stat " + dir + "/upper");
+  SBX_RETURN_IF_ERROR(Copier::Finish(upper.get(), root.get(), st, dir));
+  if (::unlinkat(root.get(), aside.c_str(), AT_REMOVEDIR) != 0)
+    return Status::Errno("remove " + dir + "/" + aside);
+  return {};
+}
+
+Status LayerToUpper(const std::string& dir) {
+  UniqueFd root = OpenDir(AT_FDCWD, dir.c_str());
+  if (!root) return Status::Errno("open " + dir);
+  std::string made = FreeName(root.get(), -1);
+  if (::mkdirat(root.get(), made.c_str(), 0700) != 0)
+    return Status::Errno("mkdir " + dir + "/" + made);
+  UniqueFd upper = OpenDir(root.get(), made.c_str());
+  if (!upper) return Status::Errno("open " + dir + "/" + made);
+  SBX_RETURN_IF_ERROR(MoveEntries(root.get(), upper.get(), made, dir));
+  struct stat st {};
+  if (::fstat(root.get(), &st) != 0) return Status::Errno("stat " + dir);
+  SBX_RETURN_IF_ERROR(Copier::Finish(root.get(), upper.get(), st, dir));
+  if (::renameat2(root.get(), made.c_str(), root.get(), "upper", RENAME_NOREPLACE) != 0)
+    return Status::Errno("rename " + dir + "/" + made);
+  if (::mkdirat(root.get(), "work", 0700) != 0) return Status::Errno("mkdir " + dir + "/work");
+  if (::fchown(root.get(), 0, 0) != 0) return Status::Errno("chown " + dir);
+  if (::fchmod(root.get(), 0700) != 0) return Status::Errno("chmod " + dir);
+  return {};
+}
 
 Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes) {
   UniqueFd to(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

@@ -23,4 +23,17 @@ namespace sbx::runtime {
 // Returns the bytes counted.
 Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes);
 
+// On btrfs a box's writable layer is a subvolume holding overlayfs' upper/ and work/, its files
+// stored under ids 0..65535 as a layer's are (it reaches the box through an idmapped mount), and
+// a snapshot of it is O(1) in its size. These two turn such a snapshot into a layer's form and
+// back, in O(entries at its top): nothing below is read or written.
+//
+// The snapshot `dir` of a writable layer becomes a layer: the entries of upper/ move up into
+// `dir`, which takes upper/'s own owner, mode, xattrs and times; work/ is removed.
+Status UpperToLayer(const std::string& dir);
+// The snapshot `dir` of a layer becomes a writable layer: its entries move down into a new
+// upper/, which takes `dir`'s attributes; an empty work/ is made beside it, and `dir` itself is
+// left 0700, owned by 0:0.
+Status LayerToUpper(const std::string& dir);
+
 }  // namespace sbx::runtime

@@ -120,5 +120,54 @@ TEST_F(LayerCopyTest, TooLargeOrTooDeepIsRefused) {
   EXPECT_EQ(n.status().err(), ELOOP) << n.status().message();
 }
 
+// A snapshot of a box's writable-layer subvolume (upper/ and work/) becomes a layer and back by
+// renames at its top alone; the root takes upper/'s attributes, and entries named as the layout's
+// own (upper, work, the name upper/ steps aside under) are the box's files like any other.
+TEST_F(LayerCopyTest, AWritableLayerBecomesALayerAndBackAtItsTop) {
+  const std::string upper = src_ + "/upper";
+  for (const std::string& d : {upper, src_ + "/work", src_ + "/work/work", upper + "/upper",
+                               upper + "/.sbx-upper.0", upper + "/work"})
+    ASSERT_EQ(::mkdir(d.c_str(), 0755), 0) << d;
+  ASSERT_TRUE(WriteFile(upper + "/upper/f", "f", 0644).ok());
+  ASSERT_TRUE(WriteFile(upper + "/a", "a", 0600).ok());
+  ASSERT_EQ(::chown((upper + "/a").c_str(), 1000, 1000), 0);
+  ASSERT_EQ(::chmod(upper.c_str(), 0751), 0);
+  ASSERT_EQ(::chown(upper.c_str(), 7, 8), 0);
+  ASSERT_EQ(::setxattr(upper.c_str(), "user.overlay.opaque", "y", 1, 0), 0);
+  ASSERT_TRUE(UpperToLayer(src_).ok());
+  auto names = [](const std::string& dir) {
+    std::string out;
+    for (const char* n : {"a", "upper", "work", ".sbx-upper.0", ".sbx-upper.1"})
+      if (::access((dir + "/" + n).c_str(), F_OK) == 0)
+        out += std::string(out.empty() ? "" : " ") + n;
+    return out;
+  };
+  EXPECT_EQ(names(src_), "a upper work .sbx-upper.0");
+  EXPECT_EQ(*ReadFile(src_ + "/upper/f"), "f");
+  EXPECT_EQ(::access((src_ + "/work/work").c_str(), F_OK), -1) << "overlayfs' work/ was kept";
+  struct stat st {};
+  ASSERT_EQ(::stat(src_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0751u);
+  EXPECT_EQ(st.st_uid, 7u);
+  EXPECT_EQ(st.st_gid, 8u);
+  EXPECT_EQ(Xattr(src_, "user.overlay.opaque"), "y");
+  ASSERT_EQ(::stat((src_ + "/a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1000u);
+  // Back: everything moves into a new upper/ with the root's attributes, work/ beside it.
+  ASSERT_TRUE(LayerToUpper(src_).ok());
+  EXPECT_EQ(names(src_), "upper work");
+  EXPECT_EQ(names(upper), "a upper work .sbx-upper.0");
+  EXPECT_EQ(*ReadFile(upper + "/upper/f"), "f");
+  ASSERT_EQ(::stat(upper.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0751u);
+  EXPECT_EQ(st.st_uid, 7u);
+  EXPECT_EQ(Xattr(upper, "user.overlay.opaque"), "y");
+  ASSERT_EQ(::stat((src_ + "/work").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  ASSERT_EQ(::stat(src_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, 0u);
+}
+
 }  // namespace
 }  // namespace sbx::runtime

@@ -138,6 +138,10 @@ std::vector<MountOp> BuildMountPlan(const MountPlanInput& in) {
     ops.push_back(Simple(MountOp::Kind::kMkdir, at));
     ops.push_back(Attach(static_cast<int>(i), in.layers[i], at, false));
   }
+  if (!in.writable_mount.empty()) {
+    ops.push_back(Attach(static_cast<int>(in.layers.size() + in.binds.size()), "the writable layer",
+                         in.writable_mount, false));
+  }
   MountOp overlay;
   if (in.stack_layers) {
     ops.push_back(Simple(MountOp::Kind::kMkdir, "lowers"));

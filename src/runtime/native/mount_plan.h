@@ -76,6 +76,10 @@ struct MountPlanInput {
   // The layers are stacked on an overlay of their own first (MountOp::kLowerStack), at most
   // kMaxLayers - 1 of them.
   bool stack_layers = false;
+  // The directory holding `upper` and `work` (relative to the box's directory), when the
+  // writable layer arrives as a detached (idmapped) mount of its own, the last one, attached
+  // there before the overlay is mounted; empty: it is a directory on the host as it is.
+  std::string writable_mount;
 };
 
 // The most lower layers one overlay stacks (the kernel's OVL_MAX_STACK).

@@ -129,6 +129,32 @@ TEST(MountPlan, StackedLayersAreTheRootsOneLowerLayer) {
   EXPECT_TRUE(ops[at(MountOp::Kind::kOverlay)].stacked.empty());
 }
 
+// A writable layer that arrives as a detached mount (an idmapped btrfs subvolume) is the last
+// descriptor, after the layers and the binds, and is attached on its directory before the
+// overlay that uses it; without one, nothing is attached there.
+TEST(MountPlan, AWritableLayerMountIsAttachedBeforeTheOverlay) {
+  MountPlanInput in{"r", "layer/upper", "layer/work", {"/t/top", "/t/base"}, {}};
+  in.binds = {BindMount{"/h/data", "/data", false, {}}};
+  in.writable_mount = "layer";
+  auto ops = BuildMountPlan(in);
+  auto attach = std::find_if(ops.begin(), ops.end(), [](const MountOp& op) {
+    return op.kind == MountOp::Kind::kAttach && op.target == "layer";
+  });
+  auto overlay = std::find_if(ops.begin(), ops.end(),
+                              [](const MountOp& op) { return op.kind == MountOp::Kind::kOverlay; });
+  ASSERT_NE(attach, ops.end());
+  ASSERT_NE(overlay, ops.end());
+  EXPECT_LT(attach, overlay);
+  EXPECT_EQ(attach->fd_index, 3);
+  EXPECT_FALSE(attach->in_root);
+  EXPECT_EQ(attach->Describe("r"), "attach the writable layer on layer");
+  in.writable_mount.clear();
+  ops = BuildMountPlan(in);
+  EXPECT_EQ(
+      std::count_if(ops.begin(), ops.end(), [](const MountOp& op) { return op.target == "layer"; }),
+      0);
+}
+
 // The box's boot id (a file of its own directory) is bound over the kernel's once /proc is there,
 // then made read-only; without one the kernel's stays.
 TEST(MountPlan, TheBoxsOwnBootIdIsBoundReadOnlyOverTheKernels) {

@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -172,6 +174,14 @@ void KillAgent(const Box& box, Cgroup& cgroup) {
     // meanwhile); never wait for anything alive here.
     if (box.init_pid > 0) ::waitpid(box.init_pid, nullptr, WNOHANG | __WALL);
   }
+}
+
+// A btrfs snapshot's qgroup takes its source's limit: a layer has none (nor does a box without a
+// disk limit that starts from one). Nothing to do where quotas are off.
+Status Unlimited(const std::string& subvolume) {
+  auto q = btrfs::GetUsage(subvolume);
+  if (!q.ok() || q->limit == 0) return {};
+  return btrfs::SetLimit(subvolume, 0);
 }
 
 }  // namespace
@@ -370,8 +380,6 @@ Status NativeRuntime::Prepare(Creation& c) {
   c.root_id = idmapped_ ? c.own_base : config_.id_base;
   c.box.id_base = c.root_id;
   c.box.idmapped = idmapped_;
-  SBX_RETURN_IF_ERROR(WriteFile(
-      dir + kIdsFile, std::to_string(c.root_id) + " " + (idmapped_ ? "1" : "0") + "\n", 0600));
   // Everything the box's first process touches by path is below fs/, owned by the box's root.
   c.fs = dir + "/fs";
   for (const std::string& d : {c.fs, c.fs + "/rootfs"}) {
@@ -384,42 +392,12 @@ Status NativeRuntime::Prepare(Creation& c) {
   auto layers = LayersFor(spec, c.root_id);
   if (!layers.ok()) return layers.status();
   c.layers = std::move(layers).value();
-  // The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
-  // image of that size. The image's mount exists on the host only until the box's mount
-  // namespace has its own copy (HostMount, detached in AwaitChildSetup). On btrfs a disk limit
-  // is a subvolume's qgroup limit instead (btrfs.h): upper and work in the subvolume `layer`
-  // (both: overlayfs renames from work to upper, and renames across subvolumes are EXDEV). When a
-  // lower layer is on the same btrfs filesystem (btrfs::SameFilesystem), its inode numbers and
-  // the subvolume's would collide inside the box: the layers are then stacked on an overlay of
-  // their own first (MountOp::kLowerStack), which takes one more layer (an empty bottom) than
-  // the template has: a template of the most layers an overlay stacks gets an image instead.
-  const bool qgroup = btrfs_ && spec.limits.disk_bytes > 0;
-  const bool same_fs =
-      qgroup && std::any_of(c.layers.begin(), c.layers.end(), [&](const std::string& l) {
-        return btrfs::SameFilesystem(l, config_.run_dir);
-      });
-  if (qgroup && (!same_fs || c.layers.size() < kMaxLayers)) {
-    c.layer = "layer/";
-    c.stack_layers = same_fs;
-    const std::string vol = c.fs + "/layer";
-    std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
-    SBX_RETURN_IF_ERROR(quota_status_);
-    SBX_RETURN_IF_ERROR(btrfs::CreateSubvolume(vol));
-    SBX_RETURN_IF_ERROR(btrfs::SetLimit(vol, spec.limits.disk_bytes));
-    if (::chmod(vol.c_str(), 0700) != 0) return Status::Errno("chmod " + vol);
-    if (::chown(vol.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + vol);
-  } else if (spec.limits.disk_bytes > 0) {
-    c.layer = "disk/";
-    const std::string mnt = c.fs + "/disk";
-    if (::mkdir(mnt.c_str(), 0700) != 0) return Status::Errno("mkdir " + mnt);
-    SBX_RETURN_IF_ERROR(MountDiskImage(dir + "/disk.img", mnt, spec.limits.disk_bytes, c.root_id));
-    c.disk = HostMount(mnt);
-  }
-  for (const char* sub : {"upper", "work"}) {
-    std::string p = c.fs + "/" + c.layer + sub;
-    if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
-    if (::chown(p.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + p);
-  }
+  SBX_RETURN_IF_ERROR(PrepareWritableLayer(c));
+  SBX_RETURN_IF_ERROR(WriteFile(dir + kIdsFile,
+                                std::to_string(c.root_id) + " " + (idmapped_ ? "1" : "0") + " " +
+                                    (c.box.layer_ids ? "1" : "0") + " " +
+                                    (c.box.holds_top_layer ? "1" : "0") + "\n",
+                                0600));
   c.box.agent_socket = dir + "/agent.sock";
   auto listen = ListenUnix(c.box.agent_socket);
   if (!listen.ok()) return listen.status();
@@ -432,6 +410,79 @@ Status NativeRuntime::Prepare(Creation& c) {
   return {};
 }
 
+// The writable layer: a directory on the data dir's filesystem, or with a disk limit an ext4
+// image of that size. The image's mount exists on the host only until the box's mount namespace
+// has its own copy (HostMount, detached in AwaitChildSetup).
+//
+// On btrfs it is the subvolume `layer` instead, upper and work in it (both: overlayfs renames
+// from work to upper, and renames across subvolumes are EXDEV), so that a snapshot of it is O(1)
+// (CopyWritableLayer), and a disk limit is its qgroup's limit. With idmapped layers its files
+// are stored as a layer's (ids 0..65535; the box reaches it through an idmapped mount made in
+// SendGoAhead), so that the snapshot needs no chown; and when the topmost layer is such a
+// snapshot (a subvolume on this filesystem), the box's writable layer starts as a writable
+// snapshot of it, which the box's overlay then does not stack as a layer: two subvolumes among
+// the lower layers would show one inode number for different files. For the same reason, when
+// a lower layer is on this btrfs (btrfs::SameFilesystem), the lower layers are stacked on an
+// overlay of their own first (MountOp::kLowerStack), which takes one more layer (an empty
+// bottom) than the template has: a template of the most layers an overlay stacks gets a
+// directory or an image instead.
+Status NativeRuntime::PrepareWritableLayer(Creation& c) {
+  const BoxSpec& spec = c.spec;
+  const int64_t disk = spec.limits.disk_bytes;
+  const bool layer_ids = btrfs_ && idmapped_;
+  const bool seed = layer_ids && spec.may_hold_top_layer && c.layers.size() >= 2 &&
+                    btrfs::IsSubvolume(c.layers[0]) &&
+                    btrfs::SameFilesystem(c.layers[0], config_.run_dir);
+  const auto lowers = c.layers.begin() + (seed ? 1 : 0);
+  const bool same_fs = std::any_of(lowers, c.layers.end(), [&](const std::string& l) {
+    return btrfs::SameFilesystem(l, config_.run_dir);
+  });
+  const size_t stacked = static_cast<size_t>(c.layers.end() - lowers);
+  if (btrfs_ && (layer_ids || disk > 0) && (!same_fs || stacked < kMaxLayers)) {
+    c.layer = "layer/";
+    c.stack_layers = same_fs;
+    const std::string vol = c.fs + "/layer";
+    const uint32_t owner = layer_ids ? 0 : c.root_id;
+    if (disk > 0) {
+      std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
+      SBX_RETURN_IF_ERROR(quota_status_);
+    }
+    if (seed) {
+      SBX_RETURN_IF_ERROR(btrfs::Snapshot(c.layers[0], vol));
+      SBX_RETURN_IF_ERROR(LayerToUpper(vol).Wrap("start box " + spec.id + " from its top layer"));
+      c.layers.erase(c.layers.begin());
+    } else {
+      SBX_RETURN_IF_ERROR(btrfs::CreateSubvolume(vol));
+      if (::chmod(vol.c_str(), 0700) != 0) return Status::Errno("chmod " + vol);
+      if (::chown(vol.c_str(), owner, owner) != 0) return Status::Errno("chown " + vol);
+      for (const char* sub : {"upper", "work"}) {
+        std::string p = vol + "/" + sub;
+        if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
+        if (::chown(p.c_str(), owner, owner) != 0) return Status::Errno("chown " + p);
+      }
+    }
+    // A box started from a snapshot counts what that snapshot holds in its limit, as the box
+    // the snapshot was taken of did.
+    SBX_RETURN_IF_ERROR(disk > 0 ? btrfs::SetLimit(vol, disk) : Unlimited(vol));
+    c.box.layer_ids = layer_ids;
+    c.box.holds_top_layer = seed;
+    return {};
+  }
+  if (disk > 0) {
+    c.layer = "disk/";
+    const std::string mnt = c.fs + "/disk";
+    if (::mkdir(mnt.c_str(), 0700) != 0) return Status::Errno("mkdir " + mnt);
+    SBX_RETURN_IF_ERROR(MountDiskImage(c.dir->path() + "/disk.img", mnt, disk, c.root_id));
+    c.disk = HostMount(mnt);
+  }
+  for (const char* sub : {"upper", "work"}) {
+    std::string p = c.fs + "/" + c.layer + sub;
+    if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
+    if (::chown(p.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + p);
+  }
+  return {};
+}
+
 Status NativeRuntime::MakeCgroups(Creation& c) {
   auto cg = Cgroup::Create(cgroups_, c.spec.id, c.spec.limits);
   if (!cg.ok()) return cg.status();
@@ -441,8 +492,9 @@ Status NativeRuntime::MakeCgroups(Creation& c) {
 
 Status NativeRuntime::Clone(Creation& c) {
   const BoxSpec& spec = c.spec;
-  c.mounts = {"rootfs",   c.layer + "upper", c.layer + "work", spec.layers,
+  c.mounts = {"rootfs",   c.layer + "upper", c.layer + "work", c.layers,
               spec.binds, kBootIdFile,       c.stack_layers};
+  if (c.box.layer_ids) c.mounts.writable_mount = "layer";
   int status_pipe[2], setup[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return Status::Errno("pipe");
   c.status_r.reset(status_pipe[0]);
@@ -483,7 +535,7 @@ Status NativeRuntime::Clone(Creation& c) {
   plan.listen_fd = c.listen.get();
   plan.status_fd = status_w.get();
   plan.setup_fd = setup_child.get();
-  plan.mount_count = spec.layers.size() + spec.binds.size();
+  plan.mount_count = c.layers.size() + spec.binds.size() + (c.box.layer_ids ? 1 : 0);
   plan.lowerdir_plus = config_.overlay_lowerdir_plus && OverlayHasLowerdirPlus();
   plan.agent_fd = agent_image_.get();
 
@@ -550,6 +602,13 @@ Status NativeRuntime::SendGoAhead(Creation& c) {
   for (const auto& b : spec.binds) {
     auto m = b.read_only ? DetachedMount(b.source, kRo, userns ? userns.get() : -1)
                          : DetachedMount(b.source, 0, -1);
+    if (!m.ok()) return m.status();
+    mounts.push_back(std::move(m).value());
+  }
+  // A writable layer that stores files as a layer does reaches the box idmapped, as the layers
+  // do (PrepareWritableLayer).
+  if (c.box.layer_ids) {
+    auto m = DetachedMount(c.fs + "/layer", 0, userns.get());
     if (!m.ok()) return m.status();
     mounts.push_back(std::move(m).value());
   }
@@ -624,12 +683,16 @@ Result<BoxStats> NativeRuntime::Stats(const Box& box) {
   // figures are best effort: a box whose agent is going away still reports its cgroup's.
   Result<LayerUsage> disk = Status::Error("no disk figures", ENOENT);
   struct stat img {};
-  if (const std::string vol = box.dir + "/fs/layer"; btrfs::IsSubvolume(vol)) {
+  const std::string vol = box.dir + "/fs/layer";
+  const bool subvolume = btrfs::IsSubvolume(vol);
+  if (subvolume) {
     if (auto q = btrfs::GetUsage(vol); q.ok() && q->limit > 0)
       disk = LayerUsage{q->referenced, q->limit};
   }
   if (disk.ok()) {
     // the qgroup's
+  } else if (subvolume) {
+    disk = DirectoryUsage(vol + "/upper");
   } else if (::stat((box.dir + "/disk.img").c_str(), &img) == 0) {
     if (auto pidfd = AgentPidfd(box); pidfd.ok()) {
       UniqueFd root(::open(("/proc/" + std::to_string(box.init_pid) + "/root").c_str(),
@@ -694,8 +757,15 @@ Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
   std::string upper = dir + "/fs/upper";
   std::string peek;
   struct stat sb {};
-  if (btrfs::IsSubvolume(dir + "/fs/layer")) {
-    upper = dir + "/fs/layer/upper";  // a disk limit on btrfs: on the host, as it is
+  if (const std::string vol = dir + "/fs/layer"; btrfs::IsSubvolume(vol)) {
+    // On btrfs: a snapshot, which takes no room up front, when `dest` is on that filesystem.
+    if (btrfs::SameFilesystem(vol, dest)) {
+      if (::rmdir(dest.c_str()) != 0) return Status::Errno(what + ": rmdir " + dest);
+      SBX_RETURN_IF_ERROR(btrfs::Snapshot(vol, dest).Wrap(what));
+      SBX_RETURN_IF_ERROR(Unlimited(dest).Wrap(what));
+      return UpperToLayer(dest).Wrap(what);
+    }
+    upper = vol + "/upper";
   } else if (::lstat((dir + "/disk.img").c_str(), &sb) == 0) {
     auto dev = LoopDeviceOf(dir + "/disk.img");
     if (!dev.ok()) return dev.status().Wrap(what);
@@ -735,12 +805,20 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
   if (keep_upper != nullptr) {
     std::string upper = config_.run_dir + "/" + box.id + "/fs/upper";
     struct stat sb {};
+    const std::string vol = config_.run_dir + "/" + box.id + "/fs/layer";
     if (!cg.ok()) {
       kept = cg.Wrap("keep the writable layer of box " + box.id);
-    } else if (::lstat((config_.run_dir + "/" + box.id + "/disk.img").c_str(), &sb) == 0 ||
-               ::lstat((config_.run_dir + "/" + box.id + "/fs/layer").c_str(), &sb) == 0) {
+    } else if (::lstat((config_.run_dir + "/" + box.id + "/disk.img").c_str(), &sb) == 0) {
       kept = Status::Error("keep the writable layer of box " + box.id + ": it has a disk limit",
                            ENOTSUP);
+    } else if (btrfs::IsSubvolume(vol)) {
+      // A copy (of clones) in a plain directory: a layer below others is never a subvolume of
+      // its own, whose inode numbers would collide with theirs (PrepareWritableLayer).
+      UniqueFd src(
+          ::open((vol + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      auto copied = src ? CopyLayerTree(src.get(), *keep_upper, INT64_MAX)
+                        : Result<int64_t>(Status::Errno("open " + vol + "/upper"));
+      if (!copied.ok()) kept = copied.status().Wrap("keep the writable layer of box " + box.id);
     } else if (::rename(upper.c_str(), keep_upper->c_str()) != 0) {
       kept = Status::Errno("keep the writable layer of box " + box.id + ": rename " + upper +
                            " to " + *keep_upper);
@@ -781,9 +859,16 @@ Result<Box> NativeRuntime::Adopt(const std::string& id) {
   auto pid = ReadFile(box.dir + "/pid", 64);
   if (!pid.ok()) return Status::Error("adopt box " + id + ": no agent pid recorded", ESRCH);
   box.init_pid = static_cast<pid_t>(std::atoi(pid->c_str()));
+  // "<root id> <idmapped> <layer_ids> <holds_top_layer>" (Prepare); older boxes wrote the first
+  // two alone.
   if (auto ids = ReadFile(box.dir + kIdsFile, 64); ids.ok()) {
-    box.id_base = static_cast<uint32_t>(std::strtoul(ids->c_str(), nullptr, 10));
-    box.idmapped = ids->find(" 1") != std::string::npos;
+    unsigned long root = 0;
+    int idmapped = 0, layer_ids = 0, holds_top = 0;
+    (void)std::sscanf(ids->c_str(), "%lu %d %d %d", &root, &idmapped, &layer_ids, &holds_top);
+    box.id_base = static_cast<uint32_t>(root);
+    box.idmapped = idmapped == 1;
+    box.layer_ids = layer_ids == 1;
+    box.holds_top_layer = holds_top == 1;
   }
   // The pid must still be this box's agent: alive, and in this box's cgroup (pids are reused).
   auto cg = ReadFile("/proc/" + std::to_string(box.init_pid) + "/cgroup", 1 << 16);

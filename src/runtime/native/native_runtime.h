@@ -101,6 +101,7 @@ class NativeRuntime : public Runtime {
   // "prepare": the box directory (made elsewhere and renamed into place with its locked owner
   // file), its id range, the writable layer (disk image mounted), agent socket and log.
   Status Prepare(Creation& c);
+  Status PrepareWritableLayer(Creation& c);
   // "cgroup": the box's cgroups with its limits.
   Status MakeCgroups(Creation& c);
   // "clone": the child in its new namespaces, its id maps, cgroup attach and OOM score.
