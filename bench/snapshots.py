@@ -80,7 +80,11 @@ class SnapshotBench:
         src, _ = self.create()
         try:
             self.exec(src, f"head -c {nbytes} /dev/urandom > /root/blob && sync")
-            upper = os.path.join(self.d.data, "run", src, "fs", "upper")
+            # On btrfs the writable layer is in the subvolume fs/layer.
+            box = os.path.join(self.d.data, "run", src, "fs")
+            upper = os.path.join(box, "layer", "upper")
+            if not os.path.isdir(upper):
+                upper = os.path.join(box, "upper")
             snap, cp, from_snap, from_host = [], [], [], []
             for i in range(rounds):
                 # The floor: cp -a of the same writable layer (same filesystem, no freeze).
