@@ -140,6 +140,12 @@ struct Box {
   // The runtime it runs under (kRuntimeNames), set by a Router's Create. "": not known (a Box
   // made of an id alone): a Router then asks every runtime.
   std::string runtime;
+
+  // What its writable layer's owners are shifted down by when it is taken out as a layer
+  // (storage::AddLayerFromDir): its id base, or nothing with layer_ids.
+  std::optional<uint32_t> LayerIdShift() const {
+    return layer_ids ? std::nullopt : std::optional<uint32_t>(id_base);
+  }
 };
 
 class Runtime {

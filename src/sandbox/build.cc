@@ -1239,9 +1239,7 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   runtime::Box b = *guard.box;
   guard.box.reset();
   SBX_RETURN_IF_ERROR(c_.runtime->DestroyKeepingUpper(b, staging.path).Wrap(where));
-  auto added = storage::AddLayerFromDir(
-      ts_, st_, staging.path, key, b.layer_ids ? std::nullopt : std::optional<uint32_t>(b.id_base),
-      id_);
+  auto added = storage::AddLayerFromDir(ts_, st_, staging.path, key, b.LayerIdShift(), id_);
   if (!added.ok()) return added.status().Wrap(where);
   staging.path.clear();
   Push(key);

@@ -1157,9 +1157,8 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
   }
   // Pinned for the sandbox: the layer stays while it lives, and after only while a template
   // (the snapshot) lists it.
-  auto added = storage::AddLayerFromDir(
-      templates_, store_, *staging, layer_id,
-      box->layer_ids ? std::nullopt : std::optional<uint32_t>(box->id_base), rec.id);
+  auto added =
+      storage::AddLayerFromDir(templates_, store_, *staging, layer_id, box->LayerIdShift(), rec.id);
   if (!added.ok()) {
     (void)RemoveTree(*staging);
     if (froze && stay_frozen) (void)runtime_.Thaw(*box);

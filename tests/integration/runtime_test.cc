@@ -676,22 +676,29 @@ TEST_F(PooledRuntimeTest, DiskImageIsAllocatedForReal) {
   EXPECT_EQ(Slots(), 0u);
 }
 
-// A 1 GiB btrfs filesystem on a loop device, made in `dir` and mounted at <dir>/btrfs (0711)
-// until it goes (detached: the loop device goes with its last user).
-struct BtrfsMount {
-  explicit BtrfsMount(const std::string& dir) {
-    const std::string img = dir + "/btrfs.img", at = dir + "/btrfs";
-    if (::mkdir(at.c_str(), 0711) == 0 &&
-        ::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
-                  " > /dev/null && mount -o loop " + img + " " + at + " && chmod 711 " + at)
-                     .c_str()) == 0)
-      mnt = at;
+// RuntimeTest with a 1 GiB btrfs filesystem on a loop device, made in dir_ and mounted at
+// mnt_ (<dir_>/btrfs, 0711) until the test ends (detached: the loop device goes with its last
+// user). Skipped where mkfs.btrfs is missing.
+class BtrfsRuntimeTest : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    RuntimeTest::SetUp();
+    if (HasFatalFailure()) return;
+    if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
+      GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
+    const std::string img = dir_ + "/btrfs.img", at = dir_ + "/btrfs";
+    ASSERT_EQ(::mkdir(at.c_str(), 0711), 0);
+    ASSERT_EQ(::system(("truncate -s 1G " + img + " && mkfs.btrfs -q -f " + img +
+                        " > /dev/null && mount -o loop " + img + " " + at + " && chmod 711 " + at)
+                           .c_str()),
+              0);
+    mnt_ = at;
   }
-  ~BtrfsMount() {
-    if (ok()) ::umount2(mnt.c_str(), MNT_DETACH);
+  void TearDown() override {
+    if (!mnt_.empty()) ::umount2(mnt_.c_str(), MNT_DETACH);
+    RuntimeTest::TearDown();
   }
-  bool ok() const { return !mnt.empty(); }
-  std::string mnt;
+  std::string mnt_;
 };
 
 // A layer at `path`: a static busybox, the applets the btrfs tests use, and `dirs` directories
@@ -707,12 +714,8 @@ bool MakeBusyboxLayer(const std::string& path, int dirs) {
 // Issue 14 item 3: with the run directory on btrfs, a disk limit is the qgroup limit of a
 // subvolume holding the writable layer, not an ext4 image on a loop device. The btrfs filesystem
 // is one the test makes on a loop device.
-TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
-  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
-  BtrfsMount btrfs_fs(dir_);
-  ASSERT_TRUE(btrfs_fs.ok());
-  const std::string& mnt = btrfs_fs.mnt;
+TEST_F(BtrfsRuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
+  const std::string& mnt = mnt_;
   NativeConfig cfg = rt_->config();
   cfg.run_dir = mnt + "/run";
   auto rt = NativeRuntime::Open(cfg);
@@ -765,12 +768,8 @@ TEST_F(RuntimeTest, ADiskLimitOnBtrfsIsAQgroupNotAnImage) {
 // in a subvolume of its own would show the numbers of the layer's files again for its own (find
 // reports loops, tar makes hard links of different files). Such a box's disk limit is an image;
 // every file inside keeps a number of its own.
-TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique) {
-  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
-  BtrfsMount btrfs_fs(dir_);
-  ASSERT_TRUE(btrfs_fs.ok());
-  const std::string& mnt = btrfs_fs.mnt;
+TEST_F(BtrfsRuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique) {
+  const std::string& mnt = mnt_;
   // The box's only layer, on that filesystem: a static busybox and 40 directories with a file
   // each (inode numbers from 257 on, as the writable layer's would be in a new subvolume).
   const std::string layer = mnt + "/layer";
@@ -820,13 +819,9 @@ TEST_F(RuntimeTest, ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUn
 // begins with a writable snapshot of it and does not stack it (two subvolumes among its lower
 // layers would collide on inode numbers): a snapshot of that box replaces the layer, so what the
 // box deleted of it stays deleted. A build's box keeps a plain copy.
-TEST_F(RuntimeTest, SnapshotsOnBtrfsAreSubvolumesThatTheNextBoxStartsFrom) {
+TEST_F(BtrfsRuntimeTest, SnapshotsOnBtrfsAreSubvolumesThatTheNextBoxStartsFrom) {
   if (!rt_->idmapped()) GTEST_SKIP() << "idmapped mounts do not work here";
-  if (::system("command -v mkfs.btrfs > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "mkfs.btrfs is missing (make deps installs btrfs-progs)";
-  BtrfsMount btrfs_fs(dir_);
-  ASSERT_TRUE(btrfs_fs.ok());
-  const std::string& mnt = btrfs_fs.mnt;
+  const std::string& mnt = mnt_;
   const std::string layer = mnt + "/layer";
   ASSERT_TRUE(MakeBusyboxLayer(layer, 20));
   NativeConfig cfg = rt_->config();

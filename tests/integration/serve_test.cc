@@ -152,17 +152,25 @@ class ServeTest : public ::testing::Test {
     return s.value("id", "");
   }
   std::string dir_;
+  // A raw connection on which a client has announced an upload of `length` bytes to `path` of
+  // sandbox `id` and sent `first` of them.
+  boost::asio::ip::tcp::socket StartUpload(boost::asio::io_context& io, const std::string& id,
+                                           const std::string& path, size_t length,
+                                           const std::string& first) {
+    namespace asio = boost::asio;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
+    asio::write(s,
+                asio::buffer("PUT /v1/sandboxes/" + id + "/files?path=" + path +
+                             " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + d_->key() +
+                             "\r\nContent-Length: " + std::to_string(length) + "\r\n\r\n" + first));
+    return s;
+  }
   // A client announces a 1 MB upload to /tmp/u.txt of sandbox `id`, sends 1000 bytes, runs
   // `before_close` and goes away.
   void UploadCutShort(const std::string& id, const std::function<void()>& before_close) {
-    namespace asio = boost::asio;
-    asio::io_context io;
-    asio::ip::tcp::socket s(io);
-    s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
-    std::string req = "PUT /v1/sandboxes/" + id +
-                      "/files?path=/tmp/u.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                      d_->key() + "\r\nContent-Length: 1000000\r\n\r\n" + std::string(1000, 'n');
-    asio::write(s, asio::buffer(req));
+    boost::asio::io_context io;
+    auto s = StartUpload(io, id, "/tmp/u.txt", 1000000, std::string(1000, 'n'));
     before_close();
   }
 
@@ -438,18 +446,12 @@ TEST_F(ServeTest, UploadCutShortKeepsTheOldFileAndLeavesNoTemporaryFile) {
 // and key are checked: only a stall past 30 s would be. The wait is what is tested: the guard
 // would answer 408 within it.
 TEST_F(ServeTest, AnAuthenticatedUploadMayStartSlowly) {
-  namespace asio = boost::asio;
   std::string id = Create();
-  asio::io_context io;
-  asio::ip::tcp::socket s(io);
-  s.connect({asio::ip::make_address("127.0.0.1"), d_->port()});
-  asio::write(s, asio::buffer("PUT /v1/sandboxes/" + id +
-                              "/files?path=/tmp/slow.txt HTTP/1.1\r\nHost: x\r\nAuthorization: "
-                              "Bearer " +
-                              d_->key() + "\r\nContent-Length: 4\r\n\r\nab"));
+  boost::asio::io_context io;
+  auto s = StartUpload(io, id, "/tmp/slow.txt", 4, "ab");
   pollfd p{s.native_handle(), POLLIN, 0};
   EXPECT_EQ(::poll(&p, 1, 12000), 0) << "the daemon answered before the body was complete";
-  asio::write(s, asio::buffer(std::string("cd")));
+  boost::asio::write(s, boost::asio::buffer(std::string("cd")));
   boost::beast::flat_buffer buf;
   boost::beast::http::response<boost::beast::http::string_body> res;
   boost::system::error_code ec;
@@ -2408,7 +2410,7 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     // A disk limit here is a subvolume's qgroup, not an ext4 image, although the template's
     // layers are on this btrfs filesystem too: they reach the box stacked on an overlay of their
     // own, so its inode numbers and theirs cannot collide (docs/storage.md;
-    // RuntimeTest.ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique). Its files
+    // BtrfsRuntimeTest.ALayerOnTheRunDirectorysBtrfsIsStackedAndKeepsInodeNumbersUnique). Its files
     // reach a snapshot and a fork.
     std::string limited =
         d.Json("POST", "/v1/sandboxes", {{"limits", {{"disk_bytes", 64 << 20}}}}, 201)["id"];

@@ -287,4 +287,10 @@ Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limi
   return c.bytes;
 }
 
+Result<int64_t> CopyLayerDir(const std::string& src, const std::string& dest, int64_t limit_bytes) {
+  UniqueFd from = OpenDir(AT_FDCWD, src.c_str());
+  if (!from) return Status::Errno("open " + src);
+  return CopyLayerTree(from.get(), dest, limit_bytes);
+}
+
 }  // namespace sbx::runtime

@@ -22,6 +22,8 @@ namespace sbx::runtime {
 // past 512 levels of directories; what was copied is left in `dest` for the caller to remove.
 // Returns the bytes counted.
 Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes);
+// CopyLayerTree of the directory at `src` (not followed if it is a symlink).
+Result<int64_t> CopyLayerDir(const std::string& src, const std::string& dest, int64_t limit_bytes);
 
 // On btrfs a box's writable layer is a subvolume holding overlayfs' upper/ and work/, its files
 // stored under ids 0..65535 as a layer's are (it reaches the box through an idmapped mount), and

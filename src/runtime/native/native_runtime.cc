@@ -438,11 +438,14 @@ Status NativeRuntime::PrepareWritableLayer(Creation& c) {
     return btrfs::SameFilesystem(l, config_.run_dir);
   });
   const size_t stacked = static_cast<size_t>(c.layers.end() - lowers);
+  uint32_t owner = c.root_id;  // of upper and work, as stored
   if (btrfs_ && (layer_ids || disk > 0) && (!same_fs || stacked < kMaxLayers)) {
     c.layer = "layer/";
     c.stack_layers = same_fs;
+    c.box.layer_ids = layer_ids;
+    c.box.holds_top_layer = seed;
+    if (layer_ids) owner = 0;
     const std::string vol = c.fs + "/layer";
-    const uint32_t owner = layer_ids ? 0 : c.root_id;
     if (disk > 0) {
       std::call_once(quota_enabled_, [&] { quota_status_ = btrfs::EnableQuota(config_.run_dir); });
       SBX_RETURN_IF_ERROR(quota_status_);
@@ -455,20 +458,12 @@ Status NativeRuntime::PrepareWritableLayer(Creation& c) {
       SBX_RETURN_IF_ERROR(btrfs::CreateSubvolume(vol));
       if (::chmod(vol.c_str(), 0700) != 0) return Status::Errno("chmod " + vol);
       if (::chown(vol.c_str(), owner, owner) != 0) return Status::Errno("chown " + vol);
-      for (const char* sub : {"upper", "work"}) {
-        std::string p = vol + "/" + sub;
-        if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
-        if (::chown(p.c_str(), owner, owner) != 0) return Status::Errno("chown " + p);
-      }
     }
     // A box started from a snapshot counts what that snapshot holds in its limit, as the box
     // the snapshot was taken of did.
     SBX_RETURN_IF_ERROR(disk > 0 ? btrfs::SetLimit(vol, disk) : Unlimited(vol));
-    c.box.layer_ids = layer_ids;
-    c.box.holds_top_layer = seed;
-    return {};
-  }
-  if (disk > 0) {
+    if (seed) return {};  // LayerToUpper made upper and work
+  } else if (disk > 0) {
     c.layer = "disk/";
     const std::string mnt = c.fs + "/disk";
     if (::mkdir(mnt.c_str(), 0700) != 0) return Status::Errno("mkdir " + mnt);
@@ -478,7 +473,7 @@ Status NativeRuntime::PrepareWritableLayer(Creation& c) {
   for (const char* sub : {"upper", "work"}) {
     std::string p = c.fs + "/" + c.layer + sub;
     if (::mkdir(p.c_str(), 0755) != 0) return Status::Errno("mkdir " + p);
-    if (::chown(p.c_str(), c.root_id, c.root_id) != 0) return Status::Errno("chown " + p);
+    if (::chown(p.c_str(), owner, owner) != 0) return Status::Errno("chown " + p);
   }
   return {};
 }
@@ -779,11 +774,7 @@ Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
     }
     upper = peek + "/upper";
   }
-  Result<int64_t> copied = Status::Error(what, EIO);
-  {
-    UniqueFd src(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    copied = src ? CopyLayerTree(src.get(), dest, limit_bytes) : Status::Errno(what + ": open");
-  }
+  Result<int64_t> copied = CopyLayerDir(upper, dest, limit_bytes);
   if (!peek.empty()) {
     (void)::umount2(peek.c_str(), MNT_DETACH);
     (void)::rmdir(peek.c_str());
@@ -814,10 +805,7 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
     } else if (btrfs::IsSubvolume(vol)) {
       // A copy (of clones) in a plain directory: a layer below others is never a subvolume of
       // its own, whose inode numbers would collide with theirs (PrepareWritableLayer).
-      UniqueFd src(
-          ::open((vol + "/upper").c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      auto copied = src ? CopyLayerTree(src.get(), *keep_upper, INT64_MAX)
-                        : Result<int64_t>(Status::Errno("open " + vol + "/upper"));
+      auto copied = CopyLayerDir(vol + "/upper", *keep_upper, INT64_MAX);
       if (!copied.ok()) kept = copied.status().Wrap("keep the writable layer of box " + box.id);
     } else if (::rename(upper.c_str(), keep_upper->c_str()) != 0) {
       kept = Status::Errno("keep the writable layer of box " + box.id + ": rename " + upper +

@@ -44,20 +44,22 @@ const sock_fprog& Program() {
   return prog;
 }
 
-// Forks; the child sets no_new_privs, installs the default filter and _exits with body()'s
-// result. Returns the child's wait status.
-int RunFiltered(const std::function<int()>& body) {
-  const sock_fprog& prog = Program();
+// Forks; the child (with `prog`: sets no_new_privs and installs it) _exits with body()'s result.
+// Returns the child's wait status.
+int RunInChild(const std::function<int()>& body, const sock_fprog* prog) {
   pid_t pid = fork();
   if (pid == 0) {
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) _exit(kSetupFailed);
-    if (ApplySeccompProgram(prog) != 0) _exit(kSetupFailed);
+    if (prog != nullptr && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) _exit(kSetupFailed);
+    if (prog != nullptr && ApplySeccompProgram(*prog) != 0) _exit(kSetupFailed);
     _exit(body());
   }
   int status = 0;
   EXPECT_EQ(waitpid(pid, &status, 0), pid);
   return status;
 }
+
+// RunInChild under the default filter.
+int RunFiltered(const std::function<int()>& body) { return RunInChild(body, &Program()); }
 
 // The errno a system call fails with under the filter (0 if it succeeded).
 int ErrnoUnderFilter(const std::function<long()>& call) {
@@ -287,11 +289,7 @@ int I386Getpid() {
 TEST(SeccompPolicyTest, OtherAbisAreKilled) {
   // An i386 getpid through int 0x80. A kernel without i386 emulation (ia32_emulation=0, or its
   // default off) raises SIGSEGV for it before any filter runs; one with it runs it unfiltered.
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) _exit(I386Getpid());
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const int status = RunInChild(I386Getpid, nullptr);
   const bool i386 = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   if (!i386) {
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
