@@ -138,9 +138,12 @@ test('stdio: a daemon that cannot be reached is an error the client sees, on std
     stderr: 'pipe',
   })
   let stderr = ''
-  transport.stderr?.on('data', (d) => { stderr += d })
+  // The whole of it: the pipe may still hold the message when connect() has failed.
+  const ended = new Promise((resolve) => transport.stderr.on('end', resolve))
+  transport.stderr.on('data', (d) => { stderr += d })
   const client = new Client({ name: 'sbx-mcp-test', version: '1.0.0' })
   await assert.rejects(client.connect(transport), /cannot reach the sbx daemon at http:\/\/127\.0\.0\.1:1/)
   await client.close()
+  await ended
   assert.match(stderr, /cannot reach the sbx daemon/)
 })
