@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <vector>
+
+#include "common/btrfs.h"
 #include "common/fd.h"
 
 namespace sbx {
@@ -82,45 +85,130 @@ Status MakeDirs(const std::string& path, int mode) {
 
 namespace {
 
-// Empties the directory open as `dirfd` (which lives on device `dev`).
-Status RemoveContents(int dirfd, dev_t dev, const std::string& path) {
-  UniqueFd dup(::fcntl(dirfd, F_DUPFD_CLOEXEC, 0));
-  if (!dup) return Status::Errno("dup " + path);
-  DIR* dir = ::fdopendir(dup.get());
-  if (dir == nullptr) return Status::Errno("opendir " + path);
-  dup.release();
-  Status result;
-  while (dirent* e = ::readdir(dir)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    struct stat st;
-    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) continue;
-      result = Status::Errno("stat " + path + "/" + name);
+// Whether `name` in `dirfd` is the root of a mount (a bind of a directory of the same filesystem
+// too). Where the kernel cannot tell (before 5.8): `otherwise`.
+bool IsMountRoot(int dirfd, const char* name, bool otherwise) {
+  struct statx stx {};
+  const int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | (*name ? 0 : AT_EMPTY_PATH);
+  if (::statx(dirfd, name, flags, STATX_INO, &stx) != 0 ||
+      !(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT))
+    return otherwise;
+  return (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+}
+
+// Empties the directory open as `top`, depth first and without recursion: a box may nest its
+// directories tens of thousands deep, and its writable layer is removed by this. The directories
+// of the kHeld levels nearest `top` stay open and are read on from where they were; deeper ones
+// are closed on the way down and reopened on the way back up, through "..", checked against the
+// device and inode they were left at, and read again from their start (what they held before the
+// directory just removed is gone already). A btrfs subvolume below `top` (a device of its own,
+// but not a mount) goes whole, in O(1); one the kernel will not delete that way (it holds
+// another) is walked like any directory. A mount below it stops the walk (EBUSY).
+Status RemoveContents(int top, const std::string& path) {
+  constexpr size_t kHeld = 64;
+  struct Level {
+    DIR* dir = nullptr;  // null: closed on the way down
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::string name;  // in the level above
+  };
+  std::vector<Level> levels;
+  auto where = [&](const std::string& name) {
+    std::string p = path;
+    for (size_t i = 1; i < levels.size(); ++i) p += "/" + levels[i].name;
+    return name.empty() ? p : p + "/" + name;
+  };
+  // Opens directory `fd` as a level (taking `fd`), or says why not.
+  auto push = [&](int fd, std::string name) -> Status {
+    struct stat st {};
+    DIR* dir = nullptr;
+    if (fd < 0 || ::fstat(fd, &st) != 0 || (dir = ::fdopendir(fd)) == nullptr) {
+      Status s = Status::Errno("open " + where(name));
+      if (fd >= 0) ::close(fd);
+      return s;
+    }
+    levels.push_back({dir, st.st_dev, st.st_ino, std::move(name)});
+    return {};
+  };
+  Status result = push(::fcntl(top, F_DUPFD_CLOEXEC, 0), "");
+  while (result.ok() && !levels.empty()) {
+    const size_t at = levels.size() - 1;
+    const int fd = ::dirfd(levels[at].dir);
+    std::string down;
+    for (;;) {
+      errno = 0;
+      dirent* e = ::readdir(levels[at].dir);
+      if (e == nullptr) {
+        if (errno != 0) result = Status::Errno("read " + where(""));
+        break;
+      }
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat st;
+      if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;
+        result = Status::Errno("stat " + where(name));
+        break;
+      }
+      if (!S_ISDIR(st.st_mode)) {
+        if (::unlinkat(fd, name.c_str(), 0) != 0 && errno != ENOENT) {
+          result = Status::Errno("unlink " + where(name));
+          break;
+        }
+        continue;
+      }
+      const bool other_device = st.st_dev != levels[at].dev;
+      if (IsMountRoot(fd, name.c_str(), other_device)) {
+        result = Status::Error("remove " + where(name) + ": a mount point", EBUSY);
+        break;
+      }
+      if (other_device) {
+        UniqueFd sub(::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!sub || !btrfs::IsSubvolume(st, sub.get())) {
+          result = Status::Error("remove " + where(name) + ": another filesystem", EBUSY);
+          break;
+        }
+        if (btrfs::DeleteSubvolumeAt(fd, name, "").ok()) continue;
+      }
+      down = std::move(name);
       break;
     }
-    if (S_ISDIR(st.st_mode)) {
-      if (st.st_dev != dev) {
-        result = Status::Error("remove " + path + "/" + name + ": a mount point", EBUSY);
-        break;
+    if (!result.ok()) break;
+    if (!down.empty()) {
+      int sub = ::openat(fd, down.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      result = push(sub, down);
+      if (result.ok() && levels.size() > kHeld + 1) {
+        ::closedir(levels[at].dir);
+        levels[at].dir = nullptr;
       }
-      UniqueFd sub(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (!sub) {
-        result = Status::Errno("open " + path + "/" + name);
-        break;
-      }
-      result = RemoveContents(sub.get(), dev, path + "/" + name);
-      if (!result.ok()) break;
-      if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-        result = Status::Errno("rmdir " + path + "/" + name);
-        break;
-      }
-    } else if (::unlinkat(dirfd, name.c_str(), 0) != 0 && errno != ENOENT) {
-      result = Status::Errno("unlink " + path + "/" + name);
-      break;
+      continue;
     }
+    // Empty: up a level, and remove it there.
+    if (at == 0) break;
+    Level& parent = levels[at - 1];
+    if (parent.dir == nullptr) {
+      UniqueFd up(::openat(fd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      struct stat st {};
+      if (!up || ::fstat(up.get(), &st) != 0 || st.st_dev != parent.dev ||
+          st.st_ino != parent.ino) {
+        result = Status::Error("remove " + where("") + ": moved while it was removed", EBUSY);
+        break;
+      }
+      parent.dir = ::fdopendir(up.get());
+      if (parent.dir == nullptr) {
+        result = Status::Errno("open " + where(".."));
+        break;
+      }
+      up.release();
+    }
+    const std::string name = levels[at].name;
+    ::closedir(levels[at].dir);
+    levels.pop_back();
+    if (::unlinkat(::dirfd(parent.dir), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
+      result = Status::Errno("rmdir " + where(name));
   }
-  ::closedir(dir);
+  for (const Level& l : levels)
+    if (l.dir != nullptr) ::closedir(l.dir);
   return result;
 }
 
@@ -138,7 +226,11 @@ Status RemoveTree(const std::string& path) {
   }
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) return Status::Errno("open " + path);
-  SBX_RETURN_IF_ERROR(RemoveContents(fd.get(), st.st_dev, path));
+  // A btrfs subvolume (a layer of a snapshot, a box's writable layer) goes whole, in O(1).
+  if (btrfs::IsSubvolume(st, fd.get()) && !IsMountRoot(fd.get(), "", true) &&
+      btrfs::DeleteSubvolume(path).ok())
+    return {};
+  SBX_RETURN_IF_ERROR(RemoveContents(fd.get(), path));
   if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return Status::Errno("rmdir " + path);
   return {};
 }

@@ -18,7 +18,9 @@ std::string ModeString(mode_t mode);
 // mkdir -p with `mode` for the directories it creates.
 Status MakeDirs(const std::string& path, int mode = 0755);
 // Removes `path` and everything below it. Symlinks are removed, never followed; a mount point
-// below `path` is an error (EBUSY), not something to descend into. A missing `path` is fine.
+// below `path` is an error (EBUSY), not something to descend into. A btrfs subvolume, `path`
+// itself or one below it, is deleted whole (O(1), the kernel frees its blocks after). A missing
+// `path` is fine.
 Status RemoveTree(const std::string& path);
 // Private files (the install secret, the CA key): made once and never rewritten, readable by this
 // process's user only.

@@ -21,7 +21,7 @@
 #include "common/fs.h"
 #include "protocol/client.h"
 #include "runtime/native/box_owners.h"
-#include "runtime/native/btrfs.h"
+#include "common/btrfs.h"
 #include "runtime/native/native_runtime.h"
 #include "sandbox/id_pool.h"
 #include "storage/template.h"

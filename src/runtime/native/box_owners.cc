@@ -14,7 +14,6 @@
 #include <cstdlib>
 
 #include "common/fs.h"
-#include "runtime/native/btrfs.h"
 
 namespace sbx::runtime {
 namespace {
@@ -112,18 +111,11 @@ BoxDir::~BoxDir() {
   if (committed_ || path_.empty()) return;
   // The range is free only once nothing the box wrote is left on the host; a directory that
   // cannot be removed keeps it (the reaper retries both).
-  DeleteLayerSubvolume(path_);
   bool removed = RemoveTree(path_).ok();
   if (removed && pool_ != nullptr) {
     // A range whose release fails is released by ReapOrphans (its directory is gone).
     (void)pool_->Release(id_);
   }
-}
-
-void DeleteLayerSubvolume(const std::string& box_dir) {
-  // Failing, the directory stays for the reaper (RemoveTree reports the subvolume as busy).
-  if (const std::string vol = box_dir + "/fs/layer"; btrfs::IsSubvolume(vol))
-    (void)btrfs::DeleteSubvolume(vol);
 }
 
 void HostMount::Detach() {

@@ -56,11 +56,6 @@ class BoxDir {
   bool committed_ = false;
 };
 
-// Deletes box directory `box_dir`'s writable-layer subvolume (`fs/layer`, a disk limit on
-// btrfs) when there is one: at once (the kernel frees its space and its qgroup in the
-// background), where RemoveTree would stop at it as at a mount point (another st_dev).
-void DeleteLayerSubvolume(const std::string& box_dir);
-
 // The temporary name in `run_dir`'s listing under which process `pid`, started at `start_time`
 // (field 22 of /proc/<pid>/stat), makes box `id`'s directory. Starts with '.', which no box id
 // does (ValidateBoxId).

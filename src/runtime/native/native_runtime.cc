@@ -29,10 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/btrfs.h"
 #include "common/fs.h"
 #include "runtime/box_host.h"
 #include "runtime/native/box_owners.h"
-#include "runtime/native/btrfs.h"
 #include "runtime/native/capabilities.h"
 #include "runtime/native/cgroup_internal.h"
 #include "runtime/native/child.h"
@@ -812,7 +812,6 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
                            " to " + *keep_upper);
     }
   }
-  DeleteLayerSubvolume(config_.run_dir + "/" + box.id);
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
   // So does one of a copy of its writable layer (CopyWritableLayer) whose maker died mid-copy.

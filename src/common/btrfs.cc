@@ -1,4 +1,4 @@
-#include "runtime/native/btrfs.h"
+#include "common/btrfs.h"
 
 #include <fcntl.h>
 #include <linux/btrfs.h>
@@ -15,7 +15,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 
-namespace sbx::runtime::btrfs {
+namespace sbx::btrfs {
 namespace {
 
 constexpr ino_t kSubvolumeRootInode = 256;  // BTRFS_FIRST_FREE_OBJECTID
@@ -49,6 +49,12 @@ bool IsSubvolume(const std::string& path) {
   struct stat sb {};
   return ::lstat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode) &&
          sb.st_ino == kSubvolumeRootInode && IsBtrfs(path);
+}
+
+bool IsSubvolume(const struct stat& st, int fd) {
+  struct statfs fs {};
+  return S_ISDIR(st.st_mode) && st.st_ino == kSubvolumeRootInode && ::fstatfs(fd, &fs) == 0 &&
+         static_cast<unsigned long>(fs.f_type) == static_cast<unsigned long>(BTRFS_SUPER_MAGIC);
 }
 
 bool SameFilesystem(const std::string& a, const std::string& b) {
@@ -95,9 +101,15 @@ Status DeleteSubvolume(const std::string& path) {
   if (!at.ok()) return at.status();
   UniqueFd parent = OpenDir(at->parent);
   if (!parent) return Status::Errno(what + ": open " + at->parent);
+  return DeleteSubvolumeAt(parent.get(), at->name, what);
+}
+
+Status DeleteSubvolumeAt(int dirfd, const std::string& name, const std::string& what) {
   btrfs_ioctl_vol_args args{};
-  std::memcpy(args.name, at->name.c_str(), at->name.size());
-  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_DESTROY, &args) != 0) return Status::Errno(what);
+  if (name.empty() || name.size() >= sizeof args.name)
+    return Status::Error(what + ": not a subvolume name", EINVAL);
+  std::memcpy(args.name, name.c_str(), name.size());
+  if (::ioctl(dirfd, BTRFS_IOC_SNAP_DESTROY, &args) != 0) return Status::Errno(what);
   return {};
 }
 
@@ -151,4 +163,4 @@ Result<Usage> GetUsage(const std::string& path) {
   return out;
 }
 
-}  // namespace sbx::runtime::btrfs
+}  // namespace sbx::btrfs

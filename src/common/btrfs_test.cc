@@ -1,5 +1,5 @@
 // The btrfs wrappers (btrfs.h) on a btrfs filesystem the test makes on a loop device.
-#include "runtime/native/btrfs.h"
+#include "common/btrfs.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include "common/fs.h"
 
-namespace sbx::runtime::btrfs {
+namespace sbx::btrfs {
 namespace {
 
 class BtrfsTest : public ::testing::Test {
@@ -84,5 +84,49 @@ TEST_F(BtrfsTest, SubvolumesSnapshotsAndLimits) {
   EXPECT_EQ(CreateSubvolume(mnt_ + "/..").err(), EINVAL);
 }
 
+// RemoveTree deletes a subvolume whole: a read-only one, which no walk could empty, goes; one
+// that holds another is walked and the inner one deleted; a mounted one stays.
+TEST_F(BtrfsTest, RemoveTreeDeletesSubvolumesWhole) {
+  auto read_only = [](const std::string& vol) {
+    return ::system(("btrfs property set -ts " + vol + " ro true").c_str()) == 0;
+  };
+  const std::string ro = mnt_ + "/ro";
+  ASSERT_TRUE(CreateSubvolume(ro).ok());
+  ASSERT_TRUE(MakeDirs(ro + "/a/b").ok());
+  ASSERT_TRUE(WriteFile(ro + "/a/b/f", "x", 0644).ok());
+  ASSERT_TRUE(read_only(ro));
+  EXPECT_EQ(::unlink((ro + "/a/b/f").c_str()), -1);  // a walk would stop here (EROFS)
+  Status removed = RemoveTree(ro);
+  EXPECT_TRUE(removed.ok()) << removed.message();
+  EXPECT_NE(::access(ro.c_str(), F_OK), 0);
+
+  // A plain directory holding a read-only subvolume, and a subvolume holding another.
+  const std::string dir = mnt_ + "/dir", outer = mnt_ + "/dir/outer";
+  ASSERT_TRUE(MakeDirs(dir + "/x").ok());
+  ASSERT_TRUE(CreateSubvolume(dir + "/x/ro").ok());
+  ASSERT_TRUE(WriteFile(dir + "/x/ro/f", "x", 0644).ok());
+  ASSERT_TRUE(read_only(dir + "/x/ro"));
+  ASSERT_TRUE(CreateSubvolume(outer).ok());
+  ASSERT_TRUE(CreateSubvolume(outer + "/inner").ok());
+  ASSERT_TRUE(WriteFile(outer + "/inner/f", "x", 0644).ok());
+  ASSERT_TRUE(read_only(outer + "/inner"));
+  EXPECT_EQ(DeleteSubvolume(outer).err(), ENOTEMPTY);
+  removed = RemoveTree(dir);
+  EXPECT_TRUE(removed.ok()) << removed.message();
+  EXPECT_NE(::access(dir.c_str(), F_OK), 0);
+
+  // A bind of a subvolume below: a subvolume root, but a mount's too (fs_test has the others).
+  const std::string held = mnt_ + "/held", kept = mnt_ + "/kept";
+  ASSERT_TRUE(CreateSubvolume(kept).ok());
+  ASSERT_TRUE(WriteFile(kept + "/f", "x", 0644).ok());
+  ASSERT_TRUE(MakeDirs(held + "/m").ok());
+  ASSERT_EQ(::mount(kept.c_str(), (held + "/m").c_str(), nullptr, MS_BIND, nullptr), 0);
+  EXPECT_EQ(RemoveTree(held).err(), EBUSY);
+  ASSERT_EQ(::umount2((held + "/m").c_str(), 0), 0);
+  removed = RemoveTree(held);
+  EXPECT_TRUE(removed.ok()) << removed.message();
+  EXPECT_EQ(*ReadFile(kept + "/f"), "x");
+}
+
 }  // namespace
-}  // namespace sbx::runtime::btrfs
+}  // namespace sbx::btrfs

@@ -5,17 +5,21 @@
 // struct each.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 
 #include "common/status.h"
 
-namespace sbx::runtime::btrfs {
+namespace sbx::btrfs {
 
 // Whether `path` is on a btrfs filesystem.
 bool IsBtrfs(const std::string& path);
 // Whether `path` is the root of a btrfs subvolume (inode 256 on btrfs).
 bool IsSubvolume(const std::string& path);
+// The same for a directory's stat and its open descriptor.
+bool IsSubvolume(const struct stat& st, int fd);
 // Whether directories `a` and `b` are on one btrfs filesystem (one fsid), whichever subvolumes
 // hold them. Inode numbers are unique only within a subvolume, and overlayfs passes them through
 // when every layer is on one filesystem: an overlay whose upper layer is a subvolume of its own
@@ -32,8 +36,10 @@ Status CreateSubvolume(const std::string& path);
 Status Snapshot(const std::string& source, const std::string& dest);
 // Deletes subvolume `path` and everything in it, in O(1) for the caller (the kernel's cleaner
 // frees the space later; on kernels from 6.x its qgroup goes once that is done). ENOENT when
-// it is not there.
+// it is not there, EINVAL when it is not a subvolume, ENOTEMPTY when it holds one.
 Status DeleteSubvolume(const std::string& path);
+// The same for entry `name` of the directory open as `dirfd` (RemoveTree's walk).
+Status DeleteSubvolumeAt(int dirfd, const std::string& name, const std::string& what);
 
 // Turns quotas on for the filesystem of `path` (nothing when they are on).
 Status EnableQuota(const std::string& path);
@@ -48,4 +54,4 @@ struct Usage {
 // What subvolume `path` uses and may use, from its qgroup (sysfs). ENOENT when quotas are off.
 Result<Usage> GetUsage(const std::string& path);
 
-}  // namespace sbx::runtime::btrfs
+}  // namespace sbx::btrfs
