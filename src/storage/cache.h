@@ -23,6 +23,8 @@ namespace sbx::storage::internal {
 // What each entry costs beyond its data (a header, an inode): so that a million empty files
 // count too.
 inline constexpr int64_t kEntryOverheadBytes = 512;
+// The deepest a layer's directories nest (as a copy of a writable layer allows: layer_copy.cc).
+inline constexpr int kMaxLayerDepth = 512;
 
 std::string LayersRoot(const TemplateStore& ts);
 // <templates dir>/staging: directories being filled (an unpacking layer, a build step's upper),
@@ -58,8 +60,8 @@ Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t t
 Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st);
 void RemoveLayerDirs(const TemplateStore& ts, const std::string& id);
 
-// Size of a tree as Extract counts it.
-int64_t TreeBytes(const std::string& path);
+// Size of a tree as Extract counts it. ELOOP for one deeper than kMaxLayerDepth directories.
+Result<int64_t> TreeBytes(const std::string& path);
 // The names in directory `dir` (none when it cannot be read).
 std::vector<std::string> Entries(const std::string& dir);
 // libarchive's message for the last failure of `a`, never NULL.

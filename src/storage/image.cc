@@ -283,15 +283,22 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
     *used_existing = true;
     return **known;
   }
+  // Room first: a layer that cannot fit whatever is evicted evicts nothing (unused layers of
+  // every tenant would go for it otherwise).
+  auto fits = [&]() -> Status {
+    auto room = internal::RoomLocked(ts, st);
+    if (!room.ok()) return room.status();
+    if (*room < size)
+      return Status::Error(what + ": " + std::to_string(size) +
+                               " bytes do not fit in the template cache (" +
+                               std::to_string(ts.cache_bytes) + " bytes, the rest in use)",
+                           ENOSPC);
+    return {};
+  };
+  SBX_RETURN_IF_ERROR(fits());
   auto evicted = internal::EvictLocked(ts, st, std::max<int64_t>(ts.cache_bytes - size, 1));
   if (!evicted.ok()) return evicted.status().Wrap(what);
-  auto room = internal::RoomLocked(ts, st);
-  if (!room.ok()) return room.status();
-  if (*room < size)
-    return Status::Error(what + ": " + std::to_string(size) +
-                             " bytes do not fit in the template cache (" +
-                             std::to_string(ts.cache_bytes) + " bytes, the rest in use)",
-                         ENOSPC);
+  SBX_RETURN_IF_ERROR(fits());
   SBX_RETURN_IF_ERROR(RemoveTree(LayerDir(ts, id)));  // an unrecorded leftover of a dead maker
   if (::rename(root.c_str(), LayerDir(ts, id).c_str()) != 0)
     return Status::Errno(what + ": move the layer into the cache");
@@ -930,9 +937,10 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
     return Status::Error(what + ": not a directory", EINVAL);
   std::set<std::pair<dev_t, ino_t>> shifted;
   if (id_shift) SBX_RETURN_IF_ERROR(ShiftTree(dir, *id_shift, shifted).Wrap(what));
-  int64_t size = internal::TreeBytes(dir);
+  auto size = internal::TreeBytes(dir);
+  if (!size.ok()) return size.status().Wrap(what);
   bool existing = false;
-  auto rec = Commit(ts, st, dir, id, size, pin_for, what, &existing);
+  auto rec = Commit(ts, st, dir, id, *size, pin_for, what, &existing);
   if (rec.ok() && existing) (void)RemoveTree(dir);  // the same step's layer, made before
   return rec;
 }

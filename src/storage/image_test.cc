@@ -7,6 +7,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 #include <sched.h>
@@ -437,6 +438,59 @@ TEST_F(ImageTest, TooBigForTheCacheIsEnospcAndLeavesNothing) {
   auto r = AddBlob({{"big", 'f', std::string(1 << 20, 'z')}});
   EXPECT_EQ(r.status().err(), ENOSPC) << r.status().message();
   ExpectNothingLeft("enospc");
+}
+
+// A layer that cannot fit even with every unused layer gone evicts none of them.
+TEST_F(ImageTest, ALayerTooBigForTheCacheEvictsNothing) {
+  ts_.cache_bytes = 64 << 10;
+  auto unused = AddBlob({{"small", 'f', "s"}});
+  ASSERT_TRUE(unused.ok()) << unused.status().message();
+  auto stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  Put(*stage + "/big", std::string(1 << 20, 'z'));
+  auto r = AddLayerFromDir(ts_, *st_, *stage, "snap-big", std::nullopt, "");
+  EXPECT_EQ(r.status().err(), ENOSPC) << r.status().message();
+  EXPECT_TRUE(Exists(LayerDir(ts_, unused->id)));
+  EXPECT_TRUE(*st_->GetLayer(unused->id));
+}
+
+// A layer's size counts what lies past PATH_MAX (a box's files may nest that deep: a count that
+// skipped them would let it pin any amount of the cache), and a layer deeper than the copy of a
+// writable layer allows is refused.
+TEST_F(ImageTest, ALayersSizeCountsFilesPastPathMaxAndRefusesTooDeepATree) {
+  auto nest = [&](const std::string& top, int depth, const std::string& name) {
+    int fd = ::open(top.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    for (int i = 0; i < depth && fd >= 0; ++i) {
+      EXPECT_EQ(::mkdirat(fd, name.c_str(), 0755), 0);
+      int sub = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      ::close(fd);
+      fd = sub;
+    }
+    return fd;
+  };
+  auto stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  int bottom = nest(*stage, 40, std::string(200, 'd'));  // 8 KB of path
+  ASSERT_GE(bottom, 0);
+  int f = ::openat(bottom, "big", O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(f, 0);
+  ASSERT_EQ(::ftruncate(f, 3 << 20), 0);
+  ::close(f);
+  ::close(bottom);
+  auto r = AddLayerFromDir(ts_, *st_, *stage, "snap-long", std::nullopt, "");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_GE(r->size_bytes, 3 << 20);
+
+  stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  bottom = nest(*stage, 600, "d");
+  ASSERT_GE(bottom, 0);
+  ::close(bottom);
+  r = AddLayerFromDir(ts_, *st_, *stage, "snap-deep", std::nullopt, "");
+  EXPECT_EQ(r.status().err(), ELOOP) << r.status().message();
+  EXPECT_EQ(r.status().message().find(dir_), std::string::npos)  // a tenant reads it
+      << r.status().message();
+  EXPECT_FALSE(*st_->GetLayer("snap-deep"));
 }
 
 TEST_F(ImageTest, WhiteoutsBecomeOverlayfsWhiteoutsThatHideLowerFiles) {

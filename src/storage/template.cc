@@ -489,20 +489,62 @@ bool IsTarballName(const std::string& p) {
   return false;
 }
 
-// Size of a tree as Extract counts it.
-int64_t TreeBytes(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return 0;
-  int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
-  if (S_ISDIR(st.st_mode)) {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string c = e->d_name;
-        if (c != "." && c != "..") n += TreeBytes(path + "/" + c);
-      }
-      ::closedir(d);
+namespace {
+
+// Adds what directory `fd` holds to `n`, `depth` directories below the tree's top. One descriptor
+// per level, fd-relative: a path past PATH_MAX (a box may nest its directories that deep) is
+// counted like any other.
+Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n) {
+  DIR* d = ::fdopendir(fd.get());
+  if (d == nullptr) return Status::Errno("count a layer's size: open a directory");
+  fd.release();
+  Status result;
+  for (;;) {
+    errno = 0;
+    dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) result = Status::Errno("count a layer's size: read a directory");
+      break;
     }
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      result = Status::Errno("count a layer's size: stat " + name);
+      break;
+    }
+    n += kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
+    if (!S_ISDIR(st.st_mode)) continue;
+    if (depth >= kMaxLayerDepth) {
+      result = Status::Error(
+          "count a layer's size: deeper than " + std::to_string(kMaxLayerDepth) + " directories",
+          ELOOP);
+      break;
+    }
+    UniqueFd sub(
+        ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sub) {
+      result = Status::Errno("count a layer's size: open " + name);
+      break;
+    }
+    result = AddTreeBytes(std::move(sub), depth + 1, n);
+    if (!result.ok()) break;
   }
+  ::closedir(d);
+  return result;
+}
+
+}  // namespace
+
+// Its errors name no host path: a snapshot's reach the tenant whose box made the tree.
+Result<int64_t> TreeBytes(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Status::Errno("count a layer's size");
+  int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
+  if (!S_ISDIR(st.st_mode)) return n;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return Status::Errno("count a layer's size");
+  SBX_RETURN_IF_ERROR(AddTreeBytes(std::move(fd), 1, n));
   return n;
 }
 
@@ -695,11 +737,12 @@ Status EnsureHostLayer(const TemplateStore& ts, store::Store& st,
   SBX_RETURN_IF_ERROR(BuildOnce(LayerDir(ts, id), [&](const std::string& tmp) {
                         return BuildHostLayer(tmp, ts.sudo_binary);
                       }).Wrap("build host template"));
-  int64_t size = TreeBytes(LayerDir(ts, id));
-  SBX_RETURN_IF_ERROR(st.PutLayer({id, size, 0, 0}));
+  auto size = TreeBytes(LayerDir(ts, id));
+  if (!size.ok()) return size.status().Wrap("build host template");
+  SBX_RETURN_IF_ERROR(st.PutLayer({id, *size, 0, 0}));
   store::TemplateRecord t = host;
   t.layers = {id};
-  t.size_bytes = size;
+  t.size_bytes = *size;
   SBX_RETURN_IF_ERROR(st.PutTemplate(t));
   // The previous host layer is unused now (once its sandboxes end): keep the cache bounded.
   auto evicted = EvictLocked(ts, st, ts.cache_bytes);
