@@ -8,6 +8,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,6 +110,19 @@ Status MountDiskImage(const std::string& image, const std::string& mountpoint, i
   if (::mount(loop->second.c_str(), mountpoint.c_str(), "ext4", MS_NOSUID | MS_NODEV, "") != 0)
     return Status::Errno("mount " + loop->second + " on " + mountpoint);
   return {};
+}
+
+Result<UniqueFd> MountDetached(const std::string& dev) {
+  UniqueFd fs(static_cast<int>(::syscall(SYS_fsopen, "ext4", FSOPEN_CLOEXEC)));
+  if (!fs) return Status::Errno("fsopen ext4");
+  if (::syscall(SYS_fsconfig, fs.get(), FSCONFIG_SET_STRING, "source", dev.c_str(), 0) != 0 ||
+      ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0)
+    return Status::Errno("mount " + dev);
+  UniqueFd mnt(static_cast<int>(
+      ::syscall(SYS_fsmount, fs.get(), FSMOUNT_CLOEXEC,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)));
+  if (!mnt) return Status::Errno("fsmount " + dev);
+  return mnt;
 }
 
 Result<std::string> LoopDeviceOf(const std::string& image) {

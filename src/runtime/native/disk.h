@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/fd.h"
 #include "common/status.h"
 
 namespace sbx::runtime {
@@ -20,6 +21,11 @@ Status MountDiskImage(const std::string& image, const std::string& mountpoint, i
 // The loop device ("/dev/loopN") `image` is attached to: ENOENT when none is (its last mount is
 // gone).
 Result<std::string> LoopDeviceOf(const std::string& image);
+
+// A mount of the filesystem on block device `dev` (ext4) that is attached nowhere: read-only,
+// nosuid, nodev, noexec, and gone with the descriptor (a copy of a disk-limited box's writable
+// layer reads it; one of a live box shares the box's superblock).
+Result<UniqueFd> MountDetached(const std::string& dev);
 
 // What a box's writable layer holds and may hold, for BoxStats.
 struct LayerUsage {

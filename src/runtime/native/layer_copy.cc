@@ -3,12 +3,15 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/openat2.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -42,10 +45,35 @@ Result<std::vector<std::string>> Names(int dir, const std::string& what) {
 struct Copier {
   int64_t limit = 0;
   int64_t bytes = 0;
+  int root = -1;  // the copy's top
+  // The directories from `root` down to the one being copied into.
+  std::vector<std::string> at;
   // Hard links: the first copy of each (device, inode) with more than one link, as its parent
-  // directory fd in `dest` (kept open) and name.
-  std::map<std::pair<dev_t, ino_t>, std::pair<int, std::string>> links;
-  std::vector<UniqueFd> kept_dirs;
+  // directory (below `root`) and name. Paths, not descriptors: a box may hold any number of
+  // linked files, and this process's descriptors are every tenant's.
+  std::map<std::pair<dev_t, ino_t>, std::pair<std::vector<std::string>, std::string>> links;
+
+  // The copy's directory at `path` below `root`. The copy is this process's alone (a directory
+  // root's only, made by it), but it is opened refusing symlinks all the same; one component at a
+  // time where the path is longer than the kernel takes in one go.
+  UniqueFd OpenCopyDir(const std::vector<std::string>& path) const {
+    std::string joined = ".";
+    for (const auto& p : path) joined += "/" + p;
+    if (joined.size() < PATH_MAX) {
+      open_how how{};
+      how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+      how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+      return UniqueFd(
+          static_cast<int>(::syscall(SYS_openat2, root, joined.c_str(), &how, sizeof how)));
+    }
+    UniqueFd dir(::fcntl(root, F_DUPFD_CLOEXEC, 0));
+    for (const auto& p : path) {
+      if (!dir) break;
+      dir =
+          UniqueFd(::openat(dir.get(), p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    }
+    return dir;
+  }
 
   Status Charge(int64_t n, const std::string& what) {
     bytes += n + kEntryCost;
@@ -128,7 +156,8 @@ struct Copier {
     if (S_ISREG(st.st_mode) && st.st_nlink > 1) {
       auto it = links.find({st.st_dev, st.st_ino});
       if (it != links.end()) {
-        if (::linkat(it->second.first, it->second.second.c_str(), dst, name, 0) != 0)
+        UniqueFd first = OpenCopyDir(it->second.first);
+        if (!first || ::linkat(first.get(), it->second.second.c_str(), dst, name, 0) != 0)
           return Status::Errno("link the copy of " + what);
         return {};
       }
@@ -145,7 +174,9 @@ struct Copier {
         if (::mkdirat(dst, name, 0700) != 0) return Status::Errno("make the copy of " + what);
         UniqueFd to(::openat(dst, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
         if (!to) return Status::Errno("open the copy of " + what);
+        at.emplace_back(name);
         SBX_RETURN_IF_ERROR(Tree(from.get(), to.get(), what, depth + 1));
+        at.pop_back();
         return Finish(from.get(), to.get(), st, what);
       }
       case S_IFREG: {
@@ -157,12 +188,7 @@ struct Copier {
         if (!to) return Status::Errno("make the copy of " + what);
         SBX_RETURN_IF_ERROR(CopyData(from.get(), to.get(), st.st_size, what));
         SBX_RETURN_IF_ERROR(Finish(from.get(), to.get(), st, what));
-        if (st.st_nlink > 1) {
-          UniqueFd parent(::fcntl(dst, F_DUPFD_CLOEXEC, 0));
-          if (!parent) return Status::Errno("dup");
-          links[{st.st_dev, st.st_ino}] = {parent.get(), name};
-          kept_dirs.push_back(std::move(parent));
-        }
+        if (st.st_nlink > 1) links[{st.st_dev, st.st_ino}] = {at, name};
         return {};
       }
       case S_IFLNK: {
@@ -282,6 +308,7 @@ Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limi
   if (::fstat(src_dir, &st) != 0) return Status::Errno("stat the writable layer");
   Copier c;
   c.limit = limit_bytes;
+  c.root = to.get();
   SBX_RETURN_IF_ERROR(c.Tree(src_dir, to.get(), "", 0));
   SBX_RETURN_IF_ERROR(Copier::Finish(src_dir, to.get(), st, "the layer's root"));
   return c.bytes;

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -123,6 +125,66 @@ TEST_F(LayerCopyTest, TooLargeOrTooDeepIsRefused) {
 // A snapshot of a box's writable-layer subvolume (upper/ and work/) becomes a layer and back by
 // renames at its top alone; the root takes upper/'s attributes, and entries named as the layout's
 // own (upper, work, the name upper/ steps aside under) are the box's files like any other.
+// Many hard-linked files, in many directories, some of them past PATH_MAX: the copy links them
+// again without holding a descriptor for each (it runs in the daemon, whose descriptors are
+// every tenant's): here under a limit of 64 open files, in a child.
+TEST_F(LayerCopyTest, HardLinksAreKeptWithoutADescriptorEach) {
+  for (int d = 0; d < 50; ++d) {
+    std::string dir = src_ + "/d" + std::to_string(d);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+    for (int f = 0; f < 4; ++f) {
+      std::string file = dir + "/f" + std::to_string(f);
+      ASSERT_TRUE(WriteFile(file, std::to_string(d * 10 + f), 0644).ok());
+      ASSERT_EQ(::link(file.c_str(), (src_ + "/l" + std::to_string(d * 10 + f)).c_str()), 0);
+    }
+  }
+  // A file linked between the bottoms of two chains of 20 directories of 250 characters (5 KB
+  // of path each): whichever is copied second is linked through a path longer than PATH_MAX.
+  auto chain = [&](char c) {
+    UniqueFd dir(::open(src_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    for (int i = 0; i < 20 && dir; ++i) {
+      const std::string name(250, c);
+      EXPECT_EQ(::mkdirat(dir.get(), name.c_str(), 0755), 0);
+      dir = UniqueFd(::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    }
+    return dir;
+  };
+  UniqueFd x = chain('x'), y = chain('y');
+  ASSERT_TRUE(x && y);
+  ASSERT_TRUE(UniqueFd(::openat(x.get(), "deep", O_CREAT | O_WRONLY | O_CLOEXEC, 0644)));
+  ASSERT_EQ(::linkat(x.get(), "deep", y.get(), "deep", 0), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit few{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &few) != 0) ::_exit(2);
+    auto copied = Copy();
+    if (!copied.ok()) ::fprintf(stderr, "%s\n", copied.status().message().c_str());
+    ::_exit(copied.ok() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  struct stat a {};
+  struct stat b {};
+  for (int n = 0; n < 500; ++n) {
+    if (n % 10 >= 4) continue;
+    std::string one = dst_ + "/d" + std::to_string(n / 10) + "/f" + std::to_string(n % 10);
+    ASSERT_EQ(::stat(one.c_str(), &a), 0) << one;
+    ASSERT_EQ(::stat((dst_ + "/l" + std::to_string(n)).c_str(), &b), 0);
+    EXPECT_EQ(a.st_ino, b.st_ino) << one;
+    EXPECT_EQ(a.st_nlink, 2u);
+    EXPECT_EQ(*ReadFile(one), std::to_string(n));
+  }
+  UniqueFd xc(::open(dst_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  for (int i = 0; i < 20 && xc; ++i)
+    xc = UniqueFd(::openat(xc.get(), std::string(250, 'x').c_str(), O_RDONLY | O_DIRECTORY));
+  ASSERT_TRUE(xc);
+  ASSERT_EQ(::fstatat(xc.get(), "deep", &b, 0), 0);
+  EXPECT_EQ(b.st_nlink, 2u);
+}
+
 TEST_F(LayerCopyTest, AWritableLayerBecomesALayerAndBackAtItsTop) {
   const std::string upper = src_ + "/upper";
   for (const std::string& d : {upper, src_ + "/work", src_ + "/work/work", upper + "/upper",

@@ -742,15 +742,16 @@ Status NativeRuntime::DestroyKeepingUpper(const Box& box, const std::string& des
 
 // A disk-limited box's writable layer is on an ext4 image mounted only in the box's own mount
 // namespace (Prepare). Mounting its loop device again here gives another mount of that same live
-// filesystem (the kernel shares the superblock; nothing of the image is parsed again), which is
-// detached once the copy is made.
+// filesystem (the kernel shares the superblock; nothing of the image is parsed again): a
+// detached one, never attached anywhere, so that it goes with its descriptor, however this
+// process ends.
 Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
                                         int64_t limit_bytes) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   const std::string dir = config_.run_dir + "/" + box.id;
   const std::string what = "copy the writable layer of box " + box.id;
+  UniqueFd mount;  // of the disk image
   std::string upper = dir + "/fs/upper";
-  std::string peek;
   struct stat sb {};
   if (const std::string vol = dir + "/fs/layer"; btrfs::IsSubvolume(vol)) {
     // On btrfs: a snapshot, which takes no room up front, when `dest` is on that filesystem.
@@ -764,21 +765,15 @@ Status NativeRuntime::CopyWritableLayer(const Box& box, const std::string& dest,
   } else if (::lstat((dir + "/disk.img").c_str(), &sb) == 0) {
     auto dev = LoopDeviceOf(dir + "/disk.img");
     if (!dev.ok()) return dev.status().Wrap(what);
-    peek = dir + "/fs/peek";
-    (void)::umount2(peek.c_str(), MNT_DETACH);
-    if (::mkdir(peek.c_str(), 0700) != 0 && errno != EEXIST) return Status::Errno(what + ": mkdir");
-    if (::mount(dev->c_str(), peek.c_str(), "ext4", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") != 0) {
-      Status s = Status::Errno(what + ": mount " + *dev);
-      (void)::rmdir(peek.c_str());
-      return s;
-    }
-    upper = peek + "/upper";
+    auto detached = MountDetached(*dev);
+    if (!detached.ok()) return detached.status().Wrap(what);
+    mount = std::move(detached).value();
   }
-  Result<int64_t> copied = CopyLayerDir(upper, dest, limit_bytes);
-  if (!peek.empty()) {
-    (void)::umount2(peek.c_str(), MNT_DETACH);
-    (void)::rmdir(peek.c_str());
-  }
+  UniqueFd from(
+      mount ? ::openat(mount.get(), "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            : ::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!from) return Status::Errno(what + ": open its upper directory");
+  Result<int64_t> copied = CopyLayerTree(from.get(), dest, limit_bytes);
   if (!copied.ok()) return copied.status().Wrap(what);
   return {};
 }
@@ -814,7 +809,7 @@ Status NativeRuntime::DestroyBox(const Box& box, const std::string* keep_upper) 
   }
   // A disk image still mounted on the host means its creator died mid-create.
   ::umount2((config_.run_dir + "/" + box.id + "/fs/disk").c_str(), MNT_DETACH);
-  // So does one of a copy of its writable layer (CopyWritableLayer) whose maker died mid-copy.
+  // Or a copy of its writable layer by an sbx before detached mounts (CopyWritableLayer).
   ::umount2((config_.run_dir + "/" + box.id + "/fs/peek").c_str(), MNT_DETACH);
   Status fs = RemoveTree(config_.run_dir + "/" + box.id);
   {
