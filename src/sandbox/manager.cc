@@ -1845,6 +1845,20 @@ void Manager::ExpireDue() {
     if (rec.on_timeout == store::kOnTimeoutPause) {
       s = rec.pause_memory ? PauseLocked(rec, rec.owner_key_id)
                            : PauseToDiskLocked(rec, rec.owner_key_id);
+      // A pause to disk that fails (the box's files do not fit in the template cache, say) would
+      // be retried on every scan, each time freezing and copying the box, while it ran on past
+      // its timeout: it is paused with its memory instead, which keeps its files as well.
+      if (!s.ok() && !rec.pause_memory) {
+        if (auto current = LiveRecord(rec.id);
+            current.ok() && current->state == store::kStateRunning) {
+          spdlog::warn(
+              "ttl: sandbox {}: pause without memory failed ({}); pausing it with its "
+              "memory",
+              rec.id, s.message());
+          rec = *current;
+          s = PauseLocked(rec, rec.owner_key_id);
+        }
+      }
       Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
     } else {
       s = KillLocked(rec, "timeout");

@@ -371,6 +371,25 @@ TEST_F(ManagerTest, TimeoutKillsOrPausesAndSettingItResets) {
   EXPECT_EQ(Stored(killed).updated_at, clock_.NowMs());
 }
 
+// A timeout's pause without memory that fails (here the fake runtime cannot copy a writable
+// layer; for real, a box whose files do not fit in the template cache) pauses the sandbox with
+// its memory: it neither runs on past its timeout nor is frozen and copied again on every scan.
+TEST_F(ManagerTest, ATimeoutPauseToDiskThatFailsPausesWithMemory) {
+  CreateRequest r;
+  r.timeout_ms = 1000;
+  r.on_timeout = "pause";
+  r.pause_memory = false;
+  auto rec = M().Create(key_, r);
+  ASSERT_TRUE(rec.ok()) << rec.status().message();
+  clock_.Advance(1000ms);
+  M().ExpireDue();
+  EXPECT_EQ(State(rec->id), "paused");
+  ASSERT_TRUE(rt_.Box(rec->id));
+  EXPECT_TRUE(rt_.Box(rec->id)->frozen);
+  EXPECT_FALSE(Stored(rec->id).on_disk);
+  EXPECT_EQ(Stored(rec->id).expires_at, 0);
+}
+
 TEST_F(ManagerTest, TheTtlLoopRunsOnTheClock) {
   std::string id = Create(1000);
   uint64_t waits = clock_.waits();
