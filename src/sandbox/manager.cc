@@ -1172,6 +1172,16 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
   return layers;
 }
 
+void Manager::UnpinReplaced(const SandboxRecord& rec, const std::vector<std::string>& layers) {
+  // A box that held its top layer (on btrfs) left it behind in its capture (CaptureLayer): only
+  // its pin would keep it, until the sandbox ends, through every pause.
+  for (const auto& l : rec.layers) {
+    if (std::find(layers.begin(), layers.end(), l) != layers.end()) continue;
+    if (Status s = store_.UnpinLayer(rec.id, l); !s.ok())
+      spdlog::warn("sandbox {}: {}", rec.id, s.message());
+  }
+}
+
 Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id) {
   if (rec.layers.empty())
     return Status::Error("sandbox " + rec.id +
@@ -1199,6 +1209,7 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
   SBX_RETURN_IF_ERROR(RecordPause(rec, paused, *box));
   CloseChannel(rec.id);
   RemovePausedBox(*box, "on disk");
+  UnpinReplaced(rec, paused.layers);
   rec = paused;
   Audit("sandbox.pause", rec.id, key_id, {{"memory", false}, {"layer", layer_id}});
   return {};
@@ -1278,7 +1289,15 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   config.env = rec.defaults.env;
   config.user = rec.defaults.user;
   config.workdir = rec.defaults.workdir;
-  return builds_->AddSnapshot(key, id, rec.id, layers, config, name, rec.runtime);
+  auto added = builds_->AddSnapshot(key, id, rec.id, layers, config, name, rec.runtime);
+  // The snapshot's template holds its layer now; the sandbox's pin (CaptureLayer's, against
+  // eviction until then) would keep it, whole, until the sandbox ends, however often it is
+  // snapshotted and the snapshots deleted.
+  if (added.ok() && files && !rec.on_disk) {
+    if (Status s = store_.UnpinLayer(rec.id, id); !s.ok())
+      spdlog::warn("snapshot {} of {}: {}", id, rec.id, s.message());
+  }
+  return added;
 }
 
 Result<SnapshotInfo> Manager::Snapshot(const store::ApiKeyRecord& key, const std::string& id,

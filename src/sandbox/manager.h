@@ -499,6 +499,8 @@ class Manager {
   Status ResumeLocked(store::SandboxRecord& rec, const std::string& key_id);
   // Pause without memory, and the resume that makes a new box of the recorded layers. Under the
   // sandbox's Transition.
+  // Drops the pins of `rec` on its layers that `layers` (its new ones) no longer lists.
+  void UnpinReplaced(const store::SandboxRecord& rec, const std::vector<std::string>& layers);
   Status PauseToDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
   Status ResumeFromDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
   // Copies the writable layer of the box of `rec` (frozen meanwhile when it runs; left frozen

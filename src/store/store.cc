@@ -1377,6 +1377,16 @@ Status Store::UnpinLayers(const std::string& sandbox_id) {
   return st->Run().Wrap("unpin layers of " + sandbox_id);
 }
 
+Status Store::UnpinLayer(const std::string& sandbox_id, const std::string& layer_id) {
+  const std::string what = "unpin layer " + layer_id + " of " + sandbox_id;
+  MutexLock lock(mu_);
+  Result<Statement> st =
+      db_->Prepare("DELETE FROM layer_pins WHERE sandbox_id = ?1 AND layer_id = ?2");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, sandbox_id).BindText(2, layer_id);
+  return st->Run().Wrap(what);
+}
+
 Result<int64_t> Store::DropOrphanPins() {
   MutexLock lock(mu_);
   SBX_RETURN_IF_ERROR(

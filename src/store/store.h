@@ -484,6 +484,8 @@ class Store {
   Status DeleteLayer(const std::string& id);
   // Forgets the pins of `sandbox_id` (missing is fine).
   Status UnpinLayers(const std::string& sandbox_id);
+  // Forgets the pin of `sandbox_id` on layer `layer_id` (missing is fine).
+  Status UnpinLayer(const std::string& sandbox_id, const std::string& layer_id);
   // Forgets pins of sandboxes that have no record: creates that died before recording their
   // sandbox. Only correct while no create is in flight (the daemon calls it before serving).
   // Lease pins (IsLeasePinId) are not a sandbox's and stay.

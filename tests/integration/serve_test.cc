@@ -2127,6 +2127,22 @@ TEST_F(ServeTest, ADiskLimitedSandboxIsSnapshottedToo) {
   EXPECT_EQ(ReadFile("/proc/self/mountinfo")->find("/fs/peek"), std::string::npos);
 }
 
+// A snapshot's layer is its template's: deleted, the snapshot's layer goes at once, though the
+// sandbox it was taken of runs on (a sandbox snapshotted and its snapshots deleted again and again
+// does not keep every layer until it ends).
+TEST_F(ServeTest, ADeletedSnapshotsLayerGoesWhileItsSandboxRuns) {
+  std::string src = Create();
+  ASSERT_EQ(d_->Exec(src, {{"command", "head -c 100000 /dev/zero > /root/z"}}).exit_code, 0);
+  for (int i = 0; i < 2; ++i) {
+    json snap = d_->Json("POST", "/v1/sandboxes/" + src + "/snapshots", json::object(), 201);
+    const std::string layer = dir_ + "/templates/layers/" + snap.value("id", "");
+    EXPECT_EQ(::access(layer.c_str(), F_OK), 0) << layer;
+    EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/" + snap.value("id", "")).status, 204);
+    EXPECT_NE(::access(layer.c_str(), F_OK), 0) << layer;
+  }
+  EXPECT_EQ(d_->Exec(src, {{"argv", {"stat", "-c", "%s", "/root/z"}}}).out, "100000\n");
+}
+
 // Fork: N sandboxes with the source's files and settings; the source keeps running.
 TEST_F(ServeTest, ForksHaveTheSourcesFilesAndSettingsWhileItKeepsRunning) {
   std::string src = Create({{"env", {{"ROLE", "worker"}}},
@@ -2403,6 +2419,26 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     std::string third = d.Json("POST", "/v1/sandboxes", {{"template", snap2["id"]}}, 201)["id"];
     auto seen = d.Exec(third, {{"command", "ls /root; sha256sum -c /root/sum"}});
     EXPECT_EQ(seen.out, "blob\nsum\ntwo\n/root/blob: OK\n") << seen.err;
+    // Paused without its memory twice, resumed after each: the first pause's layer is replaced by
+    // the second's, and nothing holds it any more (the cache's gc takes it).
+    auto pause_layers = [&] {
+      size_t n = 0;
+      if (DIR* layers = ::opendir((mnt + "/data/templates/layers").c_str())) {
+        while (dirent* e = ::readdir(layers))
+          n += std::string(e->d_name).rfind("disk-" + copy + "-", 0) == 0;
+        ::closedir(layers);
+      }
+      return n;
+    };
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(d.Json("POST", "/v1/sandboxes/" + copy + "/pause", {{"memory", false}})["on_disk"],
+                true);
+      EXPECT_EQ(d.Json("POST", "/v1/sandboxes/" + copy + "/resume")["state"], "running");
+    }
+    EXPECT_EQ(pause_layers(), 2u);
+    EXPECT_EQ(RunProcess({SBX_BIN, "--data-dir", mnt + "/data", "template", "gc"}).exit_code, 0);
+    EXPECT_EQ(pause_layers(), 1u);
+    EXPECT_EQ(d.Exec(copy, {{"argv", {"cat", "/root/two"}}}).out, "2\n");
     json forks = d.Json("POST", "/v1/sandboxes/" + id + "/fork", {{"count", 2}}, 201);
     for (const auto& f : forks["forks"])
       EXPECT_EQ(d.Exec(f["sandbox"]["id"], {{"argv", {"sha256sum", "-c", "/root/sum"}}}).out,
