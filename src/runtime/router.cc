@@ -96,6 +96,8 @@ std::optional<std::string> Router::AgentExit(const Box& box) { return Of(box).Ag
 Status Router::DestroyKeepingUpper(const Box& box, const std::string& dest) {
   return Of(box).DestroyKeepingUpper(box, dest);
 }
+size_t Router::MaxLayers(const Box& box) { return Of(box).MaxLayers(box); }
+
 Status Router::CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) {
   return Of(box).CopyWritableLayer(box, dest, limit_bytes);
 }

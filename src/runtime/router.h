@@ -38,6 +38,7 @@ class Router : public Runtime {
   Status Stop(const Box& box) override;
   Status Destroy(const Box& box) override;
   Status DestroyKeepingUpper(const Box& box, const std::string& dest) override;
+  size_t MaxLayers(const Box& box) override;
   Status CopyWritableLayer(const Box& box, const std::string& dest, int64_t limit_bytes) override;
   Status SaveMemory(const Box& box, const std::string& dest, bool stop) override;
   Result<Box> RestoreMemory(const BoxSpec& spec, const std::string& src) override;

@@ -177,6 +177,13 @@ class Runtime {
   }
   // The accelerator its boxes run on and why (RuntimeInfo::accelerator), or empty ones.
   virtual std::pair<std::string, std::string> Accelerator() const { return {}; }
+  // The most layers Create takes for a box of `box`'s runtime and id (it refuses more). A sandbox
+  // grows a layer with every pause without memory, which must not take it past this: its files
+  // could then never be started again.
+  virtual size_t MaxLayers(const Box& box) {
+    (void)box;
+    return SIZE_MAX;
+  }
   virtual Status Freeze(const Box& box) = 0;
   virtual Status Thaw(const Box& box) = 0;
   virtual Result<BoxStats> Stats(const Box& box) = 0;

@@ -1126,6 +1126,16 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
                                                        bool stay_frozen) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
+  // The sandbox's layers grow by one (unless its box holds its top layer): past what its runtime
+  // stacks, neither it (resumed) nor a sandbox of the snapshot could start.
+  if (const size_t most = runtime_.MaxLayers(*box);
+      !box->holds_top_layer && rec.layers.size() + 1 > most)
+    return Status::Error("sandbox " + rec.id + " has " + std::to_string(rec.layers.size()) +
+                             " layers, and a box of runtime " + rec.runtime + " stacks at most " +
+                             std::to_string(most) +
+                             ": its files take no other layer (a pause with its memory still "
+                             "works)",
+                         E2BIG);
   // The copy goes into the template cache: within its bound, and never into the daemon's disk
   // reserve.
   int64_t limit = templates_.cache_bytes;

@@ -102,6 +102,9 @@ class FakeRuntime : public runtime::Runtime {
   bool split_stop = false;
   std::set<std::string> runtimes = {"native"};  // what CanCreate accepts
   runtime::BoxSpec last_spec;
+  size_t max_layers = SIZE_MAX;  // MaxLayers
+
+  size_t MaxLayers(const runtime::Box&) override { return max_layers; }
 
   Result<runtime::Box> Create(const runtime::BoxSpec& spec) override {
     if (auto g = Take(create_gate)) g->Pass(spec.id);
@@ -388,6 +391,23 @@ TEST_F(ManagerTest, ATimeoutPauseToDiskThatFailsPausesWithMemory) {
   EXPECT_TRUE(rt_.Box(rec->id)->frozen);
   EXPECT_FALSE(Stored(rec->id).on_disk);
   EXPECT_EQ(Stored(rec->id).expires_at, 0);
+}
+
+// A sandbox whose layers are as many as its runtime stacks takes no other (a pause without memory
+// or a snapshot would add one): refused before anything is frozen or copied, so that what it
+// holds can always be started again.
+TEST_F(ManagerTest, ASandboxAtItsRuntimesMostLayersIsNeitherSnapshottedNorPausedToDisk) {
+  std::string id = Create();
+  rt_.max_layers = Stored(id).layers.size();
+  ASSERT_GT(rt_.max_layers, 0u);
+  Status paused = M().Pause(key_, id, /*keep_memory=*/false);
+  EXPECT_EQ(paused.err(), E2BIG) << paused.message();
+  EXPECT_NE(paused.message().find("stacks at most"), std::string::npos) << paused.message();
+  EXPECT_EQ(M().Snapshot(key_, id, "").status().err(), E2BIG);
+  EXPECT_EQ(State(id), "running");
+  EXPECT_FALSE(rt_.Box(id)->frozen);
+  // With its memory it pauses.
+  EXPECT_TRUE(M().Pause(key_, id).ok());
 }
 
 TEST_F(ManagerTest, TheTtlLoopRunsOnTheClock) {

@@ -728,6 +728,11 @@ std::optional<std::string> NativeRuntime::AgentExit(const Box& box) {
   return how;
 }
 
+size_t NativeRuntime::MaxLayers(const Box& box) {
+  (void)box;
+  return kMaxLayers;
+}
+
 Status NativeRuntime::Destroy(const Box& box) { return DestroyBox(box, nullptr); }
 
 Status NativeRuntime::Stop(const Box& box) {

@@ -67,6 +67,7 @@ class NativeRuntime : public Runtime {
 
   Result<Box> Create(const BoxSpec& spec) override;
   Status Freeze(const Box& box) override;
+  size_t MaxLayers(const Box& box) override;
   Status SetLimits(const Box& box, const Limits& limits) override;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;

@@ -58,6 +58,10 @@ constexpr auto kAgentWait = std::chrono::seconds(30);
 constexpr auto kStopWait = std::chrono::seconds(5);
 constexpr auto kCommandWait = std::chrono::seconds(60);  // any one call of the binary
 constexpr size_t kMaxOutput = 1 << 20;
+// The root overlay's mount options (one page, less what the kernel appends) and the most lower
+// layers one overlay stacks (the kernel's limit).
+constexpr size_t kMaxOverlayOptions = 4000;
+constexpr size_t kMaxOverlayLayers = 500;
 // Open's probe box: its id's prefix and the owner its directory names.
 constexpr char kProbePrefix[] = "probe-";
 constexpr char kProbeOwner[] = "probe";
@@ -893,6 +897,21 @@ Result<std::unique_ptr<OciRuntime::Watchdog>> OciRuntime::StartWatchdog(const st
   return dog;
 }
 
+size_t OciRuntime::MaxLayers(const Box& box) {
+  // The root overlay's option string (Prepare) must fit in a page: the layers as d/lower/<i>
+  // joined by ':', and the writable layer's two paths at their longest (with a disk limit).
+  const std::string d = config_.run_dir + "/" + box.id;
+  size_t used = std::string("userxattr,lowerdir=,upperdir=,workdir=").size() +
+                (d + "/fs/disk/upper").size() + (d + "/fs/disk/work").size();
+  size_t n = 0;
+  while (n < kMaxOverlayLayers) {
+    used += (d + "/lower/" + std::to_string(n)).size() + (n ? 1 : 0);
+    if (used >= kMaxOverlayOptions) break;
+    ++n;
+  }
+  return n;
+}
+
 Status OciRuntime::Prepare(Creation& c) {
   const BoxSpec& spec = c.spec;
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
@@ -1030,7 +1049,7 @@ Status OciRuntime::Prepare(Creation& c) {
   // overlayfs' user.* xattrs as in a native box (its writable layer has the same form).
   std::string opts =
       "userxattr,lowerdir=" + lower + ",upperdir=" + up + ",workdir=" + layer + "/work";
-  if (opts.size() >= 4000)
+  if (opts.size() >= kMaxOverlayOptions)
     return Status::Error(std::to_string(spec.layers.size()) + " layers do not fit one overlay",
                          E2BIG);
   if (::mount("overlay", (d + "/fs/root").c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str()) !=

@@ -73,6 +73,7 @@ class OciRuntime : public Runtime {
   Status CanCreate(const std::string& name) const override;
   Result<Box> Create(const BoxSpec& spec) override;
   Status Freeze(const Box& box) override;
+  size_t MaxLayers(const Box& box) override;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
   Result<uint64_t> OomKills(const Box& box) override;

@@ -580,6 +580,32 @@ TEST_P(OciRuntimeTest, AMemoryBombDiesAloneAndTheBoxServesOn) {
   rt_ = std::move(adopter);
 }
 
+// MaxLayers says how many layers fit the root overlay's options for a box of that id: a box of
+// that many starts, one of one more is refused (E2BIG) and leaves nothing.
+TEST_P(OciRuntimeTest, MaxLayersIsAsManyAsTheOverlayTakes) {
+  BoxSpec spec = Spec();
+  const size_t most = rt_->MaxLayers(Box{spec.id});
+  ASSERT_GT(most, 10u);
+  ASSERT_LT(most, 500u);
+  for (size_t i = spec.layers.size(); i <= most; ++i) {
+    std::string layer = dir_ + "/empty-layer-" + std::to_string(i);
+    ASSERT_EQ(::mkdir(layer.c_str(), 0755), 0);
+    spec.layers.insert(spec.layers.begin(), layer);
+  }
+  ASSERT_EQ(spec.layers.size(), most + 1);
+  auto refused = rt_->Create(spec);
+  EXPECT_EQ(refused.status().err(), E2BIG) << refused.status().message();
+  Box gone{spec.id};
+  gone.dir = config_.run_dir + "/" + spec.id;
+  ExpectGone(gone);
+  spec.layers.erase(spec.layers.begin());
+  spec.id = RandomId();
+  auto box = rt_->Create(spec);
+  ASSERT_TRUE(box.ok()) << box.status().message();
+  ASSERT_TRUE(rt_->Destroy(*box).ok());
+  ExpectGone(*box);
+}
+
 TEST_P(OciRuntimeTest, AFailedCreateLeavesNothing) {
   BoxSpec spec = Spec();
   spec.layers = {dir_ + "/no-such-layer"};

@@ -1185,6 +1185,20 @@ Status VmRuntime::SaveMemory(const Box& box, const std::string& dest, bool stop)
   return on.ok() ? Status() : on.Wrap(what + ": saved, but it could not go on");
 }
 
+size_t VmRuntime::MaxLayers(const Box& box) {
+  (void)box;
+  // The guest's init mounts the root overlay with every layer in one option string
+  // (initramfs.cc), which must fit in a page; and one overlay stacks at most 500.
+  size_t used = std::string("lowerdir=,upperdir=/rw/upper,workdir=/rw/work").size();
+  size_t n = 0;
+  while (n < 500) {
+    used += ("/layers/" + std::to_string(n)).size() + (n ? 1 : 0);
+    if (used >= 4000) break;
+    ++n;
+  }
+  return n;
+}
+
 Status VmRuntime::Freeze(const Box& box) {
   SBX_RETURN_IF_ERROR(ValidateBoxId(box.id));
   return Cgroup::Open(cgroups_, box.id)->Freeze().Wrap("freeze box " + box.id);

@@ -83,6 +83,7 @@ class VmRuntime : public Runtime {
   // accel() and accel_why().
   std::pair<std::string, std::string> Accelerator() const override { return {accel_, accel_why_}; }
   Status Freeze(const Box& box) override;
+  size_t MaxLayers(const Box& box) override;
   Status Thaw(const Box& box) override;
   // QEMU's cgroup (what the box costs the host), and the writable layer's image.
   Result<BoxStats> Stats(const Box& box) override;
