@@ -895,14 +895,12 @@ Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
   SBX_RETURN_IF_ERROR(MakeDirs(RunRoot(ts), 0711));
   if (::chmod(RunRoot(ts).c_str(), 0711) != 0) return Status::Errno("chmod " + RunRoot(ts));
   ReapDeadRuns(ts);
-  int64_t room = ts.cache_bytes;
-  {
+  auto room = [&]() -> Result<int64_t> {
     auto lock = CacheLock::Take(ts);
     if (!lock.ok()) return lock.status();
-    auto r = RoomLocked(ts, st);
-    if (!r.ok()) return r.status();
-    room = *r;
-  }
+    return RoomLocked(ts, st);
+  }();
+  if (!room.ok()) return room.status();
   std::string dir = RunRoot(ts) + "/" + RandomId(12);
   if (::mkdir(dir.c_str(), 0700) != 0) return Status::Errno("mkdir " + dir);
   auto fd = std::make_shared<UniqueFd>(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -914,7 +912,7 @@ Result<Template> ResolveLocalTemplate(const TemplateStore& ts, store::Store& st,
   // The layer keeps the tarball's owners: the runtime idmaps it into the box's range.
   std::string root = dir + "/root";
   ExtractOptions o;
-  o.limit = room;
+  o.limit = *room;
   Status s;
   if (::mkdir(root.c_str(), 0755) != 0) s = Status::Errno("mkdir " + root);
   if (s.ok() && ::chown(dir.c_str(), 0, 0) != 0) s = Status::Errno("chown " + dir);
