@@ -38,6 +38,7 @@
 #include "runtime/box_host.h"
 #include "runtime/native/box_owners.h"
 #include "runtime/native/cgroup_internal.h"
+#include "runtime/native/child.h"
 #include "runtime/native/disk.h"
 #include "runtime/native/idmap.h"
 #include "runtime/native/layer_copy.h"
@@ -897,9 +898,55 @@ Result<std::unique_ptr<OciRuntime::Watchdog>> OciRuntime::StartWatchdog(const st
   return dog;
 }
 
+namespace {
+
+// Mounts on `target` an overlay of `lowers` (topmost first) under `upper`, with overlayfs' user.*
+// xattrs: one fsconfig(lowerdir+) per layer where the kernel takes that (6.8+), else one option
+// string, which must fit in a page (MaxLayers keeps it so).
+Status MountRootOverlay(const std::vector<std::string>& lowers, const std::string& upper,
+                        const std::string& work, const std::string& target, bool lowerdir_plus) {
+  if (!lowerdir_plus) {
+    std::string opts = "userxattr,lowerdir=";
+    for (size_t i = 0; i < lowers.size(); ++i) opts += (i ? ":" : "") + lowers[i];
+    opts += ",upperdir=" + upper + ",workdir=" + work;
+    if (opts.size() >= kMaxOverlayOptions)
+      return Status::Error(std::to_string(lowers.size()) + " layers do not fit one overlay", E2BIG);
+    if (::mount("overlay", target.c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+      return Status::Errno("mount the root overlay");
+    return {};
+  }
+  UniqueFd fs(static_cast<int>(::syscall(SYS_fsopen, "overlay", FSOPEN_CLOEXEC)));
+  if (!fs) return Status::Errno("mount the root overlay: fsopen");
+  auto set = [&](const char* key, const std::string& value) {
+    return ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_SET_STRING, key, value.c_str(), 0) == 0;
+  };
+  for (const auto& l : lowers)
+    if (!set("lowerdir+", l)) return Status::Errno("mount the root overlay: layer " + l);
+  if (!set("upperdir", upper) || !set("workdir", work) ||
+      ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) != 0 ||
+      ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0)
+    return Status::Errno("mount the root overlay");
+  UniqueFd mnt(static_cast<int>(
+      ::syscall(SYS_fsmount, fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)));
+  if (!mnt) return Status::Errno("mount the root overlay: fsmount");
+  if (::syscall(SYS_move_mount, mnt.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) !=
+      0)
+    return Status::Errno("mount the root overlay: move_mount");
+  return {};
+}
+
+}  // namespace
+
+bool OciRuntime::LowerdirPlus() const {
+  return config_.overlay_lowerdir_plus && OverlayHasLowerdirPlus();
+}
+
 size_t OciRuntime::MaxLayers(const Box& box) {
-  // The root overlay's option string (Prepare) must fit in a page: the layers as d/lower/<i>
-  // joined by ':', and the writable layer's two paths at their longest (with a disk limit).
+  // Where the kernel takes the layers one fsconfig(lowerdir+) each, the overlay's own limit;
+  // elsewhere the root overlay's option string (Prepare) must fit in a page: the layers as
+  // d/lower/<i> joined by ':', and the writable layer's two paths at their longest (with a disk
+  // limit).
+  if (LowerdirPlus()) return kMaxOverlayLayers;
   const std::string d = config_.run_dir + "/" + box.id;
   size_t used = std::string("userxattr,lowerdir=,upperdir=,workdir=").size() +
                 (d + "/fs/disk/upper").size() + (d + "/fs/disk/work").size();
@@ -916,6 +963,10 @@ Status OciRuntime::Prepare(Creation& c) {
   const BoxSpec& spec = c.spec;
   SBX_RETURN_IF_ERROR(ValidateBoxId(spec.id));
   if (spec.layers.empty()) return Status::Error("a box needs at least one layer", EINVAL);
+  if (const size_t most = MaxLayers(Box{spec.id}); spec.layers.size() > most)
+    return Status::Error(std::to_string(spec.layers.size()) + " layers, more than the " +
+                             std::to_string(most) + " a box of this runtime stacks",
+                         E2BIG);
   SBX_RETURN_IF_ERROR(cgroup_internal::ValidateRequest(spec.id, spec.limits));
   auto dir = BoxDir::Make(config_.run_dir, spec.id, spec.owner);
   if (!dir.ok()) return dir.status();
@@ -1011,11 +1062,11 @@ Status OciRuntime::Prepare(Creation& c) {
   c.userns = std::move(holder).value();
   // The layers and read-only binds as idmapped mounts on the host: files show their real owners
   // inside, and what the box writes lands in its range (docs/isolation.md, "Idmapped layers").
-  std::string lower;
+  std::vector<std::string> lowers;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
-    std::string at = d + "/lower/" + std::to_string(i);
-    SBX_RETURN_IF_ERROR(AttachIdmapped(spec.layers[i], at, c.userns->fd(), base, c.mounts));
-    lower += (i ? ":" : "") + at;
+    lowers.push_back(d + "/lower/" + std::to_string(i));
+    SBX_RETURN_IF_ERROR(
+        AttachIdmapped(spec.layers[i], lowers.back(), c.userns->fd(), base, c.mounts));
   }
   std::vector<OciBind> binds;
   size_t over = 0;
@@ -1047,14 +1098,8 @@ Status OciRuntime::Prepare(Creation& c) {
   }
   // The root: an overlay of the idmapped layers under the writable layer, on the host, with
   // overlayfs' user.* xattrs as in a native box (its writable layer has the same form).
-  std::string opts =
-      "userxattr,lowerdir=" + lower + ",upperdir=" + up + ",workdir=" + layer + "/work";
-  if (opts.size() >= kMaxOverlayOptions)
-    return Status::Error(std::to_string(spec.layers.size()) + " layers do not fit one overlay",
-                         E2BIG);
-  if (::mount("overlay", (d + "/fs/root").c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str()) !=
-      0)
-    return Status::Errno("mount the root overlay");
+  SBX_RETURN_IF_ERROR(
+      MountRootOverlay(lowers, up, layer + "/work", d + "/fs/root", LowerdirPlus()));
   c.mounts.Add(d + "/fs/root");
 
   binds.push_back({AgentCopy(), kAgentInside, true});

@@ -58,6 +58,10 @@ struct OciConfig {
   // they share id_base.
   IdPool* id_pool = nullptr;
   uint32_t id_base = 1000000;  // the shared legacy base, as NativeConfig::id_base
+  // The root overlay takes its layers one fsconfig(lowerdir+) each where the kernel can (6.8+),
+  // else one option string, which bounds a box's layers (MaxLayers). false: always the string
+  // (for tests of it on newer kernels).
+  bool overlay_lowerdir_plus = true;
 };
 
 struct SpawnOptions;
@@ -74,6 +78,8 @@ class OciRuntime : public Runtime {
   Result<Box> Create(const BoxSpec& spec) override;
   Status Freeze(const Box& box) override;
   size_t MaxLayers(const Box& box) override;
+  // Whether the root overlay takes its layers one fsconfig(lowerdir+) each (OciConfig).
+  bool LowerdirPlus() const;
   Status Thaw(const Box& box) override;
   Result<BoxStats> Stats(const Box& box) override;
   Result<uint64_t> OomKills(const Box& box) override;
