@@ -1401,6 +1401,7 @@ Result<std::vector<Result<SandboxRecord>>> Manager::Fork(const store::ApiKeyReco
   req.egress_rules = src.egress_rules;
   req.mask_request_host = src.mask_request_host;
   std::vector<Result<SandboxRecord>> out;
+  out.reserve(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) out.push_back(Create(key, req));
   // Each fork copied what it needed of the saved memory.
   if (!made_memory.empty()) (void)RemoveTree(made_memory);
