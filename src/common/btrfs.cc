@@ -24,25 +24,43 @@ UniqueFd OpenDir(const std::string& path) {
   return UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
 }
 
-// The parent directory and last component of `path`, as the subvolume ioctls take them.
-struct Split {
-  std::string parent, name;
+bool IsBtrfsMagic(const struct statfs& fs) {
+  return static_cast<unsigned long>(fs.f_type) == static_cast<unsigned long>(BTRFS_SUPER_MAGIC);
+}
+
+// The parent directory of `path`, open, and its last component, as the subvolume ioctls take
+// them.
+struct Parent {
+  UniqueFd dir;
+  std::string name;
 };
-Result<Split> SplitPath(const std::string& path, const std::string& what) {
+Result<Parent> OpenParent(const std::string& path, const std::string& what) {
   size_t slash = path.find_last_of('/');
-  Split s{slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash)),
-          slash == std::string::npos ? path : path.substr(slash + 1)};
-  if (s.name.empty() || s.name == "." || s.name == ".." || s.name.size() >= BTRFS_PATH_NAME_MAX)
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  Parent p{UniqueFd(), slash == std::string::npos ? path : path.substr(slash + 1)};
+  if (p.name.empty() || p.name == "." || p.name == ".." || p.name.size() >= BTRFS_PATH_NAME_MAX)
     return Status::Error(what + ": not a subvolume name", EINVAL);
-  return s;
+  p.dir = OpenDir(dir);
+  if (!p.dir) return Status::Errno(what + ": open " + dir);
+  return p;
+}
+
+// An ioctl that takes a btrfs_ioctl_vol_args naming entry `name` of directory `dirfd`.
+Status VolumeIoctl(int dirfd, unsigned long request, const std::string& name,
+                   const std::string& what) {
+  btrfs_ioctl_vol_args args{};
+  if (name.empty() || name.size() >= sizeof args.name)
+    return Status::Error(what + ": not a subvolume name", EINVAL);
+  std::memcpy(args.name, name.c_str(), name.size());
+  if (::ioctl(dirfd, request, &args) != 0) return Status::Errno(what);
+  return {};
 }
 
 }  // namespace
 
 bool IsBtrfs(const std::string& path) {
   struct statfs fs {};
-  return ::statfs(path.c_str(), &fs) == 0 &&
-         static_cast<unsigned long>(fs.f_type) == static_cast<unsigned long>(BTRFS_SUPER_MAGIC);
+  return ::statfs(path.c_str(), &fs) == 0 && IsBtrfsMagic(fs);
 }
 
 bool IsSubvolume(const std::string& path) {
@@ -54,7 +72,7 @@ bool IsSubvolume(const std::string& path) {
 bool IsSubvolume(const struct stat& st, int fd) {
   struct statfs fs {};
   return S_ISDIR(st.st_mode) && st.st_ino == kSubvolumeRootInode && ::fstatfs(fd, &fs) == 0 &&
-         static_cast<unsigned long>(fs.f_type) == static_cast<unsigned long>(BTRFS_SUPER_MAGIC);
+         IsBtrfsMagic(fs);
 }
 
 bool SameFilesystem(const std::string& a, const std::string& b) {
@@ -69,48 +87,34 @@ bool SameFilesystem(const std::string& a, const std::string& b) {
 
 Status CreateSubvolume(const std::string& path) {
   std::string what = "create subvolume " + path;
-  auto at = SplitPath(path, what);
+  auto at = OpenParent(path, what);
   if (!at.ok()) return at.status();
-  UniqueFd parent = OpenDir(at->parent);
-  if (!parent) return Status::Errno(what + ": open " + at->parent);
-  btrfs_ioctl_vol_args args{};
-  std::memcpy(args.name, at->name.c_str(), at->name.size());
-  if (::ioctl(parent.get(), BTRFS_IOC_SUBVOL_CREATE, &args) != 0) return Status::Errno(what);
-  return {};
+  return VolumeIoctl(at->dir.get(), BTRFS_IOC_SUBVOL_CREATE, at->name, what);
 }
 
 Status Snapshot(const std::string& source, const std::string& dest) {
   std::string what = "snapshot subvolume " + source + " to " + dest;
-  auto at = SplitPath(dest, what);
+  auto at = OpenParent(dest, what);
   if (!at.ok()) return at.status();
   UniqueFd src = OpenDir(source);
   if (!src) return Status::Errno(what + ": open " + source);
-  UniqueFd parent = OpenDir(at->parent);
-  if (!parent) return Status::Errno(what + ": open " + at->parent);
   btrfs_ioctl_vol_args_v2 args{};
   args.fd = src.get();
   std::memcpy(args.name, at->name.c_str(), at->name.size());
-  if (::ioctl(parent.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) return Status::Errno(what);
+  if (::ioctl(at->dir.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) return Status::Errno(what);
   // A snapshot's qgroup starts without the source's limit: nothing to clear.
   return {};
 }
 
 Status DeleteSubvolume(const std::string& path) {
   std::string what = "delete subvolume " + path;
-  auto at = SplitPath(path, what);
+  auto at = OpenParent(path, what);
   if (!at.ok()) return at.status();
-  UniqueFd parent = OpenDir(at->parent);
-  if (!parent) return Status::Errno(what + ": open " + at->parent);
-  return DeleteSubvolumeAt(parent.get(), at->name, what);
+  return DeleteSubvolumeAt(at->dir.get(), at->name, what);
 }
 
 Status DeleteSubvolumeAt(int dirfd, const std::string& name, const std::string& what) {
-  btrfs_ioctl_vol_args args{};
-  if (name.empty() || name.size() >= sizeof args.name)
-    return Status::Error(what + ": not a subvolume name", EINVAL);
-  std::memcpy(args.name, name.c_str(), name.size());
-  if (::ioctl(dirfd, BTRFS_IOC_SNAP_DESTROY, &args) != 0) return Status::Errno(what);
-  return {};
+  return VolumeIoctl(dirfd, BTRFS_IOC_SNAP_DESTROY, name, what);
 }
 
 Status EnableQuota(const std::string& path) {
