@@ -182,4 +182,15 @@ Status InstallAgent(const std::string& src, const std::string& dest) {
   return {};
 }
 
+size_t OverlayLayersThatFit(size_t fixed_bytes, const std::string& prefix) {
+  size_t used = fixed_bytes;
+  size_t n = 0;
+  while (n < kMaxOverlayLayers) {
+    used += prefix.size() + std::to_string(n).size() + (n ? 1 : 0);
+    if (used >= kMaxOverlayOptions) break;
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace sbx::runtime

@@ -5,6 +5,7 @@
 // so that a box directory means the same to all.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,13 @@ Result<std::vector<std::string>> ListBoxIds(const std::string& run_dir);
 // Copies the agent binary to `dest` (0555) unless it is already there with the same content:
 // written beside it and renamed, so a running box keeps the file it execs.
 Status InstallAgent(const std::string& src, const std::string& dest);
+
+// An overlay's bounds: the lower layers it stacks (the kernel's OVL_MAX_STACK), and the bytes
+// of mount(2) options it takes (a page, less what the kernel appends).
+inline constexpr size_t kMaxOverlayLayers = 500;
+inline constexpr size_t kMaxOverlayOptions = 4000;
+// How many lower layers named `prefix` + their index (0, 1, ...), joined by ':', fit one
+// overlay's option string beside `fixed_bytes` of other options (at most kMaxOverlayLayers).
+size_t OverlayLayersThatFit(size_t fixed_bytes, const std::string& prefix);
 
 }  // namespace sbx::runtime

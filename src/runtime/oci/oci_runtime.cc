@@ -59,10 +59,6 @@ constexpr auto kAgentWait = std::chrono::seconds(30);
 constexpr auto kStopWait = std::chrono::seconds(5);
 constexpr auto kCommandWait = std::chrono::seconds(60);  // any one call of the binary
 constexpr size_t kMaxOutput = 1 << 20;
-// The root overlay's mount options (one page, less what the kernel appends) and the most lower
-// layers one overlay stacks (the kernel's limit).
-constexpr size_t kMaxOverlayOptions = 4000;
-constexpr size_t kMaxOverlayLayers = 500;
 // Open's probe box: its id's prefix and the owner its directory names.
 constexpr char kProbePrefix[] = "probe-";
 constexpr char kProbeOwner[] = "probe";
@@ -948,15 +944,9 @@ size_t OciRuntime::MaxLayers(const Box& box) {
   // limit).
   if (LowerdirPlus()) return kMaxOverlayLayers;
   const std::string d = config_.run_dir + "/" + box.id;
-  size_t used = std::string("userxattr,lowerdir=,upperdir=,workdir=").size() +
-                (d + "/fs/disk/upper").size() + (d + "/fs/disk/work").size();
-  size_t n = 0;
-  while (n < kMaxOverlayLayers) {
-    used += (d + "/lower/" + std::to_string(n)).size() + (n ? 1 : 0);
-    if (used >= kMaxOverlayOptions) break;
-    ++n;
-  }
-  return n;
+  return OverlayLayersThatFit(std::string("userxattr,lowerdir=,upperdir=,workdir=").size() +
+                                  (d + "/fs/disk/upper").size() + (d + "/fs/disk/work").size(),
+                              d + "/lower/");
 }
 
 Status OciRuntime::Prepare(Creation& c) {

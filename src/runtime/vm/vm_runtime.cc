@@ -1188,15 +1188,9 @@ Status VmRuntime::SaveMemory(const Box& box, const std::string& dest, bool stop)
 size_t VmRuntime::MaxLayers(const Box& box) {
   (void)box;
   // The guest's init mounts the root overlay with every layer in one option string
-  // (initramfs.cc), which must fit in a page; and one overlay stacks at most 500.
-  size_t used = std::string("lowerdir=,upperdir=/rw/upper,workdir=/rw/work").size();
-  size_t n = 0;
-  while (n < 500) {
-    used += ("/layers/" + std::to_string(n)).size() + (n ? 1 : 0);
-    if (used >= 4000) break;
-    ++n;
-  }
-  return n;
+  // (initramfs.cc).
+  return OverlayLayersThatFit(std::string("lowerdir=,upperdir=/rw/upper,workdir=/rw/work").size(),
+                              "/layers/");
 }
 
 Status VmRuntime::Freeze(const Box& box) {
