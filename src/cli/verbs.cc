@@ -481,6 +481,7 @@ struct KeyFlags {
   RangeFlags ranges;
   std::string name, id;
   int64_t max_sandboxes = 0;
+  std::string max_saved;  // a size
   double rate = 0;
   bool json = false;
   bool is_operator = false;
@@ -517,6 +518,7 @@ json KeyJson(const store::ApiKeyRecord& k) {
           {"created_at", iso(k.created_at)},
           {"revoked_at", iso(k.revoked_at)},
           {"max_sandboxes", k.max_sandboxes},
+          {"max_saved_bytes", k.max_saved_bytes},
           {"creates_per_second", k.creates_per_second},
           {"operator", k.is_operator},
           {"runtimes", k.runtimes},
@@ -590,6 +592,9 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       ->check(CLI::NonNegativeNumber);
   create->add_option("--rate", f->rate, "Creations per second (default 0: unlimited)")
       ->check(CLI::NonNegativeNumber);
+  create->add_option("--max-saved", f->max_saved,
+                     "Template cache space this key's snapshots and pauses without memory may "
+                     "hold, e.g. 20G (default 0: unlimited, the cache's bound only)");
   create->add_flag("--operator", f->is_operator,
                    "An operator key: may also list, inspect and kill other keys' sandboxes, and "
                    "read /metrics");
@@ -602,13 +607,20 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   verbs.Add(create, [f, &g] {
     auto ranges = ParseRangeFlags(f->ranges);
     if (!ranges.ok()) return Fail(Status::Error(ranges.status().what()));
+    int64_t max_saved = 0;
+    if (!f->max_saved.empty()) {
+      auto n = ParseSize(f->max_saved);
+      if (!n.ok()) return Fail(n.status().Wrap("--max-saved"));
+      max_saved = *n;
+    }
     auto st = OpenStore(g);
     if (!st.ok()) return Fail(st.status());
     for (const auto& r : f->runtimes)
       if (std::find(std::begin(runtime::kRuntimeNames), std::end(runtime::kRuntimeNames), r) ==
           std::end(runtime::kRuntimeNames))
         return Fail(runtime::UnknownRuntime(r).Wrap("--runtime"));
-    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges);
+    auto k =
+        (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges, max_saved);
     if (!k.ok()) return Fail(k.status());
     if (!f->runtimes.empty()) {
       if (Status s = (*st)->SetApiKeyRuntimes(k->record.id, f->runtimes); !s.ok()) {
@@ -640,19 +652,30 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
     auto keys = (*st)->ListApiKeys();
     if (!keys.ok()) return Fail(keys.status());
     json all = json::array();
-    for (const auto& k : *keys) all.push_back(KeyJson(k));
+    for (const auto& k : *keys) {
+      json j = KeyJson(k);
+      auto held = (*st)->LayerBytesOwnedBy(k.id);
+      if (!held.ok()) return Fail(held.status());
+      j["saved_bytes"] = *held;
+      all.push_back(std::move(j));
+    }
     if (lf->json) {
       PrintJson({{"keys", all}});
       return 0;
     }
-    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "OPERATOR",
-             "LIMITS"});
+    Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "SAVED",
+             "OPERATOR", "LIMITS"});
     for (size_t i = 0; i < all.size(); ++i) {
       const json& k = all[i];
+      const store::ApiKeyRecord& r = (*keys)[i];
+      int64_t saved = k["saved_bytes"];
       t.Row({Str(k, "id"), Str(k, "name"), Str(k, "prefix"), Relative(k["created_at"]),
-             Relative(k["revoked_at"]), k["max_sandboxes"] == 0 ? "-" : k["max_sandboxes"].dump(),
+             Relative(k["revoked_at"]),
+             r.max_sandboxes == 0 ? "-" : std::to_string(r.max_sandboxes),
              k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s",
-             k["operator"] == true ? "yes" : "-", RangesText((*keys)[i].ranges)});
+             (saved == 0 && r.max_saved_bytes == 0 ? "-" : FormatSize(saved)) +
+                 (r.max_saved_bytes == 0 ? "" : " of " + FormatSize(r.max_saved_bytes)),
+             k["operator"] == true ? "yes" : "-", RangesText(r.ranges)});
     }
     t.Print();
     return 0;

@@ -1123,7 +1123,8 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
 
 Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
                                                        const std::string& layer_id,
-                                                       bool stay_frozen) {
+                                                       bool stay_frozen,
+                                                       const std::string& charged) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   // The sandbox's layers grow by one (unless its box holds its top layer): past what its runtime
@@ -1150,6 +1151,28 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
   if (limit <= 0)
     return Status::Error("the template cache's filesystem has no room above the disk reserve",
                          ENOSPC);
+  // And within what the key may save: AddLayerFromDir checks that for good, under the cache's
+  // lock; this stops the copy early.
+  auto key = store_.GetApiKey(charged);
+  if (!key.ok()) return key.status();
+  storage::LayerCharge charge{charged, *key ? (*key)->max_saved_bytes : 0};
+  bool key_bound = false;
+  if (charge.max_bytes > 0) {
+    auto held = store_.LayerBytesOwnedBy(charged);
+    if (!held.ok()) return held.status();
+    const int64_t left = charge.max_bytes - *held;
+    if (left <= 0)
+      return Status::Error("key " + charged + " may save " + std::to_string(charge.max_bytes) +
+                               " bytes of snapshots and pauses without memory and holds " +
+                               std::to_string(*held) +
+                               " already (delete a snapshot, or kill a sandbox paused without "
+                               "memory)",
+                           EDQUOT);
+    if (left < limit) {
+      limit = left;
+      key_bound = true;
+    }
+  }
   auto staging = storage::MakeStagingDir(templates_);
   if (!staging.ok()) return staging.status();
   bool froze = rec.state == store::kStateRunning;
@@ -1163,12 +1186,18 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
   }
   if (!copied.ok()) {
     (void)RemoveTree(*staging);
+    if (key_bound && copied.err() == ENOSPC)
+      return Status::Error("sandbox " + rec.id + "'s files are more than the " +
+                               std::to_string(limit) + " bytes that key " + charged +
+                               " may still save (of the " + std::to_string(charge.max_bytes) +
+                               " it may keep in snapshots and pauses without memory)",
+                           EDQUOT);
     return copied;
   }
   // Pinned for the sandbox: the layer stays while it lives, and after only while a template
   // (the snapshot) lists it.
-  auto added =
-      storage::AddLayerFromDir(templates_, store_, *staging, layer_id, box->LayerIdShift(), rec.id);
+  auto added = storage::AddLayerFromDir(templates_, store_, *staging, layer_id, box->LayerIdShift(),
+                                        rec.id, charge);
   if (!added.ok()) {
     (void)RemoveTree(*staging);
     if (froze && stay_frozen) (void)runtime_.Thaw(*box);
@@ -1200,7 +1229,8 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
                          ENOTSUP);
   std::string layer_id = "disk-" + rec.id + "-" + RandomId(8);
   // Frozen from the copy on: what is written after it would be lost.
-  auto layers = CaptureLayer(rec, layer_id, /*stay_frozen=*/true);
+  // Charged to the sandbox's owner, whoever pauses it.
+  auto layers = CaptureLayer(rec, layer_id, /*stay_frozen=*/true, rec.owner_key_id);
   if (!layers.ok()) return layers.status();
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
@@ -1288,7 +1318,7 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   std::vector<std::string> layers = rec.layers;
   // Paused without memory, its files are its layers already.
   if (files && !rec.on_disk) {
-    auto captured = CaptureLayer(rec, id, /*stay_frozen=*/false);
+    auto captured = CaptureLayer(rec, id, /*stay_frozen=*/false, key.id);  // the snapshot's
     if (!captured.ok()) return captured.status();
     layers = std::move(captured).value();
   }

@@ -504,11 +504,14 @@ class Manager {
   Status PauseToDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
   Status ResumeFromDiskLocked(store::SandboxRecord& rec, const std::string& key_id);
   // Copies the writable layer of the box of `rec` (frozen meanwhile when it runs; left frozen
-  // with `stay_frozen`) into the template cache as layer `layer_id`, pinned for the sandbox.
-  // Returns the sandbox's layers with it: on top, or in place of the topmost when the box's
-  // writable layer began as a copy of that one (runtime::Box::holds_top_layer).
+  // with `stay_frozen`) into the template cache as layer `layer_id`, pinned for the sandbox and
+  // charged to key `charged` (EDQUOT past its max_saved_bytes, before anything is frozen when it
+  // has no room left at all). Returns the sandbox's layers with it: on top, or in place of the
+  // topmost when the box's writable layer began as a copy of that one
+  // (runtime::Box::holds_top_layer).
   Result<std::vector<std::string>> CaptureLayer(const store::SandboxRecord& rec,
-                                                const std::string& layer_id, bool stay_frozen);
+                                                const std::string& layer_id, bool stay_frozen,
+                                                const std::string& charged);
   // Snapshot under the sandbox's Transition. Without `files` the snapshot is the sandbox's
   // layers alone (a vm fork's: its files travel with its saved memory).
   Result<SnapshotInfo> SnapshotLocked(const store::ApiKeyRecord& key,

@@ -268,11 +268,12 @@ Result<Unpacked> UnpackBlob(const std::string& blob_path, const std::string& des
 
 // Registers the filled directory `root` (on the cache's filesystem) as layer `id` of `size`
 // bytes pinned for `pin_for`, unless the layer exists (then `root` is dropped and the layer
-// pinned). ENOSPC when it does not fit after evicting unused layers; `root` is left then.
+// pinned). EDQUOT when it would take `charge.key_id` past its bound, ENOSPC when it does not fit
+// after evicting unused layers; `root` is left then.
 Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
                                   const std::string& root, const std::string& id, int64_t size,
                                   const std::string& pin_for, const std::string& what,
-                                  bool* used_existing) {
+                                  bool* used_existing, const LayerCharge& charge = {}) {
   auto lock = CacheLock::Take(ts);
   if (!lock.ok()) return lock.status();
   auto known = st.GetLayer(id);
@@ -282,6 +283,17 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
     if (!pin_for.empty()) SBX_RETURN_IF_ERROR(st.PinLayer(pin_for, id).Wrap(what));
     *used_existing = true;
     return **known;
+  }
+  // The key's own bound first, then the cache's.
+  if (charge.max_bytes > 0) {
+    auto held = st.LayerBytesOwnedBy(charge.key_id);
+    if (!held.ok()) return held.status().Wrap(what);
+    if (size > charge.max_bytes - *held)
+      return Status::Error(what + ": " + std::to_string(size) + " bytes do not fit in what key " +
+                               charge.key_id + " may save (" + std::to_string(*held) + " of its " +
+                               std::to_string(charge.max_bytes) +
+                               " bytes held by its snapshots and pauses without memory)",
+                           EDQUOT);
   }
   // Room first: a layer that cannot fit whatever is evicted evicts nothing (unused layers of
   // every tenant would go for it otherwise).
@@ -302,7 +314,7 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
   SBX_RETURN_IF_ERROR(RemoveTree(LayerDir(ts, id)));  // an unrecorded leftover of a dead maker
   if (::rename(root.c_str(), LayerDir(ts, id).c_str()) != 0)
     return Status::Errno(what + ": move the layer into the cache");
-  store::LayerRecord rec{id, size, 0, 0};
+  store::LayerRecord rec{id, size, 0, 0, charge.key_id};
   if (Status s = st.PutLayer(rec, pin_for); !s.ok()) {
     (void)RemoveTree(LayerDir(ts, id));  // unrecorded: the next sweep takes what is left
     return s.Wrap(what);
@@ -928,7 +940,7 @@ Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::S
 Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
                                            const std::string& dir, const std::string& id,
                                            std::optional<uint32_t> id_shift,
-                                           const std::string& pin_for) {
+                                           const std::string& pin_for, const LayerCharge& charge) {
   std::string what = "add layer " + id;
   if (!ValidLayerId(id) || id.rfind("sha256-", 0) == 0)
     return Status::Error(what + ": a layer id is [a-z0-9][a-z0-9._-]* (not sha256-...)", EINVAL);
@@ -940,7 +952,7 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
   auto size = internal::TreeBytes(dir);
   if (!size.ok()) return size.status().Wrap(what);
   bool existing = false;
-  auto rec = Commit(ts, st, dir, id, *size, pin_for, what, &existing);
+  auto rec = Commit(ts, st, dir, id, *size, pin_for, what, &existing, charge);
   if (rec.ok() && existing) (void)RemoveTree(dir);  // the same step's layer, made before
   return rec;
 }

@@ -114,17 +114,27 @@ Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::S
                                                const std::string& pin_for,
                                                const ProgressFn& progress = {});
 
+// The key a new layer is charged to (store::LayerRecord::owner_key_id) and what that key's
+// layers may take in all (0: no bound but the cache's).
+struct LayerCharge {
+  std::string key_id;
+  int64_t max_bytes = 0;
+};
+
 // Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the
 // cache's filesystem) into the cache as a new layer named `id` (a build's cache key,
 // "build-<hex>"), shifting its files' owners down by `id_shift` (the box's host id base: a box
 // writes as host ids id_base..id_base+65535; anything outside that range becomes 65534). Without
 // `id_shift` the files are stored as a layer's already (runtime::Box::layer_ids) and are not
 // walked but to count their size; `dir` may then be a btrfs subvolume, which stays one.
-// Pinned for `pin_for` as above. `dir` is consumed on success and left on error.
+// Pinned for `pin_for` as above, and charged to `charge.key_id`: EDQUOT, before anything is
+// evicted, where that key's layers would pass `charge.max_bytes` (counted under the cache's lock,
+// so that layers added at once never do). `dir` is consumed on success and left on error.
 Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store& st,
                                            const std::string& dir, const std::string& id,
                                            std::optional<uint32_t> id_shift,
-                                           const std::string& pin_for);
+                                           const std::string& pin_for,
+                                           const LayerCharge& charge = {});
 
 // A fresh empty directory (0700, root's) on the cache's filesystem for AddLayerFromDir's `dir`,
 // <templates dir>/staging/<pid>-<start time>-<random>: the next cache sweep removes it once the

@@ -454,6 +454,43 @@ TEST_F(ImageTest, ALayerTooBigForTheCacheEvictsNothing) {
   EXPECT_TRUE(*st_->GetLayer(unused->id));
 }
 
+// A layer charged to a key counts against the key's bound (its layers in use): one that would
+// pass it is refused before anything is evicted, and its directory is left to the caller.
+TEST_F(ImageTest, ALayerChargedToAKeyStaysWithinItsBound) {
+  auto unused = AddBlob({{"small", 'f', "s"}});
+  ASSERT_TRUE(unused.ok()) << unused.status().message();
+  const LayerCharge charge{"key_saver", 3 << 20};
+  auto stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  Put(*stage + "/a", std::string(2 << 20, 'a'));
+  auto first = AddLayerFromDir(ts_, *st_, *stage, "snap-first", std::nullopt, "sb1", charge);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(first->owner_key_id, "key_saver");
+  EXPECT_EQ(*st_->LayerBytesOwnedBy("key_saver"), first->size_bytes);
+  // Room for one more such layer once the unused one is evicted, and not before.
+  ts_.cache_bytes = 2 * first->size_bytes + unused->size_bytes / 2;
+
+  stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  Put(*stage + "/b", std::string(2 << 20, 'b'));
+  auto second = AddLayerFromDir(ts_, *st_, *stage, "snap-second", std::nullopt, "sb1", charge);
+  EXPECT_EQ(second.status().err(), EDQUOT) << second.status().message();
+  EXPECT_NE(second.status().message().find("key_saver"), std::string::npos);
+  EXPECT_TRUE(Exists(*stage + "/b"));  // the caller's still
+  EXPECT_FALSE(*st_->GetLayer("snap-second"));
+  EXPECT_TRUE(*st_->GetLayer(unused->id));  // nothing evicted for it
+  // Another key, or none, is not bound by it.
+  auto other = AddLayerFromDir(ts_, *st_, *stage, "snap-other", std::nullopt, "sb1",
+                               LayerCharge{"key_other", 3 << 20});
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  // Once the first layer is no longer in use, the key has its room again.
+  ASSERT_TRUE(st_->UnpinLayer("sb1", "snap-first").ok());
+  stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  Put(*stage + "/c", std::string(2 << 20, 'c'));
+  EXPECT_TRUE(AddLayerFromDir(ts_, *st_, *stage, "snap-third", std::nullopt, "sb1", charge).ok());
+}
+
 // A layer's size counts what lies past PATH_MAX (a box's files may nest that deep: a count that
 // skipped them would let it pin any amount of the cache), and a layer deeper than the copy of a
 // writable layer allows is refused.

@@ -29,13 +29,13 @@ constexpr char kSandboxColumns[] =
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
-    "max_disk_bytes, min_timeout_ms, max_timeout_ms, runtimes";
+    "max_disk_bytes, min_timeout_ms, max_timeout_ms, runtimes, max_saved_bytes";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
     "name, source, layers, created_at, kind, alias_of, size_bytes, last_used_at, config, "
     "sandbox_id, runtime";
-constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at";
+constexpr char kLayerColumns[] = "id, size_bytes, created_at, last_used_at, owner_key_id";
 
 Status Invalid(const std::string& what) { return Status::Error(what, EINVAL); }
 
@@ -275,6 +275,7 @@ ApiKeyRecord ReadApiKey(const Statement& st) {
     if (e == std::string::npos) e = list.size();
     if (e > b) k.runtimes.push_back(list.substr(b, e - b));
   }
+  k.max_saved_bytes = st.ColumnInt(20);
   return k;
 }
 
@@ -303,7 +304,7 @@ Result<TemplateRecord> ReadTemplate(const Statement& st) {
 }
 
 LayerRecord ReadLayer(const Statement& st) {
-  return {st.ColumnText(0), st.ColumnInt(1), st.ColumnInt(2), st.ColumnInt(3)};
+  return {st.ColumnText(0), st.ColumnInt(1), st.ColumnInt(2), st.ColumnInt(3), st.ColumnText(4)};
 }
 
 bool IsValidTemplateKind(std::string_view k) {
@@ -707,8 +708,9 @@ Status CheckRanges(const LimitRanges& r) {
 
 Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandboxes,
                                       double creates_per_second, bool is_operator,
-                                      const LimitRanges& ranges) {
+                                      const LimitRanges& ranges, int64_t max_saved_bytes) {
   if (max_sandboxes < 0) return Invalid("create api key: max_sandboxes is negative");
+  if (max_saved_bytes < 0) return Invalid("create api key: max_saved_bytes is negative");
   if (!std::isfinite(creates_per_second) || creates_per_second < 0) {
     return Invalid("create api key: creates_per_second must be a number >= 0");
   }
@@ -723,11 +725,12 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   k.record.max_sandboxes = max_sandboxes;
   k.record.creates_per_second = creates_per_second;
   k.record.is_operator = is_operator;
+  k.record.max_saved_bytes = max_saved_bytes;
 
   MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11,"
-                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18, '')");
+                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18, '', ?19)");
   if (!st.ok()) return st.status().Wrap("create api key");
   st->BindText(1, k.record.id)
       .BindText(2, k.record.name)
@@ -736,7 +739,8 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
       .BindInt(5, k.record.created_at)
       .BindInt(6, k.record.max_sandboxes)
       .BindDouble(7, k.record.creates_per_second)
-      .BindInt(8, k.record.is_operator ? 1 : 0);
+      .BindInt(8, k.record.is_operator ? 1 : 0)
+      .BindInt(19, k.record.max_saved_bytes);
   k.record.ranges = ranges;
   // 0 is stored as NULL: "the daemon's bound", whatever the daemon is started with.
   auto bind = [&](int i, auto v) {
@@ -1246,15 +1250,16 @@ Status Store::PutLayer(const LayerRecord& l, const std::string& pin_for) {
   MutexLock lock(mu_);
   Result<Transaction> tx = Transaction::Begin(*db_);
   if (!tx.ok()) return tx.status().Wrap(what);
-  Result<Statement> st = db_->Prepare(
-      std::string("INSERT INTO template_layers (") + kLayerColumns +
-      ") VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO UPDATE SET size_bytes = excluded.size_bytes,"
-      " last_used_at = MAX(last_used_at, excluded.last_used_at)");
+  Result<Statement> st = db_->Prepare(std::string("INSERT INTO template_layers (") + kLayerColumns +
+                                      ") VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO UPDATE "
+                                      "SET size_bytes = excluded.size_bytes,"
+                                      " last_used_at = MAX(last_used_at, excluded.last_used_at)");
   if (!st.ok()) return st.status().Wrap(what);
   st->BindText(1, l.id)
       .BindInt(2, l.size_bytes)
       .BindInt(3, created)
-      .BindInt(4, l.last_used_at != 0 ? l.last_used_at : created);
+      .BindInt(4, l.last_used_at != 0 ? l.last_used_at : created)
+      .BindText(5, l.owner_key_id);
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   if (!pin_for.empty()) SBX_RETURN_IF_ERROR(InsertPinIn(*db_, pin_for, l.id, created, what));
   return tx->Commit().Wrap(what);
@@ -1334,6 +1339,21 @@ Result<int64_t> Store::LayerBytes() {
       db_->QueryText("SELECT CAST(COALESCE(SUM(size_bytes), 0) AS TEXT) FROM template_layers");
   if (!sum.ok()) return sum.status().Wrap("sum layer sizes");
   return static_cast<int64_t>(std::strtoll(sum->c_str(), nullptr, 10));
+}
+
+Result<int64_t> Store::LayerBytesOwnedBy(const std::string& owner_key_id) {
+  std::string what = "sum the sizes of the layers of key " + owner_key_id;
+  if (owner_key_id.empty()) return Invalid(what + ": empty key id");
+  MutexLock lock(mu_);
+  Result<Statement> st =
+      db_->Prepare(std::string("SELECT COALESCE(SUM(size_bytes), 0) FROM template_layers l WHERE "
+                               "l.owner_key_id = ?1 AND l.owner_key_id != '' AND ") +
+                   kLayerInUse);
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, owner_key_id);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  return *row ? st->ColumnInt(0) : 0;
 }
 
 Result<std::vector<LayerRecord>> Store::UnusedLayers() {

@@ -189,6 +189,10 @@ struct ApiKeyRecord {
   // Runtimes a create of this key may ask for beside its template's own (version 16; operator
   // keys may ask for any).
   std::vector<std::string> runtimes;
+  // Bytes of the template cache this key's saved files may hold (version 18): the layers in use
+  // of its snapshots (forks' included) and of its sandboxes paused without memory (LayerRecord's
+  // owner_key_id; Store::LayerBytesOwnedBy); 0 = unlimited (the cache's bound only).
+  int64_t max_saved_bytes = 0;
   bool active() const { return revoked_at == 0; }
 };
 
@@ -284,6 +288,10 @@ struct LayerRecord {
   int64_t size_bytes = 0;
   int64_t created_at = 0;    // PutLayer sets it to now when 0
   int64_t last_used_at = 0;  // PutLayer sets it to created_at when 0; UseTemplate bumps it
+  // The key whose sandbox saved it (a snapshot's or a pause without memory's layer, version 18),
+  // charged for it against ApiKeyRecord::max_saved_bytes while it is in use, whoever uses it;
+  // "" for the others (images, builds, directories: the operator's or shared).
+  std::string owner_key_id;
 };
 
 // One taken slot of the box id pool (a range of 65536 host ids; the runtime maps slot numbers to
@@ -388,7 +396,7 @@ class Store {
   // minimum above its maximum (naming the field).
   Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
                                  double creates_per_second, bool is_operator = false,
-                                 const LimitRanges& ranges = {});
+                                 const LimitRanges& ranges = {}, int64_t max_saved_bytes = 0);
   // Sets the runtimes key `id` may ask for beside its templates' own (names as runtime/router.h
   // knows them; EINVAL for another). ENOENT for an unknown id.
   Status SetApiKeyRuntimes(const std::string& id, const std::vector<std::string>& runtimes);
@@ -464,8 +472,8 @@ class Store {
   Status DeleteTemplateOwner(const std::string& name);
 
   // ---- template layers ----
-  // Records a layer (or updates its size). EINVAL for an empty id or a negative size. With
-  // `pin_for`, the layer is pinned for it in the same transaction.
+  // Records a layer (or updates its size; its owner stays the first one's). EINVAL for an empty
+  // id or a negative size. With `pin_for`, the layer is pinned for it in the same transaction.
   Status PutLayer(const LayerRecord& l, const std::string& pin_for = "");
   // Pins the recorded layer `layer_id` for `pin_for` (a sandbox, build or pull id) and notes its
   // use. ENOENT if the layer is not recorded (checked in the same transaction).
@@ -475,6 +483,9 @@ class Store {
   Result<std::optional<LayerRecord>> GetLayer(const std::string& id);
   Result<std::vector<LayerRecord>> ListLayers();  // least recently used first
   Result<int64_t> LayerBytes();                   // the sum of every layer's size
+  // The sum of the sizes of the layers in use (not UnusedLayers: those go first when the cache
+  // needs room) that `owner_key_id` owns (LayerRecord::owner_key_id; not "").
+  Result<int64_t> LayerBytesOwnedBy(const std::string& owner_key_id);
   // Layers that no template references and no pin of a live sandbox (or of a sandbox that has
   // no record yet: a create in flight) holds, least recently used first. Pins of sandboxes that
   // are no longer live are forgotten on the way.

@@ -1213,6 +1213,65 @@ TEST_F(StoreTest, OrphanPinsAreDroppedAndUnusedLayersComeLeastRecentlyUsedFirst)
   ASSERT_TRUE(store->UnpinLayers("ghost").ok());
 }
 
+// A layer a key's sandbox saved (a snapshot's, a pause without memory's) is charged to that key
+// while it is in use, whoever uses it; an unused one (the cache's to evict) is not. The key's
+// bound of it is recorded with the key.
+TEST_F(StoreTest, ASavedLayerIsChargedToItsKeyWhileItIsInUse) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto key = store->CreateApiKey("saver", 0, 0, false, {}, 3000);
+  ASSERT_TRUE(key.ok()) << key.status().message();
+  EXPECT_EQ((*store->GetApiKey(key->record.id))->max_saved_bytes, 3000);
+  EXPECT_EQ(store->CreateApiKey("bad", 0, 0, false, {}, -1).status().err(), EINVAL);
+  const std::string& k = key->record.id;
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1")).ok());
+  ASSERT_TRUE(
+      store->PutLayer({.id = "disk-sb1-a", .size_bytes = 100, .owner_key_id = k}, "sb1").ok());
+  ASSERT_TRUE(store->PutLayer({.id = "snap-b", .size_bytes = 20, .owner_key_id = k}).ok());
+  ASSERT_TRUE(store->PutLayer({.id = "shared", .size_bytes = 5}, "sb1").ok());
+  EXPECT_EQ(*store->LayerBytesOwnedBy(k), 100);  // snap-b: nothing uses it
+  ASSERT_TRUE(
+      store->AddTemplate({.name = "snap-b", .kind = kTemplateSnapshot, .layers = {"snap-b"}}).ok());
+  EXPECT_EQ(*store->LayerBytesOwnedBy(k), 120);
+  EXPECT_EQ(*store->LayerBytesOwnedBy("key_other"), 0);
+  EXPECT_EQ(store->LayerBytesOwnedBy("").status().err(), EINVAL);
+  // Its owner is the first one's: the same layer put again is not another key's.
+  ASSERT_TRUE(
+      store->PutLayer({.id = "snap-b", .size_bytes = 30, .owner_key_id = "key_other"}).ok());
+  EXPECT_EQ((*store->GetLayer("snap-b"))->owner_key_id, k);
+  EXPECT_EQ(*store->LayerBytesOwnedBy(k), 130);
+  // The sandbox ends: its pause layer is unused, and no longer charged.
+  ASSERT_TRUE(store->PutSandbox(Sandbox("sb1", 0, kStateKilled)).ok());
+  EXPECT_EQ(*store->LayerBytesOwnedBy(k), 30);
+}
+
+// A file of version 17 gets the owners of the saved layers it holds: a snapshot's from its
+// template's owner row, a pause's from its sandbox.
+TEST_F(StoreTest, AVersionSeventeenFileChargesItsSavedLayersToTheirKeys) {
+  {
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    for (int v = 1; v <= 17; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 17").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO sandboxes (id, state, owner_key_id, created_at, "
+                           "updated_at) VALUES ('sbx1', 'paused', 'key_a', 1, 1);"
+                           "INSERT INTO template_owners (name, owner_key_id, created_at, "
+                           "updated_at) VALUES ('snap-one', 'key_b', 1, 1);"
+                           "INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
+                           "('snap-one', 7, 1), ('disk-sbx1-abc', 11, 1), ('disk-gone-x', 13, 1),"
+                           " ('sha256-cc', 17, 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  EXPECT_EQ((*store->GetLayer("snap-one"))->owner_key_id, "key_b");
+  EXPECT_EQ((*store->GetLayer("disk-sbx1-abc"))->owner_key_id, "key_a");
+  EXPECT_EQ((*store->GetLayer("disk-gone-x"))->owner_key_id, "");
+  EXPECT_EQ((*store->GetLayer("sha256-cc"))->owner_key_id, "");
+}
+
 TEST_F(StoreTest, ImageTemplatesKeepTheirConfigAndLeasePinsSurviveOrphanDrops) {
   auto store = OpenStore();
   ASSERT_TRUE(store);

@@ -2143,6 +2143,69 @@ TEST_F(ServeTest, ADeletedSnapshotsLayerGoesWhileItsSandboxRuns) {
   EXPECT_EQ(d_->Exec(src, {{"argv", {"stat", "-c", "%s", "/root/z"}}}).out, "100000\n");
 }
 
+// A key's snapshots and pauses without memory stay within what it may save (`sbx key create
+// --max-saved`): past it both answer 507 and leave nothing behind (no layer, no staging, the
+// sandbox running and not frozen); a deleted snapshot gives its room back.
+TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
+  auto made = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "create", "--name", "saver",
+                          "--max-saved", "3M", "--json"},
+                         ProcessOptions{.timeout_ms = 30000});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  json k = json::parse(made.out);
+  EXPECT_EQ(k["max_saved_bytes"], 3 << 20) << k;
+  const std::string key_id = k["id"];
+  const http::ClientHeaders as = {{"Authorization", "Bearer " + k["secret"].get<std::string>()},
+                                  {"Content-Type", "application/json"}};
+  auto post = [&](const std::string& target, const json& body) {
+    return d_->Call("POST", target, body.dump(), as);
+  };
+  auto created = post("/v1/sandboxes", json::object());
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id = json::parse(created.body)["id"];
+  auto sh = [&](const std::string& command) {
+    auto r = post("/v1/sandboxes/" + id + "/commands", {{"command", command}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.body;
+  };
+  ASSERT_NE(sh("head -c 2000000 /dev/urandom > /root/blob").find(R"("exit_code":0)"),
+            std::string::npos);
+  auto first = post("/v1/sandboxes/" + id + "/snapshots", json::object());
+  ASSERT_EQ(first.status, 201) << first.body;
+  const std::string snap = json::parse(first.body)["id"];
+
+  // Another 2 MB do not fit in the 1 MB left: not as a snapshot, nor as a pause without memory.
+  auto second = post("/v1/sandboxes/" + id + "/snapshots", json::object());
+  EXPECT_EQ(second.status, 507) << second.body;
+  EXPECT_NE(second.body.find(key_id), std::string::npos) << second.body;
+  auto paused = post("/v1/sandboxes/" + id + "/pause", {{"memory", false}});
+  EXPECT_EQ(paused.status, 507) << paused.body;
+  auto got = d_->Call("GET", "/v1/sandboxes/" + id, "", as);
+  EXPECT_EQ(json::parse(got.body)["state"], "running") << got.body;
+  EXPECT_NE(sh("wc -c < /root/blob").find(Base64Encode("2000000\n")), std::string::npos);
+  size_t layers = 0, staged = 0;
+  for (const auto& [dir, n] : {std::pair{dir_ + "/templates/layers", &layers},
+                               std::pair{dir_ + "/templates/staging", &staged}}) {
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string name = e->d_name;
+        *n += name != "." && name != ".." &&
+              (n == &staged || name.rfind("snap-", 0) == 0 || name.rfind("disk-", 0) == 0);
+      }
+      ::closedir(d);
+    }
+  }
+  EXPECT_EQ(layers, 1u);  // the first snapshot's
+  EXPECT_EQ(staged, 0u);
+  auto ls = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "ls"}, ProcessOptions{});
+  EXPECT_NE(ls.out.find(" of 3 MiB"), std::string::npos) << ls.out;
+
+  // Deleted, the first snapshot gives its room back.
+  EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/" + snap, "", as).status, 204);
+  paused = post("/v1/sandboxes/" + id + "/pause", {{"memory", false}});
+  EXPECT_EQ(paused.status, 200) << paused.body;
+  EXPECT_EQ(json::parse(paused.body)["on_disk"], true) << paused.body;
+}
+
 // Fork: N sandboxes with the source's files and settings; the source keeps running.
 TEST_F(ServeTest, ForksHaveTheSourcesFilesAndSettingsWhileItKeepsRunning) {
   std::string src = Create({{"env", {{"ROLE", "worker"}}},
