@@ -312,6 +312,7 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
   if (!evicted.ok()) return evicted.status().Wrap(what);
   SBX_RETURN_IF_ERROR(fits());
   SBX_RETURN_IF_ERROR(RemoveTree(LayerDir(ts, id)));  // an unrecorded leftover of a dead maker
+  SBX_RETURN_IF_ERROR(internal::SetMarksDone(root).Wrap(what));  // both makers mirrored them
   if (::rename(root.c_str(), LayerDir(ts, id).c_str()) != 0)
     return Status::Errno(what + ": move the layer into the cache");
   store::LayerRecord rec{id, size, 0, 0, charge.key_id};
@@ -949,7 +950,7 @@ Result<store::LayerRecord> AddLayerFromDir(const TemplateStore& ts, store::Store
     return Status::Error(what + ": not a directory", EINVAL);
   std::set<std::pair<dev_t, ino_t>> shifted;
   if (id_shift) SBX_RETURN_IF_ERROR(ShiftTree(dir, *id_shift, shifted).Wrap(what));
-  auto size = internal::TreeBytes(dir);
+  auto size = internal::TreeBytes(dir, /*mirror_opaque=*/true);
   if (!size.ok()) return size.status().Wrap(what);
   bool existing = false;
   auto rec = Commit(ts, st, dir, id, *size, pin_for, what, &existing, charge);

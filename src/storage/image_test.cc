@@ -551,32 +551,90 @@ TEST_F(ImageTest, WhiteoutsBecomeOverlayfsWhiteoutsThatHideLowerFiles) {
   EXPECT_EQ(sb.st_rdev, makedev(0, 0));
   EXPECT_FALSE(Exists(u + "/etc/.wh.gone"));
   EXPECT_FALSE(Exists(u + "/opaque/.wh..wh..opq"));
+  // The opaque mark under both prefixes, and the layer says so.
+  for (const char* name : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
+    char v[8] = {};
+    ASSERT_EQ(::getxattr((u + "/opaque").c_str(), name, v, sizeof v), 1) << name;
+    EXPECT_EQ(v[0], 'y');
+  }
   char v[8] = {};
-  ASSERT_EQ(::getxattr((u + "/opaque").c_str(), "trusted.overlay.opaque", v, sizeof v), 1);
-  EXPECT_EQ(v[0], 'y');
+  EXPECT_GT(::getxattr(u.c_str(), "trusted.sbx.marks", v, sizeof v), 0);
 
-  // A real overlay of the two, in a private mount namespace of a child.
+  // A real overlay of the two, in a private mount namespace of a child: mounted by the host
+  // (trusted.overlay.*, a vm guest's root), and in a user namespace (userxattr: user.overlay.*,
+  // every other box's).
   std::string mnt = dir_ + "/mnt";
   ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (::unshare(CLONE_NEWNS) != 0) ::_exit(10);
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(11);
-    std::string opts = "lowerdir=" + u + ":" + l;
-    if (::mount("overlay", mnt.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0) ::_exit(12);
-    struct stat s {};
-    if (::lstat((mnt + "/etc/gone").c_str(), &s) == 0) ::_exit(13);
-    if (::lstat((mnt + "/etc/kept").c_str(), &s) != 0) ::_exit(14);
-    if (::lstat((mnt + "/opaque/old").c_str(), &s) == 0) ::_exit(15);
-    if (::lstat((mnt + "/opaque/new").c_str(), &s) != 0) ::_exit(16);
-    ::_exit(0);
+  for (bool userns : {false, true}) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::unshare(CLONE_NEWNS | (userns ? CLONE_NEWUSER : 0)) != 0) ::_exit(10);
+      if (userns && (!WriteFile("/proc/self/setgroups", "deny", 0644).ok() ||
+                     !WriteFile("/proc/self/uid_map", "0 0 1", 0644).ok() ||
+                     !WriteFile("/proc/self/gid_map", "0 0 1", 0644).ok()))
+        ::_exit(10);
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(11);
+      std::string opts = std::string(userns ? "userxattr," : "") + "lowerdir=" + u + ":" + l;
+      if (::mount("overlay", mnt.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0) ::_exit(12);
+      struct stat s {};
+      if (::lstat((mnt + "/etc/gone").c_str(), &s) == 0) ::_exit(13);
+      if (::lstat((mnt + "/etc/kept").c_str(), &s) != 0) ::_exit(14);
+      if (::lstat((mnt + "/opaque/old").c_str(), &s) == 0) ::_exit(15);
+      if (::lstat((mnt + "/opaque/new").c_str(), &s) != 0) ::_exit(16);
+      ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << (userns ? "in a user namespace: " : "")
+        << "10-12: mount, 13: whiteout shown, 14: kept file gone, 15: opaque dir shows lower, "
+           "16: new file gone";
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "10-12: mount, 13: whiteout shown, 14: kept file gone, "
-                                       "15: opaque dir shows lower, 16: new file gone";
+}
+
+// A box's layer marks a directory it replaced under user.overlay.* (its overlay's, in its user
+// namespace): added to the cache, the mark is under trusted.overlay.* too. A layer an older sbx
+// made with one mark gets the other the first time a box uses it.
+TEST_F(ImageTest, OpaqueDirectoriesAreMarkedForEveryKindOfMount) {
+  auto marks = [](const std::string& dir) {
+    std::string out;
+    for (const char* name : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
+      char v[8] = {};
+      out += ::getxattr(dir.c_str(), name, v, sizeof v) == 1 && v[0] == 'y' ? "y" : "-";
+    }
+    return out;
+  };
+  auto stage = MakeStagingDir(ts_);
+  ASSERT_TRUE(stage.ok()) << stage.status().message();
+  ASSERT_EQ(::mkdir((*stage + "/replaced").c_str(), 0755), 0);
+  ASSERT_EQ(::setxattr((*stage + "/replaced").c_str(), "user.overlay.opaque", "y", 1, 0), 0);
+  ASSERT_EQ(::mkdir((*stage + "/plain").c_str(), 0755), 0);
+  // 6.7+: "x" is a directory that may hold xattr whiteouts, not an opaque one.
+  ASSERT_EQ(::setxattr((*stage + "/plain").c_str(), "user.overlay.opaque", "x", 1, 0), 0);
+  auto r = AddLayerFromDir(ts_, *st_, *stage, "snap-marks", std::nullopt, "");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const std::string snap = LayerDir(ts_, "snap-marks");
+  EXPECT_EQ(marks(snap + "/replaced"), "yy");
+  EXPECT_EQ(marks(snap + "/plain"), "--");
+
+  auto img = AddBlob({{"o", 'd', ""}, {"o/.wh..wh..opq", 'f', ""}, {"o/n", 'f', "n"}});
+  ASSERT_TRUE(img.ok()) << img.status().message();
+  const std::string old = LayerDir(ts_, img->id);
+  // As an older sbx left them: one mark each, and no word that both are there.
+  ASSERT_EQ(::removexattr((old + "/o").c_str(), "user.overlay.opaque"), 0);
+  ASSERT_EQ(::removexattr(old.c_str(), "trusted.sbx.marks"), 0);
+  ASSERT_EQ(::removexattr((snap + "/replaced").c_str(), "trusted.overlay.opaque"), 0);
+  ASSERT_EQ(::removexattr(snap.c_str(), "trusted.sbx.marks"), 0);
+  auto t = TemplateOfLayers(ts_, {"snap-marks", img->id});
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(marks(old + "/o"), "yy");
+  EXPECT_EQ(marks(snap + "/replaced"), "yy");
+  EXPECT_EQ(marks(snap + "/plain"), "--");
+  char v[8] = {};
+  EXPECT_GT(::getxattr(old.c_str(), "trusted.sbx.marks", v, sizeof v), 0);
+  EXPECT_GT(::getxattr(snap.c_str(), "trusted.sbx.marks", v, sizeof v), 0);
 }
 
 TEST_F(ImageTest, LayersAreUnreachableByHostUsers) {

@@ -440,8 +440,9 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
       if (!dir)
         return Status::Error(o.what + ": opaque directory '" + d + "' is not a directory", EINVAL);
     }
-    if (::fsetxattr(dir.get(), "trusted.overlay.opaque", "y", 1, 0) != 0)
+    if (::fsetxattr(dir.get(), kTrustedOpaque, "y", 1, 0) != 0)
       return Status::Errno(o.what + ": mark '" + d + "' opaque");
+    SBX_RETURN_IF_ERROR(MirrorOpaqueMark(dir.get()).Wrap(o.what + ": mark '" + d + "' opaque"));
     bytes += kEntryOverheadBytes;
   }
   if (o.progress) o.progress(bytes);
@@ -493,8 +494,9 @@ namespace {
 
 // Adds what directory `fd` holds to `n`, `depth` directories below the tree's top. One descriptor
 // per level, fd-relative: a path past PATH_MAX (a box may nest its directories that deep) is
-// counted like any other.
-Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n) {
+// counted like any other. With `mirror`, MirrorOpaqueMark of each directory first.
+Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n, bool mirror) {
+  if (mirror) SBX_RETURN_IF_ERROR(MirrorOpaqueMark(fd.get()).Wrap("count a layer's size"));
   DIR* d = ::fdopendir(fd.get());
   if (d == nullptr) return Status::Errno("count a layer's size: open a directory");
   fd.release();
@@ -527,7 +529,7 @@ Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n) {
       result = Status::Errno("count a layer's size: open " + name);
       break;
     }
-    result = AddTreeBytes(std::move(sub), depth + 1, n);
+    result = AddTreeBytes(std::move(sub), depth + 1, n, mirror);
     if (!result.ok()) break;
   }
   ::closedir(d);
@@ -536,15 +538,34 @@ Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n) {
 
 }  // namespace
 
+Status MirrorOpaqueMark(int fd) {
+  auto marked = [fd](const char* name) {
+    char v[2];
+    return ::fgetxattr(fd, name, v, sizeof v) == 1 && v[0] == 'y';
+  };
+  const bool trusted = marked(kTrustedOpaque), user = marked(kUserOpaque);
+  if (trusted == user) return {};
+  if (::fsetxattr(fd, trusted ? kUserOpaque : kTrustedOpaque, "y", 1, 0) == 0 ||
+      (trusted && (errno == ENOTSUP || errno == EOPNOTSUPP)))
+    return {};
+  return Status::Errno("mark an opaque directory under both prefixes");
+}
+
+Status SetMarksDone(const std::string& dir) {
+  if (::lsetxattr(dir.c_str(), kMarksXattr, "opaque", 6, 0) != 0)
+    return Status::Errno("mark the layer's opaque directories done");
+  return {};
+}
+
 // Its errors name no host path: a snapshot's reach the tenant whose box made the tree.
-Result<int64_t> TreeBytes(const std::string& path) {
+Result<int64_t> TreeBytes(const std::string& path, bool mirror_opaque) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return Status::Errno("count a layer's size");
   int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
   if (!S_ISDIR(st.st_mode)) return n;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) return Status::Errno("count a layer's size");
-  SBX_RETURN_IF_ERROR(AddTreeBytes(std::move(fd), 1, n));
+  SBX_RETURN_IF_ERROR(AddTreeBytes(std::move(fd), 1, n, mirror_opaque));
   return n;
 }
 
@@ -749,6 +770,20 @@ Status EnsureHostLayer(const TemplateStore& ts, store::Store& st,
   return evicted.ok() ? Status() : evicted.status();
 }
 
+// A layer an older sbx made has its opaque directories marked under one prefix only (an image's
+// trusted.*, a box's user.*): the first box to use it marks them under both (MirrorOpaqueMark),
+// once, under the cache's lock. Every other time this is one getxattr.
+Status EnsureOpaqueMarks(const TemplateStore& ts, const std::string& dir) {
+  char v[16];
+  if (::lgetxattr(dir.c_str(), kMarksXattr, v, sizeof v) >= 0) return {};
+  auto lock = CacheLock::Take(ts);
+  if (!lock.ok()) return lock.status();
+  if (::lgetxattr(dir.c_str(), kMarksXattr, v, sizeof v) >= 0) return {};  // done meanwhile
+  auto walked = TreeBytes(dir, /*mirror_opaque=*/true);
+  if (!walked.ok()) return walked.status();
+  return SetMarksDone(dir);
+}
+
 Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& rec) {
   Template t;
   t.name = rec.name;
@@ -764,6 +799,8 @@ Result<Template> Assemble(const TemplateStore& ts, const store::TemplateRecord& 
     if (::stat(LayerDir(ts, id).c_str(), &sb) != 0)
       return Status::Error("template " + rec.name + ": layer " + id + " is missing from the cache",
                            EIO);
+    SBX_RETURN_IF_ERROR(
+        EnsureOpaqueMarks(ts, LayerDir(ts, id)).Wrap("template " + rec.name + ": layer " + id));
     t.layers.push_back(LayerDir(ts, id));
   }
   // A build FROM host (sandbox/build.h), or a snapshot of a box of the host template, keeps the

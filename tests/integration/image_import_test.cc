@@ -89,18 +89,33 @@ class ImageImportTest : public ::testing::Test {
   ProcessResult Sh(const std::string& cmd) { return RunProcess({"/bin/sh", "-c", cmd}); }
 
   // `docker save` of a one-layer busybox image: manifest.json, <config digest>.json, 0/layer.tar.
-  std::string DockerArchive() {
+  // `lower` (a shell command, run in the root) adds to that layer; with `upper`, a second layer
+  // (1/layer.tar) of what that shell command makes in the current directory.
+  std::string DockerArchive(const std::string& lower = "", const std::string& upper = "") {
     std::string root = dir_ + "/root", out = dir_ + "/archive";
     std::string cmd =
         "set -e; mkdir -p " + root + "/bin " + root + "/etc " + root + "/work " + root + "/tmp " +
         out + "/0 && cp /bin/busybox " + root + "/bin/ && ln -s busybox " + root +
         "/bin/sh && printf 'root:x:0:0::/root:/bin/sh\\napp:x:1000:1000::/work:/bin/sh\\n' > " +
         root + "/etc/passwd && printf 'root:x:0:\\napp:x:1000:\\nstaff:x:50:app\\n' > " + root +
-        "/etc/group && chown 1000:1000 " + root + "/work && chmod 1777 " + root +
-        "/tmp && tar -C " + root + " --numeric-owner -cf " + out + "/0/layer.tar .";
+        "/etc/group && chown 1000:1000 " + root + "/work && chmod 1777 " + root + "/tmp && cd " +
+        root + " && " + (lower.empty() ? "true" : lower) + " && tar -C " + root +
+        " --numeric-owner -cf " + out + "/0/layer.tar .";
     EXPECT_EQ(Sh(cmd).exit_code, 0) << cmd;
-    auto diff = Sh("sha256sum " + out + "/0/layer.tar | cut -d' ' -f1");
-    std::string diff_id = "sha256:" + diff.out.substr(0, 64);
+    json diff_ids = json::array(), layers = json::array();
+    auto add = [&](const std::string& tar) {
+      auto diff = Sh("sha256sum " + out + "/" + tar + " | cut -d' ' -f1");
+      diff_ids.push_back("sha256:" + diff.out.substr(0, 64));
+      layers.push_back(tar);
+    };
+    add("0/layer.tar");
+    if (!upper.empty()) {
+      std::string u = dir_ + "/upper";
+      std::string make = "set -e; mkdir -p " + u + " " + out + "/1 && cd " + u + " && " + upper +
+                         " && tar -C " + u + " --numeric-owner -cf " + out + "/1/layer.tar .";
+      EXPECT_EQ(Sh(make).exit_code, 0) << make;
+      add("1/layer.tar");
+    }
     json config = {{"architecture", "amd64"},
                    {"os", "linux"},
                    {"config",
@@ -108,13 +123,13 @@ class ImageImportTest : public ::testing::Test {
                      {"User", "app:staff"},
                      {"WorkingDir", "/work"},
                      {"Cmd", {"/bin/sh"}}}},
-                   {"rootfs", {{"type", "layers"}, {"diff_ids", {diff_id}}}}};
+                   {"rootfs", {{"type", "layers"}, {"diff_ids", diff_ids}}}};
     EXPECT_TRUE(WriteFile(out + "/config.json", config.dump(), 0644).ok());
     auto cfg = Sh("sha256sum " + out + "/config.json | cut -d' ' -f1");
     std::string cfg_name = cfg.out.substr(0, 64) + ".json";
     EXPECT_EQ(::rename((out + "/config.json").c_str(), (out + "/" + cfg_name).c_str()), 0);
-    json manifest = json::array(
-        {{{"Config", cfg_name}, {"RepoTags", {"busy/app:1"}}, {"Layers", {"0/layer.tar"}}}});
+    json manifest =
+        json::array({{{"Config", cfg_name}, {"RepoTags", {"busy/app:1"}}, {"Layers", layers}}});
     EXPECT_TRUE(WriteFile(out + "/manifest.json", manifest.dump(), 0644).ok());
     std::string tarball = dir_ + "/busy.tar";
     EXPECT_EQ(Sh("tar -C " + out + " -cf " + tarball + " .").exit_code, 0);
@@ -187,6 +202,46 @@ TEST_F(ImageImportTest, AnImportedImagesConfigIsEveryCommandsDefault) {
   EXPECT_NE(r.out.find(layer), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("freed"), std::string::npos) << r.err;
   EXPECT_NE(::access((data_ + "/templates/layers/" + layer).c_str(), F_OK), 0);
+}
+
+// A later layer's whiteouts and opaque directories hide what the layers below hold, in a box of
+// every runtime this host has, as `docker run` would show them; so does a directory a box
+// replaced, in boxes of its snapshot. (Overlayfs reads its marks under trusted.* where the host
+// mounts it, a vm guest's root, and under user.* where a user namespace does, every other box's.
+// An image's ".wh..wh..opq" was marked under trusted.* alone, so the directory's old files showed
+// through in native, runc and gVisor boxes; a box's own mark, user.*, was lost on a vm.)
+TEST_F(ImageImportTest, AnImagesWhiteoutsAndOpaqueDirectoriesHideWhatIsBelow) {
+  std::string tarball = DockerArchive(
+      "mkdir -p opt/d opt/kept && touch opt/d/old opt/gone opt/kept/one",
+      "mkdir -p opt/d opt/kept && touch opt/d/new opt/d/.wh..wh..opq opt/.wh.gone opt/kept/two");
+  auto r = Sbx({"template", "import", "wh", tarball});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json src = Json("POST", "/v1/sandboxes", R"({"template":"wh"})", 201);
+  auto replaced =
+      Call("POST", "/v1/sandboxes/" + src["id"].get<std::string>() + "/commands",
+           json{{"argv",
+                 {"/bin/sh", "-c", "rm -rf /opt/kept && mkdir /opt/kept && touch /opt/kept/three"}},
+                {"user", "root"}}
+               .dump());
+  ASSERT_NE(replaced.body.find(R"("exit_code":0)"), std::string::npos) << replaced.body;
+  json snap =
+      Json("POST", "/v1/sandboxes/" + src["id"].get<std::string>() + "/snapshots", "{}", 201);
+  json rts = Json("GET", "/v1/runtimes", "", 200);
+  int tried = 0;
+  for (const auto& rt : rts["runtimes"]) {
+    if (!rt.value("available", false)) continue;
+    ++tried;
+    for (const std::string& tmpl : {std::string("wh"), snap["id"].get<std::string>()}) {
+      json s = Json("POST", "/v1/sandboxes",
+                    json{{"template", tmpl}, {"runtime", rt["name"]}}.dump(), 201);
+      std::string id = s["id"];
+      EXPECT_EQ(Exec(id, "ls /opt/d; ls /opt/kept; test -e /opt/gone || echo no-gone"),
+                tmpl == "wh" ? "new\none\ntwo\nno-gone\nexit=0" : "new\nthree\nno-gone\nexit=0")
+          << rt["name"] << " " << tmpl;
+      ASSERT_EQ(Call("DELETE", "/v1/sandboxes/" + id).status, 204);
+    }
+  }
+  EXPECT_GE(tried, 1);
 }
 
 // The daemon started with a low inherited soft limit of open files (128, where a shell or unit
