@@ -214,24 +214,29 @@ Status RemoveContents(int top, const std::string& path) {
 
 }  // namespace
 
-Status RemoveTree(const std::string& path) {
+Status RemoveTree(const std::string& path) { return RemoveTreeAt(AT_FDCWD, path, path); }
+
+Status RemoveTreeAt(int dir, const std::string& name, const std::string& what) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return {};
-    return Status::Errno("stat " + path);
+    return Status::Errno("stat " + what);
   }
   if (!S_ISDIR(st.st_mode)) {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Status::Errno("unlink " + path);
+    if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT)
+      return Status::Errno("unlink " + what);
     return {};
   }
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) return Status::Errno("open " + path);
+  UniqueFd fd(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return Status::Errno("open " + what);
   // A btrfs subvolume (a layer of a snapshot, a box's writable layer) goes whole, in O(1).
   if (btrfs::IsSubvolume(st, fd.get()) && !IsMountRoot(fd.get(), "", true) &&
-      btrfs::DeleteSubvolume(path).ok())
+      (dir == AT_FDCWD ? btrfs::DeleteSubvolume(name) : btrfs::DeleteSubvolumeAt(dir, name, what))
+          .ok())
     return {};
-  SBX_RETURN_IF_ERROR(RemoveContents(fd.get(), path));
-  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return Status::Errno("rmdir " + path);
+  SBX_RETURN_IF_ERROR(RemoveContents(fd.get(), what));
+  if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
+    return Status::Errno("rmdir " + what);
   return {};
 }
 

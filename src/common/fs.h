@@ -22,6 +22,9 @@ Status MakeDirs(const std::string& path, int mode = 0755);
 // itself or one below it, is deleted whole (O(1), the kernel frees its blocks after). A missing
 // `path` is fine.
 Status RemoveTree(const std::string& path);
+// RemoveTree of the entry `name` of the directory open as `dir` (or, with AT_FDCWD, of the path
+// `name`); `what` names it in errors.
+Status RemoveTreeAt(int dir, const std::string& name, const std::string& what);
 // Private files (the install secret, the CA key): made once and never rewritten, readable by this
 // process's user only.
 //

@@ -20,6 +20,7 @@
 #include "common/fd.h"
 #include "common/fs.h"
 #include "runtime/box_host.h"
+#include "runtime/native/layer_copy.h"
 #include "sandbox/manager_internal.h"
 #include "sandbox/secrets.h"
 #include "sandbox/start_ready.h"
@@ -1123,14 +1124,16 @@ Status Manager::Resume(const store::ApiKeyRecord& key, const std::string& id) {
 
 Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
                                                        const std::string& layer_id,
-                                                       bool stay_frozen,
-                                                       const std::string& charged) {
+                                                       bool stay_frozen, const std::string& charged,
+                                                       bool merges) {
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();
   // The sandbox's layers grow by one (unless its box holds its top layer): past what its runtime
-  // stacks, neither it (resumed) nor a sandbox of the snapshot could start.
-  if (const size_t most = runtime_.MaxLayers(*box);
-      !box->holds_top_layer && rec.layers.size() + 1 > most)
+  // stacks, neither it (resumed) nor a sandbox of the snapshot could start. A pause merges its
+  // own layers, if it has any, back below that.
+  const size_t most = runtime_.MaxLayers(*box);
+  if (!box->holds_top_layer && rec.layers.size() + 1 > most &&
+      !(merges && !rec.layers.empty() && IsOwnLayer(rec, rec.layers.front())))
     return Status::Error("sandbox " + rec.id + " has " + std::to_string(rec.layers.size()) +
                              " layers, and a box of runtime " + rec.runtime + " stacks at most " +
                              std::to_string(most) +
@@ -1151,6 +1154,7 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
   if (limit <= 0)
     return Status::Error("the template cache's filesystem has no room above the disk reserve",
                          ENOSPC);
+  const int64_t cache_limit = limit;
   // And within what the key may save: AddLayerFromDir checks that for good, under the cache's
   // lock; this stops the copy early.
   auto key = store_.GetApiKey(charged);
@@ -1208,6 +1212,57 @@ Result<std::vector<std::string>> Manager::CaptureLayer(const SandboxRecord& rec,
     layers.front() = layer_id;
   else
     layers.insert(layers.begin(), layer_id);
+  if (!merges || box->holds_top_layer) return layers;
+  auto merged = MergeOwnLayers(rec, layers, most, cache_limit, charge);
+  if (merged.ok()) return merged;
+  // Unmerged, the layers still do where the runtime stacks them all.
+  if (layers.size() <= most) {
+    spdlog::warn("sandbox {}: its layers stay as they are: {}", rec.id, merged.status().message());
+    return layers;
+  }
+  if (Status s = store_.UnpinLayer(rec.id, layer_id); !s.ok())
+    spdlog::warn("sandbox {}: {}", rec.id, s.message());
+  if (froze && stay_frozen) (void)runtime_.Thaw(*box);
+  return merged.status();
+}
+
+bool Manager::IsOwnLayer(const SandboxRecord& rec, const std::string& layer) {
+  const std::string prefix = "disk-" + rec.id + "-";
+  return layer.compare(0, prefix.size(), prefix) == 0;
+}
+
+Result<std::vector<std::string>> Manager::MergeOwnLayers(const SandboxRecord& rec,
+                                                         std::vector<std::string> layers,
+                                                         size_t most, int64_t limit,
+                                                         storage::LayerCharge charge) {
+  size_t own = 0;
+  while (own < layers.size() && IsOwnLayer(rec, layers[own])) ++own;
+  if (own < 2 || (own <= kMostOwnLayers && layers.size() <= most)) return layers;
+  std::vector<std::string> dirs;
+  for (size_t i = 0; i < own; ++i) {
+    dirs.push_back(storage::LayerDir(templates_, layers[i]));
+    auto l = store_.GetLayer(layers[i]);
+    if (!l.ok()) return l.status();
+    if (*l && (*l)->owner_key_id == charge.key_id) charge.credit_bytes += (*l)->size_bytes;
+  }
+  const std::string what = "merge the " + std::to_string(own) + " layers of sandbox " + rec.id;
+  auto staging = storage::MakeStagingDir(templates_);
+  if (!staging.ok()) return staging.status().Wrap(what);
+  const std::string id = "disk-" + rec.id + "-" + RandomId(8);
+  auto copied = runtime::MergeLayerDirs(dirs, *staging, limit);
+  auto added = copied.ok() ? storage::AddLayerFromDir(templates_, store_, *staging, id,
+                                                      std::nullopt, rec.id, charge)
+                           : Result<store::LayerRecord>(copied.status());
+  if (!added.ok()) {
+    (void)RemoveTree(*staging);
+    return added.status().Wrap(what);
+  }
+  spdlog::info("sandbox {}: merged its {} own layers into {} ({} bytes)", rec.id, own, id,
+               added->size_bytes);
+  if (Status s = store_.UnpinLayer(rec.id, layers.front()); !s.ok())
+    spdlog::warn("sandbox {}: {}", rec.id, s.message());
+  layers.erase(layers.begin(), layers.begin() + static_cast<std::ptrdiff_t>(own));
+  layers.insert(layers.begin(), id);
   return layers;
 }
 
@@ -1230,7 +1285,8 @@ Status Manager::PauseToDiskLocked(SandboxRecord& rec, const std::string& key_id)
   std::string layer_id = "disk-" + rec.id + "-" + RandomId(8);
   // Frozen from the copy on: what is written after it would be lost.
   // Charged to the sandbox's owner, whoever pauses it.
-  auto layers = CaptureLayer(rec, layer_id, /*stay_frozen=*/true, rec.owner_key_id);
+  auto layers = CaptureLayer(rec, layer_id, /*stay_frozen=*/true, rec.owner_key_id,
+                             /*merges=*/true);
   if (!layers.ok()) return layers.status();
   auto box = BoxOf(rec.id);
   if (!box.ok()) return box.status();

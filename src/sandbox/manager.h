@@ -57,6 +57,7 @@
 #include "sandbox/metrics_history.h"
 #include "sandbox/pool.h"
 #include "sandbox/templates.h"
+#include "storage/image.h"
 #include "storage/template.h"
 #include "store/audit_queue.h"
 #include "store/store.h"
@@ -186,6 +187,10 @@ struct CreateRequest {
 };
 inline constexpr size_t kMaxSecrets = 64;
 inline constexpr int kMaxForks = 100;  // per fork call, as E2B
+// A sandbox's own layers (one per pause without memory) stacked before they are merged into one
+// (Manager::MergeOwnLayers): enough that a merge, a copy of all of them, is rare; few enough
+// that lookups through the stack stay quick.
+inline constexpr size_t kMostOwnLayers = 16;
 
 // Why a call failed, for the facades to map onto their protocol: the Status errno says which
 // (ENOENT: no such sandbox for this key; EINVAL: bad input; EBUSY: wrong state; EAGAIN: over
@@ -509,9 +514,22 @@ class Manager {
   // has no room left at all). Returns the sandbox's layers with it: on top, or in place of the
   // topmost when the box's writable layer began as a copy of that one
   // (runtime::Box::holds_top_layer).
+  // With `merges` (a pause without memory), the sandbox's own layers are merged after
+  // (MergeOwnLayers), and a sandbox at its runtime's most layers may take one more if they are.
   Result<std::vector<std::string>> CaptureLayer(const store::SandboxRecord& rec,
                                                 const std::string& layer_id, bool stay_frozen,
-                                                const std::string& charged);
+                                                const std::string& charged, bool merges = false);
+  // A sandbox paused without memory again and again gains a layer of its own each time
+  // ("disk-<id>-..." at the top of `layers`, the first just captured and pinned): past
+  // kMostOwnLayers, or past `most` layers in all, they become one new layer (pinned for it,
+  // charged to `charge`, copied within `limit` bytes). Returns the layers with it, or `layers`
+  // as they were when there is nothing to merge. The newest layer's pin goes; the caller drops
+  // those of the older ones (UnpinReplaced).
+  // Whether `layer` is one of `rec`'s own (a pause without memory's: "disk-<id>-...").
+  static bool IsOwnLayer(const store::SandboxRecord& rec, const std::string& layer);
+  Result<std::vector<std::string>> MergeOwnLayers(const store::SandboxRecord& rec,
+                                                  std::vector<std::string> layers, size_t most,
+                                                  int64_t limit, storage::LayerCharge charge);
   // Snapshot under the sandbox's Transition. Without `files` the snapshot is the sandbox's
   // layers alone (a vm fork's: its files travel with its saved memory).
   Result<SnapshotInfo> SnapshotLocked(const store::ApiKeyRecord& key,

@@ -288,7 +288,7 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
   if (charge.max_bytes > 0) {
     auto held = st.LayerBytesOwnedBy(charge.key_id);
     if (!held.ok()) return held.status().Wrap(what);
-    if (size > charge.max_bytes - *held)
+    if (size > charge.max_bytes - (*held - charge.credit_bytes))
       return Status::Error(what + ": " + std::to_string(size) + " bytes do not fit in what key " +
                                charge.key_id + " may save (" + std::to_string(*held) + " of its " +
                                std::to_string(charge.max_bytes) +

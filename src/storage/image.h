@@ -119,6 +119,9 @@ Result<store::LayerRecord> AddLayerFromTarball(const TemplateStore& ts, store::S
 struct LayerCharge {
   std::string key_id;
   int64_t max_bytes = 0;
+  // Bytes of that key's layers in use that the new one replaces (merged into it): not counted
+  // against the bound, as they go once it is recorded.
+  int64_t credit_bytes = 0;
 };
 
 // Moves the directory `dir` (a build step's writable layer, already in overlayfs' form, on the

@@ -2206,6 +2206,40 @@ TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
   EXPECT_EQ(json::parse(paused.body)["on_disk"], true) << paused.body;
 }
 
+// A sandbox paused without memory again and again gains a layer each time; past 16 of its own
+// they are merged into one, which shows what they did: the files each round wrote, not those a
+// later round deleted, a directory replaced as replaced. Afterwards the cache's gc leaves it one
+// layer of its own, and it resumes and pauses on.
+TEST_F(ServeTest, ASandboxPausedAgainAndAgainHasItsLayersMerged) {
+  std::string id = Create({{"timeout", 300}});
+  auto own_layers = [&] {
+    size_t n = 0;
+    if (DIR* d = ::opendir((dir_ + "/templates/layers").c_str())) {
+      while (dirent* e = ::readdir(d))
+        n += std::string(e->d_name).rfind("disk-" + id + "-", 0) == 0;
+      ::closedir(d);
+    }
+    return n;
+  };
+  ASSERT_EQ(d_->Exec(id, {{"command", "mkdir -p /root/d && echo old > /root/d/old"}}).exit_code, 0);
+  for (int i = 1; i <= 17; ++i) {
+    std::string round = std::to_string(i);
+    std::string sh = "echo " + round + " > /root/f" + round;
+    if (i > 1) sh += " && rm /root/f" + std::to_string(i - 1);
+    if (i == 5) sh += " && rm -rf /root/d && mkdir /root/d && echo new > /root/d/new";
+    ASSERT_EQ(d_->Exec(id, {{"command", sh}}).exit_code, 0) << i;
+    d_->Json("POST", "/v1/sandboxes/" + id + "/pause", {{"memory", false}});
+    d_->Json("POST", "/v1/sandboxes/" + id + "/resume");
+  }
+  EXPECT_EQ(d_->Exec(id, {{"command", "ls /root /root/d; cat /root/f17"}}).out,
+            "/root:\nd\nf17\n\n/root/d:\nnew\n17\n");
+  EXPECT_EQ(RunProcess({SBX_BIN, "--data-dir", dir_, "template", "gc"}).exit_code, 0);
+  EXPECT_EQ(own_layers(), 1u);
+  d_->Json("POST", "/v1/sandboxes/" + id + "/pause", {{"memory", false}});
+  d_->Json("POST", "/v1/sandboxes/" + id + "/resume");
+  EXPECT_EQ(d_->Exec(id, {{"command", "cat /root/d/new /root/f17"}}).out, "new\n17\n");
+}
+
 // Fork: N sandboxes with the source's files and settings; the source keeps running.
 TEST_F(ServeTest, ForksHaveTheSourcesFilesAndSettingsWhileItKeepsRunning) {
   std::string src = Create({{"env", {{"ROLE", "worker"}}},

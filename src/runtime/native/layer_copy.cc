@@ -24,6 +24,8 @@ namespace sbx::runtime {
 namespace {
 
 constexpr int kMaxDepth = 512;
+// Overlayfs' opaque mark under the host's prefix and a user namespace's (storage/cache.h).
+constexpr const char* kOpaqueMarks[] = {"trusted.overlay.opaque", "user.overlay.opaque"};
 constexpr int64_t kEntryCost = 512;  // what an entry costs beyond its data (as the cache counts)
 
 // The names in directory `dir` but "." and "..".
@@ -230,6 +232,95 @@ struct Copier {
       SBX_RETURN_IF_ERROR(Entry(src, dst, n.c_str(), what + "/" + n, depth));
     return {};
   }
+
+  // Whether directory `fd` is opaque under either prefix of overlayfs' marks.
+  static bool Opaque(int fd) {
+    for (const char* name : kOpaqueMarks) {
+      char v[2];
+      if (::fgetxattr(fd, name, v, sizeof v) == 1 && v[0] == 'y') return true;
+    }
+    return false;
+  }
+
+  // Marks directory `fd` opaque under both prefixes (a filesystem without user xattrs keeps the
+  // trusted one).
+  static Status MarkOpaque(int fd, const std::string& what) {
+    for (const char* name : kOpaqueMarks)
+      if (::fsetxattr(fd, name, "y", 1, 0) != 0 &&
+          (name == kOpaqueMarks[0] || (errno != ENOTSUP && errno != EOPNOTSUPP)))
+        return Status::Errno("mark the copy of " + what + " opaque");
+    return {};
+  }
+
+  // Removes every extended attribute of `fd`.
+  static Status DropXattrs(int fd, const std::string& what) {
+    std::vector<char> names(4096);
+    ssize_t n;
+    while ((n = ::flistxattr(fd, names.data(), names.size())) < 0 && errno == ERANGE)
+      names.resize(names.size() * 4);
+    if (n < 0) return errno == ENOTSUP ? Status() : Status::Errno("list xattrs of " + what);
+    for (ssize_t i = 0; i < n;) {
+      const char* name = names.data() + i;
+      i += static_cast<ssize_t>(std::strlen(name)) + 1;
+      if (::fremovexattr(fd, name) != 0 && errno != ENODATA)
+        return Status::Errno("drop xattr " + std::string(name) + " of the copy of " + what);
+    }
+    return {};
+  }
+
+  // The entries of the layer directory `src` over the copy `dst` of the layers below it, as
+  // overlayfs shows them (ApplyLayerTree).
+  Status Apply(int src, int dst, const std::string& what, int depth) {
+    auto names = Names(src, what);
+    if (!names.ok()) return names.status();
+    for (const auto& n : *names) {
+      const std::string w = what + "/" + n;
+      struct stat up {
+      }, below{};
+      if (::fstatat(src, n.c_str(), &up, AT_SYMLINK_NOFOLLOW) != 0)
+        return Status::Errno("stat " + w);
+      const bool has_below = ::fstatat(dst, n.c_str(), &below, AT_SYMLINK_NOFOLLOW) == 0;
+      if (!has_below && errno != ENOENT) return Status::Errno("stat the copy of " + w);
+      bool hides_below = false;
+      if (S_ISDIR(up.st_mode)) {
+        UniqueFd from(::openat(src, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!from) return Status::Errno("open " + w);
+        const bool opaque = Opaque(from.get());
+        if (!opaque && has_below && S_ISDIR(below.st_mode)) {
+          // Both directories: their entries merge, the upper one's attributes (its xattrs
+          // exactly, as overlayfs shows them) and the lower one's opacity.
+          if (depth >= kMaxDepth)
+            return Status::Error(
+                "merge layers: deeper than " + std::to_string(kMaxDepth) + " directories at " + w,
+                ELOOP);
+          SBX_RETURN_IF_ERROR(Charge(0, w));
+          UniqueFd to(::openat(dst, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+          if (!to) return Status::Errno("open the copy of " + w);
+          const bool was_opaque = Opaque(to.get());
+          at.emplace_back(n);
+          SBX_RETURN_IF_ERROR(Apply(from.get(), to.get(), w, depth + 1));
+          at.pop_back();
+          SBX_RETURN_IF_ERROR(DropXattrs(to.get(), w));
+          SBX_RETURN_IF_ERROR(Finish(from.get(), to.get(), up, w));
+          if (was_opaque) SBX_RETURN_IF_ERROR(MarkOpaque(to.get(), w));
+          continue;
+        }
+        // Over a file, a symlink or a whiteout, overlayfs shows the directory alone: nothing of
+        // the layers further down either.
+        hides_below = !opaque && has_below;
+      }
+      // Anything else replaces what was below it: a whiteout stays one (it hides the layers
+      // further down), an opaque directory comes whole.
+      if (has_below) SBX_RETURN_IF_ERROR(RemoveTreeAt(dst, n, "the copy of " + w));
+      SBX_RETURN_IF_ERROR(Entry(src, dst, n.c_str(), w, depth));
+      if (hides_below) {
+        UniqueFd made(::openat(dst, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!made) return Status::Errno("open the copy of " + w);
+        SBX_RETURN_IF_ERROR(MarkOpaque(made.get(), w));
+      }
+    }
+    return {};
+  }
 };
 
 // A name for a directory in `dir` that nothing there has, nor in `also` (-1: none).
@@ -312,6 +403,37 @@ Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limi
   SBX_RETURN_IF_ERROR(c.Tree(src_dir, to.get(), "", 0));
   SBX_RETURN_IF_ERROR(Copier::Finish(src_dir, to.get(), st, "the layer's root"));
   return c.bytes;
+}
+
+Result<int64_t> ApplyLayerTree(int upper_dir, const std::string& dest, int64_t limit_bytes) {
+  UniqueFd to(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!to) return Status::Errno("open " + dest);
+  struct stat st {};
+  if (::fstat(upper_dir, &st) != 0) return Status::Errno("stat the upper layer");
+  Copier c;
+  c.limit = limit_bytes;
+  c.root = to.get();
+  const bool was_opaque = Copier::Opaque(to.get());
+  SBX_RETURN_IF_ERROR(c.Apply(upper_dir, to.get(), "", 0));
+  SBX_RETURN_IF_ERROR(Copier::DropXattrs(to.get(), "the layer's root"));
+  SBX_RETURN_IF_ERROR(Copier::Finish(upper_dir, to.get(), st, "the layer's root"));
+  if (was_opaque) SBX_RETURN_IF_ERROR(Copier::MarkOpaque(to.get(), "the layer's root"));
+  return c.bytes;
+}
+
+Result<int64_t> MergeLayerDirs(const std::vector<std::string>& layers, const std::string& dest,
+                               int64_t limit_bytes) {
+  if (layers.empty()) return Status::Error("merge layers: none given", EINVAL);
+  int64_t bytes = 0;
+  for (size_t i = layers.size(); i-- > 0;) {
+    UniqueFd from = OpenDir(AT_FDCWD, layers[i].c_str());
+    if (!from) return Status::Errno("open " + layers[i]);
+    auto n = i + 1 == layers.size() ? CopyLayerTree(from.get(), dest, limit_bytes - bytes)
+                                    : ApplyLayerTree(from.get(), dest, limit_bytes - bytes);
+    if (!n.ok()) return n.status();
+    bytes += *n;
+  }
+  return bytes;
 }
 
 Result<int64_t> CopyLayerDir(const std::string& src, const std::string& dest, int64_t limit_bytes) {

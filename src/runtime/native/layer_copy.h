@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -24,6 +25,22 @@ namespace sbx::runtime {
 Result<int64_t> CopyLayerTree(int src_dir, const std::string& dest, int64_t limit_bytes);
 // CopyLayerTree of the directory at `src` (not followed if it is a symlink).
 Result<int64_t> CopyLayerDir(const std::string& src, const std::string& dest, int64_t limit_bytes);
+
+// Lays the layer `upper_dir` (an open directory in overlayfs' form: a layer, or a box's upper)
+// over `dest`, a copy of the layers below it, so that `dest` shows what overlayfs showed of the
+// two and can take their place. An entry of `upper_dir` replaces `dest`'s of its name: a whiteout
+// stays one (it hides what lies further down too), an opaque directory comes whole. A directory
+// that is not opaque merges into a directory of `dest` (the upper one's attributes and xattrs,
+// the lower one's opacity); over anything else it is marked opaque, since overlayfs showed
+// nothing below it. `dest`'s top takes `upper_dir`'s attributes. Copies as CopyLayerTree does
+// (hard links within `upper_dir` kept, ENOSPC past `limit_bytes`, ELOOP past 512 levels).
+// Returns the bytes counted of what was copied.
+Result<int64_t> ApplyLayerTree(int upper_dir, const std::string& dest, int64_t limit_bytes);
+// `layers` (directories, topmost first) made one in the empty directory `dest`: a copy of the
+// bottom one, and each above it applied in turn (ApplyLayerTree). Stacked over the layers below
+// them, `dest` shows what `layers` did.
+Result<int64_t> MergeLayerDirs(const std::vector<std::string>& layers, const std::string& dest,
+                               int64_t limit_bytes);
 
 // On btrfs a box's writable layer is a subvolume holding overlayfs' upper/ and work/, its files
 // stored under ids 0..65535 as a layer's are (it reaches the box through an idmapped mount), and

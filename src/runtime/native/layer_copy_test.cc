@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -229,6 +231,84 @@ TEST_F(LayerCopyTest, AWritableLayerBecomesALayerAndBackAtItsTop) {
   ASSERT_EQ(::stat(src_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
   EXPECT_EQ(st.st_uid, 0u);
+}
+
+// Runs `sh` (a shell command) in a child with a mount namespace of its own, in a user namespace
+// (uid and gid 0 mapped to themselves) with `userns`: where overlayfs is mounted as a box's is,
+// with `userxattr`. Returns the shell's exit status.
+int InChild(bool userns, const std::string& sh) {
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS | (userns ? CLONE_NEWUSER : 0)) != 0) ::_exit(100);
+    if (userns && (!WriteFile("/proc/self/setgroups", "deny").ok() ||
+                   !WriteFile("/proc/self/uid_map", "0 0 1").ok() ||
+                   !WriteFile("/proc/self/gid_map", "0 0 1").ok()))
+      ::_exit(101);
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(102);
+    ::execl("/bin/sh", "sh", "-ec", sh.c_str(), static_cast<char*>(nullptr));
+    ::_exit(103);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Two layers a box made, one after the other, on a base (real overlayfs writes them: whiteouts,
+// opaque directories, copies up), merged into one: stacked on the base, the merged layer shows
+// exactly what the two did, file by file, under the host's mount and under a user namespace's.
+TEST_F(LayerCopyTest, MergedLayersShowWhatTheLayersShowed) {
+  for (bool userns : {false, true}) {
+    SCOPED_TRACE(userns ? "userxattr" : "trusted");
+    const std::string t = root_ + (userns ? "/u" : "/t");
+    const std::string base = t + "/base", l1 = t + "/l1", l2 = t + "/l2", m = t + "/merged";
+    const std::string opts = userns ? "userxattr," : "";
+    ASSERT_EQ(InChild(false, "mkdir -p " + t + " && cd " + t +
+                                 " && mkdir base l1 l2 merged w1 w2 mnt v1 v2 && cd base && "
+                                 "mkdir -p etc d1/sub d2 keep chm && echo one > etc/f1 && "
+                                 "echo two > etc/f2 && echo a > d1/a && echo b > d1/sub/b && "
+                                 "echo x > d2/x && echo f > file_to_dir && echo k > keep/k"),
+              0);
+    // The first layer.
+    ASSERT_EQ(InChild(userns, "mount -t overlay o -o " + opts + "lowerdir=" + base + ",upperdir=" +
+                                  l1 + ",workdir=" + t + "/w1 " + t + "/mnt && cd " + t +
+                                  "/mnt && rm etc/f1 && echo mod >> etc/f2 && "
+                                  "ln etc/f2 etc/f2link && rm -rf d1 && mkdir d1 && "
+                                  "echo new > d1/n && mkdir n1 && echo a > n1/a && "
+                                  "rm file_to_dir && mkdir file_to_dir && touch file_to_dir/in && "
+                                  "chmod 0700 chm && ln -s target sym && mkfifo fifo && "
+                                  "echo k1 > keep/k1"),
+              0);
+    // The second, over the first.
+    ASSERT_EQ(
+        InChild(userns, "mount -t overlay o -o " + opts + "lowerdir=" + l1 + ":" + base +
+                            ",upperdir=" + l2 + ",workdir=" + t + "/w2 " + t + "/mnt && cd " + t +
+                            "/mnt && rm -rf n1 && echo again > etc/f1 && rm d1/n && "
+                            "touch d1/m && mkdir d2/y && rm -rf file_to_dir && "
+                            "echo now-a-file > file_to_dir && mv d2/x d2/x2 && "
+                            "chmod 0711 chm && rm sym && mkdir sym && rm -rf keep && "
+                            "mkdir keep && echo 3 > keep/k3"),
+        0);
+    auto merged = MergeLayerDirs({l2, l1}, m, INT64_MAX);
+    ASSERT_TRUE(merged.ok()) << merged.status().message();
+    // What the two layers showed, and what the merged one does, on the base.
+    const std::string list =
+        " && (find . ! -type d -printf '%p %y %m %U:%G %s %n %l\\n' | sort; "
+        "find . -type d -printf '%p %y %m %U:%G\\n' | sort; "
+        "find . -type f -exec sha256sum {} + | sort)";
+    ASSERT_EQ(InChild(userns, "cd " + t + " && mount -t overlay o -o " + opts + "lowerdir=" + l2 +
+                                  ":" + l1 + ":" + base + " v1 && mount -t overlay o -o " + opts +
+                                  "lowerdir=" + m + ":" + base + " v2 && (cd v1" + list + ") > " +
+                                  t + "/v1.txt && (cd v2" + list + ") > " + t + "/v2.txt"),
+              0);
+    auto was = ReadFile(t + "/v1.txt"), is = ReadFile(t + "/v2.txt");
+    ASSERT_TRUE(was.ok() && is.ok());
+    EXPECT_NE(was->find("./etc/f1 f 644 0:0 6 1"), std::string::npos) << *was;
+    EXPECT_NE(was->find("./file_to_dir f "), std::string::npos) << *was;
+    EXPECT_EQ(was->find("./n1"), std::string::npos) << *was;
+    EXPECT_NE(was->find("./etc/f2link f 644 0:0 8 2"), std::string::npos) << *was;
+    EXPECT_EQ(*is, *was);
+  }
 }
 
 }  // namespace
