@@ -74,7 +74,8 @@ inline constexpr char kMarksXattr[] = "trusted.sbx.marks";
 // Gives directory `fd` the opaque mark ("y") under both prefixes when it has it under either. A
 // filesystem without user xattrs (tmpfs before Linux 6.6) keeps the one it has.
 Status MirrorOpaqueMark(int fd);
-// Size of a tree as Extract counts it. ELOOP for one deeper than kMaxLayerDepth directories.
+// Size of a tree: kEntryOverheadBytes an entry, and each regular file's data, its holes left out
+// (the copy of a writable layer keeps them). ELOOP for one deeper than kMaxLayerDepth directories.
 // With `mirror_opaque`, each directory gets MirrorOpaqueMark on the way.
 Result<int64_t> TreeBytes(const std::string& path, bool mirror_opaque = false);
 // Sets kMarksXattr on the layer directory `dir`.

@@ -492,6 +492,12 @@ bool IsTarballName(const std::string& p) {
 
 namespace {
 
+// A regular file's data, its holes left out: its size, or its allocated blocks where fewer (a
+// sparse file, whose copy keeps its holes: runtime/native/layer_copy.cc).
+int64_t FileDataBytes(const struct stat& st) {
+  return std::min<int64_t>(st.st_size, static_cast<int64_t>(st.st_blocks) * 512);
+}
+
 // Adds what directory `fd` holds to `n`, `depth` directories below the tree's top. One descriptor
 // per level, fd-relative: a path past PATH_MAX (a box may nest its directories that deep) is
 // counted like any other. With `mirror`, MirrorOpaqueMark of each directory first.
@@ -515,7 +521,7 @@ Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n, bool mirror) {
       result = Status::Errno("count a layer's size: stat " + name);
       break;
     }
-    n += kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
+    n += kEntryOverheadBytes + (S_ISREG(st.st_mode) ? FileDataBytes(st) : 0);
     if (!S_ISDIR(st.st_mode)) continue;
     if (depth >= kMaxLayerDepth) {
       result = Status::Error(
@@ -561,7 +567,7 @@ Status SetMarksDone(const std::string& dir) {
 Result<int64_t> TreeBytes(const std::string& path, bool mirror_opaque) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return Status::Errno("count a layer's size");
-  int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? st.st_size : 0);
+  int64_t n = kEntryOverheadBytes + (S_ISREG(st.st_mode) ? FileDataBytes(st) : 0);
   if (!S_ISDIR(st.st_mode)) return n;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) return Status::Errno("count a layer's size");

@@ -2127,6 +2127,20 @@ TEST_F(ServeTest, ADiskLimitedSandboxIsSnapshottedToo) {
   EXPECT_EQ(ReadFile("/proc/self/mountinfo")->find("/fs/peek"), std::string::npos);
 }
 
+// A sparse file in a box (`truncate -s 20G`, as a database or a disk image makes) is snapshotted
+// with its holes: the snapshot costs the cache what the file holds, and is taken at once.
+TEST_F(ServeTest, ASparseFileIsSnapshottedWithItsHoles) {
+  std::string src = Create();
+  ASSERT_EQ(
+      d_->Exec(src, {{"command", "truncate -s 20G /root/big && echo tail >> /root/big"}}).exit_code,
+      0);
+  json snap = d_->Json("POST", "/v1/sandboxes/" + src + "/snapshots", json::object(), 201);
+  EXPECT_LT(snap.value("size_bytes", int64_t{1} << 40), 1 << 20) << snap;
+  std::string copy = Create({{"template", snap["id"]}});
+  EXPECT_EQ(d_->Exec(copy, {{"command", "stat -c %s /root/big; tail -c 5 /root/big"}}).out,
+            "21474836485\ntail\n");
+}
+
 // A snapshot's layer is its template's: deleted, the snapshot's layer goes at once, though the
 // sandbox it was taken of runs on (a sandbox snapshotted and its snapshots deleted again and again
 // does not keep every layer until it ends).

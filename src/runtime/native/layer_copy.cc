@@ -28,6 +28,12 @@ constexpr int kMaxDepth = 512;
 constexpr const char* kOpaqueMarks[] = {"trusted.overlay.opaque", "user.overlay.opaque"};
 constexpr int64_t kEntryCost = 512;  // what an entry costs beyond its data (as the cache counts)
 
+// What a regular file holds, its holes left out: its size, or its allocated blocks where fewer
+// (a sparse file). The cache counts the same (storage::internal::TreeBytes).
+int64_t DataBytes(const struct stat& st) {
+  return std::min<int64_t>(st.st_size, static_cast<int64_t>(st.st_blocks) * 512);
+}
+
 // The names in directory `dir` but "." and "..".
 Result<std::vector<std::string>> Names(int dir, const std::string& what) {
   UniqueFd walk(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -117,16 +123,16 @@ struct Copier {
     return {};
   }
 
-  static Status CopyData(int from, int to, int64_t size, const std::string& what) {
-    if (size == 0) return {};
-    if (::ioctl(to, FICLONE, from) == 0) return {};
-    int64_t left = size;
+  // `len` bytes at `at` of `from` into `to` at the same offset: in the kernel where it can,
+  // else read and written.
+  static Status CopyRange(int from, int to, off_t at, int64_t len, const std::string& what) {
     bool in_kernel = true;
     std::vector<char> buf;
-    while (left > 0) {
+    while (len > 0) {
       ssize_t n = -1;
       if (in_kernel) {
-        n = ::copy_file_range(from, nullptr, to, nullptr, static_cast<size_t>(left), 0);
+        loff_t in = at, out = at;
+        n = ::copy_file_range(from, &in, to, &out, static_cast<size_t>(len), 0);
         if (n < 0 &&
             (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
           in_kernel = false;
@@ -134,21 +140,43 @@ struct Copier {
         }
       } else {
         if (buf.empty()) buf.resize(1 << 20);
-        n = ::read(from, buf.data(), buf.size());
-        if (n > 0) {
-          for (ssize_t off = 0; off < n;) {
-            ssize_t w = ::write(to, buf.data() + off, static_cast<size_t>(n - off));
-            if (w < 0 && errno == EINTR) continue;
-            if (w < 0) return Status::Errno("write the copy of " + what);
-            off += w;
-          }
+        n = ::pread(from, buf.data(), std::min<size_t>(buf.size(), static_cast<size_t>(len)), at);
+        for (ssize_t off = 0; n > 0 && off < n;) {
+          ssize_t w = ::pwrite(to, buf.data() + off, static_cast<size_t>(n - off), at + off);
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0) return Status::Errno("write the copy of " + what);
+          off += w;
         }
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return Status::Errno("copy " + what);
       if (n == 0) break;  // shorter than it was: frozen boxes do not shrink files, but be safe
-      left -= n;
+      at += n;
+      len -= n;
     }
+    return {};
+  }
+
+  // The data of `from` (`size` bytes) into the empty file `to`: cloned where the filesystem can,
+  // else its data segments copied and its holes left holes (SEEK_DATA), so that a sparse file
+  // (a `truncate -s 100G`, a disk image) costs the copy what it holds, not its size.
+  static Status CopyData(int from, int to, int64_t size, const std::string& what) {
+    if (size == 0) return {};
+    if (::ioctl(to, FICLONE, from) == 0) return {};
+    for (off_t at = 0; at < size;) {
+      off_t data = ::lseek(from, at, SEEK_DATA);
+      if (data < 0 && errno == ENXIO) break;  // a hole to the end
+      off_t hole = data < 0 ? -1 : ::lseek(from, data, SEEK_HOLE);
+      if (data < 0 || hole < 0) {
+        if (errno != EINVAL && errno != EOPNOTSUPP) return Status::Errno("seek in " + what);
+        data = at;  // no SEEK_DATA here: the rest is data
+        hole = size;
+      }
+      hole = std::min<off_t>(hole, size);
+      SBX_RETURN_IF_ERROR(CopyRange(from, to, data, hole - data, what));
+      at = hole;
+    }
+    if (::ftruncate(to, size) != 0) return Status::Errno("size the copy of " + what);
     return {};
   }
 
@@ -182,7 +210,7 @@ struct Copier {
         return Finish(from.get(), to.get(), st, what);
       }
       case S_IFREG: {
-        SBX_RETURN_IF_ERROR(Charge(st.st_size, what));
+        SBX_RETURN_IF_ERROR(Charge(DataBytes(st), what));
         UniqueFd from(::openat(src, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
         if (!from) return Status::Errno("open " + what);
         UniqueFd to(

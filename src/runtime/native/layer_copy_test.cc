@@ -187,6 +187,33 @@ TEST_F(LayerCopyTest, HardLinksAreKeptWithoutADescriptorEach) {
   EXPECT_EQ(b.st_nlink, 2u);
 }
 
+// A sparse file (a `truncate -s`, a disk image) is copied with its holes: the copy costs what
+// the file holds, and counts that, not its size.
+TEST_F(LayerCopyTest, ASparseFileKeepsItsHoles) {
+  const int64_t size = int64_t{64} << 30;
+  {
+    UniqueFd f(::open((src_ + "/sparse").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    ASSERT_TRUE(f);
+    ASSERT_EQ(::pwrite(f.get(), "middle", 6, size / 2), 6);
+    ASSERT_EQ(::pwrite(f.get(), "end", 3, size - 3), 3);
+  }
+  auto n = Copy(int64_t{16} << 20);  // far less than its size
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_LT(*n, 1 << 20);
+  struct stat st {};
+  ASSERT_EQ(::stat((dst_ + "/sparse").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, size);
+  EXPECT_LT(st.st_blocks * 512, 1 << 20);
+  UniqueFd c(::open((dst_ + "/sparse").c_str(), O_RDONLY | O_CLOEXEC));
+  char got[8] = {};
+  ASSERT_EQ(::pread(c.get(), got, 6, size / 2), 6);
+  EXPECT_EQ(std::string(got, 6), "middle");
+  ASSERT_EQ(::pread(c.get(), got, 3, size - 3), 3);
+  EXPECT_EQ(std::string(got, 3), "end");
+  ASSERT_EQ(::pread(c.get(), got, 4, 4096), 4);
+  EXPECT_EQ(std::string(got, 4), std::string(4, '\0'));
+}
+
 TEST_F(LayerCopyTest, AWritableLayerBecomesALayerAndBackAtItsTop) {
   const std::string upper = src_ + "/upper";
   for (const std::string& d : {upper, src_ + "/work", src_ + "/work/work", upper + "/upper",
