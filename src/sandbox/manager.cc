@@ -166,6 +166,14 @@ struct Manager::TransitionEntry {
 };
 
 Manager::Transition::Transition(Manager& m, const std::string& id, const char* op)
+    : Transition(m, id, op, std::try_to_lock) {
+  if (owns_) return;
+  entry_->mu.lock();
+  owns_ = true;
+}
+
+Manager::Transition::Transition(Manager& m, const std::string& id, const char* op,
+                                std::try_to_lock_t)
     : m_(m), id_(id) {
   {
     MutexLock g(m_.mu_);
@@ -174,14 +182,12 @@ Manager::Transition::Transition(Manager& m, const std::string& id, const char* o
     ++e->users;
     entry_ = e.get();
   }
-  if (!entry_->mu.try_lock()) {
-    if (m_.config_.on_transition_wait) m_.config_.on_transition_wait(id_, op);
-    entry_->mu.lock();
-  }
+  owns_ = entry_->mu.try_lock();
+  if (!owns_ && m_.config_.on_transition_wait) m_.config_.on_transition_wait(id_, op);
 }
 
 Manager::Transition::~Transition() {
-  entry_->mu.unlock();
+  if (owns_) entry_->mu.unlock();
   MutexLock g(m_.mu_);
   if (--entry_->users == 0) m_.transitions_.erase(id_);
 }
@@ -1926,9 +1932,15 @@ void Manager::ExpireDue() {
   for (const auto& listed : *live) {
     // A sandbox still being created is left to its create; the next scan sees it running.
     if (listed.state == store::kStateCreating) continue;
+    {
+      std::lock_guard<std::mutex> g(ttl_work_mu_);
+      if (ttl_pausing_.count(listed.id)) continue;  // the worker's now
+    }
     // Decided on the record as it is under the sandbox's lock, not as listed: a pause, resume,
-    // timeout or kill may have happened since.
-    Transition t(*this, listed.id, "ttl");
+    // timeout or kill may have happened since. A sandbox busy with another call is the next
+    // scan's: this one goes on to the others.
+    Transition t(*this, listed.id, "ttl", std::try_to_lock);
+    if (!t.owns()) continue;
     auto cur = LiveRecord(listed.id);
     if (!cur.ok() || cur->state == store::kStateCreating) continue;
     SandboxRecord& rec = *cur;
@@ -1957,37 +1969,72 @@ void Manager::ExpireDue() {
     }
     int64_t now = clock_.NowMs();
     if (rec.state != store::kStateRunning || rec.expires_at == 0 || rec.expires_at > now) continue;
-    Status s;
-    if (rec.on_timeout == store::kOnTimeoutPause) {
-      s = rec.pause_memory ? PauseLocked(rec, rec.owner_key_id)
-                           : PauseToDiskLocked(rec, rec.owner_key_id);
-      // A pause to disk that fails (the box's files do not fit in the template cache, say) would
-      // be retried on every scan, each time freezing and copying the box, while it ran on past
-      // its timeout: it is paused with its memory instead, which keeps its files as well.
-      if (!s.ok() && !rec.pause_memory) {
-        if (auto current = LiveRecord(rec.id);
-            current.ok() && current->state == store::kStateRunning) {
-          spdlog::warn(
-              "ttl: sandbox {}: pause without memory failed ({}); pausing it with its "
-              "memory",
-              rec.id, s.message());
-          rec = *current;
-          s = PauseLocked(rec, rec.owner_key_id);
-        }
+    if (ttl_async_ && rec.on_timeout == store::kOnTimeoutPause && !rec.pause_memory) {
+      {
+        std::lock_guard<std::mutex> g(ttl_work_mu_);
+        if (ttl_pausing_.insert(rec.id).second) ttl_work_.push_back(rec.id);
       }
-      Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
-    } else {
-      s = KillLocked(rec, "timeout");
-      Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "kill"}});
+      ttl_work_cv_.notify_one();
+      continue;
     }
-    if (!s.ok())
-      spdlog::error("ttl: sandbox {}: {}", rec.id, s.message());
-    else
-      spdlog::info("ttl: sandbox {} timed out ({})", rec.id, rec.on_timeout);
+    TimeoutLocked(rec);
+  }
+}
+
+void Manager::TimeoutLocked(SandboxRecord& rec) {
+  Status s;
+  if (rec.on_timeout == store::kOnTimeoutPause) {
+    s = rec.pause_memory ? PauseLocked(rec, rec.owner_key_id)
+                         : PauseToDiskLocked(rec, rec.owner_key_id);
+    // A pause to disk that fails (the box's files do not fit in the template cache, say) would
+    // be retried on every scan, each time freezing and copying the box, while it ran on past
+    // its timeout: it is paused with its memory instead, which keeps its files as well.
+    if (!s.ok() && !rec.pause_memory) {
+      if (auto current = LiveRecord(rec.id);
+          current.ok() && current->state == store::kStateRunning) {
+        spdlog::warn(
+            "ttl: sandbox {}: pause without memory failed ({}); pausing it with its "
+            "memory",
+            rec.id, s.message());
+        rec = *current;
+        s = PauseLocked(rec, rec.owner_key_id);
+      }
+    }
+    Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "pause"}});
+  } else {
+    s = KillLocked(rec, "timeout");
+    Audit("sandbox.timeout", rec.id, rec.owner_key_id, {{"action", "kill"}});
+  }
+  if (!s.ok())
+    spdlog::error("ttl: sandbox {}: {}", rec.id, s.message());
+  else
+    spdlog::info("ttl: sandbox {} timed out ({})", rec.id, rec.on_timeout);
+}
+
+void Manager::TtlPauseWorker() {
+  std::unique_lock<std::mutex> g(ttl_work_mu_);
+  for (;;) {
+    ttl_work_cv_.wait(g, [this] { return ttl_work_stop_ || !ttl_work_.empty(); });
+    if (ttl_work_stop_) return;
+    const std::string id = ttl_work_.front();
+    ttl_work_.erase(ttl_work_.begin());
+    g.unlock();
+    {
+      // As the scan found it, unless a call came first (a resume's new timeout, a kill).
+      Transition t(*this, id, "ttl");
+      auto rec = LiveRecord(id);
+      if (rec.ok() && rec->state == store::kStateRunning && rec->expires_at != 0 &&
+          rec->expires_at <= clock_.NowMs())
+        TimeoutLocked(*rec);
+    }
+    g.lock();
+    ttl_pausing_.erase(id);
   }
 }
 
 void Manager::StartTtlLoop(std::chrono::milliseconds period) {
+  ttl_async_ = true;
+  ttl_worker_ = std::thread([this] { TtlPauseWorker(); });
   ttl_thread_ = std::thread([this, period] {
     auto next_sample = clock_.Steady();
     while (!ttl_waiter_->WaitUntil(std::min(clock_.Steady() + period, next_sample))) {
@@ -2013,6 +2060,13 @@ std::vector<std::string> Manager::PendingCleanups() { return cleanups_.Pending()
 void Manager::Stop() {
   ttl_waiter_->Wake();
   if (ttl_thread_.joinable()) ttl_thread_.join();
+  {
+    // A pause queued and not begun is the next start's scan's (its record still says running).
+    std::lock_guard<std::mutex> g(ttl_work_mu_);
+    ttl_work_stop_ = true;
+  }
+  ttl_work_cv_.notify_all();
+  if (ttl_worker_.joinable()) ttl_worker_.join();
   {
     std::lock_guard<std::mutex> g(pool_wake_mu_);
     pool_stop_ = true;

@@ -435,10 +435,14 @@ class Manager {
   // Kills or pauses every sandbox whose timeout has passed, and kills every live sandbox whose
   // owner key has been revoked (`sbx key revoke` writes the store directly, from another
   // process: this scan is how the daemon learns of it). Also retries the record writes that
-  // failed after a box was destroyed. Called by the TTL loop; public for tests.
+  // failed after a box was destroyed. A sandbox busy with another call (a snapshot's copy, say)
+  // is left to the next scan rather than waited for. Called by the TTL loop; public for tests.
   void ExpireDue();
   // Starts the TTL thread, which calls ExpireDue every `period` (of the config's clock) until
-  // Stop().
+  // Stop(), and the worker that makes the pauses without memory timeouts ask for, one at a time
+  // off that thread: a copy of a box's files, and now and then a merge of its layers, can take
+  // seconds no other sandbox's timeout should wait. (Without the loop, as in tests that call
+  // ExpireDue, the scan makes them itself.)
   void StartTtlLoop(std::chrono::milliseconds period = std::chrono::milliseconds(500));
   // Stops the TTL and pool threads and finishes the queued cleanups.
   void Stop();
@@ -475,15 +479,26 @@ class Manager {
   class Transition {
    public:
     Transition(Manager& m, const std::string& id, const char* op);
+    // Takes the lock only if it is free: owns() says whether it did. (The hook
+    // on_transition_wait is called when it is not, as when a caller waits.)
+    Transition(Manager& m, const std::string& id, const char* op, std::try_to_lock_t);
     ~Transition();
     Transition(const Transition&) = delete;
     Transition& operator=(const Transition&) = delete;
+    bool owns() const { return owns_; }
 
    private:
+    void Release();  // forgets this user of the entry
     Manager& m_;
     std::string id_;
     TransitionEntry* entry_;
+    bool owns_ = false;
   };
+  // Under the sandbox's Transition: kills or pauses (as its on_timeout says) the running
+  // sandbox `rec` whose timeout has passed. A pause without memory that fails pauses with memory.
+  void TimeoutLocked(store::SandboxRecord& rec);
+  // The worker of StartTtlLoop: makes the queued pauses without memory until Stop().
+  void TtlPauseWorker();
   // Under the sandbox's Transition: the record as it is now, if it is still live (ENOENT "is
   // killed" otherwise, with the state).
   Result<store::SandboxRecord> LiveRecord(const std::string& id);
@@ -643,6 +658,15 @@ class Manager {
   std::unique_ptr<TemplateBuilds> builds_;     // thread-safe itself
   std::unique_ptr<Clock::Waiter> ttl_waiter_;  // woken by Stop()
   std::thread ttl_thread_;
+  // Pauses without memory that timeouts asked for (StartTtlLoop): the ids queued, and those
+  // queued or being paused, which the scan passes by.
+  std::mutex ttl_work_mu_;
+  std::condition_variable ttl_work_cv_;
+  std::vector<std::string> ttl_work_;  // under ttl_work_mu_, oldest first
+  std::set<std::string> ttl_pausing_;  // under ttl_work_mu_
+  bool ttl_work_stop_ = false;         // under ttl_work_mu_
+  bool ttl_async_ = false;             // set by StartTtlLoop before its threads start
+  std::thread ttl_worker_;
   std::map<std::string, PoolState> pools_ GUARDED_BY(mu_);  // by template name
   std::mutex pool_wake_mu_;
   std::condition_variable pool_cv_;

@@ -393,6 +393,34 @@ TEST_F(ManagerTest, ATimeoutPauseToDiskThatFailsPausesWithMemory) {
   EXPECT_EQ(Stored(rec->id).expires_at, 0);
 }
 
+// A timeout's pause without memory is made off the TTL thread: while its copy runs (here held at
+// the freeze), the loop's scans go on, another sandbox's timeout kills it on time, and the
+// pausing one is passed by rather than waited for; Stop lets the pause finish.
+TEST_F(ManagerTest, ATimeoutsPauseToDiskDoesNotHoldUpTheTtlLoop) {
+  CreateRequest r;
+  r.timeout_ms = 1000;
+  r.on_timeout = "pause";
+  r.pause_memory = false;
+  auto slow = M().Create(key_, r);
+  ASSERT_TRUE(slow.ok()) << slow.status().message();
+  std::string quick = Create(1000);
+  auto gate = rt_.freeze_gate = std::make_shared<Gate>();
+  uint64_t waits = clock_.waits();
+  M().StartTtlLoop(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 1));
+  clock_.Advance(1000ms);
+  EXPECT_EQ(gate->AwaitEntered(), slow->id);  // the worker is freezing it for the copy
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 2));  // and the scan that queued it is over
+  EXPECT_EQ(State(quick), "killed");
+  clock_.Advance(500ms);
+  ASSERT_TRUE(clock_.AwaitWaits(waits + 3));  // another scan, past the busy sandbox
+  EXPECT_EQ(State(slow->id), "running");
+  gate->Open();
+  M().Stop();
+  // The fake runtime copies no layer: the pause fell back to one with memory.
+  EXPECT_EQ(State(slow->id), "paused");
+}
+
 // A sandbox whose layers are as many as its runtime stacks takes no other (a pause without memory
 // or a snapshot would add one): refused before anything is frozen or copied, so that what it
 // holds can always be started again.
@@ -511,7 +539,8 @@ TEST_F(ManagerTest, AnExtendOnlyTimeoutNeverShortens) {
 
 // ---- interleavings (finding 2) ----
 
-// A pause whose freeze is in progress when the TTL fires: the scan waits, then sees it paused.
+// A pause whose freeze is in progress when the TTL fires: the scan passes the busy sandbox by,
+// and the pause ends it paused with its box.
 TEST_F(ManagerTest, PauseRacingTheTtlKillEndsPausedWithItsBox) {
   std::string id = Create(1000);
   auto gate = rt_.freeze_gate = std::make_shared<Gate>();
