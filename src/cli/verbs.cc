@@ -481,7 +481,8 @@ struct KeyFlags {
   RangeFlags ranges;
   std::string name, id;
   int64_t max_sandboxes = 0;
-  std::string max_saved;  // a size
+  std::string max_saved;         // a size
+  int64_t max_snapshots = 1000;  // sbx key create's default
   double rate = 0;
   bool json = false;
   bool is_operator = false;
@@ -519,6 +520,7 @@ json KeyJson(const store::ApiKeyRecord& k) {
           {"revoked_at", iso(k.revoked_at)},
           {"max_sandboxes", k.max_sandboxes},
           {"max_saved_bytes", k.max_saved_bytes},
+          {"max_snapshots", k.max_snapshots},
           {"creates_per_second", k.creates_per_second},
           {"operator", k.is_operator},
           {"runtimes", k.runtimes},
@@ -595,6 +597,12 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   create->add_option("--max-saved", f->max_saved,
                      "Template cache space this key's snapshots and pauses without memory may "
                      "hold, e.g. 20G (default 0: unlimited, the cache's bound only)");
+  create
+      ->add_option("--max-snapshots", f->max_snapshots,
+                   "Snapshots this key may keep at once (0: unlimited; each is a few rows every "
+                   "template listing reads)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   create->add_flag("--operator", f->is_operator,
                    "An operator key: may also list, inspect and kill other keys' sandboxes, and "
                    "read /metrics");
@@ -619,8 +627,8 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       if (std::find(std::begin(runtime::kRuntimeNames), std::end(runtime::kRuntimeNames), r) ==
           std::end(runtime::kRuntimeNames))
         return Fail(runtime::UnknownRuntime(r).Wrap("--runtime"));
-    auto k =
-        (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges, max_saved);
+    auto k = (*st)->CreateApiKey(f->name, f->max_sandboxes, f->rate, f->is_operator, *ranges,
+                                 max_saved, f->max_snapshots);
     if (!k.ok()) return Fail(k.status());
     if (!f->runtimes.empty()) {
       if (Status s = (*st)->SetApiKeyRuntimes(k->record.id, f->runtimes); !s.ok()) {
@@ -657,6 +665,9 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       auto held = (*st)->LayerBytesOwnedBy(k.id);
       if (!held.ok()) return Fail(held.status());
       j["saved_bytes"] = *held;
+      auto snapshots = (*st)->CountSnapshots(k.id);
+      if (!snapshots.ok()) return Fail(snapshots.status());
+      j["snapshots"] = *snapshots;
       all.push_back(std::move(j));
     }
     if (lf->json) {
@@ -664,7 +675,7 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
       return 0;
     }
     Table t({"ID", "NAME", "PREFIX", "CREATED", "REVOKED", "MAX SANDBOXES", "RATE", "SAVED",
-             "OPERATOR", "LIMITS"});
+             "SNAPSHOTS", "OPERATOR", "LIMITS"});
     for (size_t i = 0; i < all.size(); ++i) {
       const json& k = all[i];
       const store::ApiKeyRecord& r = (*keys)[i];
@@ -675,6 +686,8 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
              k["creates_per_second"] == 0 ? "-" : k["creates_per_second"].dump() + "/s",
              (saved == 0 && r.max_saved_bytes == 0 ? "-" : FormatSize(saved)) +
                  (r.max_saved_bytes == 0 ? "" : " of " + FormatSize(r.max_saved_bytes)),
+             k["snapshots"].dump() +
+                 (r.max_snapshots == 0 ? "" : " of " + std::to_string(r.max_snapshots)),
              k["operator"] == true ? "yes" : "-", RangesText(r.ranges)});
     }
     t.Print();

@@ -1376,6 +1376,16 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
                              " was created before sbx recorded its layers: it cannot be "
                              "snapshotted",
                          ENOTSUP);
+  // Within the key's count before anything is copied (its claim counts again, for good).
+  if (key.max_snapshots > 0) {
+    auto n = store_.CountSnapshots(key.id);
+    if (!n.ok()) return n.status();
+    if (*n >= key.max_snapshots)
+      return Status::Error("key " + key.id + " may keep at most " +
+                               std::to_string(key.max_snapshots) +
+                               " snapshots and has as many (delete one first)",
+                           EDQUOT);
+  }
   std::string id = kSnapshotPrefix + RandomId(20);
   std::vector<std::string> layers = rec.layers;
   // Paused without memory, its files are its layers already.

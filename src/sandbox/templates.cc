@@ -833,8 +833,7 @@ Result<SnapshotInfo> TemplateBuilds::AddSnapshot(
   }
   // The owner rows first: a crash before the records leaves only a hold on the names (as a
   // failed build does), never a snapshot some key could see unowned.
-  auto claim = store_.ClaimTemplate(id, key.id, id);
-  if (!claim.ok()) return claim.status();
+  SBX_RETURN_IF_ERROR(store_.ClaimSnapshot(id, key.id, key.max_snapshots));
   if (!name.empty()) {
     auto c = store_.ClaimTemplate(name, key.id, id);
     if (!c.ok()) {

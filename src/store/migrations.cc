@@ -254,12 +254,14 @@ constexpr char kV17[] = R"sql(
 ALTER TABLE sandboxes ADD COLUMN saved_memory TEXT NOT NULL DEFAULT '';
 )sql";
 
-// Version 18: what a key's sandboxes saved to the template cache, and its quota of it. A layer
+// Version 18: what a key's sandboxes saved to the template cache, and its quotas of it (bytes,
+// and snapshots: each is a few rows every listing reads). A layer
 // records the key it is charged to: a snapshot's ("snap-<id>", named as its template, whose
 // template_owners row names the key) and a pause without memory's ("disk-<sandbox id>-<random>",
 // its sandbox's owner); layers made before are given theirs here.
 constexpr char kV18[] = R"sql(
 ALTER TABLE api_keys ADD COLUMN max_saved_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE api_keys ADD COLUMN max_snapshots INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE template_layers ADD COLUMN owner_key_id TEXT NOT NULL DEFAULT '';
 UPDATE template_layers SET owner_key_id = COALESCE(
     (SELECT o.owner_key_id FROM template_owners o WHERE o.name = template_layers.id), '')
@@ -292,7 +294,7 @@ const std::vector<Migration>& Migrations() {
       {15, "sandboxes.layers, on_disk, pause_memory, auto_resume; templates.sandbox_id", kV15},
       {16, "sandboxes.runtime, templates.runtime, api_keys.runtimes", kV16},
       {17, "sandboxes.saved_memory", kV17},
-      {18, "api_keys.max_saved_bytes, template_layers.owner_key_id", kV18},
+      {18, "api_keys.max_saved_bytes, max_snapshots; template_layers.owner_key_id", kV18},
   };
   return kAll;
 }

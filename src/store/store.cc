@@ -29,7 +29,7 @@ constexpr char kSandboxColumns[] =
 constexpr char kApiKeyColumns[] =
     "id, name, hash, prefix, created_at, revoked_at, max_sandboxes, creates_per_second, operator, "
     "min_memory_bytes, max_memory_bytes, min_cpus, max_cpus, min_pids, max_pids, min_disk_bytes, "
-    "max_disk_bytes, min_timeout_ms, max_timeout_ms, runtimes, max_saved_bytes";
+    "max_disk_bytes, min_timeout_ms, max_timeout_ms, runtimes, max_saved_bytes, max_snapshots";
 constexpr char kAuditColumns[] = "seq, time, sandbox_id, key_id, type, detail";
 constexpr char kIdempotencyColumns[] = "key_id, idem_key, request_hash, sandbox_id, created_at";
 constexpr char kTemplateColumns[] =
@@ -276,6 +276,7 @@ ApiKeyRecord ReadApiKey(const Statement& st) {
     if (e > b) k.runtimes.push_back(list.substr(b, e - b));
   }
   k.max_saved_bytes = st.ColumnInt(20);
+  k.max_snapshots = st.ColumnInt(21);
   return k;
 }
 
@@ -708,9 +709,11 @@ Status CheckRanges(const LimitRanges& r) {
 
 Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandboxes,
                                       double creates_per_second, bool is_operator,
-                                      const LimitRanges& ranges, int64_t max_saved_bytes) {
+                                      const LimitRanges& ranges, int64_t max_saved_bytes,
+                                      int64_t max_snapshots) {
   if (max_sandboxes < 0) return Invalid("create api key: max_sandboxes is negative");
   if (max_saved_bytes < 0) return Invalid("create api key: max_saved_bytes is negative");
+  if (max_snapshots < 0) return Invalid("create api key: max_snapshots is negative");
   if (!std::isfinite(creates_per_second) || creates_per_second < 0) {
     return Invalid("create api key: creates_per_second must be a number >= 0");
   }
@@ -726,11 +729,12 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
   k.record.creates_per_second = creates_per_second;
   k.record.is_operator = is_operator;
   k.record.max_saved_bytes = max_saved_bytes;
+  k.record.max_snapshots = max_snapshots;
 
   MutexLock lock(mu_);
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO api_keys (") + kApiKeyColumns +
                                       ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, ?10, ?11,"
-                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18, '', ?19)");
+                                      " ?12, ?13, ?14, ?15, ?16, ?17, ?18, '', ?19, ?20)");
   if (!st.ok()) return st.status().Wrap("create api key");
   st->BindText(1, k.record.id)
       .BindText(2, k.record.name)
@@ -740,7 +744,8 @@ Result<NewApiKey> Store::CreateApiKey(const std::string& name, int64_t max_sandb
       .BindInt(6, k.record.max_sandboxes)
       .BindDouble(7, k.record.creates_per_second)
       .BindInt(8, k.record.is_operator ? 1 : 0)
-      .BindInt(19, k.record.max_saved_bytes);
+      .BindInt(19, k.record.max_saved_bytes)
+      .BindInt(20, k.record.max_snapshots);
   k.record.ranges = ranges;
   // 0 is stored as NULL: "the daemon's bound", whatever the daemon is started with.
   auto bind = [&](int i, auto v) {
@@ -1587,6 +1592,57 @@ Result<TemplateOwnerRecord> Store::ClaimTemplate(const std::string& name,
   SBX_RETURN_IF_ERROR(st->Run().Wrap(what));
   SBX_RETURN_IF_ERROR(tx->Commit().Wrap(what));
   return out;
+}
+
+namespace {
+
+// The snapshot rows of an owner (?1): a snapshot's row names itself as its build; a name given
+// to one names the snapshot, a build's row its build id.
+constexpr char kSnapshotRowsOf[] =
+    "SELECT COUNT(*) FROM template_owners WHERE owner_key_id = ?1 AND build_id = name AND "
+    "substr(name, 1, 5) = 'snap-'";
+
+Result<int64_t> CountIn(Db& db, const std::string& sql, const std::string& owner,
+                        const std::string& what) {
+  Result<Statement> st = db.Prepare(sql);
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, owner);
+  Result<bool> row = st->Step();
+  if (!row.ok()) return row.status().Wrap(what);
+  return *row ? st->ColumnInt(0) : 0;
+}
+
+}  // namespace
+
+Status Store::ClaimSnapshot(const std::string& id, const std::string& owner_key_id,
+                            int64_t max_snapshots) {
+  std::string what = "claim snapshot " + id;
+  if (id.empty() || owner_key_id.empty()) return Invalid(what + ": empty id or owner");
+  MutexLock lock(mu_);
+  Result<Transaction> tx = Transaction::Begin(*db_);
+  if (!tx.ok()) return tx.status().Wrap(what);
+  if (max_snapshots > 0) {
+    auto n = CountIn(*db_, kSnapshotRowsOf, owner_key_id, what);
+    if (!n.ok()) return n.status();
+    if (*n >= max_snapshots)
+      return Status::Error("key " + owner_key_id + " may keep at most " +
+                               std::to_string(max_snapshots) +
+                               " snapshots and has as many (delete one first)",
+                           EDQUOT);
+  }
+  int64_t now = clock_->NowMs();
+  Result<Statement> st = db_->Prepare(std::string("INSERT INTO template_owners (") + kOwnerColumns +
+                                      ") VALUES (?1, ?2, ?1, ?3, ?3)");
+  if (!st.ok()) return st.status().Wrap(what);
+  st->BindText(1, id).BindText(2, owner_key_id).BindInt(3, now);
+  if (Status s = st->Run(); !s.ok())
+    return s.err() == EEXIST ? Status::Error(what + ": taken", EEXIST) : s.Wrap(what);
+  return tx->Commit().Wrap(what);
+}
+
+Result<int64_t> Store::CountSnapshots(const std::string& owner_key_id) {
+  MutexLock lock(mu_);
+  return CountIn(*db_, kSnapshotRowsOf, owner_key_id, "count the snapshots of " + owner_key_id);
 }
 
 Result<std::optional<TemplateOwnerRecord>> Store::GetTemplateOwner(const std::string& name) {

@@ -193,6 +193,9 @@ struct ApiKeyRecord {
   // of its snapshots (forks' included) and of its sandboxes paused without memory (LayerRecord's
   // owner_key_id; Store::LayerBytesOwnedBy); 0 = unlimited (the cache's bound only).
   int64_t max_saved_bytes = 0;
+  // Snapshots it may keep at once (version 18; forks' own, while their forks are made, count
+  // too); 0 = unlimited.
+  int64_t max_snapshots = 0;
   bool active() const { return revoked_at == 0; }
 };
 
@@ -396,7 +399,8 @@ class Store {
   // minimum above its maximum (naming the field).
   Result<NewApiKey> CreateApiKey(const std::string& name, int64_t max_sandboxes,
                                  double creates_per_second, bool is_operator = false,
-                                 const LimitRanges& ranges = {}, int64_t max_saved_bytes = 0);
+                                 const LimitRanges& ranges = {}, int64_t max_saved_bytes = 0,
+                                 int64_t max_snapshots = 0);
   // Sets the runtimes key `id` may ask for beside its templates' own (names as runtime/router.h
   // knows them; EINVAL for another). ENOENT for an unknown id.
   Status SetApiKeyRuntimes(const std::string& id, const std::vector<std::string>& runtimes);
@@ -465,6 +469,13 @@ class Store {
   Result<TemplateOwnerRecord> ClaimTemplate(const std::string& name,
                                             const std::string& owner_key_id,
                                             const std::string& build_id, bool override = false);
+  // Claims the new snapshot id `id` (its row names itself as its build) for `owner_key_id`,
+  // counted in the same transaction against `max_snapshots` of that key's snapshot rows (0: no
+  // bound): EDQUOT at the bound, EEXIST for a taken id.
+  Status ClaimSnapshot(const std::string& id, const std::string& owner_key_id,
+                       int64_t max_snapshots);
+  // The snapshots `owner_key_id` holds (its rows of ClaimSnapshot).
+  Result<int64_t> CountSnapshots(const std::string& owner_key_id);
   Result<std::optional<TemplateOwnerRecord>> GetTemplateOwner(const std::string& name);
   // The rows of `owner_key_id` ("" = every key's), by name.
   Result<std::vector<TemplateOwnerRecord>> ListTemplateOwners(const std::string& owner_key_id);

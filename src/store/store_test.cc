@@ -1245,6 +1245,32 @@ TEST_F(StoreTest, ASavedLayerIsChargedToItsKeyWhileItIsInUse) {
   EXPECT_EQ(*store->LayerBytesOwnedBy(k), 30);
 }
 
+// A key's snapshots are counted as they are claimed, in the claim's transaction: at its bound the
+// next is EDQUOT; a name given to a snapshot, or a build's row, is no snapshot.
+TEST_F(StoreTest, SnapshotsAreClaimedWithinTheKeysCount) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  const std::string snap_a = "snap-" + std::string(20, 'a'),
+                    snap_b = "snap-" + std::string(20, 'b'),
+                    snap_c = "snap-" + std::string(20, 'c');
+  ASSERT_TRUE(store->ClaimSnapshot(snap_a, "key_k", 2).ok());
+  ASSERT_TRUE(store->ClaimTemplate("my-env", "key_k", snap_a).ok());  // a name of it
+  ASSERT_TRUE(store->ClaimTemplate("built", "key_k", "bld_1").ok());  // a build
+  EXPECT_EQ(store->ClaimSnapshot(snap_a, "key_k", 2).err(), EEXIST);
+  ASSERT_TRUE(store->ClaimSnapshot(snap_b, "key_k", 2).ok());
+  EXPECT_EQ(*store->CountSnapshots("key_k"), 2);
+  Status over = store->ClaimSnapshot(snap_c, "key_k", 2);
+  EXPECT_EQ(over.err(), EDQUOT) << over.message();
+  EXPECT_TRUE(store->ClaimSnapshot(snap_c, "key_other", 2).ok());  // another key's count
+  ASSERT_TRUE(store->DeleteTemplateOwner(snap_c).ok());
+  ASSERT_TRUE(store->DeleteTemplateOwner(snap_a).ok());
+  EXPECT_TRUE(store->ClaimSnapshot(snap_c, "key_k", 2).ok());
+  EXPECT_TRUE(store->ClaimSnapshot(snap_a, "key_k", 0).ok());  // 0: no bound
+  auto k = store->CreateApiKey("counted", 0, 0, false, {}, 0, 7);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  EXPECT_EQ((*store->GetApiKey(k->record.id))->max_snapshots, 7);
+}
+
 // A file of version 17 gets the owners of the saved layers it holds: a snapshot's from its
 // template's owner row, a pause's from its sandbox.
 TEST_F(StoreTest, AVersionSeventeenFileChargesItsSavedLayersToTheirKeys) {

@@ -2162,11 +2162,12 @@ TEST_F(ServeTest, ADeletedSnapshotsLayerGoesWhileItsSandboxRuns) {
 // sandbox running and not frozen); a deleted snapshot gives its room back.
 TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
   auto made = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "create", "--name", "saver",
-                          "--max-saved", "3M", "--json"},
+                          "--max-saved", "3M", "--max-snapshots", "1", "--json"},
                          ProcessOptions{.timeout_ms = 30000});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   json k = json::parse(made.out);
   EXPECT_EQ(k["max_saved_bytes"], 3 << 20) << k;
+  EXPECT_EQ(k["max_snapshots"], 1) << k;
   const std::string key_id = k["id"];
   const http::ClientHeaders as = {{"Authorization", "Bearer " + k["secret"].get<std::string>()},
                                   {"Content-Type", "application/json"}};
@@ -2212,12 +2213,20 @@ TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
   EXPECT_EQ(staged, 0u);
   auto ls = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "ls"}, ProcessOptions{});
   EXPECT_NE(ls.out.find(" of 3 MiB"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("1 of 1"), std::string::npos) << ls.out;
 
   // Deleted, the first snapshot gives its room back.
   EXPECT_EQ(d_->Call("DELETE", "/v1/snapshots/" + snap, "", as).status, 204);
   paused = post("/v1/sandboxes/" + id + "/pause", {{"memory", false}});
   EXPECT_EQ(paused.status, 200) << paused.body;
   EXPECT_EQ(json::parse(paused.body)["on_disk"], true) << paused.body;
+
+  // Its one snapshot at a time (--max-snapshots 1): a second is refused before any copy.
+  EXPECT_EQ(post("/v1/sandboxes/" + id + "/resume", json::object()).status, 200);
+  EXPECT_EQ(post("/v1/sandboxes/" + id + "/snapshots", json::object()).status, 201);
+  auto over = post("/v1/sandboxes/" + id + "/snapshots", json::object());
+  EXPECT_EQ(over.status, 507) << over.body;
+  EXPECT_NE(over.body.find("at most 1 snapshots"), std::string::npos) << over.body;
 }
 
 // A sandbox paused without memory again and again gains a layer each time; past 16 of its own
