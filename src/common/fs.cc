@@ -5,6 +5,7 @@
 #include <stdio.h>  // renameat2
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <vector>
@@ -213,6 +214,26 @@ Status RemoveContents(int top, const std::string& path) {
 }
 
 }  // namespace
+
+namespace {
+constexpr const char* kOpaqueXattrs[] = {"trusted.overlay.opaque", "user.overlay.opaque"};
+}  // namespace
+
+bool IsOpaqueDir(int fd) {
+  for (const char* name : kOpaqueXattrs) {
+    char v[2];
+    if (::fgetxattr(fd, name, v, sizeof v) == 1 && v[0] == 'y') return true;
+  }
+  return false;
+}
+
+Status MarkOpaqueDir(int fd) {
+  for (const char* name : kOpaqueXattrs)
+    if (::fsetxattr(fd, name, "y", 1, 0) != 0 &&
+        (name == kOpaqueXattrs[0] || (errno != ENOTSUP && errno != EOPNOTSUPP)))
+      return Status::Errno(std::string("set ") + name);
+  return {};
+}
 
 Status RemoveTree(const std::string& path) { return RemoveTreeAt(AT_FDCWD, path, path); }
 

@@ -22,6 +22,14 @@ Status MakeDirs(const std::string& path, int mode = 0755);
 // itself or one below it, is deleted whole (O(1), the kernel frees its blocks after). A missing
 // `path` is fine.
 Status RemoveTree(const std::string& path);
+// Overlayfs reads its marks under one prefix per mount: trusted.overlay.* where the host mounts
+// (a vm guest's root), user.overlay.* where a user namespace does (`userxattr`: the other boxes).
+// A layer marks an opaque directory under both (docs/storage.md, "Opaque marks").
+// Whether directory `fd` is marked opaque ("y") under either prefix.
+bool IsOpaqueDir(int fd);
+// Marks directory `fd` opaque under both prefixes. A filesystem without user xattrs (tmpfs before
+// Linux 6.6) keeps the trusted mark alone.
+Status MarkOpaqueDir(int fd);
 // RemoveTree of the entry `name` of the directory open as `dir` (or, with AT_FDCWD, of the path
 // `name`); `what` names it in errors.
 Status RemoveTreeAt(int dir, const std::string& name, const std::string& what);

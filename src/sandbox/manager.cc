@@ -1380,11 +1380,7 @@ Result<SnapshotInfo> Manager::SnapshotLocked(const store::ApiKeyRecord& key,
   if (key.max_snapshots > 0) {
     auto n = store_.CountSnapshots(key.id);
     if (!n.ok()) return n.status();
-    if (*n >= key.max_snapshots)
-      return Status::Error("key " + key.id + " may keep at most " +
-                               std::to_string(key.max_snapshots) +
-                               " snapshots and has as many (delete one first)",
-                           EDQUOT);
+    if (*n >= key.max_snapshots) return store::Store::SnapshotsAtBound(key.id, key.max_snapshots);
   }
   std::string id = kSnapshotPrefix + RandomId(20);
   std::vector<std::string> layers = rec.layers;

@@ -60,19 +60,15 @@ Result<int64_t> EvictLocked(const TemplateStore& ts, store::Store& st, int64_t t
 Result<int64_t> RoomLocked(const TemplateStore& ts, store::Store& st);
 void RemoveLayerDirs(const TemplateStore& ts, const std::string& id);
 
-// Overlayfs reads its marks under one prefix per mount: trusted.overlay.* where the mount is the
-// host's (a vm guest's root), user.overlay.* where a user namespace mounts (native, runc and gVisor
-// boxes: `userxattr`). So every layer of the cache marks an opaque directory under both, and each
-// mount sees what the other kind made: an image's ".wh..wh..opq" (unpacked here), a box's
-// replaced directory (its overlay's own mark, copied into a snapshot's or a build step's layer).
-inline constexpr char kTrustedOpaque[] = "trusted.overlay.opaque";
-inline constexpr char kUserOpaque[] = "user.overlay.opaque";
+// Every layer of the cache marks an opaque directory under both of overlayfs' prefixes
+// (common/fs.h: IsOpaqueDir, MarkOpaqueDir), so that each kind of mount sees what the other kind
+// made: an image's ".wh..wh..opq" (unpacked here), a box's replaced directory (its overlay's own
+// mark, copied into a snapshot's or a build step's layer).
 // On a layer's top directory once every opaque directory in it carries both marks: set before a
 // new layer enters the cache, and by EnsureOpaqueMarks on a layer an older sbx made.
 inline constexpr char kMarksXattr[] = "trusted.sbx.marks";
 
-// Gives directory `fd` the opaque mark ("y") under both prefixes when it has it under either. A
-// filesystem without user xattrs (tmpfs before Linux 6.6) keeps the one it has.
+// Gives directory `fd` the opaque mark ("y") under both prefixes when it has it under either.
 Status MirrorOpaqueMark(int fd);
 // Size of a tree: kEntryOverheadBytes an entry, and each regular file's data, its holes left out
 // (the copy of a writable layer keeps them). ELOOP for one deeper than kMaxLayerDepth directories.

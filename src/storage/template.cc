@@ -440,9 +440,7 @@ Result<int64_t> Extract(archive* in, const std::string& dest, const ExtractOptio
       if (!dir)
         return Status::Error(o.what + ": opaque directory '" + d + "' is not a directory", EINVAL);
     }
-    if (::fsetxattr(dir.get(), kTrustedOpaque, "y", 1, 0) != 0)
-      return Status::Errno(o.what + ": mark '" + d + "' opaque");
-    SBX_RETURN_IF_ERROR(MirrorOpaqueMark(dir.get()).Wrap(o.what + ": mark '" + d + "' opaque"));
+    SBX_RETURN_IF_ERROR(MarkOpaqueDir(dir.get()).Wrap(o.what + ": mark '" + d + "' opaque"));
     bytes += kEntryOverheadBytes;
   }
   if (o.progress) o.progress(bytes);
@@ -545,16 +543,8 @@ Status AddTreeBytes(UniqueFd fd, int depth, int64_t& n, bool mirror) {
 }  // namespace
 
 Status MirrorOpaqueMark(int fd) {
-  auto marked = [fd](const char* name) {
-    char v[2];
-    return ::fgetxattr(fd, name, v, sizeof v) == 1 && v[0] == 'y';
-  };
-  const bool trusted = marked(kTrustedOpaque), user = marked(kUserOpaque);
-  if (trusted == user) return {};
-  if (::fsetxattr(fd, trusted ? kUserOpaque : kTrustedOpaque, "y", 1, 0) == 0 ||
-      (trusted && (errno == ENOTSUP || errno == EOPNOTSUPP)))
-    return {};
-  return Status::Errno("mark an opaque directory under both prefixes");
+  if (!IsOpaqueDir(fd)) return {};
+  return MarkOpaqueDir(fd).Wrap("mark an opaque directory under both prefixes");
 }
 
 Status SetMarksDone(const std::string& dir) {

@@ -1624,11 +1624,7 @@ Status Store::ClaimSnapshot(const std::string& id, const std::string& owner_key_
   if (max_snapshots > 0) {
     auto n = CountIn(*db_, kSnapshotRowsOf, owner_key_id, what);
     if (!n.ok()) return n.status();
-    if (*n >= max_snapshots)
-      return Status::Error("key " + owner_key_id + " may keep at most " +
-                               std::to_string(max_snapshots) +
-                               " snapshots and has as many (delete one first)",
-                           EDQUOT);
+    if (*n >= max_snapshots) return SnapshotsAtBound(owner_key_id, max_snapshots);
   }
   int64_t now = clock_->NowMs();
   Result<Statement> st = db_->Prepare(std::string("INSERT INTO template_owners (") + kOwnerColumns +
@@ -1638,6 +1634,13 @@ Status Store::ClaimSnapshot(const std::string& id, const std::string& owner_key_
   if (Status s = st->Run(); !s.ok())
     return s.err() == EEXIST ? Status::Error(what + ": taken", EEXIST) : s.Wrap(what);
   return tx->Commit().Wrap(what);
+}
+
+Status Store::SnapshotsAtBound(const std::string& owner_key_id, int64_t max_snapshots) {
+  return Status::Error("key " + owner_key_id + " may keep at most " +
+                           std::to_string(max_snapshots) +
+                           " snapshots and has as many (delete one first)",
+                       EDQUOT);
 }
 
 Result<int64_t> Store::CountSnapshots(const std::string& owner_key_id) {

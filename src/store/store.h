@@ -476,6 +476,8 @@ class Store {
                        int64_t max_snapshots);
   // The snapshots `owner_key_id` holds (its rows of ClaimSnapshot).
   Result<int64_t> CountSnapshots(const std::string& owner_key_id);
+  // ClaimSnapshot's EDQUOT, for a check made before it.
+  static Status SnapshotsAtBound(const std::string& owner_key_id, int64_t max_snapshots);
   Result<std::optional<TemplateOwnerRecord>> GetTemplateOwner(const std::string& name);
   // The rows of `owner_key_id` ("" = every key's), by name.
   Result<std::vector<TemplateOwnerRecord>> ListTemplateOwners(const std::string& owner_key_id);

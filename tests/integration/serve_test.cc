@@ -779,6 +779,19 @@ TEST_F(ServeTest, QuotasAnswer429WithRetryAfter) {
 
 // ---- the tenant boundary (issue 9) ----
 
+// The entries of directory `dir` whose names begin with `prefix` ("" for all).
+size_t EntriesNamed(const std::string& dir, const std::string& prefix) {
+  size_t n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      n += name != "." && name != ".." && name.rfind(prefix, 0) == 0;
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
 // A key made in the daemon's store while it runs, as `sbx key create` does.
 store::NewApiKey MakeKey(const std::string& dir, const std::string& name,
                          bool is_operator = false) {
@@ -2197,20 +2210,9 @@ TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
   auto got = d_->Call("GET", "/v1/sandboxes/" + id, "", as);
   EXPECT_EQ(json::parse(got.body)["state"], "running") << got.body;
   EXPECT_NE(sh("wc -c < /root/blob").find(Base64Encode("2000000\n")), std::string::npos);
-  size_t layers = 0, staged = 0;
-  for (const auto& [dir, n] : {std::pair{dir_ + "/templates/layers", &layers},
-                               std::pair{dir_ + "/templates/staging", &staged}}) {
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string name = e->d_name;
-        *n += name != "." && name != ".." &&
-              (n == &staged || name.rfind("snap-", 0) == 0 || name.rfind("disk-", 0) == 0);
-      }
-      ::closedir(d);
-    }
-  }
-  EXPECT_EQ(layers, 1u);  // the first snapshot's
-  EXPECT_EQ(staged, 0u);
+  const std::string layers = dir_ + "/templates/layers";
+  EXPECT_EQ(EntriesNamed(layers, "snap-") + EntriesNamed(layers, "disk-"), 1u);  // the first's
+  EXPECT_EQ(EntriesNamed(dir_ + "/templates/staging", ""), 0u);
   auto ls = RunProcess({SBX_BIN, "--data-dir", dir_, "key", "ls"}, ProcessOptions{});
   EXPECT_NE(ls.out.find(" of 3 MiB"), std::string::npos) << ls.out;
   EXPECT_NE(ls.out.find("1 of 1"), std::string::npos) << ls.out;
@@ -2235,15 +2237,7 @@ TEST_F(ServeTest, AKeysSnapshotsAndPausesStayWithinWhatItMaySave) {
 // layer of its own, and it resumes and pauses on.
 TEST_F(ServeTest, ASandboxPausedAgainAndAgainHasItsLayersMerged) {
   std::string id = Create({{"timeout", 300}});
-  auto own_layers = [&] {
-    size_t n = 0;
-    if (DIR* d = ::opendir((dir_ + "/templates/layers").c_str())) {
-      while (dirent* e = ::readdir(d))
-        n += std::string(e->d_name).rfind("disk-" + id + "-", 0) == 0;
-      ::closedir(d);
-    }
-    return n;
-  };
+  auto own_layers = [&] { return EntriesNamed(dir_ + "/templates/layers", "disk-" + id + "-"); };
   ASSERT_EQ(d_->Exec(id, {{"command", "mkdir -p /root/d && echo old > /root/d/old"}}).exit_code, 0);
   for (int i = 1; i <= 17; ++i) {
     std::string round = std::to_string(i);
@@ -2542,13 +2536,7 @@ TEST(ServeOnBtrfs, SnapshotsShareTheirDataWithTheBox) {
     // Paused without its memory twice, resumed after each: the first pause's layer is replaced by
     // the second's, and nothing holds it any more (the cache's gc takes it).
     auto pause_layers = [&] {
-      size_t n = 0;
-      if (DIR* layers = ::opendir((mnt + "/data/templates/layers").c_str())) {
-        while (dirent* e = ::readdir(layers))
-          n += std::string(e->d_name).rfind("disk-" + copy + "-", 0) == 0;
-        ::closedir(layers);
-      }
-      return n;
+      return EntriesNamed(mnt + "/data/templates/layers", "disk-" + copy + "-");
     };
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(d.Json("POST", "/v1/sandboxes/" + copy + "/pause", {{"memory", false}})["on_disk"],

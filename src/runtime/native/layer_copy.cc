@@ -24,8 +24,6 @@ namespace sbx::runtime {
 namespace {
 
 constexpr int kMaxDepth = 512;
-// Overlayfs' opaque mark under the host's prefix and a user namespace's (storage/cache.h).
-constexpr const char* kOpaqueMarks[] = {"trusted.overlay.opaque", "user.overlay.opaque"};
 constexpr int64_t kEntryCost = 512;  // what an entry costs beyond its data (as the cache counts)
 
 // What a regular file holds, its holes left out: its size, or its allocated blocks where fewer
@@ -261,25 +259,6 @@ struct Copier {
     return {};
   }
 
-  // Whether directory `fd` is opaque under either prefix of overlayfs' marks.
-  static bool Opaque(int fd) {
-    for (const char* name : kOpaqueMarks) {
-      char v[2];
-      if (::fgetxattr(fd, name, v, sizeof v) == 1 && v[0] == 'y') return true;
-    }
-    return false;
-  }
-
-  // Marks directory `fd` opaque under both prefixes (a filesystem without user xattrs keeps the
-  // trusted one).
-  static Status MarkOpaque(int fd, const std::string& what) {
-    for (const char* name : kOpaqueMarks)
-      if (::fsetxattr(fd, name, "y", 1, 0) != 0 &&
-          (name == kOpaqueMarks[0] || (errno != ENOTSUP && errno != EOPNOTSUPP)))
-        return Status::Errno("mark the copy of " + what + " opaque");
-    return {};
-  }
-
   // Removes every extended attribute of `fd`.
   static Status DropXattrs(int fd, const std::string& what) {
     std::vector<char> names(4096);
@@ -313,7 +292,7 @@ struct Copier {
       if (S_ISDIR(up.st_mode)) {
         UniqueFd from(::openat(src, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
         if (!from) return Status::Errno("open " + w);
-        const bool opaque = Opaque(from.get());
+        const bool opaque = IsOpaqueDir(from.get());
         if (!opaque && has_below && S_ISDIR(below.st_mode)) {
           // Both directories: their entries merge, the upper one's attributes (its xattrs
           // exactly, as overlayfs shows them) and the lower one's opacity.
@@ -324,13 +303,14 @@ struct Copier {
           SBX_RETURN_IF_ERROR(Charge(0, w));
           UniqueFd to(::openat(dst, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
           if (!to) return Status::Errno("open the copy of " + w);
-          const bool was_opaque = Opaque(to.get());
+          const bool was_opaque = IsOpaqueDir(to.get());
           at.emplace_back(n);
           SBX_RETURN_IF_ERROR(Apply(from.get(), to.get(), w, depth + 1));
           at.pop_back();
           SBX_RETURN_IF_ERROR(DropXattrs(to.get(), w));
           SBX_RETURN_IF_ERROR(Finish(from.get(), to.get(), up, w));
-          if (was_opaque) SBX_RETURN_IF_ERROR(MarkOpaque(to.get(), w));
+          if (was_opaque)
+            SBX_RETURN_IF_ERROR(MarkOpaqueDir(to.get()).Wrap("mark the copy of " + w + " opaque"));
           continue;
         }
         // Over a file, a symlink or a whiteout, overlayfs shows the directory alone: nothing of
@@ -344,7 +324,7 @@ struct Copier {
       if (hides_below) {
         UniqueFd made(::openat(dst, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
         if (!made) return Status::Errno("open the copy of " + w);
-        SBX_RETURN_IF_ERROR(MarkOpaque(made.get(), w));
+        SBX_RETURN_IF_ERROR(MarkOpaqueDir(made.get()).Wrap("mark the copy of " + w + " opaque"));
       }
     }
     return {};
@@ -441,11 +421,11 @@ Result<int64_t> ApplyLayerTree(int upper_dir, const std::string& dest, int64_t l
   Copier c;
   c.limit = limit_bytes;
   c.root = to.get();
-  const bool was_opaque = Copier::Opaque(to.get());
+  const bool was_opaque = IsOpaqueDir(to.get());
   SBX_RETURN_IF_ERROR(c.Apply(upper_dir, to.get(), "", 0));
   SBX_RETURN_IF_ERROR(Copier::DropXattrs(to.get(), "the layer's root"));
   SBX_RETURN_IF_ERROR(Copier::Finish(upper_dir, to.get(), st, "the layer's root"));
-  if (was_opaque) SBX_RETURN_IF_ERROR(Copier::MarkOpaque(to.get(), "the layer's root"));
+  if (was_opaque) SBX_RETURN_IF_ERROR(MarkOpaqueDir(to.get()).Wrap("mark the layer's root opaque"));
   return c.bytes;
 }
 
