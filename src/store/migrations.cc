@@ -273,6 +273,33 @@ UPDATE template_layers SET owner_key_id = COALESCE(
 CREATE INDEX template_layers_by_owner ON template_layers (owner_key_id) WHERE owner_key_id != '';
 )sql";
 
+// Version 19: which templates list which layer, kept by triggers from templates.layers. Whether a
+// layer is in use was a scan of every template's JSON per layer asked about: with many snapshots
+// (each a template), listing unused layers took time quadratic in them, under the store's lock.
+// Now it is an index lookup. The triggers keep the table whatever writes templates.
+constexpr char kV19[] = R"sql(
+CREATE TABLE template_layer_refs (
+  layer_id       TEXT NOT NULL,
+  template_name  TEXT NOT NULL,
+  PRIMARY KEY (layer_id, template_name)
+) WITHOUT ROWID;
+CREATE INDEX template_layer_refs_by_template ON template_layer_refs (template_name);
+INSERT OR IGNORE INTO template_layer_refs (layer_id, template_name)
+  SELECT j.value, t.name FROM templates t, json_each(t.layers) j WHERE j.type = 'text';
+CREATE TRIGGER template_layer_refs_insert AFTER INSERT ON templates BEGIN
+  INSERT OR IGNORE INTO template_layer_refs (layer_id, template_name)
+    SELECT j.value, NEW.name FROM json_each(NEW.layers) j WHERE j.type = 'text';
+END;
+CREATE TRIGGER template_layer_refs_update AFTER UPDATE OF name, layers ON templates BEGIN
+  DELETE FROM template_layer_refs WHERE template_name = OLD.name;
+  INSERT OR IGNORE INTO template_layer_refs (layer_id, template_name)
+    SELECT j.value, NEW.name FROM json_each(NEW.layers) j WHERE j.type = 'text';
+END;
+CREATE TRIGGER template_layer_refs_delete AFTER DELETE ON templates BEGIN
+  DELETE FROM template_layer_refs WHERE template_name = OLD.name;
+END;
+)sql";
+
 }  // namespace
 
 const std::vector<Migration>& Migrations() {
@@ -295,6 +322,7 @@ const std::vector<Migration>& Migrations() {
       {16, "sandboxes.runtime, templates.runtime, api_keys.runtimes", kV16},
       {17, "sandboxes.saved_memory", kV17},
       {18, "api_keys.max_saved_bytes, max_snapshots; template_layers.owner_key_id", kV18},
+      {19, "template_layer_refs: the templates that list each layer", kV19},
   };
   return kAll;
 }

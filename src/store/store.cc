@@ -313,15 +313,16 @@ bool IsValidTemplateKind(std::string_view k) {
          k == kTemplateOci || k == kTemplateBuild || k == kTemplateSnapshot;
 }
 
+}  // namespace
+
 // A layer is in use while a template references it or a pin holds it whose sandbox is live or
-// has no record yet (a create between resolving its template and recording its sandbox).
-constexpr char kLayerInUse[] =
-    "(EXISTS (SELECT 1 FROM templates t, json_each(t.layers) j WHERE j.value = l.id)"
+// has no record yet (a create between resolving its template and recording its sandbox). Both
+// are index lookups (template_layer_refs, layer_pins_by_layer).
+const char kLayerInUse[] =
+    "(EXISTS (SELECT 1 FROM template_layer_refs r WHERE r.layer_id = l.id)"
     " OR EXISTS (SELECT 1 FROM layer_pins p LEFT JOIN sandboxes s ON s.id = p.sandbox_id"
     " WHERE p.layer_id = l.id AND (s.id IS NULL OR"
     " s.state IN ('pooled', 'creating', 'running', 'paused'))))";
-
-}  // namespace
 
 bool IsValidState(std::string_view state) {
   return state == kStateCreating || state == kStateRunning || state == kStatePaused ||

@@ -285,6 +285,10 @@ struct TemplateOwnerRecord {
   int64_t updated_at = 0;
 };
 
+// The SQL condition "the template_layers row `l` is in use" (docs/store.md, layer_pins), shared
+// by the store's queries; its tests check that it reads indexes, not every template.
+extern const char kLayerInUse[];
+
 // A directory of the template cache (<templates dir>/layers/<id>), counted against its bound.
 struct LayerRecord {
   std::string id;

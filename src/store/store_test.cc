@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -1296,6 +1297,89 @@ TEST_F(StoreTest, AVersionSeventeenFileChargesItsSavedLayersToTheirKeys) {
   EXPECT_EQ((*store->GetLayer("disk-sbx1-abc"))->owner_key_id, "key_a");
   EXPECT_EQ((*store->GetLayer("disk-gone-x"))->owner_key_id, "");
   EXPECT_EQ((*store->GetLayer("sha256-cc"))->owner_key_id, "");
+}
+
+// Whether a layer is in use is read from indexes: template_layer_refs, which triggers keep as
+// templates are added, changed, renamed and deleted, and layer_pins. With a scan of every
+// template's layers instead, a key's thousands of snapshots slowed every other key's creates,
+// evictions and quota checks (quadratically, under the store's lock).
+TEST_F(StoreTest, WhetherALayerIsInUseIsAnIndexLookup) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  for (const char* id : {"l1", "l2", "l3"}) ASSERT_TRUE(store->PutLayer({.id = id}).ok());
+  ASSERT_TRUE(store->AddTemplate({.name = "a", .kind = kTemplateDir, .layers = {"l1", "l2"}}).ok());
+  ASSERT_TRUE(store->AddTemplate({.name = "b", .kind = kTemplateDir, .layers = {"l2"}}).ok());
+  auto db = Db::Open(path_);
+  ASSERT_TRUE(db.ok());
+  auto refs = [&] {
+    std::vector<std::string> out;
+    auto st = (*db)->Prepare(
+        "SELECT template_name || ':' || layer_id FROM template_layer_refs ORDER BY 1");
+    EXPECT_TRUE(st.ok());
+    while (st.ok() && *st->Step()) out.push_back(st->ColumnText(0));
+    return out;
+  };
+  auto unused = [&] {
+    std::vector<std::string> out;
+    auto layers = store->UnusedLayers();
+    EXPECT_TRUE(layers.ok());
+    for (const LayerRecord& l : *layers) out.push_back(l.id);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(refs(), (std::vector<std::string>{"a:l1", "a:l2", "b:l2"}));
+  EXPECT_EQ(unused(), std::vector<std::string>{"l3"});
+  ASSERT_TRUE(store->PutTemplate({.name = "a", .kind = kTemplateDir, .layers = {"l3"}}).ok());
+  EXPECT_EQ(refs(), (std::vector<std::string>{"a:l3", "b:l2"}));
+  EXPECT_EQ(unused(), std::vector<std::string>{"l1"});
+  ASSERT_TRUE((*db)->Exec("UPDATE templates SET name = 'c' WHERE name = 'b'").ok());
+  EXPECT_EQ(refs(), (std::vector<std::string>{"a:l3", "c:l2"}));
+  ASSERT_TRUE(store->DeleteTemplate("c").ok());
+  EXPECT_EQ(refs(), std::vector<std::string>{"a:l3"});
+  EXPECT_EQ(unused(), (std::vector<std::string>{"l1", "l2"}));
+  EXPECT_EQ(store->DeleteLayer("l3").err(), EBUSY);
+  ASSERT_TRUE(store->DeleteLayer("l2").ok());
+
+  // The plan: each EXISTS is a search of an index; no table is scanned but template_layers.
+  auto plan = (*db)->Prepare(std::string("EXPLAIN QUERY PLAN SELECT id FROM template_layers l"
+                                         " WHERE NOT ") +
+                             kLayerInUse);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  std::vector<std::string> scans, searches;
+  while (*plan->Step()) {
+    std::string detail = plan->ColumnText(3);
+    if (detail.rfind("SCAN ", 0) == 0) scans.push_back(detail);
+    if (detail.rfind("SEARCH ", 0) == 0) searches.push_back(detail);
+  }
+  ASSERT_EQ(scans.size(), 1u) << ::testing::PrintToString(scans);
+  EXPECT_TRUE(scans[0] == "SCAN l" || scans[0].rfind("SCAN l USING ", 0) == 0) << scans[0];
+  EXPECT_EQ(searches.size(), 3u) << ::testing::PrintToString(searches);
+  for (const std::string& s : searches) EXPECT_NE(s.find("USING"), std::string::npos) << s;
+}
+
+// A file of version 18 gets the references of the templates it holds.
+TEST_F(StoreTest, AVersionEighteenFileKnowsWhichTemplatesListItsLayers) {
+  {
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    for (int v = 1; v <= 18; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 18").ok());
+    ASSERT_TRUE((*db)
+                    ->Exec("INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
+                           "('l1', 1, 1), ('l2', 1, 1), ('l3', 1, 1);"
+                           "INSERT INTO templates (name, kind, layers, created_at) VALUES "
+                           "('t', 'dir', '[\"l1\", \"l2\"]', 1)")
+                    .ok());
+  }
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto unused = store->UnusedLayers();
+  ASSERT_TRUE(unused.ok());
+  ASSERT_EQ(unused->size(), 1u);
+  EXPECT_EQ((*unused)[0].id, "l3");
+  ASSERT_TRUE(store->DeleteTemplate("t").ok());
+  EXPECT_EQ(store->UnusedLayers()->size(), 3u);
 }
 
 TEST_F(StoreTest, ImageTemplatesKeepTheirConfigAndLeasePinsSurviveOrphanDrops) {
