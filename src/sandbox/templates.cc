@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "common/encoding.h"
 #include "common/fd.h"
@@ -790,7 +792,8 @@ Result<bool> TemplateBuilds::Hidden(const store::ApiKeyRecord& key, const std::s
   return !*row || (*row)->owner_key_id != key.id;
 }
 
-Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap) {
+Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap,
+                                            const std::vector<std::string>* names) {
   SnapshotInfo info;
   info.id = snap.name;
   info.sandbox_id = snap.sandbox_id;
@@ -800,10 +803,14 @@ Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap) {
     if (!layer.ok()) return layer.status();
     if (*layer) info.size_bytes = (*layer)->size_bytes;
   }
-  auto all = store_.ListTemplates();
-  if (!all.ok()) return all.status();
-  for (const auto& t : *all)
-    if (t.kind == store::kTemplateAlias && t.alias_of == snap.name) info.names.push_back(t.name);
+  if (names) {
+    info.names = *names;
+  } else {
+    auto all = store_.ListTemplates();
+    if (!all.ok()) return all.status();
+    for (const auto& t : *all)
+      if (t.kind == store::kTemplateAlias && t.alias_of == snap.name) info.names.push_back(t.name);
+  }
   return info;
 }
 
@@ -870,16 +877,27 @@ Result<SnapshotInfo> TemplateBuilds::AddSnapshot(
 Result<std::vector<SnapshotInfo>> TemplateBuilds::Snapshots(const store::ApiKeyRecord& key,
                                                             const std::string& sandbox_id,
                                                             const std::string& name) {
+  // Every template and the key's snapshots are read once: a listing costs the same whatever
+  // other keys hold (one read per snapshot was quadratic in every key's snapshots).
   auto all = store_.ListTemplates();
   if (!all.ok()) return all.status();
+  std::set<std::string> mine;  // a tenant's: those its owner rows name (see Hidden)
+  if (!key.is_operator) {
+    auto rows = store_.ListTemplateOwners(key.id);
+    if (!rows.ok()) return rows.status();
+    for (const auto& r : *rows) mine.insert(r.name);
+  }
+  std::map<std::string, std::vector<std::string>> names;  // a snapshot's aliases, by snapshot
+  for (const auto& t : *all)
+    if (t.kind == store::kTemplateAlias) names[t.alias_of].push_back(t.name);
+  const std::vector<std::string> none;
   std::vector<SnapshotInfo> out;
   for (const auto& t : *all) {
     if (t.kind != store::kTemplateSnapshot) continue;
     if (!sandbox_id.empty() && t.sandbox_id != sandbox_id) continue;
-    auto hidden = Hidden(key, t.name);
-    if (!hidden.ok()) return hidden.status();
-    if (*hidden) continue;
-    auto info = InfoOf(t);
+    if (!key.is_operator && !mine.contains(t.name)) continue;
+    auto named = names.find(t.name);
+    auto info = InfoOf(t, named == names.end() ? &none : &named->second);
     if (!info.ok()) return info.status();
     if (!name.empty() && name != info->id &&
         std::find(info->names.begin(), info->names.end(), name) == info->names.end())

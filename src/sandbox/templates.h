@@ -269,7 +269,9 @@ class TemplateBuilds {
   Status NotBeingBuilt(const std::string& name);
   // The snapshot record `name` names (itself, or the target of its alias); nullopt for others.
   Result<std::optional<store::TemplateRecord>> SnapshotOf(const std::string& name);
-  Result<SnapshotInfo> InfoOf(const store::TemplateRecord& snap);
+  // `names`: its aliases, when the caller has them (else they are looked up).
+  Result<SnapshotInfo> InfoOf(const store::TemplateRecord& snap,
+                              const std::vector<std::string>* names = nullptr);
   // `base` and its tags ("base:*") that are registered or held, by name.
   Result<std::vector<std::string>> NamesOf(const std::string& base);
   void Trim() REQUIRES(mu_);
