@@ -99,8 +99,9 @@ struct BoxStats {
   uint64_t pids_current = 0;
   uint64_t oom_kills = 0;
   // Times the box met its memory limit with nothing left to reclaim (cgroup v2 memory.events
-  // "oom"; a gVisor box on v1: sbx's OOM guard's count, oom_guard.h; else 0). One with no kill
-  // is a box whose runtime ended at the limit (gVisor's Sentry failing an allocation).
+  // "oom"; a gVisor box on v1: sbx's OOM guard's count, oom_guard.h, or 1 for a sandbox that
+  // ended after meeting its limit; else 0). One with no kill is a box whose runtime ended at the
+  // limit (gVisor's Sentry failing an allocation).
   uint64_t ooms = 0;
   bool frozen = false;  // the box's cgroup is frozen (paused in memory)
   // The box's writable layer: the bytes it holds, and the most it may hold (the size of its disk

@@ -1299,12 +1299,23 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
     s.pids_current = data.value("/pids/current"_json_pointer, uint64_t{0});
     st = s;
   }
+  const std::string dir = Dir(box.id);
   if (oom_guard_) {
     st->oom_kills += oom_guard_->Kills(box.id);
     st->ooms += oom_guard_->Ooms(box.id);
+    // A guarded sandbox that ended after its cgroup met its limit ended of it, though the guard
+    // heard no OOM: with the kernel's killer off, an allocation of the kernel's own for the
+    // Sentry that meets the limit fails without one, and gVisor panics on some (oom_guard.h).
+    // Told as an OOM, `sbx run` exits 137 as the command died of the limit. Met: its peak came
+    // within 1 MiB of the limit, more than any such allocation (memory.failcnt would say it, but
+    // the kernel counts no failure of the memory+swap limit a box also has).
+    if (st->ooms == 0 && st->oom_kills == 0 && !BoxProcess(dir).ok()) {
+      auto limit = cgroup_internal::ReadUint(MemoryCgroup(box.id) + "/memory.limit_in_bytes");
+      if (limit.ok() && *limit < OomGuard::kNoLimit && st->memory_peak + (1 << 20) >= *limit)
+        st->ooms = 1;
+    }
   }
   struct statvfs vfs {};
-  const std::string dir = Dir(box.id);
   if (Upper(dir) != dir + "/fs/upper") {
     // A disk limit: its image's filesystem.
     if (::statvfs((dir + "/fs/disk").c_str(), &vfs) == 0) {
@@ -1327,11 +1338,15 @@ Status OciRuntime::SetLimits(const Box& box, const Limits& limits) {
   return GuardMemory(box.id).Wrap(what);
 }
 
+std::string OciRuntime::MemoryCgroup(const std::string& id) const {
+  for (const auto& [controller, dir] : cgroups_.v1_dirs)
+    if (controller == "memory") return dir + "/" + id;
+  return "";
+}
+
 Status OciRuntime::GuardMemory(const std::string& id) {
   if (!oom_guard_) return {};
-  std::string memcg;
-  for (const auto& [controller, dir] : cgroups_.v1_dirs)
-    if (controller == "memory") memcg = dir + "/" + id;
+  std::string memcg = MemoryCgroup(id);
   if (memcg.empty()) return {};
   // No limit of its own (or no longer): the kernel's killer acts only for a parent's, which is
   // no box's to handle.

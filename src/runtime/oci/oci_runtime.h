@@ -150,6 +150,8 @@ class OciRuntime : public Runtime {
   // gVisor: hands box `id`'s OOM kills to oom_guard_ (oom_guard.h), where the host has a v1
   // memory controller and the box a memory limit; else nothing.
   Status GuardMemory(const std::string& id);
+  // Box `id`'s v1 memory cgroup directory; "" without a v1 memory controller.
+  std::string MemoryCgroup(const std::string& id) const;
 
   const OciConfig config_;
   const OciKind kind_;

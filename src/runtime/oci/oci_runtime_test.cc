@@ -5,6 +5,7 @@
 #include "runtime/oci/oci_runtime.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/sockios.h>
 #include <poll.h>
@@ -12,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -501,6 +503,71 @@ TEST_P(OciRuntimeTest, AdoptionAndOrphansFollowTheOwnerLock) {
   EXPECT_EQ(*(*reaper)->ReapOrphans("serve"), 1);
   ExpectGone(*box);
   rt_ = std::move(*reaper);
+}
+
+// A gVisor sandbox that ends after its box met its memory limit is told as ended of it: with the
+// kernel's killer off (the guard's), an allocation of the kernel's own for the Sentry at the limit
+// fails without an OOM event, and gVisor panics on some (oom_guard.h). The limit is met here by a
+// host process the test puts in the box's memory cgroup (page cache it writes past the limit,
+// reclaimed as it goes), and the panic is a SIGKILL of the sandbox's processes; a sandbox killed
+// far from its limit is no OOM.
+TEST_P(OciRuntimeTest, AGuardedSandboxThatEndsAfterMeetingItsLimitEndedOfIt) {
+  if (name_ != "gvisor") GTEST_SKIP() << "the OOM guard watches gVisor boxes alone";
+  for (bool met : {false, true}) {
+    SCOPED_TRACE(met ? "met its limit" : "did not");
+    BoxSpec spec = Spec();
+    spec.limits.memory_bytes = 128 << 20;
+    auto box = rt_->Create(spec);
+    ASSERT_TRUE(box.ok()) << box.status().message();
+    if (CgroupValue(box->id, "memory.oom_control") != "oom_kill_disable 1")
+      GTEST_SKIP() << "no v1 memory controller: the guard does not act";
+    std::string memcg;
+    for (const auto& d : CgroupDirs(config_.cgroup_parent, box->id))
+      if (::access((d + "/memory.limit_in_bytes").c_str(), F_OK) == 0) memcg = d;
+    ASSERT_FALSE(memcg.empty());
+    if (met) {
+      std::string buf(64 << 10, 'x');
+      std::string file = box->dir + "/page-cache";
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        int procs = ::open((memcg + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+        int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (procs < 0 || fd < 0 || ::write(procs, "0", 1) != 1) ::_exit(2);
+        for (int i = 0; i < 4096; ++i) {
+          if (::write(fd, buf.data(), buf.size()) != static_cast<ssize_t>(buf.size())) ::_exit(3);
+          if (i % 128 == 127 && ::fdatasync(fd) != 0) ::_exit(4);
+        }
+        ::_exit(0);
+      }
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+      ASSERT_EQ(::unlink(file.c_str()), 0);
+    }
+    // gVisor's panic: every process of the sandbox ends.
+    std::vector<UniqueFd> ending;
+    auto procs = ReadFile(memcg + "/cgroup.procs", 1 << 16);
+    ASSERT_TRUE(procs.ok());
+    std::istringstream lines(*procs);
+    for (std::string pid; std::getline(lines, pid);) {
+      UniqueFd p(static_cast<int>(::syscall(SYS_pidfd_open, std::stoi(pid), 0)));
+      if (!p) continue;
+      EXPECT_EQ(::syscall(SYS_pidfd_send_signal, p.get(), SIGKILL, nullptr, 0), 0);
+      ending.push_back(std::move(p));
+    }
+    ASSERT_FALSE(ending.empty());
+    for (const UniqueFd& p : ending) {
+      pollfd pfd{.fd = p.get(), .events = POLLIN, .revents = 0};
+      ASSERT_EQ(::poll(&pfd, 1, -1), 1);
+    }
+    EXPECT_TRUE(rt_->AgentExit(*box).has_value());
+    auto stats = rt_->Stats(*box);
+    ASSERT_TRUE(stats.ok()) << stats.status().message();
+    EXPECT_EQ(stats->oom_kills, 0u);
+    EXPECT_EQ(stats->ooms, met ? 1u : 0u);
+    ASSERT_TRUE(rt_->Destroy(*box).ok());
+    ExpectGone(*box);
+  }
 }
 
 // Row 43 of threats.md: a memory bomb dies alone and the box serves on. Under runc the host's
