@@ -58,7 +58,8 @@ Result<PoolSpec> ParsePoolSpec(std::string_view text) {
 Status Manager::SetPool(const PoolSpec& spec) {
   if (spec.size < 0 || spec.size > kMaxPoolSize)
     return Status::Error("size: from 0 to " + std::to_string(kMaxPoolSize), EINVAL);
-  // A registered template that is no key's snapshot (those exist only for their key).
+  // A registered template that is no key's own (a snapshot, a tenant's build: those exist only
+  // for their key, and a pool's boxes are no key's until claimed).
   auto hidden = builds_->Hidden(store::ApiKeyRecord{}, spec.template_name);
   if (!hidden.ok()) return hidden.status();
   if (*hidden) return storage::TemplateNotFound(spec.template_name);

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/fs.h"
@@ -64,9 +65,7 @@ class TemplatesTest : public ::testing::Test {
     store_ = std::move(*st);
     a_ = store_->CreateApiKey("a", 10, 10)->record;
     b_ = store_->CreateApiKey("b", 10, 10)->record;
-    op_ = a_;
-    op_.id = "key_operator";
-    op_.is_operator = true;
+    op_ = store_->CreateApiKey("op", 10, 10, /*is_operator=*/true)->record;
     ts_.dir = dir_ + "/templates";
   }
   void TearDown() override {
@@ -141,15 +140,25 @@ TEST_F(TemplatesTest, ANameIsItsBuildersAndBuiltInsAreNobodys) {
   EXPECT_EQ(t.Delete(a_, "host").err(), EPERM);
   EXPECT_EQ(t.Delete(op_, "base").err(), EPERM);
   EXPECT_EQ(t.Delete(a_, "nothing").err(), ENOENT);
-  // B sees the name (one namespace) as another key's, and may not delete it.
-  auto info = t.Info(b_, "app");
-  ASSERT_TRUE(info.ok()) << info.status().message();
-  EXPECT_EQ(info->owner, TemplateOwner::kOtherKey);
+  // For B, A's name does not exist (it holds A's files), but for an operator key; B may not
+  // delete it or build it either.
+  EXPECT_EQ(t.Info(b_, "app").status().err(), t.Info(b_, "nothing").status().err());
+  EXPECT_TRUE(*t.Hidden(b_, "app"));
+  EXPECT_FALSE(*t.Hidden(a_, "app"));
+  EXPECT_EQ(t.Info(op_, "app")->owner, TemplateOwner::kOtherKey);
   EXPECT_EQ(t.Info(a_, "app")->owner, TemplateOwner::kYou);
   EXPECT_EQ(t.Info(a_, "host")->owner, TemplateOwner::kBuiltIn);
-  EXPECT_EQ(t.Delete(b_, "app").err(), EPERM);
-  ASSERT_FALSE(audits_.empty());
-  EXPECT_EQ(audits_.back().rfind("template.denied " + b_.id, 0), 0u) << audits_.back();
+  EXPECT_EQ(t.Delete(b_, "app").err(), t.Delete(b_, "nothing").err());
+  // A name of it that the operator made on the host (an alias) is as hidden.
+  ASSERT_TRUE(store_->PutLayer({.id = "l0", .size_bytes = 1}).ok());
+  ASSERT_TRUE(
+      store_->PutTemplate({.name = "app", .kind = store::kTemplateBuild, .layers = {"l0"}}).ok());
+  ASSERT_TRUE(
+      store_->AddTemplate({.name = "app-alias", .kind = store::kTemplateAlias, .alias_of = "app"})
+          .ok());
+  EXPECT_TRUE(*t.Hidden(b_, "app-alias"));
+  EXPECT_FALSE(*t.Hidden(a_, "app-alias"));
+  ASSERT_TRUE(store_->DeleteTemplate("app-alias").ok());
   // A reserved build of a deleted name does not start.
   auto stale = t.Reserve(a_, "gone");
   ASSERT_TRUE(stale.ok());
@@ -159,7 +168,17 @@ TEST_F(TemplatesTest, ANameIsItsBuildersAndBuiltInsAreNobodys) {
   EXPECT_EQ(t.Get(b_, *id, 0).status().err(), ENOENT);
   ASSERT_TRUE(t.Delete(a_, "app").ok());
   EXPECT_TRUE(t.Reserve(b_, "app").ok());  // free again
-  // An operator key may delete or take over a tenant's.
+  // B's is hidden from A's list.
+  ASSERT_TRUE(t.Reserve(b_, "bs").ok());
+  auto names = [&](const store::ApiKeyRecord& k) {
+    std::set<std::string> out;
+    for (const auto& i : *t.List(k)) out.insert(i.name);
+    return out;
+  };
+  EXPECT_TRUE(names(b_).contains("bs"));
+  EXPECT_FALSE(names(a_).contains("bs"));
+  EXPECT_TRUE(names(op_).contains("bs"));
+  // An operator key may delete or take over a tenant's: the operator's are every key's.
   EXPECT_TRUE(t.Reserve(op_, "app").ok());
   EXPECT_EQ(t.Info(b_, "app")->owner, TemplateOwner::kOtherKey);
   auto list = t.List(a_);
@@ -383,8 +402,9 @@ TEST_F(TemplatesTest, TagsPointAtOneBuildEachAndOnlyTheHolderChangesThem) {
   }
   EXPECT_NE(audits_.back().find("template.tag " + a_.id), std::string::npos) << audits_.back();
 
-  // Refused, with nothing made: another key, a missing target, a built-in, a bad tag.
-  EXPECT_EQ(t.Tag(b_, "app:v1", {"mine"}).status().err(), EPERM);
+  // Refused, with nothing made: another key (for which it does not exist), a missing target, a
+  // built-in, a bad tag.
+  EXPECT_EQ(t.Tag(b_, "app:v1", {"mine"}).status().err(), ENOENT);
   EXPECT_EQ(t.Tag(a_, "app:nope", {"x"}).status().err(), ENOENT);
   EXPECT_EQ(t.Tag(a_, "host", {"x"}).status().err(), EPERM);
   EXPECT_EQ(t.Tag(op_, "base", {"x"}).status().err(), EPERM);
@@ -397,7 +417,8 @@ TEST_F(TemplatesTest, TagsPointAtOneBuildEachAndOnlyTheHolderChangesThem) {
   auto v1b = t.Reserve(a_, "app:v1");
   ASSERT_TRUE(v1b.ok());
   Built(*store_, "app:v1", *v1b, "l2");
-  auto tags = t.Tags(b_, "app");  // every key sees the names
+  EXPECT_EQ(t.Tags(b_, "app").status().err(), ENOENT);  // A's names are A's
+  auto tags = t.Tags(a_, "app");
   ASSERT_TRUE(tags.ok()) << tags.status().message();
   std::map<std::string, std::string> by_tag;
   for (const auto& x : *tags) by_tag[x.tag] = x.build_id;
@@ -409,7 +430,7 @@ TEST_F(TemplatesTest, TagsPointAtOneBuildEachAndOnlyTheHolderChangesThem) {
   EXPECT_EQ(t.Untag(a_, "app", {"default"}).err(), EINVAL);
   EXPECT_EQ(t.Untag(a_, "app:v1", {"prod"}).err(), EINVAL);
   EXPECT_EQ(t.Untag(a_, "app", {}).err(), EINVAL);
-  EXPECT_EQ(t.Untag(b_, "app", {"prod"}).err(), EPERM);
+  EXPECT_EQ(t.Untag(b_, "app", {"prod"}).err(), ENOENT);
   EXPECT_EQ(t.Untag(a_, "nothing", {"x"}).err(), ENOENT);
   ASSERT_TRUE(t.Untag(a_, "app", {"prod", "never-was"}).ok());
   EXPECT_FALSE(*store_->GetTemplate("app:prod"));

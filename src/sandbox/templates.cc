@@ -515,12 +515,14 @@ Status TemplateBuilds::MayDelete(const store::ApiKeyRecord& key, const std::stri
   if (!rec.ok()) return rec.status();
   auto row = store_.GetTemplateOwner(name);
   if (!row.ok()) return row.status();
-  if (*hidden || (!*rec && !*row))
-    return Status::Error("template '" + name + "' not found", ENOENT);
   auto denied = [&](const std::string& why) {
     audit_("template.denied", key.id, {{"template", name}, {"op", "delete"}});
     return Status::Error("template '" + name + "' " + why, EPERM);
   };
+  // Another tenant's: not found, as for any name it does not hold; the operator is told.
+  if (*hidden) (void)denied("is another key's");
+  if (*hidden || (!*rec && !*row))
+    return Status::Error("template '" + name + "' not found", ENOENT);
   if (*row) {
     if ((*row)->owner_key_id != key.id && !key.is_operator)
       return denied("was built by another key");
@@ -780,16 +782,36 @@ Result<std::optional<store::TemplateRecord>> TemplateBuilds::SnapshotOf(const st
   return rec;
 }
 
+Result<bool> TemplateBuilds::HeldByAnotherTenant(const store::ApiKeyRecord& key,
+                                                 const std::string& name) {
+  auto row = store_.GetTemplateOwner(name);
+  if (!row.ok()) return row.status();
+  if (!*row || (*row)->owner_key_id == key.id) return false;
+  // An operator key's builds are the operator's, shared as its host imports are; a key no
+  // longer in the store is no operator.
+  auto holder = store_.GetApiKey((*row)->owner_key_id);
+  if (!holder.ok()) return holder.status();
+  return !*holder || !(*holder)->is_operator;
+}
+
 Result<bool> TemplateBuilds::Hidden(const store::ApiKeyRecord& key, const std::string& name) {
   if (key.is_operator) return false;
   auto snap = SnapshotOf(name);
   if (!snap.ok()) return snap.status();
-  if (!*snap) return false;
-  // A snapshot without its owner row (a crash between the two writes) is nobody's but the
-  // operator's: hidden from every tenant.
-  auto row = store_.GetTemplateOwner((*snap)->name);
-  if (!row.ok()) return row.status();
-  return !*row || (*row)->owner_key_id != key.id;
+  if (*snap) {
+    // A snapshot without its owner row (a crash between the two writes) is nobody's but the
+    // operator's: hidden from every tenant.
+    auto row = store_.GetTemplateOwner((*snap)->name);
+    if (!row.ok()) return row.status();
+    return !*row || (*row)->owner_key_id != key.id;
+  }
+  // A name another tenant holds, or a name (an alias) of a template another tenant holds.
+  auto held = HeldByAnotherTenant(key, name);
+  if (!held.ok() || *held) return held;
+  auto rec = store_.GetTemplate(name);
+  if (!rec.ok()) return rec.status();
+  if (!*rec || (*rec)->kind != store::kTemplateAlias) return false;
+  return HeldByAnotherTenant(key, (*rec)->alias_of);
 }
 
 Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap,

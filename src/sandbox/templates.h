@@ -171,13 +171,17 @@ class TemplateBuilds {
   // The tags of `base` that are registered templates, by tag. ENOENT when there are none.
   Result<std::vector<TagInfo>> Tags(const store::ApiKeyRecord& key, const std::string& base);
 
-  // ---- snapshots (issue 14; docs/api.md "Snapshots") ----
-  // A snapshot holds a tenant's files, so unlike other templates it is private: for any key but
-  // the one that took it and operator keys, the snapshot and its names do not exist, whatever
-  // the call (create, info, list, delete, tag, FROM of a build). Its names are aliases of it,
-  // held by the same key.
-  // Whether `name` is (or is an alias of) a snapshot that `key` may not see.
+  // A template a tenant built through an API (its COPY'd sources, what its RUN steps fetched)
+  // and a snapshot (a sandbox's files) hold that tenant's files, so they are private: for any
+  // key but the one that holds them and operator keys, they and their names (tags, aliases) do
+  // not exist, whatever the call (create, info, list, delete, tag, FROM of a build), as E2B's
+  // templates are their team's. The operator's templates (host imports, its keys' builds) and
+  // the built-ins are every key's.
+  // Whether `name` is, or is an alias of, such a template that `key` may not see.
   Result<bool> Hidden(const store::ApiKeyRecord& key, const std::string& name);
+
+  // ---- snapshots (issue 14; docs/api.md "Snapshots") ----
+  // A snapshot's names are aliases of it, held by the same key.
   // Registers snapshot `id` (IsSnapshotId) of sandbox `sandbox_id`, made of the recorded `layers`
   // (its own first) with `config`, held by `key`; with a `name` (a template name, ":default"
   // meaning the name itself), that name too: a name this key gave an earlier snapshot moves to
@@ -269,6 +273,8 @@ class TemplateBuilds {
   Status NotBeingBuilt(const std::string& name);
   // The snapshot record `name` names (itself, or the target of its alias); nullopt for others.
   Result<std::optional<store::TemplateRecord>> SnapshotOf(const std::string& name);
+  // Whether a tenant key other than `key` holds the name `name` (its template_owners row).
+  Result<bool> HeldByAnotherTenant(const store::ApiKeyRecord& key, const std::string& name);
   // `names`: its aliases, when the caller has them (else they are looked up).
   Result<SnapshotInfo> InfoOf(const store::TemplateRecord& snap,
                               const std::vector<std::string>* names = nullptr);
