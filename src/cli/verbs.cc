@@ -595,8 +595,8 @@ void RegisterKey(CLI::App& app, const GlobalOptions& g, ClientVerbs& verbs) {
   create->add_option("--rate", f->rate, "Creations per second (default 0: unlimited)")
       ->check(CLI::NonNegativeNumber);
   create->add_option("--max-saved", f->max_saved,
-                     "Template cache space this key's snapshots and pauses without memory may "
-                     "hold, e.g. 20G (default 0: unlimited, the cache's bound only)");
+                     "Template cache space this key's snapshots, pauses without memory and "
+                     "builds may hold, e.g. 20G (default 0: unlimited, the cache's bound only)");
   create
       ->add_option("--max-snapshots", f->max_snapshots,
                    "Snapshots this key may keep at once (0: unlimited; each is a few rows every "

@@ -611,10 +611,21 @@ class Build {
     return dirs;
   }
 
+  // A step's layer is the building key's, within what it may save (its cache key is the key's
+  // alone: Key).
+  storage::LayerCharge Charge() const {
+    return {.key_id = spec_.owner_key_id, .max_bytes = spec_.max_saved_bytes};
+  }
+
   // What every step's result depends on besides its own instruction.
   std::string Key(const BuildStep& s, const std::string& extra) const {
     Sha256 h;
-    h.Field("sbx-build-1");
+    h.Field("sbx-build-2");
+    // Each key's builds have a cache of their own (the operator's builds, key "", share one): a
+    // step another key ran is never reused, which would tell this key what another built (its
+    // "Using cache" answers a guess of another's step, ARG values included) and hand it a layer
+    // another key's network made.
+    h.Field(spec_.owner_key_id);
     h.Field(Parent());
     h.Field(std::to_string(static_cast<int>(s.kind)));
     h.Field(s.text);
@@ -790,7 +801,7 @@ Status Build::Stage(const BuildStep& s,
   }
   // The staging root becomes the layer's root: the image's own root attributes.
   if (::fchmod(root.get(), 0755) != 0) return Status::Errno("chmod the staging directory");
-  auto added = storage::AddLayerFromDir(ts_, st_, staging.path, key, 0, id_);
+  auto added = storage::AddLayerFromDir(ts_, st_, staging.path, key, 0, id_, Charge());
   if (!added.ok()) return added.status();
   staging.path.clear();
   Push(key);
@@ -1239,7 +1250,8 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   runtime::Box b = *guard.box;
   guard.box.reset();
   SBX_RETURN_IF_ERROR(c_.runtime->DestroyKeepingUpper(b, staging.path).Wrap(where));
-  auto added = storage::AddLayerFromDir(ts_, st_, staging.path, key, b.LayerIdShift(), id_);
+  auto added =
+      storage::AddLayerFromDir(ts_, st_, staging.path, key, b.LayerIdShift(), id_, Charge());
   if (!added.ok()) return added.status().Wrap(where);
   staging.path.clear();
   Push(key);

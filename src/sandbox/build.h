@@ -29,8 +29,11 @@
 namespace sbx::sandbox {
 
 struct BuildSpec {
-  std::string name;                       // the template to make (replaced when it exists)
-  std::string owner_key_id;               // who asked (audited; operator builds: "")
+  std::string name;          // the template to make (replaced when it exists)
+  std::string owner_key_id;  // who asked (audited; operator builds: "")
+  // What its layers may bring that key's saved bytes to (store::ApiKeyRecord::max_saved_bytes;
+  // 0: no bound): a build's layers are charged to the key that builds, as its snapshots are.
+  int64_t max_saved_bytes = 0;
   std::vector<storage::BuildStep> steps;  // the first is kFrom
   std::string context_dir;  // host directory COPY sources are read from (only below it)
   // The network policy of every RUN step's box (docs/build.md "Network"); mode none: loopback

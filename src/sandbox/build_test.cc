@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <tuple>
 
 #include "common/fd.h"
 #include "common/fs.h"
@@ -239,6 +240,62 @@ TEST_F(BuildTest, ARebuildReusesEveryStepAndAChangedFileInvalidatesFromItsStep) 
   ASSERT_TRUE(fourth.rec.ok()) << fourth.rec.status().message();
   EXPECT_EQ(fourth.Count("Using cache"), 0);
   EXPECT_EQ(fourth.Count("Running in"), 2);
+}
+
+// A key's builds never reuse a step another key's build ran: that "Using cache" would answer a
+// guess of what another key built (its ARG values included), and hand over a layer that another
+// key's RUN made with its own network. The operator's builds (key "") share a cache.
+TEST_F(BuildTest, AKeysBuildsDoNotReuseAnotherKeysSteps) {
+  const char* dockerfile = "FROM host\nARG TOKEN=guess\nRUN echo \"$TOKEN\" > /opt/token\n";
+  auto build = [&](const std::string& name, const std::string& key) {
+    auto spec = Spec(name, dockerfile);
+    spec.owner_key_id = key;
+    return Run(std::move(spec));
+  };
+  auto a = build("a-first", "key_a");
+  ASSERT_TRUE(a.rec.ok()) << a.rec.status().message();
+  EXPECT_EQ(a.Count("Running in"), 1);
+  auto b = build("b-first", "key_b");
+  ASSERT_TRUE(b.rec.ok()) << b.rec.status().message();
+  EXPECT_EQ(b.Count("Using cache"), 0);
+  EXPECT_EQ(b.Count("Running in"), 1);
+  EXPECT_NE(b.rec->layers.front(), a.rec->layers.front());
+  auto op = build("op-first", "");
+  ASSERT_TRUE(op.rec.ok()) << op.rec.status().message();
+  EXPECT_EQ(op.Count("Using cache"), 0);
+  // Each reuses its own.
+  for (const auto& [name, key, first] :
+       {std::tuple{"a-again", "key_a", &a}, {"b-again", "key_b", &b}, {"op-again", "", &op}}) {
+    SCOPED_TRACE(name);
+    auto again = build(name, key);
+    ASSERT_TRUE(again.rec.ok()) << again.rec.status().message();
+    EXPECT_EQ(again.Count("Using cache"), 1);
+    EXPECT_EQ(again.Count("Running in"), 0);
+    EXPECT_EQ(again.rec->layers, first->rec->layers);
+  }
+}
+
+// A key's build layers are charged to it, as its snapshots are: past what it may save the build
+// fails (EDQUOT, 507 at the API) with nothing of the step recorded.
+TEST_F(BuildTest, AKeysBuildLayersAreChargedToItWithinWhatItMaySave) {
+  auto spec = Spec("charged", "FROM host\nRUN head -c 300000 /dev/urandom > /opt/big\n");
+  spec.owner_key_id = "key_a";
+  spec.max_saved_bytes = 100000;
+  auto over = Run(spec);
+  EXPECT_EQ(over.rec.status().err(), EDQUOT) << over.rec.status().message();
+  EXPECT_NE(over.rec.status().message().find("key_a may save"), std::string::npos)
+      << over.rec.status().message();
+  EXPECT_EQ(*st_->LayerBytesOwnedBy("key_a"), 0);
+  for (const auto& l : *st_->ListLayers()) EXPECT_NE(l.owner_key_id, "key_a") << l.id;
+  spec.max_saved_bytes = 10 << 20;
+  auto fits = Run(spec);
+  ASSERT_TRUE(fits.rec.ok()) << fits.rec.status().message();
+  EXPECT_EQ((*st_->GetLayer(fits.rec->layers.front()))->owner_key_id, "key_a");
+  EXPECT_GE(*st_->LayerBytesOwnedBy("key_a"), 300000);
+  // The operator's builds are nobody's to charge.
+  auto op = Run(Spec("operators", "FROM host\nRUN echo op > /opt/op\n"));
+  ASSERT_TRUE(op.rec.ok()) << op.rec.status().message();
+  EXPECT_EQ((*st_->GetLayer(op.rec->layers.front()))->owner_key_id, "");
 }
 
 TEST_F(BuildTest, AFailingRunReportsItsStepAndExitCodeAndLeavesNothing) {

@@ -279,6 +279,7 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
   }
   spec.record_id = id;
   spec.owner_key_id = key.id;
+  spec.max_saved_bytes = key.max_saved_bytes;
   auto fail = [&](const Status& s) -> Status {
     MutexLock lock(mu_);
     auto it = builds_.find(id);

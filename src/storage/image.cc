@@ -292,7 +292,7 @@ Result<store::LayerRecord> Commit(const TemplateStore& ts, store::Store& st,
       return Status::Error(what + ": " + std::to_string(size) + " bytes do not fit in what key " +
                                charge.key_id + " may save (" + std::to_string(*held) + " of its " +
                                std::to_string(charge.max_bytes) +
-                               " bytes held by its snapshots and pauses without memory)",
+                               " bytes held by its snapshots, pauses without memory and builds)",
                            EDQUOT);
   }
   // Room first: a layer that cannot fit whatever is evicted evicts nothing (unused layers of
