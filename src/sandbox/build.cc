@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -611,6 +612,22 @@ class Build {
     return dirs;
   }
 
+  // Milliseconds left of the build's time limit (INT64_MAX without one; 0 once past it).
+  int64_t TimeLeftMs() const {
+    if (spec_.timeout_ms <= 0) return INT64_MAX;
+    auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started_)
+                     .count();
+    return std::max<int64_t>(0, spec_.timeout_ms - spent);
+  }
+  Status PastTimeLimit(const std::string& where) const {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g s", static_cast<double>(spec_.timeout_ms) / 1000);
+    return Status::Error(where + ": the build passed its time limit of " + std::string(limit) +
+                             "; the step was stopped",
+                         ETIMEDOUT);
+  }
+
   // A step's layer is the building key's, within what it may save (its cache key is the key's
   // alone: Key).
   storage::LayerCharge Charge() const {
@@ -687,6 +704,7 @@ class Build {
   const BuildSpec& spec_;
   const std::function<void(const BuildLogLine&)>& log_;
   std::string nonce_ = RandomId(16);
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::string pulled_;  // " from REF@MANIFEST" of a pulled base, for the template's source
   Image img_;
   std::optional<storage::IgnoreRules> ignore_;  // read at the first COPY
@@ -988,7 +1006,20 @@ class BuilderImpl : public Builder {
     auto entry = std::make_shared<Entry>();
     entry->status.id = id;
     entry->status.name = spec.name;
+    entry->key_id = spec.owner_key_id;
     MutexLock g(mu_);
+    if (!spec.owner_key_id.empty()) {
+      // Each build holds a box, a thread and its steps' disk: one key's builds are bounded as
+      // its sandboxes are, whatever it asks.
+      size_t running = 0;
+      for (const auto& [other, e] : builds_)
+        running += e->key_id == spec.owner_key_id && e->status.state == BuildState::kBuilding;
+      if (running >= c_.max_builds_per_key)
+        return Status::Error("key " + spec.owner_key_id + " runs " + std::to_string(running) +
+                                 " builds: at most " + std::to_string(c_.max_builds_per_key) +
+                                 " at once; start this one when one of them has ended",
+                             EAGAIN);
+    }
     Prune();
     builds_[id] = entry;
     order_.push_back(id);
@@ -1038,6 +1069,7 @@ class BuilderImpl : public Builder {
 
  private:
   struct Entry {
+    std::string key_id;  // who started it (BuildSpec::owner_key_id)
     BuildStatus status;  // its logs stay empty: they are kept in `logs`
     std::deque<BuildLogLine> logs;
     int64_t dropped = 0;  // log lines dropped from the front
@@ -1226,7 +1258,12 @@ Status Build::RunStep(const BuildStep& s, const std::string& where) {
   };
   int64_t code = -1, signal = 0;
   for (;;) {
-    auto f = conn->Receive(-1);
+    // Checked before each wait: a step whose output never pauses meets it too.
+    int64_t left = TimeLeftMs();
+    if (left == 0) return PastTimeLimit(where);
+    auto f =
+        conn->Receive(left == INT64_MAX ? -1 : static_cast<int>(std::min<int64_t>(left, INT_MAX)));
+    if (!f.ok() && f.status().err() == ETIMEDOUT && TimeLeftMs() == 0) return PastTimeLimit(where);
     if (!f.ok()) return f.status().Wrap(where + ": the box's agent");
     if (f->header.id != call) continue;
     if (f->header.type == Type::kOutput) {

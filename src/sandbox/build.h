@@ -34,6 +34,9 @@ struct BuildSpec {
   // What its layers may bring that key's saved bytes to (store::ApiKeyRecord::max_saved_bytes;
   // 0: no bound): a build's layers are charged to the key that builds, as its snapshots are.
   int64_t max_saved_bytes = 0;
+  // Its time limit, from its start (0: none, as `sbx build` on the host): a RUN step still
+  // running then is stopped and the build fails (ETIMEDOUT).
+  int64_t timeout_ms = 0;
   std::vector<storage::BuildStep> steps;  // the first is kFrom
   std::string context_dir;  // host directory COPY sources are read from (only below it)
   // The network policy of every RUN step's box (docs/build.md "Network"); mode none: loopback
@@ -121,7 +124,9 @@ struct BuilderConfig {
   // anywhere). Checked by Start/Run before anything starts: EPERM for a registry not allowed.
   RegistryPolicy registries;
   size_t max_log_lines = 10000;  // per build kept for Get (the oldest go first)
-  size_t max_finished = 64;      // finished builds kept for Get
+  // Builds one key (BuildSpec::owner_key_id, not "") runs at once through Start; past it EAGAIN.
+  size_t max_builds_per_key = 2;
+  size_t max_finished = 64;  // finished builds kept for Get
 };
 
 std::unique_ptr<Builder> MakeBuilder(BuilderConfig config);

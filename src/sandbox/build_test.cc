@@ -298,6 +298,57 @@ TEST_F(BuildTest, AKeysBuildLayersAreChargedToItWithinWhatItMaySave) {
   EXPECT_EQ((*st_->GetLayer(op.rec->layers.front()))->owner_key_id, "");
 }
 
+// A build has a time limit (an API build: kBuildTimeoutMs): a RUN step still running at it is
+// stopped, output or not, its box removed (TearDown checks) and the build failed. And a key runs
+// at most max_builds_per_key builds at once, each holding a box, however many it starts.
+TEST_F(BuildTest, ABuildStopsAtItsTimeLimitAndAKeyRunsFewBuildsAtOnce) {
+  for (const char* run : {"sleep 600", "while :; do echo tick; sleep 0.01; done"}) {
+    SCOPED_TRACE(run);
+    auto spec = Spec("slow", std::string("FROM host\nRUN ") + run + "\n");
+    spec.timeout_ms = 300;
+    auto r = Run(spec);
+    EXPECT_EQ(r.rec.status().err(), ETIMEDOUT) << r.rec.status().message();
+    EXPECT_NE(r.rec.status().message().find("the build passed its time limit of 0.3 s"),
+              std::string::npos)
+        << r.rec.status().message();
+  }
+
+  auto held = Spec("held", "FROM host\nRUN sleep 600\n");
+  held.timeout_ms = 1500;
+  auto start = [&](const std::string& key) {
+    auto spec = held;
+    spec.owner_key_id = key;
+    return builder_->Start(std::move(spec));
+  };
+  std::vector<std::string> ids;
+  for (const char* key : {"key_a", "key_a", "key_b", ""}) {
+    auto id = start(key);
+    ASSERT_TRUE(id.ok()) << key << ": " << id.status().message();
+    ids.push_back(*id);
+  }
+  auto third = start("key_a");
+  EXPECT_EQ(third.status().err(), EAGAIN);
+  EXPECT_NE(third.status().message().find("key_a runs 2 builds: at most 2 at once"),
+            std::string::npos)
+      << third.status().message();
+  // Once they have ended (at their limit), key_a starts again.
+  for (const std::string& id : ids) {
+    Result<BuildStatus> st = Status::Error("none");
+    for (int i = 0; i < 6000; ++i) {  // a bounded poll, as above
+      st = builder_->Get(id, 0);
+      ASSERT_TRUE(st.ok());
+      if (st->state != BuildState::kBuilding) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(st->state, BuildState::kError);
+    EXPECT_NE(st->error.find("time limit"), std::string::npos) << st->error;
+  }
+  auto again = Spec("again", "FROM host\nRUN true\n");
+  again.owner_key_id = "key_a";
+  auto id = builder_->Start(std::move(again));
+  EXPECT_TRUE(id.ok()) << id.status().message();
+}
+
 TEST_F(BuildTest, AFailingRunReportsItsStepAndExitCodeAndLeavesNothing) {
   auto b = Run(
       Spec("failing", "FROM host\nRUN echo before > /opt/x\nRUN echo oops; exit 3\nRUN true\n"));

@@ -21,6 +21,7 @@ class RecordingBuilder : public Builder {
  public:
   Result<std::string> Start(BuildSpec spec) override {
     if (spec.steps.empty()) return Status::Error("no FROM", EINVAL);
+    if (busy) return Status::Error("key runs 2 builds: at most 2 at once", EAGAIN);
     // What COPY would read, while the context exists.
     std::ifstream f(spec.context_dir + "/" + copied_path);
     std::stringstream ss;
@@ -48,6 +49,7 @@ class RecordingBuilder : public Builder {
     return Status::Error("not here", ENOSYS);
   }
   std::vector<BuildSpec> specs;
+  bool busy = false;  // as the real one past a key's builds at once
   BuildState state = BuildState::kBuilding;
   std::string copied_path;
   std::string copied;
@@ -213,11 +215,16 @@ TEST_F(TemplatesTest, BuildsAreRefusedWithoutABuilderAndTrackedWithOne) {
   EXPECT_EQ(waiting->name, "app:v1");
   BuildSpec spec = Spec();
   spec.name = "ignored: the reserved name wins";
+  // Over the key's builds at once: 429, and the same build may be started again after.
+  rb.busy = true;
+  EXPECT_EQ(t.Start(a_, *id, spec).status().err(), EAGAIN);
+  rb.busy = false;
   auto started = t.Start(a_, *id, spec);
   ASSERT_TRUE(started.ok()) << started.status().message();
   ASSERT_EQ(rb.specs.size(), 1u);
   EXPECT_EQ(rb.specs[0].name, "app:v1");
   EXPECT_EQ(rb.specs[0].owner_key_id, a_.id);
+  EXPECT_EQ(rb.specs[0].timeout_ms, kBuildTimeoutMs);  // an API build's time limit
   EXPECT_EQ(t.Start(a_, *id, Spec()).status().err(), EBUSY);
   EXPECT_EQ(t.Start(b_, *id, Spec()).status().err(), ENOENT);
   auto st = t.Get(a_, *id, 1);

@@ -280,13 +280,15 @@ Result<std::string> TemplateBuilds::Start(const store::ApiKeyRecord& key,
   spec.record_id = id;
   spec.owner_key_id = key.id;
   spec.max_saved_bytes = key.max_saved_bytes;
+  spec.timeout_ms = kBuildTimeoutMs;
   auto fail = [&](const Status& s) -> Status {
     MutexLock lock(mu_);
     auto it = builds_.find(id);
     if (it != builds_.end()) {
       it->second.builder_id.clear();
-      it->second.failed = true;
-      it->second.error = s.message();
+      // Over the key's builds at once (EAGAIN, 429): the same build may be started again.
+      it->second.failed = s.err() != EAGAIN;
+      it->second.error = s.err() != EAGAIN ? s.message() : "";
       if (!it->second.context_dir.empty()) (void)RemoveTree(it->second.context_dir);
       it->second.context_dir.clear();
     }

@@ -84,6 +84,7 @@ bool IsSnapshotId(const std::string& id);
 
 inline constexpr int64_t kMaxUploadBytes = int64_t{1} << 30;         // one archive
 inline constexpr int64_t kMaxUploadsBytesPerKey = int64_t{4} << 30;  // all of a key's kept
+inline constexpr int64_t kBuildTimeoutMs = int64_t{60} * 60 * 1000;  // an API build's time limit
 inline constexpr size_t kMaxBuildsKept = 1024;                       // in memory
 
 class TemplateBuilds {
