@@ -42,6 +42,17 @@ class StoreTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  // A store file as a build of schema `version` left it: migrations 1..version, then `rows`
+  // (SQL). Call with ASSERT_NO_FATAL_FAILURE.
+  void MakeFileAtVersion(int version, const std::string& rows) {
+    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
+    auto db = Db::Open(path_);
+    ASSERT_TRUE(db.ok());
+    for (int v = 1; v <= version; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
+    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = " + std::to_string(version)).ok());
+    ASSERT_TRUE((*db)->Exec(rows).ok()) << rows;
+  }
+
   static SandboxRecord Sandbox(const std::string& id, int64_t created_at = 0,
                                const std::string& state = kStateRunning) {
     SandboxRecord r;
@@ -214,18 +225,11 @@ TEST_F(StoreTest, MigrationsAreOrderedAndComplete) {
 }
 
 TEST_F(StoreTest, AVersionOneFileIsMigratedAndKeepsItsRows) {
-  {
-    // A file as the first release wrote it: version 1 only, one sandbox.
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    ASSERT_TRUE((*db)->Exec(Migrations()[0].sql).ok());
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 1").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
-                           "('old', 'running', 1, 1)")
-                    .ok());
-  }
+  // A file as the first release wrote it: version 1 only, one sandbox.
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(1,
+                        "INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
+                        "('old', 'running', 1, 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   EXPECT_EQ(store->schema_version(), LatestSchemaVersion());
@@ -239,18 +243,11 @@ TEST_F(StoreTest, AVersionOneFileIsMigratedAndKeepsItsRows) {
 }
 
 TEST_F(StoreTest, AVersionNineFileGetsNoNetworkAndKeepsAPolicyWritten) {
-  {
-    // A file migrated up to version 9, with a sandbox made then.
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    for (int v = 1; v <= 9; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 9").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
-                           "('old', 'running', 1, 1)")
-                    .ok());
-  }
+  // A file migrated up to version 9, with a sandbox made then.
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(9,
+                        "INSERT INTO sandboxes (id, state, created_at, updated_at) VALUES "
+                        "('old', 'running', 1, 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   auto old = store->GetSandbox("old");
@@ -635,19 +632,11 @@ TEST_F(StoreTest, PageOfExactlyLimitHasNoNext) {
 // ---- API keys ----
 
 TEST_F(StoreTest, OperatorKeysAreMarkedAndOlderKeysAreNot) {
-  {
-    // A file of schema version 2 with one key: it stays a tenant key after the migration.
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    ASSERT_TRUE((*db)->Exec(Migrations()[0].sql).ok());
-    ASSERT_TRUE((*db)->Exec(Migrations()[1].sql).ok());
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 2").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
-                           "('key_old', 'old', 'h', 'sbx_abcd', 1)")
-                    .ok());
-  }
+  // A file of schema version 2 with one key: it stays a tenant key after the migration.
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(2,
+                        "INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
+                        "('key_old', 'old', 'h', 'sbx_abcd', 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   auto old = store->GetApiKey("key_old");
@@ -684,18 +673,11 @@ TEST_F(StoreTest, OperatorKeysAreMarkedAndOlderKeysAreNot) {
 // Issue 10 item 7: a key's own bounds of its sandboxes' limits (version 7). Unset bounds are
 // NULL, read back as 0 ("the daemon's"), also for keys made before the migration.
 TEST_F(StoreTest, KeysCarryTheirOwnLimitRangesNullMeaningTheDaemons) {
-  {
-    // A version 6 file with one key: after the migration its bounds are all the daemon's.
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    for (size_t i = 0; i < 6; ++i) ASSERT_TRUE((*db)->Exec(Migrations()[i].sql).ok()) << i;
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 6").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
-                           "('key_old', 'old', 'h', 'sbx_abcd', 1)")
-                    .ok());
-  }
+  // A version 6 file with one key: after the migration its bounds are all the daemon's.
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(6,
+                        "INSERT INTO api_keys (id, name, hash, prefix, created_at) VALUES "
+                        "('key_old', 'old', 'h', 'sbx_abcd', 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   EXPECT_GE(store->schema_version(), 7);
@@ -1275,22 +1257,15 @@ TEST_F(StoreTest, SnapshotsAreClaimedWithinTheKeysCount) {
 // A file of version 17 gets the owners of the saved layers it holds: a snapshot's from its
 // template's owner row, a pause's from its sandbox.
 TEST_F(StoreTest, AVersionSeventeenFileChargesItsSavedLayersToTheirKeys) {
-  {
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    for (int v = 1; v <= 17; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 17").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO sandboxes (id, state, owner_key_id, created_at, "
-                           "updated_at) VALUES ('sbx1', 'paused', 'key_a', 1, 1);"
-                           "INSERT INTO template_owners (name, owner_key_id, created_at, "
-                           "updated_at) VALUES ('snap-one', 'key_b', 1, 1);"
-                           "INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
-                           "('snap-one', 7, 1), ('disk-sbx1-abc', 11, 1), ('disk-gone-x', 13, 1),"
-                           " ('sha256-cc', 17, 1)")
-                    .ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(17,
+                        "INSERT INTO sandboxes (id, state, owner_key_id, created_at, "
+                        "updated_at) VALUES ('sbx1', 'paused', 'key_a', 1, 1);"
+                        "INSERT INTO template_owners (name, owner_key_id, created_at, "
+                        "updated_at) VALUES ('snap-one', 'key_b', 1, 1);"
+                        "INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
+                        "('snap-one', 7, 1), ('disk-sbx1-abc', 11, 1), ('disk-gone-x', 13, 1),"
+                        " ('sha256-cc', 17, 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   EXPECT_EQ((*store->GetLayer("snap-one"))->owner_key_id, "key_b");
@@ -1359,19 +1334,12 @@ TEST_F(StoreTest, WhetherALayerIsInUseIsAnIndexLookup) {
 
 // A file of version 18 gets the references of the templates it holds.
 TEST_F(StoreTest, AVersionEighteenFileKnowsWhichTemplatesListItsLayers) {
-  {
-    ASSERT_TRUE(MakeDirs(path_.substr(0, path_.rfind('/'))).ok());
-    auto db = Db::Open(path_);
-    ASSERT_TRUE(db.ok());
-    for (int v = 1; v <= 18; ++v) ASSERT_TRUE((*db)->Exec(Migrations()[v - 1].sql).ok()) << v;
-    ASSERT_TRUE((*db)->Exec("PRAGMA user_version = 18").ok());
-    ASSERT_TRUE((*db)
-                    ->Exec("INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
-                           "('l1', 1, 1), ('l2', 1, 1), ('l3', 1, 1);"
-                           "INSERT INTO templates (name, kind, layers, created_at) VALUES "
-                           "('t', 'dir', '[\"l1\", \"l2\"]', 1)")
-                    .ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      MakeFileAtVersion(18,
+                        "INSERT INTO template_layers (id, size_bytes, created_at) VALUES "
+                        "('l1', 1, 1), ('l2', 1, 1), ('l3', 1, 1);"
+                        "INSERT INTO templates (name, kind, layers, created_at) VALUES "
+                        "('t', 'dir', '[\"l1\", \"l2\"]', 1)"));
   auto store = OpenStore();
   ASSERT_TRUE(store);
   auto unused = store->UnusedLayers();
