@@ -774,10 +774,12 @@ bool IsSnapshotId(const std::string& id) {
                      [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
 }
 
-Result<std::optional<store::TemplateRecord>> TemplateBuilds::SnapshotOf(const std::string& name) {
+Result<std::optional<store::TemplateRecord>> TemplateBuilds::SnapshotOf(const std::string& name,
+                                                                        std::string* alias_of) {
   auto rec = store_.GetTemplate(name);
   if (!rec.ok() || !*rec) return rec;
   if ((*rec)->kind == store::kTemplateAlias) {
+    if (alias_of) *alias_of = (*rec)->alias_of;
     rec = store_.GetTemplate((*rec)->alias_of);
     if (!rec.ok() || !*rec) return rec;
   }
@@ -799,7 +801,8 @@ Result<bool> TemplateBuilds::HeldByAnotherTenant(const store::ApiKeyRecord& key,
 
 Result<bool> TemplateBuilds::Hidden(const store::ApiKeyRecord& key, const std::string& name) {
   if (key.is_operator) return false;
-  auto snap = SnapshotOf(name);
+  std::string alias_of;  // the name's record is read once (every create asks)
+  auto snap = SnapshotOf(name, &alias_of);
   if (!snap.ok()) return snap.status();
   if (*snap) {
     // A snapshot without its owner row (a crash between the two writes) is nobody's but the
@@ -810,11 +813,8 @@ Result<bool> TemplateBuilds::Hidden(const store::ApiKeyRecord& key, const std::s
   }
   // A name another tenant holds, or a name (an alias) of a template another tenant holds.
   auto held = HeldByAnotherTenant(key, name);
-  if (!held.ok() || *held) return held;
-  auto rec = store_.GetTemplate(name);
-  if (!rec.ok()) return rec.status();
-  if (!*rec || (*rec)->kind != store::kTemplateAlias) return false;
-  return HeldByAnotherTenant(key, (*rec)->alias_of);
+  if (!held.ok() || *held || alias_of.empty()) return held;
+  return HeldByAnotherTenant(key, alias_of);
 }
 
 Result<SnapshotInfo> TemplateBuilds::InfoOf(const store::TemplateRecord& snap,

@@ -273,7 +273,9 @@ class TemplateBuilds {
   // EBUSY while a build of `name` (or with `name` as a tag) runs.
   Status NotBeingBuilt(const std::string& name);
   // The snapshot record `name` names (itself, or the target of its alias); nullopt for others.
-  Result<std::optional<store::TemplateRecord>> SnapshotOf(const std::string& name);
+  // With `alias_of`, the target's name when `name` is an alias (else it is left as it is).
+  Result<std::optional<store::TemplateRecord>> SnapshotOf(const std::string& name,
+                                                          std::string* alias_of = nullptr);
   // Whether a tenant key other than `key` holds the name `name` (its template_owners row).
   Result<bool> HeldByAnotherTenant(const store::ApiKeyRecord& key, const std::string& name);
   // `names`: its aliases, when the caller has them (else they are looked up).
