@@ -1309,9 +1309,12 @@ Result<BoxStats> OciRuntime::Stats(const Box& box) {
     // Told as an OOM, `sbx run` exits 137 as the command died of the limit. Met: its peak came
     // within 1 MiB of the limit, more than any such allocation (memory.failcnt would say it, but
     // the kernel counts no failure of the memory+swap limit a box also has).
-    if (st->ooms == 0 && st->oom_kills == 0 && !BoxProcess(dir).ok()) {
+    // The limit first: a box near it is rare, so that most Stats (every metrics sample) look for
+    // no process.
+    if (st->ooms == 0 && st->oom_kills == 0) {
       auto limit = cgroup_internal::ReadUint(MemoryCgroup(box.id) + "/memory.limit_in_bytes");
-      if (limit.ok() && *limit < OomGuard::kNoLimit && st->memory_peak + (1 << 20) >= *limit)
+      if (limit.ok() && *limit < OomGuard::kNoLimit && st->memory_peak + (1 << 20) >= *limit &&
+          !BoxProcess(dir).ok())
         st->ooms = 1;
     }
   }
